@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools records the main packages built by hack/build-controlplane.sh so that
+// `go mod tidy` keeps their dependencies in go.sum.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+)

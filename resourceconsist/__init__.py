@@ -1,0 +1,1 @@
+"""resourceconsist: keep external resources consistent with Kubernetes employers and employees."""

@@ -1,0 +1,147 @@
+"""PodOpsLifecycle rules: the shared ``available-conditions`` annotation and lifecycle finalizers.
+
+Pure functions over pod dicts, used by both the reconcile steps and the admission webhook, so
+the two compute byte-identical annotation values (one implementation, not two). The JSON they
+write is what Go's ``encoding/json`` writes for ``PodAvailableConditions``: compact, keys sorted,
+an empty map omitted (``{}``), so KusionStack Operating and the Go controller read it unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from resourceconsist import wire
+
+Pod = Mapping[str, Any]
+
+
+class MalformedAvailableConditions(ValueError):
+    """A pod's ``available-conditions`` annotation is not the JSON PodOpsLifecycle expects."""
+
+    def __init__(self, pod_name: str, value: str, reason: str) -> None:
+        shown = value if len(value) <= 120 else value[:117] + "..."
+        super().__init__(
+            f"pod {pod_name}: annotation {wire.AVAILABLE_CONDITIONS_ANNOTATION} is not valid "
+            f'{{"{wire.EXPECTED_FINALIZERS_KEY}": {{...}}}} JSON ({reason}): {shown!r}; '
+            "fix or remove the annotation so the controller can manage it"
+        )
+
+
+def lifecycle_finalizer(employer_name: str) -> str:
+    """The lifecycle finalizer one employer puts on its pods (Go: ``GenerateLifecycleFinalizer``)."""
+    digest = hashlib.md5(employer_name.encode(), usedforsecurity=False).hexdigest()
+    return f"{wire.LIFECYCLE_FINALIZER_PREFIX}/{digest[8:24]}"
+
+
+def expected_finalizer_key(kind: str, namespace: str, name: str) -> str:
+    """The key of an employer's entry in ``expectedFinalizers``: ``<Kind>/<namespace>/<name>``."""
+    return f"{kind}/{namespace}/{name}"
+
+
+def _name(pod: Pod) -> str:
+    return str(pod.get("metadata", {}).get("name", "<unnamed>"))
+
+
+def get_annotations(obj: Pod) -> Mapping[str, str]:
+    return obj.get("metadata", {}).get("annotations") or {}
+
+
+def get_finalizers(obj: Pod) -> list[str]:
+    return list(obj.get("metadata", {}).get("finalizers") or [])
+
+
+def expected_finalizers(pod: Pod) -> dict[str, str]:
+    """The ``expectedFinalizers`` map of a pod's annotation (empty when absent)."""
+    value = get_annotations(pod).get(wire.AVAILABLE_CONDITIONS_ANNOTATION, "")
+    if not value:
+        return {}
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as err:
+        raise MalformedAvailableConditions(_name(pod), value, f"not JSON: {err.msg}") from err
+    if not isinstance(parsed, dict):
+        raise MalformedAvailableConditions(_name(pod), value, "not a JSON object")
+    entries = parsed.get(wire.EXPECTED_FINALIZERS_KEY) or {}
+    if not isinstance(entries, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in entries.items()
+    ):
+        raise MalformedAvailableConditions(
+            _name(pod), value, f"{wire.EXPECTED_FINALIZERS_KEY} is not a map of strings"
+        )
+    return dict(entries)
+
+
+def render_available_conditions(entries: Mapping[str, str]) -> str:
+    """The annotation value for ``entries``, byte-identical to Go's ``json.Marshal``."""
+    body: dict[str, Any] = {wire.EXPECTED_FINALIZERS_KEY: dict(sorted(entries.items()))} if entries else {}
+    return json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def updated_available_conditions(
+    pod: Pod, *, add: Mapping[str, str] | None = None, remove: Iterable[str] = ()
+) -> str | None:
+    """The new annotation value after adding ``add`` and removing the keys in ``remove``,
+    keeping every other entry; ``None`` when nothing changes (so no write is needed)."""
+    current = expected_finalizers(pod)
+    wanted = dict(current)
+    for key in remove:
+        wanted.pop(key, None)
+    wanted.update(add or {})
+    if wanted == current:
+        return None
+    if not wanted and not get_annotations(pod).get(wire.AVAILABLE_CONDITIONS_ANNOTATION):
+        return None
+    return render_available_conditions(wanted)
+
+
+def updated_finalizers(obj: Pod, *, add: Iterable[str] = (), remove: Iterable[str] = ()) -> list[str] | None:
+    """The object's finalizer list with ``add`` appended and ``remove`` dropped, order kept;
+    ``None`` when nothing changes."""
+    current = get_finalizers(obj)
+    dropped = set(remove)
+    wanted = [f for f in current if f not in dropped]
+    for f in add:
+        if f not in wanted:
+            wanted.append(f)
+    return None if wanted == current else wanted
+
+
+def is_deleting(obj: Pod) -> bool:
+    return bool(obj.get("metadata", {}).get("deletionTimestamp"))
+
+
+def is_lifecycle_ready(pod: Pod) -> bool:
+    """Not deleting, condition Ready True, and ``pod.kusionstack.io/service-ready`` True if present."""
+    if is_deleting(pod):
+        return False
+    ready = False
+    for condition in pod.get("status", {}).get("conditions") or []:
+        kind, status = condition.get("type"), condition.get("status")
+        if kind == "Ready":
+            ready = status == "True"
+        elif kind == wire.SERVICE_READY_CONDITION and status != "True":
+            return False
+    return ready
+
+
+def json_pointer_escape(segment: str) -> str:
+    """Escape one JSON-pointer path segment (RFC 6901), e.g. an annotation key holding ``/``."""
+    return segment.replace("~", "~0").replace("/", "~1")
+
+
+def admission_patch(pod: Pod, new_annotation: str) -> list[dict[str, Any]]:
+    """JSON-patch operations that set the ``available-conditions`` annotation of ``pod``."""
+    if not pod.get("metadata", {}).get("annotations"):
+        return [
+            {
+                "op": "add",
+                "path": "/metadata/annotations",
+                "value": {wire.AVAILABLE_CONDITIONS_ANNOTATION: new_annotation},
+            }
+        ]
+    op = "replace" if wire.AVAILABLE_CONDITIONS_ANNOTATION in get_annotations(pod) else "add"
+    path = "/metadata/annotations/" + json_pointer_escape(wire.AVAILABLE_CONDITIONS_ANNOTATION)
+    return [{"op": op, "path": path, "value": new_annotation}]

@@ -1,0 +1,439 @@
+"""LocalControlPlane: a real etcd + kube-apiserver on loopback, for tests and for adapter authors.
+
+The Python counterpart of controller-runtime's envtest: it starts the two real binaries in a
+temporary directory with a serving certificate, an admin client certificate in
+``system:masters``, RBAC authorization and a service-account signer, writes a kubeconfig,
+waits for readiness with a deadline and tears everything down, leaving no process and no
+temporary directory behind (children are also bound to this process's life, so they die with
+it even when it is killed).
+
+Binaries are found in ``$KUBEBUILDER_ASSETS`` (envtest's convention), else in
+``$RESOURCECONSIST_ASSETS_DIR``, else in the cache that ``hack/build-controlplane.sh`` fills.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Any, cast
+
+import yaml
+
+from resourceconsist import certs
+
+log = logging.getLogger(__name__)
+
+#: The Kubernetes version the project builds and tests against (hack/controlplane/go.mod).
+KUBERNETES_VERSION = "1.34.4"
+#: The etcd version pinned beside it.
+ETCD_VERSION = "3.6.4"
+
+_BINARIES = ("kube-apiserver", "etcd")
+_TMP_PREFIX = "resourceconsist-cp-"
+_PR_SET_PDEATHSIG = 1
+
+
+class ControlPlaneBinariesMissing(RuntimeError):
+    """kube-apiserver or etcd could not be found."""
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane did not start or did not become ready in time."""
+
+
+def default_assets_dir() -> Path:
+    """Where ``hack/build-controlplane.sh`` puts the binaries by default."""
+    explicit = os.environ.get("RESOURCECONSIST_ASSETS_DIR")
+    if explicit:
+        return Path(explicit)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return cache / "resourceconsist" / f"k8s-{KUBERNETES_VERSION}"
+
+
+def find_binaries() -> dict[str, Path]:
+    """Paths of kube-apiserver and etcd, or one error naming what is missing and how to get it."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    directory = Path(assets) if assets else default_assets_dir()
+    found = {name: directory / name for name in _BINARIES}
+    missing = [name for name, path in found.items() if not os.access(path, os.X_OK)]
+    if missing:
+        source = "$KUBEBUILDER_ASSETS" if assets else "the default cache"
+        raise ControlPlaneBinariesMissing(
+            f"{' and '.join(missing)} not found in {directory} ({source}). Get them either way:\n"
+            f"  1. build them from Go modules: hack/build-controlplane.sh "
+            f"(needs Go; builds Kubernetes {KUBERNETES_VERSION} into {default_assets_dir()}), or\n"
+            "  2. point KUBEBUILDER_ASSETS at a directory holding kube-apiserver and etcd, "
+            "e.g. the one printed by controller-runtime's `setup-envtest use -p path`."
+        )
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when the test process dies."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _remove_stale_dirs() -> None:
+    """Remove temp dirs left by control planes whose process was killed outright."""
+    for path in Path(tempfile.gettempdir()).glob(f"{_TMP_PREFIX}*"):
+        try:
+            pid = int(path.name[len(_TMP_PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+        except PermissionError:
+            continue
+
+
+class LocalControlPlane:
+    """A real etcd + kube-apiserver on free loopback ports.
+
+    Use as ``with LocalControlPlane() as cp:`` or through ``start()`` / ``stop()``.
+    ``cp.kubeconfig`` is the path of an admin kubeconfig; ``cp.api_client()`` gives an
+    official-client ``ApiClient`` bound to it.
+    """
+
+    def __init__(
+        self, *, start_timeout: float = 60.0, extra_apiserver_flags: dict[str, str] | None = None
+    ) -> None:
+        self.start_timeout = start_timeout
+        self.extra_apiserver_flags = dict(extra_apiserver_flags or {})
+        self._dir: Path | None = None
+        self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._logs: dict[str, Any] = {}
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.ca: certs.KeyPair | None = None
+
+    # -- life cycle ---------------------------------------------------------------
+
+    def __enter__(self) -> LocalControlPlane:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return bool(self._procs) and all(p.poll() is None for p in self._procs.values())
+
+    @property
+    def url(self) -> str:
+        return f"https://{self.host}:{self.port}"
+
+    @property
+    def dir(self) -> Path:
+        if self._dir is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._dir
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs.values()]
+
+    def start(self) -> None:
+        """Start etcd and kube-apiserver and wait until the API server is ready."""
+        if self._procs:
+            raise ControlPlaneError("the control plane is already started")
+        binaries = find_binaries()
+        _remove_stale_dirs()
+        self._dir = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
+        try:
+            self._write_certs()
+            etcd_url = self._start_etcd(binaries["etcd"])
+            self._start_apiserver(binaries["kube-apiserver"], etcd_url)
+            self._write_kubeconfig()
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("control plane ready at %s (kubeconfig %s)", self.url, self.kubeconfig)
+
+    def stop(self) -> None:
+        """Stop both processes (apiserver first) and remove the temporary directory."""
+        for name in ("kube-apiserver", "etcd"):
+            proc = self._procs.pop(name, None)
+            if proc is None:
+                continue
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=15)
+        for handle in self._logs.values():
+            handle.close()
+        self._logs.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    # -- start-up pieces ---------------------------------------------------------
+
+    def _write_certs(self) -> None:
+        d = self.dir
+        self.ca = certs.make_ca("resourceconsist-local-ca")
+        serving = certs.make_signed(self.ca, "kube-apiserver", hosts=("127.0.0.1", "localhost"))
+        admin = certs.make_signed(
+            self.ca, "admin", organizations=("system:masters",), server=False, client=True
+        )
+        sa = certs.make_signing_key()
+        files = {
+            "ca.crt": self.ca.cert_pem,
+            "ca.key": self.ca.key_pem,
+            "apiserver.crt": serving.cert_pem,
+            "apiserver.key": serving.key_pem,
+            "admin.crt": admin.cert_pem,
+            "admin.key": admin.key_pem,
+            "sa.pub": sa.cert_pem,
+            "sa.key": sa.key_pem,
+        }
+        for name, data in files.items():
+            path = d / name
+            path.write_bytes(data)
+            path.chmod(0o600)
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        log_file = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self._logs[name] = log_file
+        proc = subprocess.Popen(
+            argv,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=self.dir,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only sets the death signal
+        )
+        self._procs[name] = proc
+        return proc
+
+    def _start_etcd(self, binary: Path) -> str:
+        client_port, peer_port = _free_port(), _free_port()
+        client_url = f"http://127.0.0.1:{client_port}"
+        peer_url = f"http://127.0.0.1:{peer_port}"
+        self._spawn(
+            "etcd",
+            [
+                str(binary),
+                f"--data-dir={self.dir / 'etcd'}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=default={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        self._wait_http(f"{client_url}/health", "etcd", context=None)
+        return client_url
+
+    def _start_apiserver(self, binary: Path, etcd_url: str) -> None:
+        d = self.dir
+        self.port = _free_port()
+        flags = {
+            "etcd-servers": etcd_url,
+            "bind-address": "127.0.0.1",
+            "advertise-address": "127.0.0.1",
+            "secure-port": str(self.port),
+            "cert-dir": str(d),
+            "tls-cert-file": str(d / "apiserver.crt"),
+            "tls-private-key-file": str(d / "apiserver.key"),
+            "client-ca-file": str(d / "ca.crt"),
+            "authorization-mode": "RBAC",
+            "service-account-issuer": f"https://127.0.0.1:{self.port}/",
+            "service-account-key-file": str(d / "sa.pub"),
+            "service-account-signing-key-file": str(d / "sa.key"),
+            "service-cluster-ip-range": "10.0.0.0/24",
+            "allow-privileged": "true",
+            # No controller-manager runs, so nothing would create default service accounts.
+            "disable-admission-plugins": "ServiceAccount",
+            "profiling": "false",
+            "v": "1",
+        }
+        flags.update(self.extra_apiserver_flags)
+        self._spawn("kube-apiserver", [str(binary)] + [f"--{k}={v}" for k, v in flags.items()])
+
+    def _write_kubeconfig(self) -> None:
+        d = self.dir
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {"server": self.url, "certificate-authority": str(d / "ca.crt")},
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate": str(d / "admin.crt"),
+                        "client-key": str(d / "admin.key"),
+                    },
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(config))
+        self.kubeconfig.chmod(0o600)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        """A client TLS context that trusts the API server and presents the admin certificate."""
+        ctx = ssl.create_default_context(cafile=str(self.dir / "ca.crt"))
+        ctx.load_cert_chain(str(self.dir / "admin.crt"), str(self.dir / "admin.key"))
+        return ctx
+
+    def _wait_http(self, url: str, what: str, context: ssl.SSLContext | None) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        last = "no answer yet"
+        while time.monotonic() < deadline:
+            for name, proc in self._procs.items():
+                if proc.poll() is not None:
+                    raise ControlPlaneError(
+                        f"{name} exited with code {proc.returncode} while starting:\n{self._tail(name)}"
+                    )
+            try:
+                with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+                    if resp.status == 200:
+                        return
+                    last = f"HTTP {resp.status}"
+            except (urllib.error.URLError, OSError) as err:
+                last = str(err)
+            time.sleep(0.1)
+        raise ControlPlaneError(
+            f"{what} not ready within {self.start_timeout:.0f}s ({last}):\n{self._tail(what)}"
+        )
+
+    def _wait_ready(self) -> None:
+        self._wait_http(f"{self.url}/readyz", "kube-apiserver", context=self.ssl_context())
+
+    def _tail(self, name: str, lines: int = 30) -> str:
+        path = self.dir / f"{name}.log" if self._dir else None
+        if path is None or not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+    # -- clients and helpers -----------------------------------------------------------
+
+    def api_client(self) -> Any:
+        """An official-client ``kubernetes.client.ApiClient`` with admin rights."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(self.kubeconfig), client_configuration=configuration
+        )
+        return client.ApiClient(configuration)
+
+    def raw_get(self, path: str) -> str:
+        """GET a raw API path (``/metrics``, ``/readyz?verbose``) as admin and return the body."""
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10, context=self.ssl_context()) as resp:
+            body: bytes = resp.read()
+        return body.decode()
+
+    def webhook_certificate(self, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
+        """Write a serving certificate signed by this control plane's CA; return (cert, key) paths.
+
+        A webhook server in the test process serves it, and ``install_webhook`` gives the API
+        server this CA as the caBundle, so the real API server calls the webhook over TLS.
+        """
+        if self.ca is None:
+            raise ControlPlaneError("the control plane is not started")
+        pair = certs.make_signed(self.ca, "webhook", hosts=hosts)
+        stem = "webhook-" + "-".join(h.replace(".", "_") for h in hosts)
+        cert, key = self.dir / f"{stem}.crt", self.dir / f"{stem}.key"
+        cert.write_bytes(pair.cert_pem)
+        key.write_bytes(pair.key_pem)
+        return cert, key
+
+    def install_webhook(
+        self,
+        name: str,
+        *,
+        port: int,
+        path: str,
+        rules: list[dict[str, Any]],
+        mutating: bool = True,
+        object_selector: dict[str, Any] | None = None,
+        namespace_selector: dict[str, Any] | None = None,
+        failure_policy: str = "Fail",
+        timeout_seconds: int = 10,
+    ) -> dict[str, Any]:
+        """Create a (Mutating|Validating)WebhookConfiguration whose one webhook calls
+        ``https://127.0.0.1:<port>/<path>`` trusting this control plane's CA. Returns the body."""
+        import base64
+
+        from kubernetes import client
+
+        if self.ca is None:
+            raise ControlPlaneError("the control plane is not started")
+        webhook: dict[str, Any] = {
+            "name": f"{name}.resourceconsist.test",
+            "clientConfig": {
+                "url": f"https://127.0.0.1:{port}/{path.lstrip('/')}",
+                "caBundle": base64.b64encode(self.ca.cert_pem).decode(),
+            },
+            "rules": rules,
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": failure_policy,
+            "timeoutSeconds": timeout_seconds,
+        }
+        if object_selector is not None:
+            webhook["objectSelector"] = object_selector
+        if namespace_selector is not None:
+            webhook["namespaceSelector"] = namespace_selector
+        kind = "MutatingWebhookConfiguration" if mutating else "ValidatingWebhookConfiguration"
+        body: dict[str, Any] = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "webhooks": [webhook],
+        }
+        with self.api_client() as api:
+            admission = client.AdmissionregistrationV1Api(api)
+            if mutating:
+                admission.create_mutating_webhook_configuration(cast(Any, body))
+            else:
+                admission.create_validating_webhook_configuration(cast(Any, body))
+        return body

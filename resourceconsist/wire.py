@@ -1,0 +1,76 @@
+"""The wire contract: every name resourceconsist shares with KusionStack ResourceConsist (Go),
+PodOpsLifecycle and Alibaba Cloud, in one place.
+
+These strings are read and written by other controllers; changing one breaks a running cluster.
+``tests/test_wire.py`` pins each of them byte for byte.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Final
+
+#: Label that opts a Service in for the default controllers and the webhook's objectSelector.
+CONTROL_LABEL: Final = "kusionstack.io/control"
+CONTROL_LABEL_VALUE: Final = "true"
+
+#: Finalizer the frame keeps on an employer until its provider side is clean.
+CLEAN_FINALIZER: Final = "resource-consist.kusionstack.io/clean-finalizer"
+#: Prefix of the old per-employer clean finalizer (``<prefix><employer name>``); migrated away from.
+OLD_CLEAN_FINALIZER_PREFIX: Final = "resource-consist.kusionstack.io/clean-"
+
+#: Pod annotation listing the finalizers a pod needs before it is service-available.
+AVAILABLE_CONDITIONS_ANNOTATION: Final = "pod.kusionstack.io/available-conditions"
+#: Key of the map inside that annotation's JSON.
+EXPECTED_FINALIZERS_KEY: Final = "expectedFinalizers"
+#: Prefix of the lifecycle finalizer one employer puts on a pod (``<prefix>/<hash>``).
+LIFECYCLE_FINALIZER_PREFIX: Final = "prot.podopslifecycle.kusionstack.io"
+
+#: Employer annotation (record mode): pods whose expected-finalizer entry was added.
+EXPECTED_FINALIZER_ADDED_ANNOTATION: Final = (
+    "resource-consist.kusionstack.io/employees-expected-finalizer-added"
+)
+#: Employer annotation (record mode): pods that carry this employer's lifecycle finalizer.
+LIFECYCLE_FINALIZER_RECORDED_ANNOTATION: Final = (
+    "resource-consist.kusionstack.io/employees-lifecycle-finalizer-recorded"
+)
+
+#: Pod readiness gate and condition type of PodOpsLifecycle.
+SERVICE_READY_CONDITION: Final = "pod.kusionstack.io/service-ready"
+
+#: Separator of a multi-cluster employee name: ``<pod name>#<cluster name>``.
+MULTI_CLUSTER_SEPARATOR: Final = "#"
+
+#: Alibaba Cloud SLB adapter: Service label holding the load balancer id.
+SLB_LOAD_BALANCER_ID_LABEL: Final = "service.k8s.alibaba/loadbalancer-id"
+#: Alibaba Cloud SLB adapter: credential environment variables (the Go adapter's names).
+SLB_ACCESS_KEY_ENV: Final = "ALIYUN_SLB_AK_KEY"
+SLB_ACCESS_SECRET_ENV: Final = "ALIYUN_SLB_AK_SECRET"
+SLB_ENDPOINT_ENV: Final = "ALIYUN_SLB_ENDPOINT"
+
+#: Webhook certificates: the Secret (in ``$POD_NAMESPACE``), its keys, and the configurations
+#: whose caBundle the bootstrap fills.
+POD_NAMESPACE_ENV: Final = "POD_NAMESPACE"
+DEFAULT_NAMESPACE: Final = "resourceconsist"
+WEBHOOK_CERT_SECRET: Final = "resourceconsist-webhook-certs"
+WEBHOOK_CERT_KEYS: Final = ("ca.key", "ca.crt", "tls.key", "tls.crt")
+MUTATING_WEBHOOK_CONFIGURATION: Final = "resourceconsist-manager-mutating"
+VALIDATING_WEBHOOK_CONFIGURATION: Final = "resourceconsist-manager-validating"
+
+
+class EventReason(StrEnum):
+    """Reasons of the Events the frame records on an employer (Warning unless noted)."""
+
+    ENSURE_EMPLOYER_CLEAN_FINALIZER_FAILED = "EnsureEmployerCleanFinalizerFailed"
+    ENSURE_EMPLOYER_CLEAN_FINALIZER_SUCCEED = "EnsureEmployerCleanFinalizerSucceed"  # Normal
+    ENSURE_EXPECTED_FINALIZER_FAILED = "EnsureExpectedFinalizerFailed"
+    GET_EXPECTED_EMPLOYER_FAILED = "GetExpectedEmployerFailed"
+    GET_CURRENT_EMPLOYER_FAILED = "GetCurrentEmployerFailed"
+    SYNC_EMPLOYER_FAILED = "SyncEmployerFailed"
+    GET_EXPECTED_EMPLOYEES_FAILED = "GetExpectedEmployeesFailed"
+    GET_CURRENT_EMPLOYEES_FAILED = "GetCurrentEmployeesFailed"
+    SYNC_EMPLOYEES_FAILED = "SyncEmployeesFailed"
+    CLEAN_EMPLOYER_CLEAN_FINALIZER_FAILED = "CleanEmployerCleanFinalizerFailed"
+    CLEAN_EMPLOYER_CLEAN_FINALIZER_SUCCEED = "CleanEmployerCleanFinalizerSucceed"  # Normal
+    RECORD_STATUSES_FAILED = "RecordStatusesFailed"
+    RECORD_ERROR_CONDITIONS_FAILED = "RecordErrorConditionsFailed"

@@ -1,0 +1,262 @@
+"""The testing kit drives a real kube-apiserver + etcd: objects, status, watches, finalizers,
+conflicts, admission webhooks over TLS, and a teardown that leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from resourceconsist.testing import (
+    KUBERNETES_VERSION,
+    ControlPlaneBinariesMissing,
+    LocalControlPlane,
+    WaitTimeout,
+    wait_for,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _pod(
+    name: str, labels: dict[str, str] | None = None, finalizers: list[str] | None = None
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "labels": labels or {}, "finalizers": finalizers or []},
+        "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+    }
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is gone for our purpose.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_kubernetes_version_matches_the_pinned_module() -> None:
+    go_mod = (REPO / "hack" / "controlplane" / "go.mod").read_text()
+    assert re.search(rf"^\s*k8s\.io/kubernetes v{re.escape(KUBERNETES_VERSION)}$", go_mod, re.M)
+
+
+def test_missing_binaries_name_what_is_missing_and_both_ways_to_get_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "etcd").write_text("#!/bin/sh\n")
+    (tmp_path / "etcd").chmod(0o755)
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    with pytest.raises(ControlPlaneBinariesMissing) as err:
+        LocalControlPlane().start()
+    message = str(err.value)
+    assert "kube-apiserver not found" in message and "etcd not" not in message
+    assert "hack/build-controlplane.sh" in message and "KUBEBUILDER_ASSETS" in message
+
+
+def test_apiserver_reports_the_pinned_version(control_plane: LocalControlPlane) -> None:
+    version = json.loads(control_plane.raw_get("/version"))
+    assert version["gitVersion"] == f"v{KUBERNETES_VERSION}"
+
+
+def test_service_and_pod_status_arrive_on_a_watch(kube_api: Any, namespace: str) -> None:
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_service(
+        namespace,
+        {
+            "metadata": {"name": "web", "labels": {"kusionstack.io/control": "true"}},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+        },
+    )
+    created = core.create_namespaced_pod(namespace, _pod("web-0", {"app": "web"}))
+    assert core.read_namespaced_service("web", namespace).spec.selector == {"app": "web"}
+
+    seen: list[dict[str, Any]] = []
+    w = watch.Watch()
+
+    def watch_pods() -> None:
+        for event in w.stream(
+            core.list_namespaced_pod,
+            namespace,
+            resource_version=created.metadata.resource_version,
+            timeout_seconds=30,
+        ):
+            pod = event["object"]
+            conditions = {c.type: c.status for c in (pod.status.conditions or [])}
+            seen.append({"type": event["type"], "ip": pod.status.pod_ip, "ready": conditions.get("Ready")})
+            if pod.status.pod_ip:
+                w.stop()
+
+    watcher = threading.Thread(target=watch_pods, daemon=True)
+    watcher.start()
+    core.patch_namespaced_pod_status(
+        "web-0",
+        namespace,
+        {
+            "status": {
+                "podIP": "10.1.0.7",
+                "podIPs": [{"ip": "10.1.0.7"}],
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+        },
+    )
+    watcher.join(timeout=30)
+    assert {"type": "MODIFIED", "ip": "10.1.0.7", "ready": "True"} in seen
+
+
+def test_a_finalizer_holds_a_deleted_pod_until_it_goes(kube_api: Any, namespace: str) -> None:
+    core = client.CoreV1Api(kube_api)
+    core.create_namespaced_pod(namespace, _pod("held", finalizers=["example.com/hold"]))
+    core.delete_namespaced_pod("held", namespace)
+    held = core.read_namespaced_pod("held", namespace)
+    assert held.metadata.deletion_timestamp is not None
+    assert held.metadata.finalizers == ["example.com/hold"]
+
+    core.patch_namespaced_pod("held", namespace, {"metadata": {"finalizers": None}})
+
+    def gone() -> bool:
+        try:
+            core.read_namespaced_pod("held", namespace)
+        except ApiException as err:
+            return err.status == 404
+        return False
+
+    wait_for(gone, timeout=10, message="pod held to disappear")
+
+
+def test_a_stale_resource_version_gets_409_conflict(kube_api: Any, namespace: str) -> None:
+    core = client.CoreV1Api(kube_api)
+    stale = core.create_namespaced_pod(namespace, _pod("p"))
+    core.patch_namespaced_pod("p", namespace, {"metadata": {"labels": {"touched": "yes"}}})
+    stale.metadata.labels = {"mine": "yes"}
+    with pytest.raises(ApiException) as err:
+        core.replace_namespaced_pod("p", namespace, stale)
+    assert err.value.status == 409
+    assert core.read_namespaced_pod("p", namespace).metadata.labels == {"touched": "yes"}
+
+
+class _LabelStamper(BaseHTTPRequestHandler):
+    """A minimal mutating webhook: stamps ``stamped-by=test-webhook`` on every pod it admits."""
+
+    calls: list[str] = []
+
+    def do_POST(self) -> None:
+        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        request = review["request"]
+        type(self).calls.append(request["object"]["metadata"].get("name", ""))
+        patch = [{"op": "add", "path": "/metadata/labels/stamped-by", "value": "test-webhook"}]
+        import base64
+
+        body = json.dumps(
+            {
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": request["uid"],
+                    "allowed": True,
+                    "patchType": "JSONPatch",
+                    "patch": base64.b64encode(json.dumps(patch).encode()).decode(),
+                },
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        return
+
+
+@pytest.fixture
+def tls_webhook(control_plane: LocalControlPlane) -> Iterator[int]:
+    cert, key = control_plane.webhook_certificate()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _LabelStamper)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_apiserver_calls_a_tls_webhook_on_loopback(
+    control_plane: LocalControlPlane, kube_api: Any, namespace: str, tls_webhook: int
+) -> None:
+    core = client.CoreV1Api(kube_api)
+    control_plane.install_webhook(
+        "stamp-test",
+        port=tls_webhook,
+        path="/stamp",
+        rules=[{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}],
+        namespace_selector={"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+    )
+    try:
+        # The API server picks the configuration up asynchronously: create pods until one is stamped.
+        counter = iter(range(1000))
+
+        def stamped_pod() -> bool:
+            pod = core.create_namespaced_pod(namespace, _pod(f"w-{next(counter)}", {"app": "w"}))
+            return pod.metadata.labels.get("stamped-by") == "test-webhook"
+
+        wait_for(stamped_pod, timeout=20, interval=0.2, message="a pod mutated by the TLS webhook")
+        assert _LabelStamper.calls, "the webhook server saw no AdmissionReview"
+    finally:
+        client.AdmissionregistrationV1Api(kube_api).delete_mutating_webhook_configuration("stamp-test")
+
+
+def test_stop_leaves_no_process_and_no_directory() -> None:
+    with pytest.raises(RuntimeError, match="boom"), LocalControlPlane() as cp:
+        pids, directory = cp.pids, cp.dir
+        assert len(pids) == 2 and all(_process_alive(p) for p in pids)
+        raise RuntimeError("boom")
+    assert not any(_process_alive(p) for p in pids)
+    assert not directory.exists()
+
+
+def test_a_killed_owner_takes_its_control_plane_down_and_the_next_start_cleans_up() -> None:
+    script = (
+        "import sys, time\n"
+        "from resourceconsist.testing import LocalControlPlane\n"
+        "cp = LocalControlPlane(); cp.start()\n"
+        "print(' '.join(map(str, cp.pids)), cp.dir, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    *pid_words, directory = owner.stdout.readline().split()
+    pids = [int(p) for p in pid_words]
+    assert all(_process_alive(p) for p in pids)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait(timeout=10)
+    wait_for(lambda: not any(_process_alive(p) for p in pids), timeout=15, message="orphans to die")
+    assert Path(directory).exists()  # nothing could clean up after SIGKILL ...
+    with LocalControlPlane():
+        pass
+    assert not Path(directory).exists()  # ... so the next start removed it
+
+
+def test_wait_for_returns_the_value_or_names_what_it_waited_for() -> None:
+    values = iter([None, 0, "ready"])
+    assert wait_for(lambda: next(values), timeout=5, interval=0) == "ready"
+    with pytest.raises(WaitTimeout, match=r"the impossible.*last seen: False"):
+        wait_for(lambda: False, timeout=0.2, interval=0.01, message="the impossible")
