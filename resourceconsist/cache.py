@@ -1,0 +1,442 @@
+"""Informer caches: list + watch kept in memory, indexed, shared by every reader.
+
+An ``Informer`` lists a resource once, then watches from the list's resourceVersion with
+bookmarks, re-listing on 410 Gone or a broken watch (with backoff). Its ``Store`` is indexed
+so "pods with label a=b in namespace n" and "Services whose selector holds a=b" are lookups,
+not scans. Handlers run on the event loop after the store has changed, as in client-go.
+An ``InformerFactory`` shares one informer per resource among controllers and the webhook;
+``CacheReader`` is the read-only face adapters get.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import logging
+import random
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from resourceconsist import kube
+from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource, WatchStream, object_key
+from resourceconsist.labels import label_selector_selects, map_selects
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+Indexer = Callable[[KubeObject], Iterable[str]]
+
+#: Index of every object by ``namespace/label=value`` for each of its labels.
+LABEL_INDEX = "label"
+#: Index of Services by ``namespace/key=value`` for each pair of their ``spec.selector``.
+SERVICE_SELECTOR_INDEX = "service-selector"
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One change seen by an informer; ``old`` is set for MODIFIED and DELETED."""
+
+    type: EventType
+    obj: KubeObject
+    old: KubeObject | None = None
+
+
+def _ns(obj: KubeObject) -> str:
+    return str(obj.get("metadata", {}).get("namespace") or "")
+
+
+def index_by_label(obj: KubeObject) -> list[str]:
+    ns = _ns(obj)
+    return [f"{ns}/{k}={v}" for k, v in (obj.get("metadata", {}).get("labels") or {}).items()]
+
+
+def index_by_service_selector(obj: KubeObject) -> list[str]:
+    ns = _ns(obj)
+    return [f"{ns}/{k}={v}" for k, v in (obj.get("spec", {}).get("selector") or {}).items()]
+
+
+class Store:
+    """A thread-safe map of ``namespace/name`` to object with secondary indexes."""
+
+    def __init__(self, indexers: Mapping[str, Indexer] | None = None) -> None:
+        self._lock = threading.RLock()
+        self._items: dict[str, KubeObject] = {}
+        self._indexers: dict[str, Indexer] = dict(indexers or {})
+        self._indices: dict[str, dict[str, set[str]]] = {name: {} for name in self._indexers}
+
+    def add_indexer(self, name: str, indexer: Indexer) -> None:
+        with self._lock:
+            if name in self._indexers:
+                return
+            self._indexers[name] = indexer
+            self._indices[name] = {}
+            for key, obj in self._items.items():
+                self._index(name, key, obj)
+
+    def _index(self, name: str, key: str, obj: KubeObject) -> None:
+        index = self._indices[name]
+        for value in self._indexers[name](obj):
+            index.setdefault(value, set()).add(key)
+
+    def _unindex(self, key: str, obj: KubeObject) -> None:
+        for name, indexer in self._indexers.items():
+            index = self._indices[name]
+            for value in indexer(obj):
+                keys = index.get(value)
+                if keys is not None:
+                    keys.discard(key)
+                    if not keys:
+                        del index[value]
+
+    def upsert(self, obj: KubeObject) -> KubeObject | None:
+        key = object_key(obj)
+        with self._lock:
+            old = self._items.get(key)
+            if old is not None:
+                self._unindex(key, old)
+            self._items[key] = obj
+            for name in self._indexers:
+                self._index(name, key, obj)
+            return old
+
+    def delete(self, obj: KubeObject) -> KubeObject | None:
+        key = object_key(obj)
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._unindex(key, old)
+            return old
+
+    def replace(self, objs: Iterable[KubeObject]) -> list[WatchEvent]:
+        """Make the store hold exactly ``objs``; return the events that turn the old into the new."""
+        events: list[WatchEvent] = []
+        with self._lock:
+            fresh = {object_key(o): o for o in objs}
+            for key, old in builtins.list(self._items.items()):
+                if key not in fresh:
+                    self.delete(old)
+                    events.append(WatchEvent("DELETED", old, old))
+            for obj in fresh.values():
+                previous = self.upsert(obj)
+                if previous is None:
+                    events.append(WatchEvent("ADDED", obj))
+                elif _rv(previous) != _rv(obj):
+                    events.append(WatchEvent("MODIFIED", obj, previous))
+        return events
+
+    def get(self, key: str) -> KubeObject | None:
+        with self._lock:
+            return self._items.get(key)
+
+    def list(self, namespace: str | None = None) -> builtins.list[KubeObject]:
+        with self._lock:
+            if namespace is None:
+                return list(self._items.values())
+            prefix = f"{namespace}/"
+            return [o for k, o in self._items.items() if k.startswith(prefix)]
+
+    def by_index(self, name: str, value: str) -> builtins.list[KubeObject]:
+        with self._lock:
+            return [self._items[k] for k in self._indices[name].get(value, ())]
+
+    def keys_by_index(self, name: str, value: str) -> set[str]:
+        with self._lock:
+            return set(self._indices[name].get(value, ()))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._items)
+
+
+def _rv(obj: KubeObject) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+class Informer:
+    """List + watch of one resource (all namespaces, or one) into a ``Store``."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        resource: Resource,
+        *,
+        namespace: str | None = None,
+        indexers: Mapping[str, Indexer] | None = None,
+        resync_period: float | None = None,
+        page_size: int = 500,
+    ) -> None:
+        self.client = client
+        self.resource = resource
+        self.namespace = namespace
+        self.store = Store({LABEL_INDEX: index_by_label, **(indexers or {})})
+        self.resync_period = resync_period
+        self.page_size = page_size
+        self._handlers: list[Callable[[WatchEvent], None]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._synced = threading.Event()
+        self._watch: WatchStream | None = None
+        self._resync_handle: asyncio.TimerHandle | None = None
+        self.relists = 0
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    def add_handler(self, handler: Callable[[WatchEvent], None]) -> Callable[[], None]:
+        """Call ``handler`` on the event loop for every change; replays the current store as ADDED.
+        Returns a function that removes the handler."""
+        self._handlers.append(handler)
+        if self._loop is not None and self.has_synced:
+            for obj in self.store.list():
+                self._loop.call_soon_threadsafe(handler, WatchEvent("ADDED", obj))
+
+        def remove() -> None:
+            if handler in self._handlers:
+                self._handlers.remove(handler)
+
+        return remove
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._thread is not None:
+            return
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=self._run, name=f"informer-{self.resource.plural}", daemon=True
+        )
+        self._thread.start()
+        if self.resync_period:
+            self._resync_handle = loop.call_later(self.resync_period, self._resync)
+
+    async def wait_synced(self, timeout: float = 60.0) -> None:
+        """Wait until the first list is in the store."""
+        ok = await asyncio.to_thread(self._synced.wait, timeout)
+        if not ok:
+            raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._resync_handle is not None:
+            self._resync_handle.cancel()
+        watch = self._watch
+        if watch is not None:
+            watch.close()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the informer thread -----------------------------------------------------------------
+
+    def _emit(self, event: WatchEvent) -> None:
+        if self._loop is None or self._loop.is_closed():
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._dispatch, event)
+        except RuntimeError:  # loop closed between the check and the call
+            return
+
+    def _dispatch(self, event: WatchEvent) -> None:
+        for handler in list(self._handlers):
+            try:
+                handler(event)
+            except Exception:
+                log.exception("event handler failed for %s %s", event.type, object_key(event.obj))
+
+    def _resync(self) -> None:
+        """Re-deliver every object as MODIFIED with old == new: a periodic reconcile of all."""
+        for obj in self.store.list():
+            self._dispatch(WatchEvent("MODIFIED", obj, obj))
+        if self._loop is not None and self.resync_period and not self._stop.is_set():
+            self._resync_handle = self._loop.call_later(self.resync_period, self._resync)
+
+    def _list(self) -> str:
+        items: list[KubeObject] = []
+        token: str | None = None
+        while True:
+            page = self.client.list(self.resource, self.namespace, limit=self.page_size, continue_token=token)
+            items.extend(page.get("items") or [])
+            token = page.get("metadata", {}).get("continue") or None
+            if not token:
+                break
+        for item in items:
+            # LIST items carry no kind/apiVersion; handlers and adapters expect them.
+            item.setdefault("kind", self.resource.kind)
+            item.setdefault("apiVersion", self.resource.api_version)
+        for event in self.store.replace(items):
+            self._emit(event)
+        self.relists += 1
+        self._synced.set()
+        return str(page.get("metadata", {}).get("resourceVersion", ""))
+
+    def _run(self) -> None:
+        backoff = 0.2
+        while not self._stop.is_set():
+            try:
+                rv = self._list()
+                backoff = 0.2
+                while not self._stop.is_set():
+                    rv = self._watch_from(rv)
+            except ApiError as err:
+                if self._stop.is_set():
+                    return
+                if not err.gone:
+                    log.warning("informer %s: %s; re-listing", self.resource.plural, err)
+                    self._stop.wait(backoff)
+                    backoff = min(backoff * 2, 30.0)
+            except Exception as err:
+                if self._stop.is_set():
+                    return
+                log.warning("informer %s: watch broke (%s); re-listing", self.resource.plural, err)
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def _watch_from(self, rv: str) -> str:
+        stream = self.client.watch(
+            self.resource, self.namespace, rv, timeout_seconds=random.randint(240, 480)
+        )
+        self._watch = stream
+        try:
+            for event in stream:
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "BOOKMARK":
+                    rv = _rv(obj) or rv
+                    continue
+                if kind == "ERROR":
+                    raise ApiError(
+                        int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
+                    )
+                rv = _rv(obj) or rv
+                if kind == "DELETED":
+                    old = self.store.delete(obj)
+                    self._emit(WatchEvent("DELETED", obj, old))
+                elif kind in ("ADDED", "MODIFIED"):
+                    old = self.store.upsert(obj)
+                    self._emit(WatchEvent("ADDED" if old is None else "MODIFIED", obj, old))
+        finally:
+            self._watch = None
+        return rv
+
+
+class InformerFactory:
+    """One shared informer per (client, resource, namespace); started on first use."""
+
+    def __init__(self, client: KubeClient, *, resync_period: float | None = None) -> None:
+        self.client = client
+        self.resync_period = resync_period
+        self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def informer(self, resource: Resource, namespace: str | None = None) -> Informer:
+        with self._lock:
+            key = (resource, namespace)
+            found = self._informers.get(key)
+            if found is None:
+                indexers: dict[str, Indexer] = {}
+                if resource == kube.SERVICE:
+                    indexers[SERVICE_SELECTOR_INDEX] = index_by_service_selector
+                found = Informer(
+                    self.client,
+                    resource,
+                    namespace=namespace,
+                    indexers=indexers,
+                    resync_period=self.resync_period,
+                )
+                self._informers[key] = found
+                if self._loop is not None:
+                    found.start(self._loop)
+            return found
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self._loop = loop
+            informers = list(self._informers.values())
+        for informer in informers:
+            informer.start(loop)
+
+    async def wait_synced(self, timeout: float = 60.0) -> None:
+        await asyncio.gather(*(i.wait_synced(timeout) for i in list(self._informers.values())))
+
+    def stop(self) -> None:
+        with self._lock:
+            informers = list(self._informers.values())
+            self._informers.clear()
+        for informer in informers:
+            informer.stop()
+
+    def reader(self) -> CacheReader:
+        return CacheReader(self)
+
+
+class CacheReader:
+    """Read-only, cache-backed lookups for adapters and handlers (never a LIST per call)."""
+
+    def __init__(self, factory: InformerFactory) -> None:
+        self._factory = factory
+
+    @property
+    def client(self) -> KubeClient:
+        return self._factory.client
+
+    def _store(self, resource: Resource) -> Store:
+        informer = self._factory.informer(resource)
+        if not informer.has_synced and not informer._synced.wait(60):
+            raise TimeoutError(f"cache of {resource.plural} is not synced")
+        return informer.store
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        key = f"{namespace}/{name}" if namespace and resource.namespaced else name
+        return self._store(resource).get(key)
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        label_selector: Mapping[str, Any] | None = None,
+    ) -> builtins.list[KubeObject]:
+        """Objects of a kind, optionally in one namespace and matching a ``metav1.LabelSelector``."""
+        store = self._store(resource)
+        if label_selector is not None and namespace is not None and (label_selector.get("matchLabels")):
+            first_key, first_value = next(iter(label_selector["matchLabels"].items()))
+            candidates = store.by_index(LABEL_INDEX, f"{namespace}/{first_key}={first_value}")
+        else:
+            candidates = store.list(namespace)
+        if label_selector is None:
+            return candidates
+        return [o for o in candidates if label_selector_selects(label_selector, _labels(o))]
+
+    def selected_by_map(
+        self, resource: Resource, namespace: str, selector: Mapping[str, str] | None
+    ) -> builtins.list[KubeObject]:
+        """Objects in ``namespace`` selected by a Service-style selector map (empty selects none)."""
+        if not selector:
+            return []
+        store = self._store(resource)
+        pairs = sorted(selector.items())
+        keys: set[str] | None = None
+        for k, v in pairs:
+            found = store.keys_by_index(LABEL_INDEX, f"{namespace}/{k}={v}")
+            keys = found if keys is None else keys & found
+            if not keys:
+                return []
+        return [o for o in (store.get(k) for k in sorted(keys or ())) if o is not None]
+
+    def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
+        """The pods a Service's ``spec.selector`` selects."""
+        return self.selected_by_map(kube.POD, _ns(service), service.get("spec", {}).get("selector"))
+
+    def services_selecting(self, pod: KubeObject) -> builtins.list[KubeObject]:
+        """The Services in the pod's namespace whose ``spec.selector`` selects it."""
+        store = self._store(kube.SERVICE)
+        ns, labels = _ns(pod), _labels(pod)
+        candidates: set[str] = set()
+        for k, v in labels.items():
+            candidates |= store.keys_by_index(SERVICE_SELECTOR_INDEX, f"{ns}/{k}={v}")
+        found = [store.get(key) for key in sorted(candidates)]
+        return [s for s in found if s is not None and map_selects(s.get("spec", {}).get("selector"), labels)]
+
+
+def _labels(obj: KubeObject) -> dict[str, str]:
+    return dict(obj.get("metadata", {}).get("labels") or {})

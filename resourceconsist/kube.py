@@ -1,0 +1,397 @@
+"""The Kubernetes client wrapper: typed, kind-agnostic, dict-based access to the API server.
+
+It rides on the official client's ``ApiClient`` for configuration, authentication and TLS
+(kubeconfig, in-cluster, exec plugins), and speaks plain JSON so any kind works the same,
+CRDs included, without the official models' deserialization cost. Blocking calls run in worker
+threads; the ``a*`` methods are their awaitable twins for the event loop. Every request is
+counted per verb so tests and metrics can prove steady state makes no writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+log = logging.getLogger(__name__)
+
+KubeObject = dict[str, Any]
+PatchType = Literal["merge", "json", "strategic"]
+
+_PATCH_CONTENT_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One API resource: where a kind lives and how its URLs are built."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+# Kinds the frame itself uses, known without discovery.
+POD = Resource("", "v1", "Pod", "pods")
+SERVICE = Resource("", "v1", "Service", "services")
+EVENT = Resource("", "v1", "Event", "events")
+SECRET = Resource("", "v1", "Secret", "secrets")
+NAMESPACE = Resource("", "v1", "Namespace", "namespaces", namespaced=False)
+LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
+MUTATING_WEBHOOK_CONFIGURATION = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "MutatingWebhookConfiguration",
+    "mutatingwebhookconfigurations",
+    False,
+)
+VALIDATING_WEBHOOK_CONFIGURATION = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "ValidatingWebhookConfiguration",
+    "validatingwebhookconfigurations",
+    False,
+)
+_KNOWN = {
+    (r.api_version, r.kind): r
+    for r in (
+        POD,
+        SERVICE,
+        EVENT,
+        SECRET,
+        NAMESPACE,
+        LEASE,
+        MUTATING_WEBHOOK_CONFIGURATION,
+        VALIDATING_WEBHOOK_CONFIGURATION,
+    )
+}
+
+
+class ApiError(Exception):
+    """A non-2xx answer of the API server, with its status and Status reason/message."""
+
+    def __init__(self, status: int, reason: str, message: str, method: str = "", path: str = "") -> None:
+        super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (or ``name`` for cluster-scoped objects), client-go's cache key."""
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+class KubeClient:
+    """Kind-agnostic JSON access to one API server."""
+
+    def __init__(self, api_client: Any, *, name: str = "") -> None:
+        self.api_client = api_client
+        self.name = name
+        self.requests: Counter[str] = Counter()
+        self._counter_lock = threading.Lock()
+        self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
+
+    # -- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_kubeconfig(
+        cls, path: str | None = None, context: str | None = None, name: str = ""
+    ) -> KubeClient:
+        """From a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config`` when ``path`` is None)."""
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=path, context=context, client_configuration=configuration
+        )
+        return cls._with(configuration, name)
+
+    @classmethod
+    def in_cluster(cls, name: str = "") -> KubeClient:
+        from kubernetes import client, config
+
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return cls._with(configuration, name)
+
+    @classmethod
+    def auto(cls, kubeconfig: str | None = None, name: str = "") -> KubeClient:
+        """In-cluster config when running in a pod and no kubeconfig is named, else the kubeconfig."""
+        import os
+
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return cls.in_cluster(name)
+        return cls.from_kubeconfig(kubeconfig, name=name)
+
+    @classmethod
+    def _with(cls, configuration: Any, name: str) -> KubeClient:
+        from kubernetes import client
+
+        # The default pool (5 x cores) is too small for informers + workers + webhook.
+        configuration.connection_pool_maxsize = 64
+        return cls(client.ApiClient(configuration), name=name)
+
+    def close(self) -> None:
+        self.api_client.close()
+
+    # -- the one request primitive --------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = 60.0,
+        stream: bool = False,
+    ) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        verb = "watch" if stream else method.lower()
+        with self._counter_lock:
+            self.requests[verb] += 1
+        _, url, headers, body_out, _ = self.api_client.param_serialize(
+            method, path, query_params=params, header_params=headers, body=body, auth_settings=["BearerToken"]
+        )
+        try:
+            response = self.api_client.call_api(method, url, headers, body_out, _request_timeout=timeout)
+        except ApiException as err:
+            raise _api_error(err.status or 0, err.reason or "", err.body, method, path) from None
+        if response.status >= 400:
+            raise _api_error(response.status, response.reason, response.read(), method, path)
+        if stream:
+            return response.response
+        data = response.read()
+        return json.loads(data) if data else {}
+
+    # -- blocking API ------------------------------------------------------------------------
+
+    def resource(self, api_version: str, kind: str) -> Resource:
+        """The Resource for a kind, found by discovery once and cached."""
+        found = self._resources.get((api_version, kind))
+        if found is not None:
+            return found
+        group, _, version = api_version.rpartition("/")
+        path = f"/apis/{api_version}" if group else f"/api/{api_version}"
+        listing = self._send("GET", path)
+        for entry in listing.get("resources", []):
+            if entry.get("kind") == kind and "/" not in entry.get("name", ""):
+                res = Resource(group, version, kind, entry["name"], bool(entry.get("namespaced")))
+                self._resources[(api_version, kind)] = res
+                return res
+        raise LookupError(f"the API server serves no kind {kind} in {api_version}")
+
+    def get(self, res: Resource, namespace: str | None, name: str) -> KubeObject:
+        return cast(KubeObject, self._send("GET", res.path(namespace, name)))
+
+    def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        try:
+            return self.get(res, namespace, name)
+        except ApiError as err:
+            if err.not_found:
+                return None
+            raise
+
+    def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+    ) -> KubeObject:
+        """One LIST page: the raw list object (``items``, ``metadata.resourceVersion``)."""
+        query = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "resourceVersion": resource_version,
+            "limit": limit,
+            "continue": continue_token,
+        }
+        return cast(KubeObject, self._send("GET", res.path(namespace), query=query))
+
+    def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> KubeObject:
+        return cast(KubeObject, self._send("POST", res.path(namespace), body=dict(body)))
+
+    def replace(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any]) -> KubeObject:
+        return cast(KubeObject, self._send("PUT", res.path(namespace, name), body=dict(body)))
+
+    def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+    ) -> KubeObject:
+        return cast(
+            KubeObject,
+            self._send(
+                "PATCH",
+                res.path(namespace, name, subresource),
+                body=body,
+                content_type=_PATCH_CONTENT_TYPES[patch_type],
+            ),
+        )
+
+    def delete(self, res: Resource, namespace: str | None, name: str) -> None:
+        self._send("DELETE", res.path(namespace, name))
+
+    def watch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        label_selector: str | None = None,
+    ) -> WatchStream:
+        """Open a watch from ``resource_version`` with bookmarks; iterate it for
+        ``{"type", "object"}`` events, ``close()`` it from any thread to stop."""
+        query = {
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": timeout_seconds,
+            "labelSelector": label_selector,
+        }
+        response = self._send(
+            "GET", res.path(namespace), query=query, timeout=(10.0, timeout_seconds + 30.0), stream=True
+        )
+        return WatchStream(response)
+
+    # -- awaitable twins ----------------------------------------------------------------------
+
+    async def aget(self, res: Resource, namespace: str | None, name: str) -> KubeObject:
+        return await asyncio.to_thread(self.get, res, namespace, name)
+
+    async def aget_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        return await asyncio.to_thread(self.get_or_none, res, namespace, name)
+
+    async def acreate(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> KubeObject:
+        return await asyncio.to_thread(self.create, res, namespace, body)
+
+    async def areplace(
+        self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any]
+    ) -> KubeObject:
+        return await asyncio.to_thread(self.replace, res, namespace, name, body)
+
+    async def apatch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+    ) -> KubeObject:
+        return await asyncio.to_thread(
+            lambda: self.patch(res, namespace, name, body, patch_type=patch_type, subresource=subresource)
+        )
+
+    async def adelete(self, res: Resource, namespace: str | None, name: str) -> None:
+        await asyncio.to_thread(self.delete, res, namespace, name)
+
+    async def aresource(self, api_version: str, kind: str) -> Resource:
+        return await asyncio.to_thread(self.resource, api_version, kind)
+
+
+class WatchStream:
+    """An open watch: iterate for events; ``close()`` from another thread ends the iteration."""
+
+    def __init__(self, response: Any) -> None:
+        self._response = response
+        self._closed = False
+
+    def __iter__(self) -> Iterator[KubeObject]:
+        from kubernetes.watch.watch import iter_resp_lines
+
+        try:
+            for line in iter_resp_lines(self._response):  # type: ignore[no-untyped-call]
+                if self._closed:
+                    return
+                if line:
+                    yield json.loads(line)
+        except Exception:
+            if self._closed:
+                return
+            raise
+        finally:
+            self._response.release_conn()
+
+    def close(self) -> None:
+        self._closed = True
+        shutdown = getattr(self._response, "shutdown", None)  # urllib3 >= 2.3 unblocks a reader
+        try:
+            if shutdown is not None:
+                shutdown()
+            else:
+                self._response.close()
+        except Exception:
+            log.debug("closing a watch failed", exc_info=True)
+
+
+def _api_error(status: int, reason: str, body: Any, method: str, path: str) -> ApiError:
+    message = ""
+    if isinstance(body, bytes | bytearray):
+        body = body.decode(errors="replace")
+    if isinstance(body, str) and body:
+        try:
+            parsed = json.loads(body)
+            message = parsed.get("message", "") if isinstance(parsed, dict) else body
+            reason = (parsed.get("reason") if isinstance(parsed, dict) else None) or reason
+        except json.JSONDecodeError:
+            message = body[:500]
+    return ApiError(status, reason, message, method, path)

@@ -1,0 +1,105 @@
+"""The kube client and informer caches against a real API server: typed errors, list + watch
+into an indexed store, selector lookups without scans, prompt stop."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from resourceconsist import kube
+from resourceconsist.cache import InformerFactory, Store, WatchEvent
+from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist.testing import LocalControlPlane, async_wait_for
+
+
+@pytest.fixture
+def kc(control_plane: LocalControlPlane) -> KubeClient:
+    client = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    yield client
+    client.close()
+
+
+def _pod(name: str, labels: dict[str, str]) -> dict[str, object]:
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
+
+
+def test_client_errors_carry_status_and_reason(kc: KubeClient, namespace: str) -> None:
+    with pytest.raises(ApiError) as err:
+        kc.get(kube.POD, namespace, "nope")
+    assert err.value.not_found
+    assert err.value.reason == "NotFound"
+    assert kc.get_or_none(kube.POD, namespace, "nope") is None
+    created = kc.create(kube.POD, namespace, _pod("a", {"app": "x"}))
+    stale_rv = created["metadata"]["resourceVersion"]
+    kc.patch(kube.POD, namespace, "a", {"metadata": {"labels": {"b": "1"}}})
+    with pytest.raises(ApiError) as conflict:
+        kc.patch(kube.POD, namespace, "a", {"metadata": {"resourceVersion": stale_rv, "labels": {"c": "1"}}})
+    assert conflict.value.conflict
+
+
+def test_discovery_finds_kinds_and_names_unknown_ones(kc: KubeClient) -> None:
+    crd = kc.resource("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+    assert crd.plural == "customresourcedefinitions"
+    assert not crd.namespaced
+    with pytest.raises(LookupError, match="no kind Nope"):
+        kc.resource("v1", "Nope")
+
+
+def test_store_indexes_follow_updates_and_deletes() -> None:
+    store = Store({"label": lambda o: [f"{k}={v}" for k, v in o["metadata"].get("labels", {}).items()]})
+    store.upsert({"metadata": {"name": "a", "namespace": "n", "labels": {"x": "1"}}})
+    assert [o["metadata"]["name"] for o in store.by_index("label", "x=1")] == ["a"]
+    store.upsert({"metadata": {"name": "a", "namespace": "n", "labels": {"x": "2"}}})
+    assert store.by_index("label", "x=1") == []
+    assert len(store.by_index("label", "x=2")) == 1
+    events = store.replace([{"metadata": {"name": "b", "namespace": "n", "resourceVersion": "1"}}])
+    assert [(e.type, e.obj["metadata"]["name"]) for e in events] == [("DELETED", "a"), ("ADDED", "b")]
+    assert store.by_index("label", "x=2") == []
+
+
+async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClient, namespace: str) -> None:
+    factory = InformerFactory(kc)
+    pods, services = factory.informer(kube.POD), factory.informer(kube.SERVICE)
+    seen: list[WatchEvent] = []
+    pods.add_handler(seen.append)
+    await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("before", {"app": "web", "tier": "a"}))
+    factory.start(asyncio.get_running_loop())
+    try:
+        await factory.wait_synced()
+        reader = factory.reader()
+        assert reader.get(kube.POD, namespace, "before") is not None
+        await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("after", {"app": "web", "tier": "b"}))
+        await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("other", {"app": "db"}))
+        svc = {
+            "metadata": {"name": "web", "namespace": namespace},
+            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+        }
+        await asyncio.to_thread(kc.create, kube.SERVICE, namespace, svc)
+        await async_wait_for(lambda: len(reader.pods_selected_by(svc)) == 2, timeout=10, message="2 web pods")
+        assert sorted(p["metadata"]["name"] for p in reader.pods_selected_by(svc)) == ["after", "before"]
+        after = reader.get(kube.POD, namespace, "after")
+        assert after is not None
+        assert [s["metadata"]["name"] for s in reader.services_selecting(after)] == ["web"]
+        other = reader.get(kube.POD, namespace, "other")
+        assert other is not None
+        assert reader.services_selecting(other) == []
+        assert any(e.type == "ADDED" and e.obj["metadata"]["name"] == "after" for e in seen)
+        assert all(e.obj.get("kind") == "Pod" for e in seen if e.obj["metadata"]["name"] == "before")
+
+        await asyncio.to_thread(kc.delete, kube.POD, namespace, "other")
+        await async_wait_for(
+            lambda: any(e.type == "DELETED" and e.obj["metadata"]["name"] == "other" for e in seen),
+            timeout=10,
+            message="DELETED event of pod other",
+        )
+        assert reader.get(kube.POD, namespace, "other") is None
+        assert services.relists == 1
+    finally:
+        started = time.monotonic()
+        factory.stop()
+        assert time.monotonic() - started < 5, "stopping informers must not wait for the watch timeout"
