@@ -81,6 +81,9 @@ async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClien
         }
         await asyncio.to_thread(kc.create, kube.SERVICE, namespace, svc)
         await async_wait_for(lambda: len(reader.pods_selected_by(svc)) == 2, timeout=10, message="2 web pods")
+        await async_wait_for(
+            lambda: reader.get(kube.SERVICE, namespace, "web"), timeout=10, message="service web cached"
+        )
         assert sorted(p["metadata"]["name"] for p in reader.pods_selected_by(svc)) == ["after", "before"]
         after = reader.get(kube.POD, namespace, "after")
         assert after is not None
