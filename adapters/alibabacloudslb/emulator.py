@@ -1,0 +1,985 @@
+"""A stateful emulator of the Alibaba Cloud SLB (CLB) RPC API, for tests only.
+
+``SLBEmulator`` answers the real SDK's real signed HTTP requests: it intercepts the HTTP adapter
+of the requests library vendored in ``aliyunsdkcore`` with ``responses`` and serves every
+request to its endpoint host. It parses the RPC parameters (query string and form body), checks
+the HMAC-SHA1 signature (RPC signature v1) against its own key pair, and answers in the API's JSON
+shapes. It holds load balancers, VServer groups with their backend servers, and a health status
+per backend; writes change that state the way the service does (adding a server already in the
+group, removing an absent one, a weight outside 0..100, more than 20 servers in a call, or a
+second write on a load balancer while one is in flight are all rejected).
+
+Tests steer it directly (load balancers, groups, backends, health, drift), inject faults
+(throttling by seeded chance or for the next N calls, 5xx, dropped connections, latency, and
+"carry the call out but report failure"), and read what happened: every call with its action and
+parameters (signature fields and the access key id left out), what was executed, how often each
+server was added.
+
+    with SLBEmulator() as slb:
+        lb = slb.add_load_balancer()
+        client = SLBClient(slb.credentials(), sleep=lambda _: None)
+        ...
+        assert not slb.mutating_calls()
+
+Error codes and messages follow Alibaba's published SLB error table; where it names no code
+(a backend server already in the group), the emulator uses ``CODE_BACKEND_ALREADY_EXISTS``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final, Self
+from urllib.parse import parse_qsl, quote, urlsplit
+
+import responses
+from pydantic import SecretStr
+
+from .credentials import SLBCredentials
+from .slbclient import (
+    API_VERSION,
+    MAX_BACKENDS_PER_CALL,
+    MUTATING_ACTIONS,
+    BackendKey,
+    BackendServer,
+    BackendServerType,
+    VServerGroup,
+    backend_key,
+)
+
+__all__ = [
+    "CODE_BACKEND_ALREADY_EXISTS",
+    "CODE_BACKEND_NOT_IN_GROUP",
+    "KNOWN_ERRORS",
+    "SDK_SEND_TARGET",
+    "SIGNATURE_PARAMS",
+    "RecordedCall",
+    "SLBEmulator",
+]
+
+#: What ``responses`` patches: the send method of the SDK's vendored requests adapter.
+SDK_SEND_TARGET: Final = "aliyunsdkcore.vendored.requests.adapters.HTTPAdapter.send"
+
+#: Request parameters that belong to the signature, left out of recorded calls.
+SIGNATURE_PARAMS: Final = frozenset(
+    {
+        "AccessKeyId",
+        "Signature",
+        "SignatureMethod",
+        "SignatureNonce",
+        "SignatureType",
+        "SignatureVersion",
+        "Timestamp",
+    }
+)
+
+#: Code for adding a server that is already in the VServer group.
+CODE_BACKEND_ALREADY_EXISTS: Final = "BackendServer.AlreadyExist"
+#: Code for removing or re-weighting a server that is not in the VServer group.
+CODE_BACKEND_NOT_IN_GROUP: Final = "InvalidServerId.NotFound"
+
+#: HTTP status and message of the codes the emulator answers with (Alibaba's SLB error table).
+KNOWN_ERRORS: Final[Mapping[str, tuple[int, str]]] = {
+    "Throttling": (400, "Request was denied due to request throttling."),
+    "Throttling.User": (400, "Request was denied due to user flow control."),
+    "Throttling.Api": (400, "Request was denied due to api flow control."),
+    "ServiceUnavailable": (503, "The request has failed due to a temporary failure of the server."),
+    "InternalError": (
+        500,
+        "The request processing has failed due to some unknown error, exception or failure.",
+    ),
+    "SystemBusy": (449, "The system is busy."),
+    "OperationBusy": (400, "A previous operation is pending."),
+    "ServiceIsConfiguring": (400, "A previous configuration is pending; please try again later."),
+    "VServerGroupProcessing": (
+        400,
+        "A previous configuration of the VServer group is pending; please try again later.",
+    ),
+    "BackendServer.configuring": (
+        409,
+        "A previous configuration of the load balancer is pending; please try again later.",
+    ),
+    "ProcessingSameRequest": (400, "The same request is being processed. Please try later."),
+    "InvalidLoadBalancerId.NotFound": (404, "The specified load balancer does not exist."),
+    "InvalidAccessKeyId.NotFound": (404, "Specified access key is not found."),
+    "SignatureDoesNotMatch": (400, "Specified signature is not matched with our calculation."),
+    "SignatureNonceUsed": (400, "Specified signature nonce was used already."),
+    "InvalidTimeStamp.Format": (400, "Specified time stamp or date value is not well formatted."),
+    "InvalidTimeStamp.Expired": (400, "Specified time stamp or date value is expired."),
+    "InvalidAction.NotFound": (404, "Specified api is not found, please check your url and method."),
+    "InvalidVersion": (400, "Specified parameter Version is not valid."),
+    "MissingParameter": (400, "A mandatory parameter is missing."),
+    "InvalidParameter": (400, "The specified parameter is not valid."),
+    "TooManyBackendServers": (
+        400,
+        f"The total number of input real servers exceeds max supported number: {MAX_BACKENDS_PER_CALL}",
+    ),
+    "InvalidWeight.Malformed": (400, "A specified weight is not valid."),
+    "RspoolVipExist": (400, "there are vips associating with this vServer group."),
+    CODE_BACKEND_ALREADY_EXISTS: (400, "The specified backend server already exists in the VServer group."),
+    CODE_BACKEND_NOT_IN_GROUP: (400, "The specified server is not found."),
+}
+
+_VSERVER_GROUP_MISSING: Final = (404, "InvalidParameter", "The specified VServerGroupId does not exist.")
+_HEALTH_STATES: Final = frozenset({"normal", "abnormal", "unavailable"})
+_SERVER_TYPES: Final[Mapping[str, BackendServerType]] = {"ecs": "ecs", "eni": "eni", "eci": "eci", "ip": "ip"}
+_TIMESTAMP_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One request the emulator answered."""
+
+    action: str
+    #: Request parameters, without the signature fields and the access key id.
+    params: Mapping[str, str]
+    http_status: int
+    #: Error code answered (injected or real), ``None`` on success.
+    code: str | None
+    #: Whether the call's effect was applied (true for "carried out, reported failed").
+    executed: bool
+    request_id: str
+
+    @property
+    def ok(self) -> bool:
+        return self.code is None
+
+    @property
+    def backend_servers(self) -> list[dict[str, Any]]:
+        """The call's ``BackendServers`` JSON, decoded (empty when absent or malformed)."""
+        try:
+            value = json.loads(self.params.get("BackendServers", "[]"))
+        except ValueError:
+            return []
+        return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+
+class _APIError(Exception):
+    def __init__(self, code: str, message: str | None = None, status: int | None = None) -> None:
+        known_status, known_message = KNOWN_ERRORS.get(code, (400, code))
+        self.code = code
+        self.status = status if status is not None else known_status
+        self.message = message if message is not None else known_message
+        super().__init__(code, self.message)
+
+
+@dataclass
+class _Fault:
+    code: str
+    status: int
+    message: str
+    actions: frozenset[str] | None
+    remaining: int | None
+    probability: float
+    execute: bool
+    drop_connection: bool
+
+    def matches(self, action: str) -> bool:
+        return (self.actions is None or action in self.actions) and (
+            self.remaining is None or self.remaining > 0
+        )
+
+
+class _Injected(Exception):
+    def __init__(self, fault: _Fault) -> None:
+        super().__init__(fault.code)
+        self.fault = fault
+
+
+@dataclass
+class _LoadBalancer:
+    id: str
+    name: str
+    region_id: str
+
+
+@dataclass
+class _Group:
+    id: str
+    name: str
+    load_balancer_id: str
+    listener_ports: tuple[int, ...]
+    backends: dict[BackendKey, BackendServer] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _WireServer:
+    server_id: str
+    port: int
+    weight: int | None
+    server_type: BackendServerType
+    server_ip: str | None
+    description: str | None
+
+    @property
+    def key(self) -> BackendKey:
+        return backend_key(self.server_id, self.port, self.server_type, self.server_ip)
+
+    def to_backend(self, default_weight: int = 100) -> BackendServer:
+        return BackendServer(
+            server_id=self.server_id,
+            port=self.port,
+            weight=self.weight if self.weight is not None else default_weight,
+            server_type=self.server_type,
+            server_ip=self.server_ip,
+            description=self.description,
+        )
+
+
+def _percent_encode(value: str) -> str:
+    # RFC 3986 unreserved characters stay, everything else is %XX of its UTF-8 bytes.
+    return quote(value, safe="-_.~")
+
+
+def string_to_sign(method: str, params: Mapping[str, str]) -> str:
+    """The RPC signature v1 string to sign for ``params`` (``Signature`` itself excluded)."""
+    canonical = "&".join(
+        f"{_percent_encode(key)}={_percent_encode(value)}"
+        for key, value in sorted(params.items())
+        if key != "Signature"
+    )
+    return f"{method.upper()}&{_percent_encode('/')}&{_percent_encode(canonical)}"
+
+
+def rpc_signature(method: str, params: Mapping[str, str], secret: str) -> str:
+    """HMAC-SHA1 of the string to sign with key ``secret + "&"``, base64-encoded."""
+    digest = hmac.new(f"{secret}&".encode(), string_to_sign(method, params).encode(), hashlib.sha1).digest()
+    return base64.b64encode(digest).decode()
+
+
+def _backend_json(server: BackendServer) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "ServerId": server.server_id,
+        "Port": server.port,
+        "Weight": server.weight,
+        "Type": server.server_type,
+    }
+    if server.server_ip:
+        entry["ServerIp"] = server.server_ip
+    if server.description is not None:
+        entry["Description"] = server.description
+    return entry
+
+
+def _wrap(outer_items: list[dict[str, Any]], inner: str) -> dict[str, list[dict[str, Any]]]:
+    return {inner: outer_items}
+
+
+def _int_field(entry: Mapping[str, Any], name: str) -> int | None:
+    value = entry.get(name)
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(name)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"-?\d+", value.strip()):
+        return int(value)
+    raise ValueError(name)
+
+
+class SLBEmulator:
+    """A fake SLB endpoint with state, signature checking, fault injection and a call record."""
+
+    def __init__(
+        self,
+        *,
+        access_key_id: str = "emulated-access-key-id",
+        access_key_secret: str = "emulated-access-key-secret",
+        endpoint: str = "slb.cn-hangzhou.aliyuncs.com",
+        region_id: str = "cn-hangzhou",
+        seed: int = 0,
+        default_health: str = "normal",
+        reject_concurrent_writes: bool = True,
+        timestamp_tolerance_seconds: float = 900.0,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], object] = time.sleep,
+    ) -> None:
+        if default_health not in _HEALTH_STATES:
+            raise ValueError(f"default_health must be one of {sorted(_HEALTH_STATES)}")
+        self.endpoint = endpoint
+        self.region_id = region_id
+        self._key_id = access_key_id
+        self._secret = access_key_secret
+        self._default_health = default_health
+        self._reject_concurrent_writes = reject_concurrent_writes
+        self._tolerance = timestamp_tolerance_seconds
+        self._clock = clock
+        self._sleep = sleep
+        self._rng = random.Random(seed)
+        self._lock = threading.RLock()
+        self._load_balancers: dict[str, _LoadBalancer] = {}
+        self._groups: dict[str, _Group] = {}
+        self._health: dict[tuple[str, str, int], str] = {}
+        self._faults: list[_Fault] = []
+        self._latency: dict[str | None, float] = {}
+        self._calls: list[RecordedCall] = []
+        self._nonces: set[str] = set()
+        self._add_counts: Counter[tuple[str, BackendKey]] = Counter()
+        self._rejected_duplicates: list[tuple[str, BackendKey]] = []
+        self._in_flight: Counter[str] = Counter()
+        self._max_in_flight: Counter[str] = Counter()
+        self._write_conflicts = 0
+        self._mock: responses.RequestsMock | None = None
+        #: Called with the action of every authenticated call just before it executes (writes are
+        #: in flight by then); tests use it to hold a call while another one arrives.
+        self.before_execute: Callable[[str], None] | None = None
+
+    def __repr__(self) -> str:
+        return f"SLBEmulator(endpoint={self.endpoint!r}, region_id={self.region_id!r})"
+
+    # ---- lifecycle ----------------------------------------------------------------------
+
+    def start(self) -> Self:
+        """Start answering the SDK's requests to ``endpoint`` (other hosts get a connection error)."""
+        if self._mock is not None:
+            return self
+        mock = responses.RequestsMock(target=SDK_SEND_TARGET, assert_all_requests_are_fired=False)
+        host = re.compile(rf"https?://{re.escape(self.endpoint)}(?::\d+)?/", re.IGNORECASE)
+        for method in (responses.GET, responses.POST):
+            mock.add_callback(method, host, callback=self._handle)
+        mock.start()
+        self._mock = mock
+        return self
+
+    def stop(self) -> None:
+        if self._mock is not None:
+            self._mock.stop(allow_assert=False)
+            self._mock.reset()
+            self._mock = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def credentials(
+        self, *, access_key_id: str | None = None, access_key_secret: str | None = None
+    ) -> SLBCredentials:
+        """Credentials for this endpoint: the emulator's own pair unless overridden (to test rejection)."""
+        return SLBCredentials(
+            access_key_id=SecretStr(self._key_id if access_key_id is None else access_key_id),
+            access_key_secret=SecretStr(self._secret if access_key_secret is None else access_key_secret),
+            region_id=self.region_id,
+            endpoint=self.endpoint,
+        )
+
+    # ---- state, set up and read by tests ------------------------------------------------
+
+    def add_load_balancer(self, load_balancer_id: str | None = None, *, name: str = "") -> str:
+        with self._lock:
+            lb_id = load_balancer_id or self._new_id("lb-")
+            if lb_id in self._load_balancers:
+                raise ValueError(f"load balancer {lb_id} exists")
+            self._load_balancers[lb_id] = _LoadBalancer(lb_id, name, self.region_id)
+            return lb_id
+
+    def remove_load_balancer(self, load_balancer_id: str) -> None:
+        with self._lock:
+            del self._load_balancers[load_balancer_id]
+            for group_id in [g.id for g in self._groups.values() if g.load_balancer_id == load_balancer_id]:
+                del self._groups[group_id]
+            for key in [k for k in self._health if k[0] == load_balancer_id]:
+                del self._health[key]
+
+    def load_balancers(self) -> list[str]:
+        with self._lock:
+            return list(self._load_balancers)
+
+    def add_vserver_group(
+        self,
+        load_balancer_id: str,
+        name: str = "",
+        *,
+        backends: Iterable[BackendServer] = (),
+        listener_ports: Iterable[int] = (),
+        vserver_group_id: str | None = None,
+    ) -> str:
+        """Create a VServer group directly; ``listener_ports`` are the listeners that use it."""
+        with self._lock:
+            if load_balancer_id not in self._load_balancers:
+                raise KeyError(load_balancer_id)
+            group_id = vserver_group_id or self._new_id("rsp-")
+            group = _Group(group_id, name, load_balancer_id, tuple(listener_ports))
+            group.backends = {server.key: server for server in backends}
+            self._groups[group_id] = group
+            return group_id
+
+    def remove_vserver_group(self, vserver_group_id: str) -> None:
+        with self._lock:
+            del self._groups[vserver_group_id]
+
+    def vserver_groups(self, load_balancer_id: str) -> list[VServerGroup]:
+        with self._lock:
+            return [
+                VServerGroup(id=g.id, name=g.name, load_balancer_id=g.load_balancer_id)
+                for g in self._groups.values()
+                if g.load_balancer_id == load_balancer_id
+            ]
+
+    def backends(self, vserver_group_id: str) -> list[BackendServer]:
+        with self._lock:
+            return list(self._groups[vserver_group_id].backends.values())
+
+    def set_backends(self, vserver_group_id: str, servers: Iterable[BackendServer]) -> None:
+        """Replace a group's servers behind the controller's back (drift)."""
+        with self._lock:
+            self._groups[vserver_group_id].backends = {server.key: server for server in servers}
+
+    def set_health(self, load_balancer_id: str, server_id: str, port: int, status: str) -> None:
+        """Health reported for a backend (``normal``, ``abnormal``, ``unavailable``)."""
+        if status not in _HEALTH_STATES:
+            raise ValueError(f"status must be one of {sorted(_HEALTH_STATES)}")
+        with self._lock:
+            self._health[(load_balancer_id, server_id, port)] = status
+
+    # ---- faults -------------------------------------------------------------------------
+
+    def fail_next(
+        self,
+        action: str | Iterable[str] | None = None,
+        times: int = 1,
+        *,
+        code: str = "Throttling",
+        status: int | None = None,
+        message: str | None = None,
+        execute: bool = False,
+    ) -> None:
+        """Fail the next ``times`` calls of ``action`` (any action when None) with ``code``.
+
+        With ``execute=True`` the call is carried out first and then reported as failed.
+        """
+        self._add_fault(action, times, code, status, message, execute=execute)
+
+    def fail_after_executing(
+        self, action: str | Iterable[str], times: int = 1, *, code: str = "ServiceUnavailable"
+    ) -> None:
+        """Carry out the next ``times`` calls of ``action`` but answer with an error."""
+        self._add_fault(action, times, code, None, None, execute=True)
+
+    def return_5xx(
+        self, action: str | Iterable[str] | None = None, times: int = 1, *, status: int = 503
+    ) -> None:
+        """Answer the next ``times`` calls with a 5xx (``ServiceUnavailable`` or ``InternalError``)."""
+        code = "ServiceUnavailable" if status == 503 else "InternalError"
+        self._add_fault(action, times, code, status, None, execute=False)
+
+    def drop_connection(
+        self, action: str | Iterable[str] | None = None, times: int = 1, *, execute: bool = False
+    ) -> None:
+        """Reset the connection instead of answering; with ``execute=True`` after carrying the call out."""
+        self._add_fault(action, times, "ConnectionReset", 0, None, execute=execute, drop=True)
+
+    def throttle(
+        self, fraction: float, *, actions: Iterable[str] | None = None, code: str = "Throttling"
+    ) -> None:
+        """From now on, reject a seeded-random ``fraction`` of calls (of ``actions``) with ``code``."""
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError("fraction must be within [0, 1]")
+        status, message = KNOWN_ERRORS.get(code, (400, code))
+        with self._lock:
+            self._faults.append(
+                _Fault(
+                    code,
+                    status,
+                    message,
+                    None if actions is None else frozenset(actions),
+                    None,
+                    fraction,
+                    execute=False,
+                    drop_connection=False,
+                )
+            )
+
+    def set_latency(self, seconds: float, action: str | None = None) -> None:
+        """Delay answers (of ``action``, or all) by ``seconds`` of real time."""
+        with self._lock:
+            self._latency[action] = seconds
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+            self._latency.clear()
+
+    def _add_fault(
+        self,
+        action: str | Iterable[str] | None,
+        times: int,
+        code: str,
+        status: int | None,
+        message: str | None,
+        *,
+        execute: bool,
+        drop: bool = False,
+    ) -> None:
+        if times < 1:
+            raise ValueError("times must be at least 1")
+        known_status, known_message = KNOWN_ERRORS.get(code, (400, code))
+        actions = None if action is None else frozenset([action] if isinstance(action, str) else action)
+        with self._lock:
+            self._faults.append(
+                _Fault(
+                    code,
+                    known_status if status is None else status,
+                    message or known_message,
+                    actions,
+                    times,
+                    1.0,
+                    execute=execute,
+                    drop_connection=drop,
+                )
+            )
+
+    # ---- the record ---------------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[RecordedCall]:
+        """Every request answered, in order (rejected ones included)."""
+        with self._lock:
+            return list(self._calls)
+
+    def calls_of(self, action: str) -> list[RecordedCall]:
+        with self._lock:
+            return [call for call in self._calls if call.action == action]
+
+    def mutating_calls(self) -> list[RecordedCall]:
+        """Calls of a state-changing action, whether or not they succeeded."""
+        with self._lock:
+            return [call for call in self._calls if call.action in MUTATING_ACTIONS]
+
+    def reset_calls(self) -> None:
+        with self._lock:
+            self._calls.clear()
+            self._add_counts.clear()
+            self._rejected_duplicates.clear()
+            self._write_conflicts = 0
+            self._max_in_flight.clear()
+
+    def add_counts(self, vserver_group_id: str) -> dict[BackendKey, int]:
+        """How many times each server was actually added to the group."""
+        with self._lock:
+            return {key: n for (group, key), n in self._add_counts.items() if group == vserver_group_id}
+
+    @property
+    def rejected_duplicate_adds(self) -> list[tuple[str, BackendKey]]:
+        """(group, server) pairs of adds refused because the server was already in the group."""
+        with self._lock:
+            return list(self._rejected_duplicates)
+
+    @property
+    def write_conflicts(self) -> int:
+        """Writes refused because another write on the same load balancer was in flight."""
+        with self._lock:
+            return self._write_conflicts
+
+    def max_concurrent_writes(self, load_balancer_id: str) -> int:
+        with self._lock:
+            return self._max_in_flight[load_balancer_id]
+
+    # ---- HTTP ---------------------------------------------------------------------------
+
+    def _handle(self, request: Any) -> Exception | tuple[int, Mapping[str, str], str]:
+        params = self._params(request)
+        action = params.get("Action", "")
+        recorded = {k: v for k, v in params.items() if k not in SIGNATURE_PARAMS}
+        with self._lock:
+            request_id = self._new_request_id()
+        executed = False
+        try:
+            try:
+                self._authenticate(str(request.method or "GET"), params)
+                fault = self._take_fault(action)
+                if fault is not None and not fault.execute:
+                    raise _Injected(fault)
+                with self._writing(action, params):
+                    self._pause(action)
+                    payload = self._dispatch(action, params)
+                executed = action in MUTATING_ACTIONS
+                if fault is not None:
+                    raise _Injected(fault)
+            except _Injected as injected:
+                fault = injected.fault
+                executed = executed or (fault.execute and action in MUTATING_ACTIONS)
+                self._record(
+                    action, recorded, status=fault.status, code=fault.code, executed=executed, rid=request_id
+                )
+                if fault.drop_connection:
+                    # Worded like urllib3's error, which quotes the request URL (key id included).
+                    split = urlsplit(str(request.url))
+                    return ConnectionResetError(
+                        f"HTTPSConnectionPool(host={split.hostname!r}): Max retries exceeded with url: "
+                        f"{split.path}?{split.query} (Caused by connection reset by the SLB emulator)"
+                    )
+                return self._error_response(_APIError(fault.code, fault.message, fault.status), request_id)
+        except _APIError as err:
+            self._record(
+                action, recorded, status=err.status, code=err.code, executed=executed, rid=request_id
+            )
+            return self._error_response(err, request_id)
+        self._record(action, recorded, status=200, code=None, executed=executed, rid=request_id)
+        body = json.dumps({"RequestId": request_id, **payload})
+        return 200, {"Content-Type": "application/json;charset=utf-8", "x-acs-request-id": request_id}, body
+
+    @staticmethod
+    def _params(request: Any) -> dict[str, str]:
+        params = dict(parse_qsl(urlsplit(str(request.url)).query, keep_blank_values=True))
+        body = request.body
+        content_type = str(request.headers.get("Content-Type", ""))
+        if body and "application/x-www-form-urlencoded" in content_type:
+            text = body.decode() if isinstance(body, bytes) else str(body)
+            params.update(parse_qsl(text, keep_blank_values=True))
+        return params
+
+    def _error_response(self, err: _APIError, request_id: str) -> tuple[int, Mapping[str, str], str]:
+        body = json.dumps(
+            {
+                "RequestId": request_id,
+                "HostId": self.endpoint,
+                "Code": err.code,
+                "Message": err.message,
+                "Recommend": f"https://api.aliyun.com/troubleshoot?q={err.code}&product=Slb",
+            }
+        )
+        return err.status, {"Content-Type": "application/json;charset=utf-8"}, body
+
+    def _record(
+        self, action: str, params: dict[str, str], *, status: int, code: str | None, executed: bool, rid: str
+    ) -> None:
+        with self._lock:
+            self._calls.append(RecordedCall(action, params, status, code, executed, rid))
+
+    def _authenticate(self, method: str, params: Mapping[str, str]) -> None:
+        key_id = params.get("AccessKeyId", "")
+        if not key_id:
+            raise _APIError("MissingParameter", "AccessKeyId is mandatory for this action.")
+        if not hmac.compare_digest(key_id.encode(), self._key_id.encode()):
+            raise _APIError("InvalidAccessKeyId.NotFound")
+        if params.get("SignatureMethod") != "HMAC-SHA1" or params.get("SignatureVersion") != "1.0":
+            raise _APIError("InvalidParameter", "Only SignatureMethod HMAC-SHA1, SignatureVersion 1.0.")
+        try:
+            stamp = datetime.strptime(params.get("Timestamp", ""), _TIMESTAMP_FORMAT).replace(tzinfo=UTC)
+        except ValueError:
+            raise _APIError("InvalidTimeStamp.Format") from None
+        if abs(self._clock() - stamp.timestamp()) > self._tolerance:
+            raise _APIError("InvalidTimeStamp.Expired")
+        expected = rpc_signature(method, params, self._secret)
+        if not hmac.compare_digest(expected.encode(), params.get("Signature", "").encode()):
+            # The real service quotes its string to sign; the SDK compares it with its own to
+            # tell a wrong secret (InvalidAccessKeySecret) from a malformed request.
+            raise _APIError(
+                "SignatureDoesNotMatch",
+                "Specified signature is not matched with our calculation. server string to sign is:"
+                + string_to_sign(method, params),
+            )
+        nonce = params.get("SignatureNonce", "")
+        with self._lock:
+            if not nonce or nonce in self._nonces:
+                raise _APIError("SignatureNonceUsed")
+            self._nonces.add(nonce)
+        if params.get("Version") != API_VERSION:
+            raise _APIError("InvalidVersion")
+
+    def _take_fault(self, action: str) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if not fault.matches(action):
+                    continue
+                if fault.probability < 1.0 and self._rng.random() >= fault.probability:
+                    continue
+                if fault.remaining is not None:
+                    fault.remaining -= 1
+                return fault
+            self._faults = [f for f in self._faults if f.remaining is None or f.remaining > 0]
+            return None
+
+    def _pause(self, action: str) -> None:
+        hook = self.before_execute
+        if hook is not None:
+            hook(action)
+        with self._lock:
+            delay = self._latency.get(action, self._latency.get(None, 0.0))
+        if delay > 0:
+            self._sleep(delay)
+
+    @contextmanager
+    def _writing(self, action: str, params: Mapping[str, str]) -> Iterator[None]:
+        """Mark a write in flight on its load balancer; refuse it if another one already is."""
+        if action not in MUTATING_ACTIONS:
+            yield
+            return
+        with self._lock:
+            lb_id = params.get("LoadBalancerId") or ""
+            group = self._groups.get(params.get("VServerGroupId", ""))
+            if group is not None:
+                lb_id = group.load_balancer_id
+            if not lb_id:
+                lb_id = "?"
+            if self._in_flight[lb_id] and self._reject_concurrent_writes:
+                self._write_conflicts += 1
+                raise _APIError("BackendServer.configuring")
+            self._in_flight[lb_id] += 1
+            self._max_in_flight[lb_id] = max(self._max_in_flight[lb_id], self._in_flight[lb_id])
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._in_flight[lb_id] -= 1
+
+    # ---- the API ------------------------------------------------------------------------
+
+    def _dispatch(self, action: str, params: Mapping[str, str]) -> dict[str, Any]:
+        handlers: dict[str, Callable[[Mapping[str, str]], dict[str, Any]]] = {
+            "DescribeHealthStatus": self._describe_health_status,
+            "DescribeVServerGroups": self._describe_vserver_groups,
+            "DescribeVServerGroupAttribute": self._describe_vserver_group_attribute,
+            "CreateVServerGroup": self._create_vserver_group,
+            "DeleteVServerGroup": self._delete_vserver_group,
+            "AddVServerGroupBackendServers": self._add_backends,
+            "RemoveVServerGroupBackendServers": self._remove_backends,
+            "SetVServerGroupAttribute": self._set_vserver_group_attribute,
+            "ModifyVServerGroupBackendServers": self._modify_backends,
+        }
+        handler = handlers.get(action)
+        if handler is None:
+            raise _APIError("InvalidAction.NotFound")
+        with self._lock:
+            return handler(params)
+
+    def _load_balancer(self, params: Mapping[str, str]) -> _LoadBalancer:
+        lb_id = params.get("LoadBalancerId", "")
+        if not lb_id:
+            raise _APIError("MissingParameter", "The input parameter LoadBalancerId is mandatory.")
+        lb = self._load_balancers.get(lb_id)
+        if lb is None or lb.region_id != params.get("RegionId", lb.region_id):
+            raise _APIError("InvalidLoadBalancerId.NotFound")
+        return lb
+
+    def _group(self, params: Mapping[str, str]) -> _Group:
+        group_id = params.get("VServerGroupId", "")
+        if not group_id:
+            raise _APIError("MissingParameter", "The input parameter VServerGroupId is mandatory.")
+        group = self._groups.get(group_id)
+        lb = self._load_balancers.get(group.load_balancer_id) if group is not None else None
+        if group is None or lb is None or lb.region_id != params.get("RegionId", lb.region_id):
+            status, code, message = _VSERVER_GROUP_MISSING
+            raise _APIError(code, message, status)
+        return group
+
+    def _parse_servers(self, raw: str | None, *, required: bool) -> list[_WireServer]:
+        if raw is None or raw == "":
+            if required:
+                raise _APIError("MissingParameter", "The input parameter BackendServers is mandatory.")
+            return []
+        try:
+            entries = json.loads(raw)
+        except ValueError:
+            raise _APIError("InvalidParameter", "The specified BackendServers is invalid.") from None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise _APIError("InvalidParameter", "The specified BackendServers is invalid.")
+        if len(entries) > MAX_BACKENDS_PER_CALL:
+            raise _APIError("TooManyBackendServers")
+        servers: list[_WireServer] = []
+        keys: set[BackendKey] = set()
+        for entry in entries:
+            server_id = entry.get("ServerId")
+            if not isinstance(server_id, str) or not server_id:
+                raise _APIError("InvalidParameter", "The VmName is emtpy.")
+            try:
+                port = _int_field(entry, "Port")
+            except ValueError:
+                port = -1
+            if port is None or not 1 <= port <= 65535:
+                raise _APIError(
+                    "InvalidParameter",
+                    "The specified BackendServers is invalid, as the Port value should be in [1, 65535].",
+                )
+            try:
+                weight = _int_field(entry, "Weight")
+            except ValueError:
+                raise _APIError("InvalidWeight.Malformed") from None
+            if weight is not None and not 0 <= weight <= 100:
+                raise _APIError("InvalidWeight.Malformed")
+            server_type = _SERVER_TYPES.get(str(entry.get("Type") or "ecs"))
+            if server_type is None:
+                raise _APIError("InvalidParameter", "The type is invalid.")
+            server_ip = entry.get("ServerIp")
+            if server_ip is not None and not isinstance(server_ip, str):
+                raise _APIError("InvalidParameter", "The specified BackendServers is invalid.")
+            if server_type in ("eni", "eci", "ip") and not server_ip:
+                raise _APIError("InvalidParameter", "The Rs IP is empty.")
+            description = entry.get("Description")
+            server = _WireServer(
+                server_id,
+                port,
+                weight,
+                server_type,
+                server_ip or None,
+                None if description is None else str(description),
+            )
+            if server.key in keys:
+                raise _APIError("InvalidParameter", "The RsList is illegal.")
+            keys.add(server.key)
+            servers.append(server)
+        return servers
+
+    def _health_entries(self, lb: _LoadBalancer, listener_port: int | None) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = []
+        for group in self._groups.values():
+            if group.load_balancer_id != lb.id:
+                continue
+            ports: tuple[int | None, ...] = group.listener_ports or (None,)
+            for port in ports:
+                if listener_port is not None and port != listener_port:
+                    continue
+                for server in group.backends.values():
+                    entry: dict[str, Any] = {
+                        "ServerId": server.server_id,
+                        "Port": server.port,
+                        "ServerHealthStatus": self._health.get(
+                            (lb.id, server.server_id, server.port), self._default_health
+                        ),
+                        "Type": server.server_type,
+                    }
+                    if server.server_ip:
+                        entry["ServerIp"] = server.server_ip
+                        if server.server_type == "eni":
+                            entry["EniHost"] = server.server_ip
+                    if port is not None:
+                        entry["ListenerPort"] = port
+                        entry["Protocol"] = "tcp"
+                    entries.append(entry)
+        return entries
+
+    def _describe_health_status(self, params: Mapping[str, str]) -> dict[str, Any]:
+        lb = self._load_balancer(params)
+        try:
+            listener_port = _int_field(params, "ListenerPort")
+        except ValueError:
+            raise _APIError("InvalidParameter", "The specified port is not valid.") from None
+        return {"BackendServers": _wrap(self._health_entries(lb, listener_port), "BackendServer")}
+
+    def _describe_vserver_groups(self, params: Mapping[str, str]) -> dict[str, Any]:
+        lb = self._load_balancer(params)
+        groups = [
+            {
+                "VServerGroupId": g.id,
+                "VServerGroupName": g.name,
+                "ServerCount": len(g.backends),
+                "AssociatedObjects": {
+                    "Listeners": {"Listener": [{"Port": p, "Protocol": "tcp"} for p in g.listener_ports]},
+                    "Rules": {"Rule": []},
+                },
+            }
+            for g in self._groups.values()
+            if g.load_balancer_id == lb.id
+        ]
+        return {"VServerGroups": _wrap(groups, "VServerGroup")}
+
+    def _group_payload(self, group: _Group, servers: Iterable[BackendServer] | None = None) -> dict[str, Any]:
+        listed = group.backends.values() if servers is None else servers
+        return {
+            "VServerGroupId": group.id,
+            "BackendServers": _wrap([_backend_json(s) for s in listed], "BackendServer"),
+        }
+
+    def _describe_vserver_group_attribute(self, params: Mapping[str, str]) -> dict[str, Any]:
+        group = self._group(params)
+        return {
+            **self._group_payload(group),
+            "VServerGroupName": group.name,
+            "LoadBalancerId": group.load_balancer_id,
+        }
+
+    def _create_vserver_group(self, params: Mapping[str, str]) -> dict[str, Any]:
+        lb = self._load_balancer(params)
+        servers = self._parse_servers(params.get("BackendServers"), required=False)
+        group = _Group(self._new_id("rsp-"), params.get("VServerGroupName", ""), lb.id, ())
+        self._groups[group.id] = group
+        return self._group_payload(group, self._insert(group, servers))
+
+    def _delete_vserver_group(self, params: Mapping[str, str]) -> dict[str, Any]:
+        group = self._group(params)
+        if group.listener_ports:
+            raise _APIError("RspoolVipExist")
+        del self._groups[group.id]
+        return {}
+
+    def _insert(self, group: _Group, servers: list[_WireServer]) -> list[BackendServer]:
+        for server in servers:
+            if server.key in group.backends:
+                self._rejected_duplicates.append((group.id, server.key))
+                raise _APIError(CODE_BACKEND_ALREADY_EXISTS)
+        added = [server.to_backend() for server in servers]
+        for backend in added:
+            group.backends[backend.key] = backend
+            self._add_counts[(group.id, backend.key)] += 1
+        return added
+
+    def _add_backends(self, params: Mapping[str, str]) -> dict[str, Any]:
+        group = self._group(params)
+        servers = self._parse_servers(params.get("BackendServers"), required=True)
+        return self._group_payload(group, self._insert(group, servers))
+
+    def _require_present(self, group: _Group, servers: Iterable[_WireServer]) -> None:
+        for server in servers:
+            if server.key not in group.backends:
+                raise _APIError(CODE_BACKEND_NOT_IN_GROUP)
+
+    def _remove_backends(self, params: Mapping[str, str]) -> dict[str, Any]:
+        group = self._group(params)
+        servers = self._parse_servers(params.get("BackendServers"), required=True)
+        self._require_present(group, servers)
+        for server in servers:
+            del group.backends[server.key]
+        return self._group_payload(group)
+
+    def _set_vserver_group_attribute(self, params: Mapping[str, str]) -> dict[str, Any]:
+        group = self._group(params)
+        servers = self._parse_servers(params.get("BackendServers"), required=False)
+        self._require_present(group, servers)
+        if "VServerGroupName" in params:
+            group.name = params["VServerGroupName"]
+        for server in servers:
+            current = group.backends[server.key]
+            update: dict[str, Any] = {}
+            if server.weight is not None:
+                update["weight"] = server.weight
+            if server.description is not None:
+                update["description"] = server.description
+            group.backends[server.key] = current.model_copy(update=update)
+        return {**self._group_payload(group), "VServerGroupName": group.name}
+
+    def _modify_backends(self, params: Mapping[str, str]) -> dict[str, Any]:
+        group = self._group(params)
+        old = self._parse_servers(params.get("OldBackendServers"), required=True)
+        new = self._parse_servers(params.get("NewBackendServers"), required=True)
+        self._require_present(group, old)
+        remaining = {k: v for k, v in group.backends.items() if k not in {s.key for s in old}}
+        for server in new:
+            if server.key in remaining:
+                self._rejected_duplicates.append((group.id, server.key))
+                raise _APIError(CODE_BACKEND_ALREADY_EXISTS)
+        group.backends = remaining
+        return self._group_payload(group, self._insert(group, new))
+
+    # ---- ids ----------------------------------------------------------------------------
+
+    def _new_id(self, prefix: str) -> str:
+        alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+        return prefix + "".join(self._rng.choice(alphabet) for _ in range(20))
+
+    def _new_request_id(self) -> str:
+        digits = f"{self._rng.getrandbits(128):032X}"
+        return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"

@@ -1,0 +1,871 @@
+"""A small typed client for the Alibaba Cloud SLB (CLB) API, on the real Alibaba Cloud Python SDK.
+
+``SLBClient`` drives ``aliyunsdkcore``'s ``AcsClient`` with the request classes of
+``aliyunsdkslb.request.v20140515`` and gives callers pydantic models (``BackendServer``,
+``BackendHealth``, ``VServerGroup``), never the SDK's raw JSON. On top of the SDK it adds what a
+controller needs to talk to SLB safely:
+
+* batches: at most ``MAX_BACKENDS_PER_CALL`` (20) backend servers per call, the API's limit;
+* one writer per load balancer: SLB rejects a change while another one on the same instance is
+  being applied (``ServiceIsConfiguring``, ``BackendServer.configuring``), so writes to one load
+  balancer take a lock; the client can be shared between threads;
+* retries with jittered exponential backoff, bounded in attempts and in total time, on the
+  provider's transient codes (``TRANSIENT_CODES``) and on transport errors. The SDK's own retry
+  is switched off: its retry table (``aliyunsdkcore/data/retry_config.json``) lists ECS actions
+  only, so it never retried an SLB call anyway;
+* no double writes after an ambiguous failure: a write that failed transiently may still have
+  been carried out (a lost response, a 5xx after commit). Before every retry of a write the
+  client re-reads the VServer group and sends only what is still missing, so a server is never
+  added twice and an absent one is never removed;
+* errors as ``SLBError`` (code, message, request id, HTTP status), ``SLBNotFound`` for a load
+  balancer, VServer group or backend server that does not exist (re-read, don't retry), and
+  ``SLBAuthError`` for rejected credentials. No credential ever appears in their text or in the
+  SDK's log lines (a redacting filter is put on the SDK's loggers).
+
+Weights are changed with ``SetVServerGroupAttribute``, the API Alibaba documents for changing
+the weight of servers already in a group. ``ModifyVServerGroupBackendServers`` replaces servers
+(old list out, new list in) and is meant for swapping a server or its port, not for re-weighting.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final, Literal, Self, TypeVar
+from urllib.parse import quote
+
+from aliyunsdkcore.acs_exception.exceptions import ClientException, ServerException
+from aliyunsdkcore.client import AcsClient
+from aliyunsdkslb.request.v20140515.AddVServerGroupBackendServersRequest import (
+    AddVServerGroupBackendServersRequest,
+)
+from aliyunsdkslb.request.v20140515.CreateVServerGroupRequest import CreateVServerGroupRequest
+from aliyunsdkslb.request.v20140515.DeleteVServerGroupRequest import DeleteVServerGroupRequest
+from aliyunsdkslb.request.v20140515.DescribeHealthStatusRequest import DescribeHealthStatusRequest
+from aliyunsdkslb.request.v20140515.DescribeVServerGroupAttributeRequest import (
+    DescribeVServerGroupAttributeRequest,
+)
+from aliyunsdkslb.request.v20140515.DescribeVServerGroupsRequest import DescribeVServerGroupsRequest
+from aliyunsdkslb.request.v20140515.RemoveVServerGroupBackendServersRequest import (
+    RemoveVServerGroupBackendServersRequest,
+)
+from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVServerGroupAttributeRequest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .credentials import SLBCredentials
+
+__all__ = [
+    "AUTH_CODES",
+    "MAX_BACKENDS_PER_CALL",
+    "MUTATING_ACTIONS",
+    "NOT_FOUND_CODES",
+    "TRANSIENT_CODES",
+    "BackendHealth",
+    "BackendKey",
+    "BackendServer",
+    "BackendServerType",
+    "CallRecord",
+    "RetryPolicy",
+    "SLBAuthError",
+    "SLBClient",
+    "SLBError",
+    "SLBNotFound",
+    "VServerGroup",
+    "backend_key",
+    "redact",
+]
+
+_log = logging.getLogger(__name__)
+
+#: The SLB API version the request classes speak.
+API_VERSION: Final = "2014-05-15"
+#: The most backend servers one SLB call accepts (``TooManyBackendServers`` beyond).
+MAX_BACKENDS_PER_CALL: Final = 20
+
+#: Provider codes that mean "try again later": throttling, a busy or reconfiguring instance.
+TRANSIENT_CODES: Final = frozenset(
+    {
+        "Throttling",
+        "Throttling.User",
+        "Throttling.Api",
+        "ServiceUnavailable",
+        "InternalError",
+        "SystemBusy",
+        "OperationBusy",
+        "ServiceIsConfiguring",
+        "ServiceIsStopping",
+        "VServerGroupProcessing",
+        "BackendServer.configuring",
+        "ProcessingSameRequest",
+    }
+)
+#: SDK codes for a request whose response never arrived (connection refused, reset, timeout).
+TRANSPORT_CODES: Final = frozenset({"SDK.HttpError", "SDK.ServerUnreachable"})
+#: Codes that say the addressed object does not exist. SLB reports a missing VServer group as
+#: ``InvalidParameter`` (HTTP 404) "The specified VServerGroupId does not exist.", matched apart.
+NOT_FOUND_CODES: Final = frozenset(
+    {"InvalidLoadBalancerId.NotFound", "InvalidServerId.NotFound", "InvalidVServerGroupId.NotFound"}
+)
+#: Codes that reject the caller's credentials or signature.
+AUTH_CODES: Final = frozenset(
+    {
+        "InvalidAccessKeyId.NotFound",
+        "InvalidAccessKeyId.Inactive",
+        "InvalidAccessKeySecret",
+        "SignatureDoesNotMatch",
+        "IncompleteSignature",
+        "SignatureNonceUsed",
+        "InvalidTimeStamp.Expired",
+        "Forbidden",
+        "Forbidden.RAM",
+        "Forbbiden.SubUser",
+    }
+)
+#: Actions that change provider state (what "no mutating call" means in tests).
+MUTATING_ACTIONS: Final = frozenset(
+    {
+        "CreateVServerGroup",
+        "DeleteVServerGroup",
+        "AddVServerGroupBackendServers",
+        "RemoveVServerGroupBackendServers",
+        "SetVServerGroupAttribute",
+        "ModifyVServerGroupBackendServers",
+    }
+)
+
+_VSERVER_GROUP_MISSING_RE: Final = re.compile(r"VServerGroupId does not exist", re.IGNORECASE)
+_INVALID_RESPONSE: Final = "SDK.InvalidResponse"
+
+BackendServerType = Literal["ecs", "eni", "eci", "ip"]
+#: Identity of a backend server inside a VServer group: (ServerId, Port, ServerIp for ENI/ECI/IP).
+BackendKey = tuple[str, int, str]
+T = TypeVar("T")
+# Given a batch and the group's current servers, the part of the batch a retry must still send.
+_StillNeeded = Callable[[list["BackendServer"], Mapping[BackendKey, "BackendServer"]], list["BackendServer"]]
+
+
+# --------------------------------------------------------------------------------------------
+# Redaction: credentials never reach an error text or a log line.
+
+
+class _Redactor:
+    """The credential values this process holds, and their removal from arbitrary text."""
+
+    _PARAM_RE: Final = re.compile(r"((?:AccessKeyId|Signature)(?:=|%3D|%253D))[^&\s\"']+")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._values: frozenset[str] = frozenset()
+
+    def register(self, *values: str) -> None:
+        variants = set()
+        for value in values:
+            if len(value) < 4:  # too short to replace without mangling ordinary text
+                continue
+            variants.update({value, quote(value, safe=""), quote(quote(value, safe=""), safe="")})
+        with self._lock:
+            self._values = self._values | variants
+
+    def __call__(self, text: str) -> str:
+        text = self._PARAM_RE.sub(r"\1***", text)
+        for value in sorted(self._values, key=len, reverse=True):
+            if value in text:
+                text = text.replace(value, "***")
+        return text
+
+
+_REDACTOR: Final = _Redactor()
+
+
+def redact(text: str) -> str:
+    """``text`` with every registered credential, access key id and request signature masked."""
+    return _REDACTOR(text)
+
+
+class _RedactingFilter(logging.Filter):
+    """Masks credentials in records of the SDK's loggers (they log request URLs and errors)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # a broken record is the logging module's problem, not ours
+            return True
+        cleaned = _REDACTOR(message)
+        if cleaned != message:
+            record.msg, record.args = cleaned, None
+        return True
+
+
+# Logger-level filters apply only to records created on that very logger, so each SDK module
+# logger that can print a URL, a request or a server message gets one.
+_SDK_LOGGERS: Final = (
+    "aliyunsdkcore",
+    "aliyunsdkcore.client",
+    "aliyunsdkcore.http.http_response",
+    "aliyunsdkcore.retry.retry_condition",
+    "aliyunsdkcore.auth.signers.access_key_signer",
+    "aliyunsdkcore.vendored.requests.packages.urllib3.connectionpool",
+    "aliyunsdkcore.vendored.requests.packages.urllib3.connection",
+)
+_FILTER: Final = _RedactingFilter()
+_filter_installed = False
+_filter_lock = threading.Lock()
+
+
+def _install_log_redaction() -> None:
+    global _filter_installed
+    with _filter_lock:
+        if _filter_installed:
+            return
+        for name in (*_SDK_LOGGERS, __name__):
+            logging.getLogger(name).addFilter(_FILTER)
+        _filter_installed = True
+
+
+# --------------------------------------------------------------------------------------------
+# Errors.
+
+
+class SLBError(Exception):
+    """An SLB call failed; ``code``, ``message`` and ``request_id`` are the provider's."""
+
+    def __init__(
+        self,
+        action: str,
+        code: str,
+        message: str,
+        *,
+        request_id: str | None = None,
+        http_status: int | None = None,
+    ) -> None:
+        self.action = action
+        self.code = code
+        self.message = redact(message)
+        self.request_id = request_id
+        self.http_status = http_status
+        super().__init__(action, code, self.message, request_id, http_status)
+
+    @property
+    def transient(self) -> bool:
+        """Whether the same call may succeed later (throttling, busy instance, lost response)."""
+        return (
+            self.code in TRANSIENT_CODES
+            or self.code in TRANSPORT_CODES
+            or (self.http_status is not None and self.http_status >= 500)
+        )
+
+    def __str__(self) -> str:
+        where = f"RequestId: {self.request_id}" if self.request_id else "no request id"
+        status = f", HTTP {self.http_status}" if self.http_status is not None else ""
+        return f"SLB {self.action} failed: {self.code}: {self.message} ({where}{status})"
+
+
+class SLBNotFound(SLBError):
+    """The load balancer, VServer group or backend server addressed does not exist."""
+
+
+class SLBAuthError(SLBError):
+    """The provider rejected the credentials or the request signature."""
+
+
+def _error(action: str, code: str, message: str, request_id: str | None, http_status: int | None) -> SLBError:
+    cls: type[SLBError] = SLBError
+    if code in NOT_FOUND_CODES or (
+        code == "InvalidParameter" and _VSERVER_GROUP_MISSING_RE.search(message or "")
+    ):
+        cls = SLBNotFound
+    elif code in AUTH_CODES:
+        cls = SLBAuthError
+    return cls(action, code, message or "", request_id=request_id, http_status=http_status)
+
+
+# --------------------------------------------------------------------------------------------
+# Models.
+
+
+def backend_key(server_id: str, port: int, server_type: str, server_ip: str | None) -> BackendKey:
+    """Identity of a backend server in a group: ENI, ECI and IP backends differ by IP too."""
+    return (server_id, port, (server_ip or "") if server_type in ("eni", "eci", "ip") else "")
+
+
+class _APIModel(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="ignore")
+
+
+class BackendServer(_APIModel):
+    """A backend server of a VServer group (one entry of the API's ``BackendServers`` list)."""
+
+    server_id: str = Field(validation_alias="ServerId", min_length=1)
+    port: int = Field(validation_alias="Port", ge=1, le=65535)
+    weight: int = Field(default=100, validation_alias="Weight", ge=0, le=100)
+    server_type: BackendServerType = Field(default="ecs", validation_alias="Type")
+    server_ip: str | None = Field(default=None, validation_alias="ServerIp")
+    description: str | None = Field(default=None, validation_alias="Description")
+
+    @property
+    def key(self) -> BackendKey:
+        return backend_key(self.server_id, self.port, self.server_type, self.server_ip)
+
+    def to_api(self, *, weight: bool = True) -> dict[str, str | int]:
+        """The entry as the API's ``BackendServers`` JSON expects it."""
+        entry: dict[str, str | int] = {
+            "ServerId": self.server_id,
+            "Port": self.port,
+            "Type": self.server_type,
+        }
+        if weight:
+            entry["Weight"] = self.weight
+        if self.server_ip:
+            entry["ServerIp"] = self.server_ip
+        if self.description is not None:
+            entry["Description"] = self.description
+        return entry
+
+
+class BackendHealth(_APIModel):
+    """Health of one backend server behind one listener (``DescribeHealthStatus``)."""
+
+    server_id: str = Field(validation_alias="ServerId")
+    port: int = Field(validation_alias="Port")
+    health_status: str = Field(validation_alias="ServerHealthStatus")
+    server_ip: str | None = Field(default=None, validation_alias="ServerIp")
+    listener_port: int | None = Field(default=None, validation_alias="ListenerPort")
+    protocol: str | None = Field(default=None, validation_alias="Protocol")
+    server_type: str | None = Field(default=None, validation_alias="Type")
+    eni_host: str | None = Field(default=None, validation_alias="EniHost")
+
+    @property
+    def healthy(self) -> bool:
+        return self.health_status == "normal"
+
+
+class VServerGroup(_APIModel):
+    """A VServer group of a load balancer."""
+
+    id: str = Field(validation_alias="VServerGroupId", min_length=1)
+    name: str = Field(default="", validation_alias="VServerGroupName")
+    load_balancer_id: str | None = Field(default=None, validation_alias="LoadBalancerId")
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One HTTP attempt of an SLB action, as reported to ``SLBClient(on_call=...)``."""
+
+    action: str
+    attempt: int
+    ok: bool
+    code: str | None
+    duration_seconds: float
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Jittered exponential backoff, bounded by attempts and by total elapsed time.
+
+    The n-th retry waits between half and all of ``min(max_delay, base_delay * 2**(n-1))``
+    ("equal jitter"): concurrent clients spread out, yet each one still backs off.
+    """
+
+    max_attempts: int = 6
+    base_delay_seconds: float = 0.5
+    max_delay_seconds: float = 10.0
+    max_total_seconds: float = 60.0
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be at least 1")
+        if self.base_delay_seconds < 0 or self.max_delay_seconds < 0 or self.max_total_seconds < 0:
+            raise ValueError("retry delays must not be negative")
+
+    def delay(self, retry: int, jitter: float) -> float:
+        """Seconds to wait before retry number ``retry`` (1-based), ``jitter`` in [0, 1)."""
+        step = min(self.max_delay_seconds, self.base_delay_seconds * 2.0 ** (retry - 1))
+        return step / 2 + step / 2 * min(max(jitter, 0.0), 1.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Response parsing.
+
+
+def _items(response: Mapping[str, Any], outer: str, inner: str) -> list[Mapping[str, Any]]:
+    # RPC JSON wraps lists as {"BackendServers": {"BackendServer": [...]}}; accept a bare list too.
+    value: Any = response.get(outer)
+    if isinstance(value, Mapping):
+        value = value.get(inner)
+    if value is None:
+        return []
+    if isinstance(value, Mapping):  # a lone element
+        value = [value]
+    if not isinstance(value, list):
+        raise TypeError(f"{outer} is neither a list nor a {inner} wrapper")
+    return [item for item in value if isinstance(item, Mapping)]
+
+
+def _batches(items: Sequence[T], size: int = MAX_BACKENDS_PER_CALL) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+def _dedupe(servers: Iterable[BackendServer]) -> list[BackendServer]:
+    # Like AddBackendServers, keep the first of several entries for one server.
+    seen: dict[BackendKey, BackendServer] = {}
+    for server in servers:
+        seen.setdefault(server.key, server)
+    return list(seen.values())
+
+
+def _servers_json(servers: Iterable[BackendServer], *, weight: bool = True) -> str:
+    return json.dumps([server.to_api(weight=weight) for server in servers], separators=(",", ":"))
+
+
+# --------------------------------------------------------------------------------------------
+# The client.
+
+
+class SLBClient:
+    """Typed, retrying, per-load-balancer-serialized access to the SLB API (thread-safe)."""
+
+    def __init__(
+        self,
+        credentials: SLBCredentials,
+        *,
+        retry: RetryPolicy | None = None,
+        sleep: Callable[[float], object] = time.sleep,
+        rand: Callable[[], float] = random.random,
+        clock: Callable[[], float] = time.monotonic,
+        read_timeout_seconds: float = 10.0,
+        connect_timeout_seconds: float = 5.0,
+        protocol: Literal["https", "http"] = "https",
+        on_call: Callable[[CallRecord], None] | None = None,
+    ) -> None:
+        key_id = credentials.access_key_id.get_secret_value()
+        secret = credentials.access_key_secret.get_secret_value()
+        _REDACTOR.register(key_id, secret)
+        _install_log_redaction()
+        self._endpoint = credentials.endpoint
+        self._region_id = credentials.region_id
+        self._protocol = protocol
+        self._retry = retry or RetryPolicy()
+        self._sleep = sleep
+        self._rand = rand
+        self._clock = clock
+        self._on_call = on_call
+        # auto_retry=False: SLB actions are not in the SDK's retry table, and this client's own
+        # retry must be the only one so that it can re-read state between attempts.
+        self._acs: Any = AcsClient(
+            ak=key_id,
+            secret=secret,
+            region_id=credentials.region_id,
+            auto_retry=False,
+            max_retry_time=0,
+            timeout=read_timeout_seconds,
+            connect_timeout=connect_timeout_seconds,
+        )
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._group_lb: dict[str, str] = {}
+        self._stats_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()
+
+    def __repr__(self) -> str:
+        return f"SLBClient(endpoint={self._endpoint!r}, region_id={self._region_id!r})"
+
+    def close(self) -> None:
+        """Release the HTTP connection pool."""
+        self._acs.session.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- observation --------------------------------------------------------------------
+
+    def call_counts(self) -> dict[str, int]:
+        """HTTP attempts made so far, per action name (retries and re-reads included)."""
+        with self._stats_lock:
+            return dict(self._counts)
+
+    def reset_call_counts(self) -> None:
+        with self._stats_lock:
+            self._counts.clear()
+
+    # ---- reads --------------------------------------------------------------------------
+
+    def describe_health_status(
+        self, load_balancer_id: str, *, listener_port: int | None = None
+    ) -> list[BackendHealth]:
+        """Health of every backend server behind the load balancer's listeners."""
+
+        def build() -> Any:
+            request = DescribeHealthStatusRequest()
+            request.set_LoadBalancerId(load_balancer_id)
+            if listener_port is not None:
+                request.set_ListenerPort(listener_port)
+            return request
+
+        action = "DescribeHealthStatus"
+        response = self._retrying(action, lambda attempt: self._call(action, build(), attempt))
+        return self._parse(
+            action,
+            lambda: [
+                BackendHealth.model_validate(item)
+                for item in _items(response, "BackendServers", "BackendServer")
+            ],
+        )
+
+    def describe_vserver_groups(self, load_balancer_id: str) -> list[VServerGroup]:
+        """The load balancer's VServer groups."""
+
+        def build() -> Any:
+            request = DescribeVServerGroupsRequest()
+            request.set_LoadBalancerId(load_balancer_id)
+            return request
+
+        action = "DescribeVServerGroups"
+        response = self._retrying(action, lambda attempt: self._call(action, build(), attempt))
+        groups = self._parse(
+            action,
+            lambda: [
+                VServerGroup.model_validate({**item, "LoadBalancerId": load_balancer_id})
+                for item in _items(response, "VServerGroups", "VServerGroup")
+            ],
+        )
+        with self._locks_guard:
+            self._group_lb.update({group.id: load_balancer_id for group in groups})
+        return groups
+
+    def describe_vserver_group(self, vserver_group_id: str) -> tuple[VServerGroup, list[BackendServer]]:
+        """A VServer group and its backend servers (``DescribeVServerGroupAttribute``)."""
+        action = "DescribeVServerGroupAttribute"
+        response = self._retrying(
+            action, lambda attempt: self._call(action, self._attribute_request(vserver_group_id), attempt)
+        )
+        return self._parse_group(response, vserver_group_id)
+
+    def describe_vserver_group_backends(self, vserver_group_id: str) -> list[BackendServer]:
+        """The backend servers of a VServer group."""
+        return self.describe_vserver_group(vserver_group_id)[1]
+
+    # ---- writes -------------------------------------------------------------------------
+
+    def create_vserver_group(self, load_balancer_id: str, name: str) -> str:
+        """Create an empty VServer group and return its id.
+
+        CreateVServerGroup has no idempotency token, so the client lists the groups of that name
+        first; when a create fails ambiguously, a group of that name that was not there before is
+        the one this call created, and it is adopted instead of creating a second one.
+        """
+        action = "CreateVServerGroup"
+        with self._write_lock(load_balancer_id):
+            before = {g.id for g in self.describe_vserver_groups(load_balancer_id) if g.name == name}
+
+            def attempt(number: int) -> str:
+                if number > 1:
+                    created = sorted(
+                        g.id
+                        for g in self.describe_vserver_groups(load_balancer_id)
+                        if g.name == name and g.id not in before
+                    )
+                    if created:
+                        if len(created) > 1:
+                            _log.warning(
+                                "several new VServer groups named %r on %s: %s; adopting %s",
+                                name,
+                                load_balancer_id,
+                                created,
+                                created[0],
+                            )
+                        return created[0]
+                request = CreateVServerGroupRequest()
+                request.set_LoadBalancerId(load_balancer_id)
+                request.set_VServerGroupName(name)
+                response = self._call(action, request, number)
+                group_id = response.get("VServerGroupId")
+                if not isinstance(group_id, str) or not group_id:
+                    raise SLBError(
+                        action,
+                        _INVALID_RESPONSE,
+                        "response carries no VServerGroupId",
+                        request_id=_request_id(response),
+                    )
+                return group_id
+
+            group_id = self._retrying(action, attempt)
+        with self._locks_guard:
+            self._group_lb[group_id] = load_balancer_id
+        return group_id
+
+    def delete_vserver_group(self, vserver_group_id: str, *, load_balancer_id: str | None = None) -> None:
+        """Delete a VServer group; ``SLBNotFound`` if it was already gone before this call."""
+        action = "DeleteVServerGroup"
+        lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
+
+        def attempt(number: int) -> None:
+            if number > 1:
+                try:
+                    self._call("DescribeVServerGroupAttribute", self._attribute_request(vserver_group_id), 1)
+                except SLBNotFound:
+                    return  # the failed attempt did delete it
+            request = DeleteVServerGroupRequest()
+            request.set_VServerGroupId(vserver_group_id)
+            self._call(action, request, number)
+
+        with self._write_lock(lb):
+            self._retrying(action, attempt)
+        with self._locks_guard:
+            self._group_lb.pop(vserver_group_id, None)
+
+    def add_backend_servers(
+        self,
+        vserver_group_id: str,
+        servers: Iterable[BackendServer],
+        *,
+        load_balancer_id: str | None = None,
+    ) -> None:
+        """Add servers to a VServer group, at most 20 per call.
+
+        After an ambiguous failure the group is re-read and servers already in it are not sent
+        again; a server counts as present by its identity (``BackendServer.key``), whatever its
+        weight.
+        """
+        self._write_backends(
+            "AddVServerGroupBackendServers",
+            vserver_group_id,
+            servers,
+            load_balancer_id,
+            still_needed=lambda batch, current: [s for s in batch if s.key not in current],
+        )
+
+    def set_backend_weights(
+        self,
+        vserver_group_id: str,
+        servers: Iterable[BackendServer],
+        *,
+        load_balancer_id: str | None = None,
+    ) -> None:
+        """Set the weight (and description, when given) of servers already in the group.
+
+        Uses ``SetVServerGroupAttribute``, the API for changing servers in place; after an
+        ambiguous failure, servers that already carry the wanted weight are not sent again.
+        """
+
+        def still_needed(
+            batch: list[BackendServer], current: Mapping[BackendKey, BackendServer]
+        ) -> list[BackendServer]:
+            return [s for s in batch if s.key not in current or current[s.key].weight != s.weight]
+
+        self._write_backends(
+            "SetVServerGroupAttribute", vserver_group_id, servers, load_balancer_id, still_needed=still_needed
+        )
+
+    def remove_backend_servers(
+        self,
+        vserver_group_id: str,
+        servers: Iterable[BackendServer],
+        *,
+        load_balancer_id: str | None = None,
+    ) -> None:
+        """Remove servers from a VServer group, at most 20 per call.
+
+        A server not in the group makes the provider fail the call (``SLBNotFound``); after an
+        ambiguous failure the group is re-read and servers already gone are not sent again.
+        """
+        self._write_backends(
+            "RemoveVServerGroupBackendServers",
+            vserver_group_id,
+            servers,
+            load_balancer_id,
+            still_needed=lambda batch, current: [s for s in batch if s.key in current],
+        )
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _write_backends(
+        self,
+        action: str,
+        vserver_group_id: str,
+        servers: Iterable[BackendServer],
+        load_balancer_id: str | None,
+        *,
+        still_needed: _StillNeeded,
+    ) -> None:
+        pending = _dedupe(servers)
+        if not pending:
+            return
+        lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
+        with self._write_lock(lb):
+            for batch in _batches(pending):
+                self._write_batch(action, vserver_group_id, batch, still_needed)
+
+    def _write_batch(
+        self,
+        action: str,
+        vserver_group_id: str,
+        batch: list[BackendServer],
+        still_needed: _StillNeeded,
+    ) -> None:
+        def attempt(number: int) -> None:
+            todo = batch
+            if number > 1:
+                # Every retry follows a failure that may have been carried out: send only the rest.
+                _, current = self._parse_group(
+                    self._call("DescribeVServerGroupAttribute", self._attribute_request(vserver_group_id), 1),
+                    vserver_group_id,
+                )
+                todo = still_needed(batch, {server.key: server for server in current})
+                if not todo:
+                    _log.info("SLB %s on %s: the failed attempt had taken effect", action, vserver_group_id)
+                    return
+            self._call(action, self._backends_request(action, vserver_group_id, todo), number)
+
+        self._retrying(action, attempt)
+
+    def _backends_request(self, action: str, vserver_group_id: str, servers: list[BackendServer]) -> Any:
+        request: Any
+        if action == "AddVServerGroupBackendServers":
+            request = AddVServerGroupBackendServersRequest()
+            request.set_BackendServers(_servers_json(servers))
+        elif action == "SetVServerGroupAttribute":
+            request = SetVServerGroupAttributeRequest()
+            request.set_BackendServers(_servers_json(servers))
+        elif action == "RemoveVServerGroupBackendServers":
+            request = RemoveVServerGroupBackendServersRequest()
+            request.set_BackendServers(_servers_json(servers, weight=False))
+        else:  # pragma: no cover - internal misuse
+            raise ValueError(f"not a backend write: {action}")
+        request.set_VServerGroupId(vserver_group_id)
+        return request
+
+    @staticmethod
+    def _attribute_request(vserver_group_id: str) -> Any:
+        request = DescribeVServerGroupAttributeRequest()
+        request.set_VServerGroupId(vserver_group_id)
+        return request
+
+    def _parse_group(
+        self, response: Mapping[str, Any], vserver_group_id: str
+    ) -> tuple[VServerGroup, list[BackendServer]]:
+        action = "DescribeVServerGroupAttribute"
+        group = self._parse(
+            action, lambda: VServerGroup.model_validate({"VServerGroupId": vserver_group_id, **response})
+        )
+        servers = self._parse(
+            action,
+            lambda: [
+                BackendServer.model_validate(item)
+                for item in _items(response, "BackendServers", "BackendServer")
+            ],
+        )
+        if group.load_balancer_id:
+            with self._locks_guard:
+                self._group_lb[group.id] = group.load_balancer_id
+        return group, servers
+
+    def _load_balancer_of(self, vserver_group_id: str) -> str:
+        with self._locks_guard:
+            known = self._group_lb.get(vserver_group_id)
+        if known:
+            return known
+        group, _ = self.describe_vserver_group(vserver_group_id)
+        # Without a load balancer id in the answer, serialize on the group at least.
+        return group.load_balancer_id or f"vserver-group:{vserver_group_id}"
+
+    @contextmanager
+    def _write_lock(self, load_balancer_id: str) -> Iterator[None]:
+        with self._locks_guard:
+            lock = self._locks.setdefault(load_balancer_id, threading.Lock())
+        with lock:
+            yield
+
+    def _retrying(self, action: str, attempt: Callable[[int], T]) -> T:
+        policy = self._retry
+        deadline = self._clock() + policy.max_total_seconds
+        number = 1
+        while True:
+            try:
+                return attempt(number)
+            except SLBError as err:
+                if not err.transient or number >= policy.max_attempts:
+                    raise
+                delay = policy.delay(number, self._rand())
+                if self._clock() + delay > deadline:
+                    raise
+                _log.info(
+                    "SLB %s failed with %s (attempt %d of %d); retrying in %.2fs",
+                    action,
+                    err.code,
+                    number,
+                    policy.max_attempts,
+                    delay,
+                )
+                self._sleep(delay)
+                number += 1
+
+    def _call(self, action: str, request: Any, attempt: int) -> dict[str, Any]:
+        request.set_endpoint(self._endpoint)
+        request.set_protocol_type(self._protocol)
+        request.set_accept_format("JSON")
+        started = self._clock()
+        error: SLBError | None = None
+        body: Any = None
+        try:
+            body = self._acs.do_action_with_exception(request)
+        except ServerException as exc:
+            error = _error(
+                action,
+                str(exc.get_error_code()),
+                str(exc.get_error_msg() or ""),
+                exc.get_request_id(),
+                exc.get_http_status(),
+            )
+        except ClientException as exc:
+            error = _error(action, str(exc.get_error_code()), str(exc.get_error_msg() or ""), None, None)
+        except Exception as exc:
+            # The SDK has its own bugs (e.g. IndexError on a SignatureDoesNotMatch message without
+            # a colon); callers still get an SLBError. Not chained: the SDK's text may hold a URL.
+            error = SLBError(action, "SDK.UnexpectedError", f"{type(exc).__name__}: {exc}")
+        response: dict[str, Any] = {}
+        if error is None:
+            try:
+                parsed = json.loads(body)
+            except (TypeError, ValueError):
+                parsed = None
+            if isinstance(parsed, dict):
+                response = parsed
+            else:
+                error = SLBError(action, _INVALID_RESPONSE, "response body is not a JSON object")
+        self._record(
+            CallRecord(action, attempt, error is None, error.code if error else None, self._clock() - started)
+        )
+        if error is not None:
+            raise error
+        return response
+
+    def _record(self, record: CallRecord) -> None:
+        with self._stats_lock:
+            self._counts[record.action] += 1
+        _log.debug("SLB %s attempt %d: %s", record.action, record.attempt, record.code or "ok")
+        if self._on_call is not None:
+            self._on_call(record)
+
+    @staticmethod
+    def _parse(action: str, parse: Callable[[], T]) -> T:
+        try:
+            return parse()
+        except (ValidationError, TypeError) as exc:
+            raise SLBError(action, _INVALID_RESPONSE, f"unexpected response shape: {exc}") from None
+
+
+def _request_id(response: Mapping[str, Any]) -> str | None:
+    value = response.get("RequestId")
+    return value if isinstance(value, str) else None
