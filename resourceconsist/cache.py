@@ -322,14 +322,19 @@ class Informer:
 class InformerFactory:
     """One shared informer per (client, resource, namespace); started on first use."""
 
-    def __init__(self, client: KubeClient, *, resync_period: float | None = None) -> None:
+    def __init__(
+        self, client: KubeClient, *, resync_period: float | None = None, namespace: str | None = None
+    ) -> None:
         self.client = client
         self.resync_period = resync_period
+        #: Watch only this namespace (namespaced kinds); None watches all.
+        self.namespace = namespace
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
-    def informer(self, resource: Resource, namespace: str | None = None) -> Informer:
+    def informer(self, resource: Resource) -> Informer:
+        namespace = self.namespace if resource.namespaced else None
         with self._lock:
             key = (resource, namespace)
             found = self._informers.get(key)

@@ -1,0 +1,346 @@
+"""The experimental ``demo`` adapter and its in-memory fake provider (not for production).
+
+It mirrors the Go original's demo: each controlled Service gets a VIP on the provider
+(``demo-remote-VIP``, QPS 100) and each selected pod a real server with traffic on and weight
+100 while the pod is lifecycle-ready, off and 0 otherwise. The provider keeps state like a
+real one, records every mutating call, and can be told to fail calls or to report failure for
+a call it carried out, so tests and people can watch the frame converge through faults.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from resourceconsist import kube
+from resourceconsist.adapter import (
+    CUDResults,
+    Employee,
+    Employer,
+    Outcome,
+    PodEmployeeStatuses,
+    ReconcileAdapter,
+    ReconcileContext,
+    pod_employee_statuses,
+)
+from resourceconsist.kube import KubeObject
+
+DEMO_VIP = "demo-remote-VIP"
+DEMO_QPS = 100
+#: Annotation where the demo records the last error (erased after a clean reconcile).
+DEMO_CONDITION_ANNOTATION = "resource-consist.kusionstack.io/demo-condition"
+
+
+class ProviderError(RuntimeError):
+    """The fake provider refused (or pretended to refuse) a call."""
+
+
+class VipStatus(BaseModel):
+    vip: str
+    qps: int
+
+
+class TrafficStatus(BaseModel):
+    traffic_on: bool
+    traffic_weight: int
+
+
+@dataclass
+class RealServer:
+    ip: str
+    traffic_on: bool
+    weight: int
+
+
+@dataclass
+class _Fault:
+    remaining: int
+    carried_out: bool
+    message: str
+
+
+MUTATING_ACTIONS = ("create_vip", "update_vip", "delete_vip", "create_rs", "update_rs", "delete_rs")
+
+
+@dataclass
+class FakeProvider:
+    """An in-memory load-balancer provider: a VIP per employer, real servers per employer."""
+
+    vips: dict[str, VipStatus] = field(default_factory=dict)
+    real_servers: dict[str, dict[str, RealServer]] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+    _faults: dict[str, _Fault] = field(default_factory=dict)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+
+    # -- control, for tests and people ---------------------------------------------------------
+
+    def fail_next(self, action: str, times: int = 1, message: str = "injected failure") -> None:
+        """The next ``times`` calls of ``action`` fail without doing anything."""
+        self._set_fault(action, _Fault(times, False, message))
+
+    def report_failure_after_doing(
+        self, action: str, times: int = 1, message: str = "timeout, state unknown"
+    ) -> None:
+        """The next ``times`` calls of ``action`` do their work, then report failure."""
+        self._set_fault(action, _Fault(times, True, message))
+
+    def _set_fault(self, action: str, fault: _Fault) -> None:
+        if action not in MUTATING_ACTIONS and action not in ("query_vip", "query_rs"):
+            raise ValueError(f"unknown provider action {action!r}")
+        with self._lock:
+            self._faults[action] = fault
+
+    def set_qps(self, employer: str, qps: int) -> None:
+        """Drift: change a VIP's QPS behind the controller's back."""
+        with self._lock:
+            self.vips[employer] = VipStatus(vip=self.vips[employer].vip, qps=qps)
+
+    def drop_real_server(self, employer: str, pod: str) -> None:
+        """Drift: remove a real server behind the controller's back."""
+        with self._lock:
+            self.real_servers.get(employer, {}).pop(pod, None)
+
+    def mutating_calls(self) -> int:
+        with self._lock:
+            return sum(self.calls[a] for a in MUTATING_ACTIONS)
+
+    def snapshot(self) -> dict[str, dict[str, RealServer]]:
+        with self._lock:
+            return {k: dict(v) for k, v in self.real_servers.items()}
+
+    # -- the provider's API ----------------------------------------------------------------------
+
+    def _call(self, action: str) -> _Fault | None:
+        """Count the call; raise now for a plain fault, return a fault to raise after the work."""
+        with self._lock:
+            self.calls[action] += 1
+            fault = self._faults.get(action)
+            if fault is None:
+                return None
+            fault.remaining -= 1
+            if fault.remaining <= 0:
+                del self._faults[action]
+        if not fault.carried_out:
+            raise ProviderError(f"{action}: {fault.message}")
+        return fault
+
+    @staticmethod
+    def _after(action: str, fault: _Fault | None) -> None:
+        if fault is not None:
+            raise ProviderError(f"{action}: {fault.message}")
+
+    def query_vip(self, employer: str) -> VipStatus | None:
+        fault = self._call("query_vip")
+        with self._lock:
+            found = self.vips.get(employer)
+        self._after("query_vip", fault)
+        return found
+
+    def put_vip(self, action: str, employer: str, status: VipStatus) -> None:
+        fault = self._call(action)
+        with self._lock:
+            if action == "create_vip" and employer in self.vips:
+                raise ProviderError(f"create_vip: VIP of {employer} already exists")
+            self.vips[employer] = status
+        self._after(action, fault)
+
+    def delete_vip(self, employer: str) -> None:
+        fault = self._call("delete_vip")
+        with self._lock:
+            self.vips.pop(employer, None)
+        self._after("delete_vip", fault)
+
+    def query_rs(self, employer: str) -> dict[str, RealServer]:
+        fault = self._call("query_rs")
+        with self._lock:
+            found = dict(self.real_servers.get(employer, {}))
+        self._after("query_rs", fault)
+        return found
+
+    def put_rs(self, action: str, employer: str, servers: dict[str, RealServer]) -> None:
+        fault = self._call(action)
+        with self._lock:
+            group = self.real_servers.setdefault(employer, {})
+            if action == "create_rs":
+                duplicates = sorted(set(servers) & set(group))
+                if duplicates:
+                    raise ProviderError(f"create_rs: real servers already exist: {', '.join(duplicates)}")
+            group.update(servers)
+        self._after(action, fault)
+
+    def delete_rs(self, employer: str, pods: list[str]) -> None:
+        fault = self._call("delete_rs")
+        with self._lock:
+            group = self.real_servers.get(employer, {})
+            for pod in pods:
+                group.pop(pod, None)
+            if not group:
+                self.real_servers.pop(employer, None)
+        self._after("delete_rs", fault)
+
+
+class DemoEmployee(Employee):
+    """A real server; equal when IP and traffic match (readiness itself is not stored remotely)."""
+
+    def equal(self, other: Employee) -> bool:
+        mine, theirs = self.statuses, other.statuses
+        if not isinstance(mine, PodEmployeeStatuses) or not isinstance(theirs, PodEmployeeStatuses):
+            return super().equal(other)
+        return self.id == other.id and mine.ip == theirs.ip and mine.extra_status == theirs.extra_status
+
+
+def _key(employer: KubeObject) -> str:
+    return kube.object_key(employer)
+
+
+class DemoAdapter(ReconcileAdapter):
+    """The demo adapter: Service employer, pod employees, PodOpsLifecycle followed."""
+
+    def __init__(
+        self,
+        provider: FakeProvider | None = None,
+        *,
+        name: str = "demo-controller",
+        record_lifecycle_finalizers: bool = False,
+        record_expected_finalizers: bool = True,
+    ) -> None:
+        self.provider = provider or FakeProvider()
+        self.name = name
+        self.record_lifecycle_finalizers = record_lifecycle_finalizers
+        self.record_expected_finalizers = record_expected_finalizers
+
+    def get_controller_name(self) -> str:
+        return self.name
+
+    # -- capabilities --------------------------------------------------------------------------
+
+    def follow_pod_ops_lifecycle(self) -> bool:
+        return True
+
+    def need_record_lifecycle_finalizer_condition(self) -> bool:
+        return self.record_lifecycle_finalizers
+
+    def need_record_expected_finalizer_condition(self) -> bool:
+        return self.record_expected_finalizers
+
+    def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
+        return [pod["metadata"]["name"] for pod in ctx.reader.pods_selected_by(employer)]
+
+    def record_statuses(
+        self,
+        ctx: ReconcileContext,
+        employer: KubeObject,
+        employer_results: CUDResults[Employer],
+        employee_results: CUDResults[Employee],
+    ) -> None:
+        # Erase the error condition once a reconcile succeeds; write nothing when there is none.
+        if (employer["metadata"].get("annotations") or {}).get(DEMO_CONDITION_ANNOTATION):
+            self._set_condition(ctx, employer, None)
+
+    def record_error_conditions(
+        self, ctx: ReconcileContext, employer: KubeObject, err: BaseException
+    ) -> None:
+        message = str(err)
+        if (employer["metadata"].get("annotations") or {}).get(DEMO_CONDITION_ANNOTATION) != message:
+            self._set_condition(ctx, employer, message)
+
+    @staticmethod
+    def _set_condition(ctx: ReconcileContext, employer: KubeObject, message: str | None) -> None:
+        meta = employer["metadata"]
+        body = {"metadata": {"annotations": {DEMO_CONDITION_ANNOTATION: message}}}
+        try:
+            ctx.reader.client.patch(kube.SERVICE, meta["namespace"], meta["name"], body)
+        except kube.ApiError as err:
+            if not err.not_found:
+                raise
+
+    # -- employer: the VIP ---------------------------------------------------------------------
+
+    def get_expected_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:
+        if employer["metadata"].get("deletionTimestamp"):
+            return []
+        return [Employer(id=_key(employer), statuses=VipStatus(vip=DEMO_VIP, qps=DEMO_QPS))]
+
+    def get_current_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:
+        found = self.provider.query_vip(_key(employer))
+        return [] if found is None else [Employer(id=_key(employer), statuses=found)]
+
+    def create_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employer]
+    ) -> Outcome[Employer]:
+        for item in to_create:
+            self.provider.put_vip("create_vip", item.id, item.statuses)
+        return to_create, []
+
+    def update_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employer]
+    ) -> Outcome[Employer]:
+        for item in to_update:
+            self.provider.put_vip("update_vip", item.id, item.statuses)
+        return to_update, []
+
+    def delete_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employer]
+    ) -> Outcome[Employer]:
+        for item in to_delete:
+            self.provider.delete_vip(item.id)
+        return to_delete, []
+
+    # -- employees: real servers ---------------------------------------------------------------
+
+    def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        if employer["metadata"].get("deletionTimestamp"):
+            return []
+        expected: list[Employee] = []
+        for pod in ctx.reader.pods_selected_by(employer):
+            if pod["metadata"].get("deletionTimestamp"):
+                continue
+            statuses = pod_employee_statuses(pod)
+            ready = statuses.lifecycle_ready
+            statuses.extra_status = TrafficStatus(traffic_on=ready, traffic_weight=100 if ready else 0)
+            name = pod["metadata"]["name"]
+            expected.append(DemoEmployee(id=name, name=name, statuses=statuses))
+        return expected
+
+    def get_current_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        return [
+            DemoEmployee(
+                id=pod,
+                name=pod,
+                statuses=PodEmployeeStatuses(
+                    ip=rs.ip, extra_status=TrafficStatus(traffic_on=rs.traffic_on, traffic_weight=rs.weight)
+                ),
+            )
+            for pod, rs in sorted(self.provider.query_rs(_key(employer)).items())
+        ]
+
+    @staticmethod
+    def _servers(items: list[Employee]) -> dict[str, RealServer]:
+        servers: dict[str, RealServer] = {}
+        for item in items:
+            statuses: Any = item.statuses
+            traffic: TrafficStatus = statuses.extra_status
+            servers[item.id] = RealServer(statuses.ip, traffic.traffic_on, traffic.traffic_weight)
+        return servers
+
+    def create_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+    ) -> Outcome[Employee]:
+        self.provider.put_rs("create_rs", _key(employer), self._servers(to_create))
+        return to_create, []
+
+    def update_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]
+    ) -> Outcome[Employee]:
+        self.provider.put_rs("update_rs", _key(employer), self._servers(to_update))
+        return to_update, []
+
+    def delete_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employee]
+    ) -> Outcome[Employee]:
+        self.provider.delete_rs(_key(employer), [item.id for item in to_delete])
+        return to_delete, []

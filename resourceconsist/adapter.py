@@ -1,0 +1,263 @@
+"""The adapter API: what a user implements to keep one provider consistent with Kubernetes.
+
+``ReconcileAdapter`` holds the required methods, snake-case mirrors of the Go interface so a
+Go adapter ports line by line. The optional capabilities are separate protocols the frame
+detects on the adapter (the Go type assertions); when one is absent, the frame uses the
+defaults of REFERENCE.md. Employer and employee items are pydantic models.
+
+Every adapter method may be a plain function or a coroutine; the frame awaits coroutines on
+its event loop and runs plain (possibly blocking) functions in worker threads.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict
+
+from resourceconsist import lifecycle
+from resourceconsist.kube import KubeObject, Resource
+
+if TYPE_CHECKING:
+    from resourceconsist.cache import CacheReader, WatchEvent
+    from resourceconsist.workqueue import RateLimiter
+
+T = TypeVar("T")
+ItemT = TypeVar("ItemT")
+#: A value, or an awaitable of it: adapter methods may be sync or async.
+MaybeAwaitable: TypeAlias = T | Awaitable[T]
+
+
+class Employer(BaseModel):
+    """What the provider holds (or should hold) for an employer, e.g. a load balancer's VIP."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    id: str
+    statuses: Any = None
+
+    def equal(self, other: Employer) -> bool:
+        """Whether the provider's ``other`` already matches this expected item (Go: EmployerEqual)."""
+        return self.id == other.id and self.statuses == other.statuses
+
+
+class Employee(BaseModel):
+    """What the provider holds (or should hold) for one employee, e.g. a real server.
+
+    ``name`` is the pod name when PodOpsLifecycle is followed (``<pod>#<cluster>`` when the
+    employee lives in a member cluster)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    id: str
+    name: str = ""
+    statuses: Any = None
+
+    def equal(self, other: Employee) -> bool:
+        """Whether the provider's ``other`` already matches this expected item (Go: EmployeeEqual)."""
+        return self.id == other.id and self.statuses == other.statuses
+
+
+class PodEmployeeStatuses(BaseModel):
+    """Built-in statuses of a pod employee; ``extra_status`` is provider-specific."""
+
+    ip: str = ""
+    ipv6: str = ""
+    lifecycle_ready: bool = False
+    extra_status: Any = None
+
+
+def pod_employee_statuses(pod: KubeObject, extra_status: Any = None) -> PodEmployeeStatuses:
+    """``PodEmployeeStatuses`` of a pod (Go: GetCommonPodEmployeeStatus)."""
+    status = pod.get("status") or {}
+    ipv6 = next((p["ip"] for p in status.get("podIPs") or [] if ":" in p.get("ip", "")), "")
+    return PodEmployeeStatuses(
+        ip=status.get("podIP") or "",
+        ipv6=ipv6,
+        lifecycle_ready=lifecycle.is_lifecycle_ready(pod),
+        extra_status=extra_status,
+    )
+
+
+@dataclass
+class CUDResults(Generic[ItemT]):
+    """What create/update/delete did in one reconcile, for status recording."""
+
+    succ_created: list[ItemT] = field(default_factory=list)
+    fail_created: list[ItemT] = field(default_factory=list)
+    succ_updated: list[ItemT] = field(default_factory=list)
+    fail_updated: list[ItemT] = field(default_factory=list)
+    succ_deleted: list[ItemT] = field(default_factory=list)
+    fail_deleted: list[ItemT] = field(default_factory=list)
+    unchanged: list[ItemT] = field(default_factory=list)
+
+    @property
+    def any_failed(self) -> bool:
+        return bool(self.fail_created or self.fail_updated or self.fail_deleted)
+
+
+#: (succeeded, failed) as returned by create/update/delete.
+Outcome = tuple[list[T], list[T]]
+
+
+@dataclass
+class ReconcileContext:
+    """What an adapter method gets besides the employer: cache-backed reads and who is asking."""
+
+    reader: CacheReader
+    controller: str
+    employer_key: str
+    #: Readers of member clusters by name (multi-cluster adapters only).
+    clusters: dict[str, CacheReader] = field(default_factory=dict)
+
+
+class ReconcileAdapter(ABC):
+    """The required part of an adapter (Go: ``ReconcileAdapter``)."""
+
+    @abstractmethod
+    def get_controller_name(self) -> str: ...
+
+    @abstractmethod
+    def get_expected_employer(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[list[Employer]]:
+        """What the provider should hold for ``employer``."""
+
+    @abstractmethod
+    def get_current_employer(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[list[Employer]]:
+        """What the provider holds now for ``employer``."""
+
+    @abstractmethod
+    def create_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employer]
+    ) -> MaybeAwaitable[Outcome[Employer]]: ...
+
+    @abstractmethod
+    def update_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employer]
+    ) -> MaybeAwaitable[Outcome[Employer]]: ...
+
+    @abstractmethod
+    def delete_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employer]
+    ) -> MaybeAwaitable[Outcome[Employer]]: ...
+
+    @abstractmethod
+    def get_expected_employee(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[list[Employee]]:
+        """What the provider should hold for the employer's employees."""
+
+    @abstractmethod
+    def get_current_employee(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[list[Employee]]:
+        """What the provider holds now for the employer's employees."""
+
+    @abstractmethod
+    def create_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+    ) -> MaybeAwaitable[Outcome[Employee]]: ...
+
+    @abstractmethod
+    def update_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]
+    ) -> MaybeAwaitable[Outcome[Employee]]: ...
+
+    @abstractmethod
+    def delete_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employee]
+    ) -> MaybeAwaitable[Outcome[Employee]]: ...
+
+
+# -- optional capabilities (detected with isinstance) --------------------------------------------
+
+
+@runtime_checkable
+class ReconcileOptions(Protocol):
+    """Concurrency and rate limiting. Default: 5 workers, 5 ms..1000 s backoff + 10 qps/100 bucket."""
+
+    def get_max_concurrent(self) -> int: ...
+
+    def get_rate_limiter(self) -> RateLimiter: ...
+
+
+#: Maps a watch event to the keys (``namespace/name`` of employers) to enqueue.
+EventHandler = Callable[["WatchEvent", "CacheReader"], list[str]]
+#: Whether a watch event is of interest at all.
+Predicate = Callable[["WatchEvent"], bool]
+
+
+@runtime_checkable
+class ReconcileWatchOptions(Protocol):
+    """What employer and employee are and how their events enqueue employers.
+    Default: Service employer, Pod employee, the ``kusionstack.io/control`` predicate."""
+
+    def new_employer(self) -> Resource: ...
+
+    def new_employee(self) -> Resource: ...
+
+    def employer_event_handler(self) -> EventHandler: ...
+
+    def employee_event_handler(self) -> EventHandler: ...
+
+    def employer_predicates(self) -> Predicate: ...
+
+    def employee_predicates(self) -> Predicate: ...
+
+
+@runtime_checkable
+class ReconcileLifecycleOptions(Protocol):
+    """PodOpsLifecycle. Default: followed, lifecycle finalizers not recorded, selected pods =
+    the pods a Service's selector selects."""
+
+    def follow_pod_ops_lifecycle(self) -> bool: ...
+
+    def need_record_lifecycle_finalizer_condition(self) -> bool: ...
+
+    def get_selected_employee_names(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[list[str]]: ...
+
+
+@runtime_checkable
+class ExpectedFinalizerRecordOptions(Protocol):
+    """Record on the employer which pods got its expected-finalizer entry. Default: off."""
+
+    def need_record_expected_finalizer_condition(self) -> bool: ...
+
+
+@runtime_checkable
+class StatusRecordOptions(Protocol):
+    """Record statuses after a successful reconcile, error conditions after a failed one."""
+
+    def record_statuses(
+        self,
+        ctx: ReconcileContext,
+        employer: KubeObject,
+        employer_results: CUDResults[Employer],
+        employee_results: CUDResults[Employee],
+    ) -> MaybeAwaitable[None]: ...
+
+    def record_error_conditions(
+        self, ctx: ReconcileContext, employer: KubeObject, err: BaseException
+    ) -> MaybeAwaitable[None]: ...
+
+
+@runtime_checkable
+class ReconcileRequeueOptions(Protocol):
+    """Requeue interval (seconds) when some create/update/delete failed without an error."""
+
+    def employee_sync_requeue_interval(self) -> float: ...
+
+
+@runtime_checkable
+class MultiClusterOptions(Protocol):
+    """Employer in the main (federation) cluster; employees there (True) or in member clusters."""
+
+    def employee_fed(self) -> bool: ...

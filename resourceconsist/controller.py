@@ -1,0 +1,232 @@
+"""A controller: one adapter's watches, workqueue, workers and reconciler.
+
+Employer and employee informer events pass the adapter's predicates, its handlers map them to
+employer keys, the workqueue coalesces and rate-limits them, and up to ``max_concurrent``
+workers run ``Reconciler.reconcile`` (never two on one key). A failed reconcile is retried with
+the rate limiter's backoff, a success forgets the key's failures, ``requeue_after`` is honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from resourceconsist import handler, kube
+from resourceconsist.adapter import (
+    EventHandler,
+    MultiClusterOptions,
+    Predicate,
+    ReconcileAdapter,
+    ReconcileOptions,
+    ReconcileWatchOptions,
+)
+from resourceconsist.cache import CacheReader, InformerFactory, WatchEvent
+from resourceconsist.events import EventRecorder
+from resourceconsist.kube import KubeClient, Resource
+from resourceconsist.metrics import Metrics
+from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
+from resourceconsist.workqueue import RateLimiter, WorkQueue, default_controller_rate_limiter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_CONCURRENT = 5
+
+
+@dataclass(frozen=True)
+class WatchSpec:
+    """The watch options in force for one adapter (its own, or the defaults)."""
+
+    employer: Resource
+    employee: Resource
+    employer_handler: EventHandler
+    employee_handler: EventHandler
+    employer_predicate: Predicate
+    employee_predicate: Predicate
+
+
+def watch_spec(adapter: ReconcileAdapter) -> WatchSpec:
+    if isinstance(adapter, ReconcileWatchOptions):
+        return WatchSpec(
+            adapter.new_employer(),
+            adapter.new_employee(),
+            adapter.employer_event_handler(),
+            adapter.employee_event_handler(),
+            adapter.employer_predicates(),
+            adapter.employee_predicates(),
+        )
+    return WatchSpec(
+        kube.SERVICE,
+        kube.POD,
+        handler.enqueue_self,
+        handler.enqueue_services_by_pod,
+        handler.control_predicate,
+        handler.accept_all,
+    )
+
+
+class Controller:
+    """Runs one adapter; started and stopped by the manager without touching other controllers."""
+
+    def __init__(
+        self,
+        adapter: ReconcileAdapter,
+        client: KubeClient,
+        informers: InformerFactory,
+        *,
+        member_clusters: dict[str, tuple[KubeClient, InformerFactory]] | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.name = adapter.get_controller_name()
+        self.client = client
+        self.informers = informers
+        self.metrics = metrics or Metrics()
+        self.spec = watch_spec(adapter)
+        max_concurrent, limiter = DEFAULT_MAX_CONCURRENT, default_controller_rate_limiter()
+        if isinstance(adapter, ReconcileOptions):
+            max_concurrent, limiter = adapter.get_max_concurrent(), adapter.get_rate_limiter()
+        self.max_concurrent = max(1, max_concurrent)
+        self.rate_limiter: RateLimiter = limiter
+        self.queue = WorkQueue(limiter, name=self.name)
+        self.reader: CacheReader = informers.reader()
+        self.member_clusters = member_clusters if member_clusters is not None else {}
+        self._clusters: dict[str, tuple[KubeClient, CacheReader]] = {
+            name: (c, f.reader()) for name, (c, f) in self.member_clusters.items()
+        }
+        self.reconciler = Reconciler(
+            adapter,
+            client,
+            self.reader,
+            EventRecorder(client, self.name),
+            self.spec.employer,
+            self.spec.employee,
+            self._clusters,
+        )
+        self._workers: list[asyncio.Task[None]] = []
+        self._unsubscribe: list[Callable[[], None]] = []
+        self.reconciles = 0
+        self.failures = 0
+
+    @property
+    def employees_in_members(self) -> bool:
+        return isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed()
+
+    # -- watches ------------------------------------------------------------------------------------
+
+    def _subscribe(
+        self, informers: InformerFactory, resource: Resource, predicate: Predicate, to_keys: EventHandler
+    ) -> None:
+        reader = informers.reader()
+
+        def on_event(event: WatchEvent) -> None:
+            if self.queue.shutting_down:
+                return
+            try:
+                if not predicate(event):
+                    return
+                keys = to_keys(event, reader)
+            except Exception:
+                log.exception("%s: event handler failed on %s", self.name, kube.object_key(event.obj))
+                return
+            for key in keys:
+                self.queue.add(key)
+
+        self._unsubscribe.append(informers.informer(resource).add_handler(on_event))
+
+    def add_member_cluster(self, name: str, client: KubeClient, informers: InformerFactory) -> None:
+        """Start watching employees in a new member cluster (multi-cluster adapters)."""
+        self.member_clusters[name] = (client, informers)
+        self._clusters[name] = (client, informers.reader())
+        if self.employees_in_members and self._workers:
+            self._subscribe(
+                informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+            )
+
+    def remove_member_cluster(self, name: str) -> None:
+        self.member_clusters.pop(name, None)
+        self._clusters.pop(name, None)
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._subscribe(
+            self.informers, self.spec.employer, self.spec.employer_predicate, self.spec.employer_handler
+        )
+        if self.employees_in_members:
+            for _, informers in self.member_clusters.values():
+                self._subscribe(
+                    informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                )
+        else:
+            self._subscribe(
+                self.informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+            )
+        await self.informers.wait_synced()
+        self._workers = [
+            asyncio.create_task(self._worker(i), name=f"{self.name}-worker-{i}")
+            for i in range(self.max_concurrent)
+        ]
+        log.info(
+            "controller %s started: %d workers, employer %s, employee %s",
+            self.name,
+            self.max_concurrent,
+            self.spec.employer.kind,
+            self.spec.employee.kind,
+        )
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking keys, let in-flight reconciles finish within ``timeout``, then cancel them."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        await self.queue.shutdown()
+        if self._workers:
+            _, pending = await asyncio.wait(self._workers, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        self._workers = []
+        log.info("controller %s stopped", self.name)
+
+    # -- workers --------------------------------------------------------------------------------------
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            key = await self.queue.get()
+            if key is None:
+                return
+            try:
+                await self._process(key)
+            finally:
+                self.queue.done(key)
+
+    async def _process(self, key: str) -> None:
+        started = time.monotonic()
+        outcome = "success"
+        try:
+            result = await self.reconciler.reconcile(key)
+        except (ReconcileError, SyncFailedExist) as err:
+            outcome = "error"
+            self.failures += 1
+            delay = self.queue.add_rate_limited(key)
+            log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            outcome = "error"
+            self.failures += 1
+            delay = self.queue.add_rate_limited(key)
+            log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
+        else:
+            if result.requeue_after is not None:
+                outcome = "requeue_after"
+                self.queue.forget(key)
+                self.queue.add_after(key, result.requeue_after)
+            else:
+                self.queue.forget(key)
+        finally:
+            self.reconciles += 1
+            self.metrics.observe_reconcile(self.name, outcome, time.monotonic() - started)

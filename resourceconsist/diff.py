@@ -1,0 +1,63 @@
+"""The diff: expected vs current provider items, by id, into create / update / delete / unchanged.
+
+A pure function (no I/O, no adapter calls besides the items' own ``equal``), as in the Go
+original: missing from current -> create; present but unequal -> update (the expected item);
+present in current only -> delete (the current item); equal -> unchanged (the expected item).
+Outputs keep the input order so logs and provider calls are deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+
+class Item(Protocol):
+    """An employer or employee item: an id and an equality test against the provider's item."""
+
+    @property
+    def id(self) -> str: ...
+
+    def equal(self, other: Any) -> bool: ...
+
+
+ItemT = TypeVar("ItemT", bound=Item)
+
+
+class DuplicateIdError(ValueError):
+    """Two items on one side share an id: the adapter's list is ambiguous."""
+
+
+@dataclass
+class Diff(Generic[ItemT]):
+    to_create: list[ItemT] = field(default_factory=list)
+    to_update: list[ItemT] = field(default_factory=list)
+    to_delete: list[ItemT] = field(default_factory=list)
+    unchanged: list[ItemT] = field(default_factory=list)
+
+
+def _by_id(items: Sequence[ItemT], side: str) -> dict[str, ItemT]:
+    found: dict[str, ItemT] = {}
+    for item in items:
+        if item.id in found:
+            raise DuplicateIdError(f"{side} items hold the id {item.id!r} twice")
+        found[item.id] = item
+    return found
+
+
+def diff(expected: Sequence[ItemT], current: Sequence[ItemT]) -> Diff[ItemT]:
+    """Split ``expected`` and ``current`` into what to create, update, delete and leave alone."""
+    expected_by_id = _by_id(expected, "expected")
+    current_by_id = _by_id(current, "current")
+    result: Diff[ItemT] = Diff()
+    for item_id, want in expected_by_id.items():
+        have = current_by_id.get(item_id)
+        if have is None:
+            result.to_create.append(want)
+        elif want.equal(have):
+            result.unchanged.append(want)
+        else:
+            result.to_update.append(want)
+    result.to_delete = [have for item_id, have in current_by_id.items() if item_id not in expected_by_id]
+    return result

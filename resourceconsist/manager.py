@@ -1,0 +1,163 @@
+"""The manager: one process running several controllers, the webhook, health and metrics.
+
+Controllers share the informer caches of the main cluster; each has its own queue and
+workers, so a failing or slow adapter never stalls another. Adapters can be added and stopped
+at runtime. Extra runnables (the webhook server) start and stop with the manager. Shutdown
+stops taking work and waits for in-flight reconciles up to a timeout.
+(Go: ``AddToMgr`` is ``add_to_manager`` here.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from resourceconsist.adapter import ReconcileAdapter
+from resourceconsist.cache import InformerFactory
+from resourceconsist.controller import Controller
+from resourceconsist.kube import KubeClient
+from resourceconsist.metrics import Metrics, health_app
+from resourceconsist.multicluster import ClusterRegistry, MemberCluster
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Runnable:
+    """Something started and stopped with the manager (e.g. the webhook server)."""
+
+    name: str
+    start: Callable[[], Awaitable[None]]
+    stop: Callable[[], Awaitable[None]]
+
+
+class DuplicateControllerError(ValueError):
+    """Two adapters with the same controller name."""
+
+
+class Manager:
+    """Runs controllers and runnables against one main cluster."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        resync_period: float | None = None,
+        namespace: str | None = None,
+        health_address: tuple[str, int] | None = None,
+        shutdown_timeout: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.informers = InformerFactory(client, resync_period=resync_period, namespace=namespace)
+        self.metrics = Metrics()
+        self.clusters = ClusterRegistry()
+        self.clusters.subscribe(self._on_cluster)
+        self.controllers: dict[str, Controller] = {}
+        self.runnables: list[Runnable] = []
+        self.health_address = health_address
+        self.shutdown_timeout = shutdown_timeout
+        self._started = False
+        self._health: web.AppRunner | None = None
+        self.health_port: int | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def ready(self) -> bool:
+        return self._started and all(i.has_synced for i in self.informers._informers.values())
+
+    # -- controllers --------------------------------------------------------------------------------
+
+    async def add(self, adapter: ReconcileAdapter) -> Controller:
+        """Add an adapter's controller; it starts now when the manager runs, else with it."""
+        name = adapter.get_controller_name()
+        if name in self.controllers:
+            raise DuplicateControllerError(f"a controller named {name!r} is already in this manager")
+        members = {n: (m.client, m.informers) for n, m in self.clusters.members().items()}
+        controller = Controller(
+            adapter, self.client, self.informers, member_clusters=members, metrics=self.metrics
+        )
+        self.controllers[name] = controller
+        if self._started:
+            await controller.start()
+        return controller
+
+    async def stop_controller(self, name: str, timeout: float | None = None) -> None:
+        """Stop and remove one controller; the others keep running."""
+        controller = self.controllers.pop(name, None)
+        if controller is None:
+            raise LookupError(
+                f"no controller named {name!r} (running: {', '.join(sorted(self.controllers)) or 'none'})"
+            )
+        await controller.stop(self.shutdown_timeout if timeout is None else timeout)
+
+    def add_runnable(self, runnable: Runnable) -> None:
+        self.runnables.append(runnable)
+
+    def _on_cluster(self, name: str, member: MemberCluster | None) -> None:
+        for controller in self.controllers.values():
+            if member is None:
+                controller.remove_member_cluster(name)
+            else:
+                controller.add_member_cluster(name, member.client, member.informers)
+
+    # -- life cycle -------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.informers.start(loop)
+        self.clusters.bind(loop)
+        if self.health_address is not None:
+            self._health = web.AppRunner(health_app(self.metrics, self.ready), access_log=None)
+            await self._health.setup()
+            site = web.TCPSite(self._health, *self.health_address)
+            await site.start()
+            self.health_port = _bound_port(self._health, self.health_address[1])
+        for runnable in self.runnables:
+            await runnable.start()
+        self._started = True
+        await asyncio.gather(*(c.start() for c in self.controllers.values()))
+        log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
+
+    async def stop(self, timeout: float | None = None) -> None:
+        """Graceful shutdown: controllers finish in-flight work within ``timeout``, then all stops."""
+        timeout = self.shutdown_timeout if timeout is None else timeout
+        await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
+        for runnable in reversed(self.runnables):
+            try:
+                await runnable.stop()
+            except Exception:
+                log.exception("stopping %s failed", runnable.name)
+        if self._health is not None:
+            await self._health.cleanup()
+            self._health = None
+        self.clusters.stop_all()
+        await asyncio.to_thread(self.informers.stop)
+        self._started = False
+        log.info("manager stopped")
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Start, run until ``stop`` is set, then shut down gracefully."""
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()
+
+
+async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
+    """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
+    return await manager.add(adapter)
+
+
+def _bound_port(runner: web.AppRunner, fallback: int) -> int:
+    """The port a site really bound (the requested one may be 0: any free port)."""
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return int(address[1])
+    return fallback
