@@ -8,6 +8,7 @@ Adapter authors get the same real kube-apiserver + etcd in their own suites::
         api = cp.api_client()
 """
 
+from resourceconsist.testing.cluster import Cluster, annotation, finalizers
 from resourceconsist.testing.controlplane import (
     ETCD_VERSION,
     KUBERNETES_VERSION,
@@ -22,12 +23,15 @@ from resourceconsist.testing.wait import WaitTimeout, async_wait_for, wait_for
 __all__ = [
     "ETCD_VERSION",
     "KUBERNETES_VERSION",
+    "Cluster",
     "ControlPlaneBinariesMissing",
     "ControlPlaneError",
     "LocalControlPlane",
     "WaitTimeout",
+    "annotation",
     "async_wait_for",
     "default_assets_dir",
+    "finalizers",
     "find_binaries",
     "wait_for",
 ]
