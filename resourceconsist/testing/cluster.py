@@ -12,11 +12,12 @@ import asyncio
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from resourceconsist import kube, wire
 from resourceconsist.kube import KubeClient, KubeObject
 
+T = TypeVar("T")
 _ips = itertools.count(10)
 
 
@@ -28,7 +29,7 @@ class Cluster:
     namespace: str
     _ip: dict[str, str] = field(default_factory=dict)
 
-    async def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def service(

@@ -1,0 +1,5 @@
+"""``python -m resourceconsist``: the command line."""
+
+from resourceconsist.cli import main
+
+main()
