@@ -152,6 +152,9 @@ class Controller:
     # -- life cycle ---------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Subscribe to the caches and start the workers (again, after a ``stop``)."""
+        if self.queue.shutting_down:
+            self.queue = WorkQueue(self.rate_limiter, name=self.name)
         self._subscribe(
             self.informers, self.spec.employer, self.spec.employer_predicate, self.spec.employer_handler
         )

@@ -20,6 +20,7 @@ from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
 from resourceconsist.controller import Controller
 from resourceconsist.kube import KubeClient
+from resourceconsist.leaderelection import LeaderElectionConfig, LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 
@@ -50,6 +51,7 @@ class Manager:
         namespace: str | None = None,
         health_address: tuple[str, int] | None = None,
         shutdown_timeout: float = 30.0,
+        leader_election: LeaderElectionConfig | None = None,
     ) -> None:
         self.client = client
         self.informers = InformerFactory(client, resync_period=resync_period, namespace=namespace)
@@ -60,7 +62,13 @@ class Manager:
         self.runnables: list[Runnable] = []
         self.health_address = health_address
         self.shutdown_timeout = shutdown_timeout
+        self._stop_timeout = shutdown_timeout
         self._started = False
+        self._elector = LeaderElector(client, leader_election) if leader_election else None
+        self._elector_stop = asyncio.Event()
+        self._elector_task: asyncio.Task[None] | None = None
+        #: Controllers run only while this is True: always without leader election.
+        self.leading = leader_election is None
         self._health: web.AppRunner | None = None
         self.health_port: int | None = None
 
@@ -83,7 +91,7 @@ class Manager:
             adapter, self.client, self.informers, member_clusters=members, metrics=self.metrics
         )
         self.controllers[name] = controller
-        if self._started:
+        if self._started and self.leading:
             await controller.start()
         return controller
 
@@ -121,12 +129,32 @@ class Manager:
         for runnable in self.runnables:
             await runnable.start()
         self._started = True
-        await asyncio.gather(*(c.start() for c in self.controllers.values()))
+        if self._elector is None:
+            await self._start_controllers()
+        else:
+            self._elector_stop.clear()
+            self._elector_task = asyncio.create_task(
+                self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
+            )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
+
+    async def _start_controllers(self) -> None:
+        self.leading = True
+        await asyncio.gather(*(c.start() for c in self.controllers.values()))
+
+    async def _stop_controllers(self) -> None:
+        self.leading = self._elector is None
+        await asyncio.gather(*(c.stop(self._stop_timeout) for c in self.controllers.values()))
 
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful shutdown: controllers finish in-flight work within ``timeout``, then all stops."""
         timeout = self.shutdown_timeout if timeout is None else timeout
+        self._stop_timeout = timeout
+        if self._elector_task is not None:
+            # The elector stops the controllers and releases the lease on its way out.
+            self._elector_stop.set()
+            await self._elector_task
+            self._elector_task = None
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
         for runnable in reversed(self.runnables):
             try:
