@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
+
 
 class InvalidSelector(ValueError):
     """A LabelSelector that the API server would reject."""
@@ -28,10 +30,17 @@ def label_selector_selects(selector: Mapping[str, Any] | None, labels: Mapping[s
     if selector is None:
         return False
     labels = labels or {}
+    expressions = selector.get("matchExpressions") or []
+    for expr in expressions:
+        # The API server rejects such a selector outright; do not let the labels decide.
+        if expr.get("operator") not in _OPERATORS:
+            raise InvalidSelector(
+                f"unknown label selector operator {expr.get('operator')!r} for key {expr.get('key')!r}"
+            )
     for key, value in (selector.get("matchLabels") or {}).items():
         if labels.get(key) != value:
             return False
-    for expr in selector.get("matchExpressions") or []:
+    for expr in expressions:
         key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
         if op == "In":
             ok = key in labels and labels[key] in values

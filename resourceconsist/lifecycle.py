@@ -16,6 +16,13 @@ from typing import Any
 from resourceconsist import wire
 
 Pod = Mapping[str, Any]
+_GO_ESCAPES = (
+    ("&", "\\u0026"),
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
 
 
 class MalformedAvailableConditions(ValueError):
@@ -62,9 +69,13 @@ def expected_finalizers(pod: Pod) -> dict[str, str]:
         parsed = json.loads(value)
     except json.JSONDecodeError as err:
         raise MalformedAvailableConditions(_name(pod), value, f"not JSON: {err.msg}") from err
+    if parsed is None:  # Go's json.Unmarshal reads `null` as the empty struct
+        return {}
     if not isinstance(parsed, dict):
         raise MalformedAvailableConditions(_name(pod), value, "not a JSON object")
-    entries = parsed.get(wire.EXPECTED_FINALIZERS_KEY) or {}
+    entries = parsed.get(wire.EXPECTED_FINALIZERS_KEY)
+    if entries is None:
+        return {}
     if not isinstance(entries, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in entries.items()
     ):
@@ -77,7 +88,11 @@ def expected_finalizers(pod: Pod) -> dict[str, str]:
 def render_available_conditions(entries: Mapping[str, str]) -> str:
     """The annotation value for ``entries``, byte-identical to Go's ``json.Marshal``."""
     body: dict[str, Any] = {wire.EXPECTED_FINALIZERS_KEY: dict(sorted(entries.items()))} if entries else {}
-    return json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    text = json.dumps(body, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+    # Go escapes these even with ensure_ascii off (HTML safety); they only occur inside strings.
+    for raw, escaped in _GO_ESCAPES:
+        text = text.replace(raw, escaped)
+    return text
 
 
 def updated_available_conditions(

@@ -1,0 +1,106 @@
+"""Pins every wire name byte for byte against the contract (/work/shared/REFERENCE.md).
+
+These strings are shared with KusionStack ResourceConsist (Go), PodOpsLifecycle and Alibaba
+Cloud; a change here breaks a running cluster. The literals below are written out in full on
+purpose: do not derive them from ``resourceconsist.wire``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+
+from resourceconsist import lifecycle, wire
+from resourceconsist.wire import EventReason
+
+PINNED: dict[str, Any] = {
+    "CONTROL_LABEL": "kusionstack.io/control",
+    "CONTROL_LABEL_VALUE": "true",
+    "CLEAN_FINALIZER": "resource-consist.kusionstack.io/clean-finalizer",
+    "OLD_CLEAN_FINALIZER_PREFIX": "resource-consist.kusionstack.io/clean-",
+    "AVAILABLE_CONDITIONS_ANNOTATION": "pod.kusionstack.io/available-conditions",
+    "EXPECTED_FINALIZERS_KEY": "expectedFinalizers",
+    "LIFECYCLE_FINALIZER_PREFIX": "prot.podopslifecycle.kusionstack.io",
+    "EXPECTED_FINALIZER_ADDED_ANNOTATION": (
+        "resource-consist.kusionstack.io/employees-expected-finalizer-added"
+    ),
+    "LIFECYCLE_FINALIZER_RECORDED_ANNOTATION": (
+        "resource-consist.kusionstack.io/employees-lifecycle-finalizer-recorded"
+    ),
+    "SERVICE_READY_CONDITION": "pod.kusionstack.io/service-ready",
+    "MULTI_CLUSTER_SEPARATOR": "#",
+    "SLB_LOAD_BALANCER_ID_LABEL": "service.k8s.alibaba/loadbalancer-id",
+    "SLB_ACCESS_KEY_ENV": "ALIYUN_SLB_AK_KEY",
+    "SLB_ACCESS_SECRET_ENV": "ALIYUN_SLB_AK_SECRET",
+    "SLB_ENDPOINT_ENV": "ALIYUN_SLB_ENDPOINT",
+    "POD_NAMESPACE_ENV": "POD_NAMESPACE",
+    "DEFAULT_NAMESPACE": "resourceconsist",
+    "WEBHOOK_CERT_SECRET": "resourceconsist-webhook-certs",
+    "WEBHOOK_CERT_KEYS": ("ca.key", "ca.crt", "tls.key", "tls.crt"),
+    "MUTATING_WEBHOOK_CONFIGURATION": "resourceconsist-manager-mutating",
+    "VALIDATING_WEBHOOK_CONFIGURATION": "resourceconsist-manager-validating",
+}
+
+EVENT_REASONS: dict[str, str] = {
+    "ENSURE_EMPLOYER_CLEAN_FINALIZER_FAILED": "EnsureEmployerCleanFinalizerFailed",
+    "ENSURE_EMPLOYER_CLEAN_FINALIZER_SUCCEED": "EnsureEmployerCleanFinalizerSucceed",
+    "ENSURE_EXPECTED_FINALIZER_FAILED": "EnsureExpectedFinalizerFailed",
+    "GET_EXPECTED_EMPLOYER_FAILED": "GetExpectedEmployerFailed",
+    "GET_CURRENT_EMPLOYER_FAILED": "GetCurrentEmployerFailed",
+    "SYNC_EMPLOYER_FAILED": "SyncEmployerFailed",
+    "GET_EXPECTED_EMPLOYEES_FAILED": "GetExpectedEmployeesFailed",
+    "GET_CURRENT_EMPLOYEES_FAILED": "GetCurrentEmployeesFailed",
+    "SYNC_EMPLOYEES_FAILED": "SyncEmployeesFailed",
+    "CLEAN_EMPLOYER_CLEAN_FINALIZER_FAILED": "CleanEmployerCleanFinalizerFailed",
+    "CLEAN_EMPLOYER_CLEAN_FINALIZER_SUCCEED": "CleanEmployerCleanFinalizerSucceed",
+    "RECORD_STATUSES_FAILED": "RecordStatusesFailed",
+    "RECORD_ERROR_CONDITIONS_FAILED": "RecordErrorConditionsFailed",
+}
+
+
+@pytest.mark.parametrize(("name", "value"), sorted(PINNED.items()))
+def test_constant_is_byte_identical(name: str, value: Any) -> None:
+    actual = getattr(wire, name)
+    assert type(actual) is type(value)
+    assert actual == value
+    if isinstance(value, str):
+        assert actual.encode("utf-8") == value.encode("utf-8")
+
+
+def test_every_public_constant_of_wire_is_pinned_here() -> None:
+    constants = {name for name in vars(wire) if name.isupper() and not name.startswith("_")}
+    assert constants == set(PINNED), "a wire constant was added or removed: pin it in tests/test_wire.py"
+
+
+@pytest.mark.parametrize(("member", "value"), sorted(EVENT_REASONS.items()))
+def test_event_reason_is_byte_identical(member: str, value: str) -> None:
+    reason = EventReason[member]
+    assert reason.value == value
+    assert reason == value  # usable wherever a plain string is expected
+    assert str(reason) == value
+    assert f"{reason}" == value
+
+
+def test_event_reasons_are_exactly_the_contract_set() -> None:
+    assert {reason.name: reason.value for reason in EventReason} == EVENT_REASONS
+    assert len(set(EVENT_REASONS.values())) == 13
+
+
+def test_old_clean_finalizer_for_an_employer() -> None:
+    assert wire.OLD_CLEAN_FINALIZER_PREFIX + "demo-svc" == "resource-consist.kusionstack.io/clean-demo-svc"
+
+
+def test_lifecycle_finalizer_is_built_from_the_prefix_and_a_slash() -> None:
+    digest = hashlib.md5(b"demo-svc").hexdigest()[8:24]
+    assert lifecycle.lifecycle_finalizer("demo-svc") == "prot.podopslifecycle.kusionstack.io/" + digest
+    assert lifecycle.lifecycle_finalizer("demo-svc") == "prot.podopslifecycle.kusionstack.io/ccccca6af890783e"
+
+
+def test_expected_finalizer_key_format() -> None:
+    assert lifecycle.expected_finalizer_key("Service", "ns", "name") == "Service/ns/name"
+
+
+def test_multi_cluster_employee_name_format() -> None:
+    assert "web-0" + wire.MULTI_CLUSTER_SEPARATOR + "member-1" == "web-0#member-1"
