@@ -1,0 +1,183 @@
+"""The WebhookAdapter API: how an adapter tells the admission webhook who employs a new pod.
+
+A webhook adapter has a ``name`` and answers ``get_employers_by_employee(pod, reader)`` with the
+employers of a pod that is being created, as ``EmployerRef`` (kind, namespace, name). The
+webhook turns each into an ``expectedFinalizers`` entry of the pod's
+``pod.kusionstack.io/available-conditions`` annotation through ``resourceconsist.lifecycle``,
+the same functions the controller uses.
+
+Path convention: the adapter named ``<name>`` is served at ``/mutating-<name>``
+(``webhook_path``). Names are DNS-1123 labels (lowercase letters, digits, ``-``), so the path
+is safe in a URL and in a MutatingWebhookConfiguration, and one server can carry several
+adapters side by side.
+
+``ControlledServiceAdapter`` is the built-in adapter for the common case: the employers are the
+Services in the pod's namespace whose selector selects the pod and that carry
+``kusionstack.io/control: "true"``, optionally narrowed by a predicate.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.cache import CacheReader
+from resourceconsist.kube import KubeObject, Resource
+
+#: Prefix of every adapter's URL path: ``/mutating-<adapter name>``.
+PATH_PREFIX: Final = "/mutating-"
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_MAX_NAME = 63
+
+
+class InvalidAdapterName(ValueError):
+    """A webhook adapter name that cannot be a URL path segment by the convention."""
+
+
+def validate_adapter_name(name: str) -> str:
+    """Return ``name`` if it is a DNS-1123 label, else raise ``InvalidAdapterName``."""
+    if not isinstance(name, str) or len(name) > _MAX_NAME or not _NAME.match(name):
+        raise InvalidAdapterName(
+            f"webhook adapter name {name!r} must be a DNS-1123 label "
+            "(at most 63 lowercase letters, digits or '-', starting and ending with a letter or digit)"
+        )
+    return name
+
+
+def webhook_path(name: str) -> str:
+    """The URL path the server registers for the adapter named ``name``."""
+    return PATH_PREFIX + validate_adapter_name(name)
+
+
+@dataclass(frozen=True, order=True)
+class EmployerRef:
+    """One employer of a pod: enough to build its entry in ``expectedFinalizers``."""
+
+    kind: str
+    namespace: str
+    name: str
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], kind: str | None = None) -> EmployerRef:
+        """From a Kubernetes object; ``kind`` overrides ``obj["kind"]``, which LIST items and
+        some caches leave out."""
+        found = kind or obj.get("kind")
+        if not found:
+            raise ValueError("the employer object has no kind; pass kind=")
+        meta = obj.get("metadata", {})
+        return cls(str(found), str(meta.get("namespace") or ""), str(meta["name"]))
+
+    @property
+    def expected_finalizer_key(self) -> str:
+        """``<Kind>/<namespace>/<name>``, the key of this employer's entry."""
+        return lifecycle.expected_finalizer_key(self.kind, self.namespace, self.name)
+
+    @property
+    def lifecycle_finalizer(self) -> str:
+        """The lifecycle finalizer this employer puts on its pods (the entry's value)."""
+        return lifecycle.lifecycle_finalizer(self.name)
+
+
+EmployersResult = Iterable[EmployerRef] | Awaitable[Iterable[EmployerRef]]
+
+
+@runtime_checkable
+class WebhookAdapter(Protocol):
+    """What the webhook asks of an adapter that follows PodOpsLifecycle.
+
+    ``get_employers_by_employee`` may be a plain function or a coroutine function. Plain ones
+    run in a worker thread, so they may block (e.g. on a provider API); coroutines run on the
+    event loop and must not. Either way the call is bounded by the server's adapter timeout.
+    ``employee`` is the pod being created, with ``metadata.namespace`` filled from the
+    request (a pod created without one in its body has none yet); its name may be empty when
+    the pod uses ``generateName``. ``reader`` serves lookups from the informer caches.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> EmployersResult: ...
+
+
+@runtime_checkable
+class WebhookCacheOptions(Protocol):
+    """Optional: the resources whose informer caches the adapter reads.
+
+    The server starts these informers before it reports ready, so the first admission does not
+    wait for a cache to fill. Without this capability the server assumes Services.
+    """
+
+    def get_cached_resources(self) -> Sequence[Resource]: ...
+
+
+def cached_resources(adapter: WebhookAdapter) -> tuple[Resource, ...]:
+    """The resources an adapter reads through the cache (Services when it does not say)."""
+    if isinstance(adapter, WebhookCacheOptions):
+        return tuple(adapter.get_cached_resources())
+    return (kube.SERVICE,)
+
+
+ServicePredicate = Callable[[KubeObject], bool]
+
+
+def has_label(key: str, value: str | None = None) -> ServicePredicate:
+    """A predicate: the object carries label ``key`` (with ``value``, when given)."""
+
+    def predicate(obj: KubeObject) -> bool:
+        labels = obj.get("metadata", {}).get("labels") or {}
+        return key in labels and (value is None or labels[key] == value)
+
+    return predicate
+
+
+class ControlledServiceAdapter:
+    """Employers = the Services that select the pod and carry ``kusionstack.io/control: "true"``.
+
+    ``predicate`` narrows them further (e.g. the SLB adapter keeps Services that name a load
+    balancer). Services being deleted are skipped: they will not put their lifecycle finalizer
+    on a new pod, so an entry for them would only hold the pod back until the controller
+    removed it again.
+    """
+
+    def __init__(self, name: str, *, predicate: ServicePredicate | None = None) -> None:
+        self._name = validate_adapter_name(name)
+        self._predicate = predicate
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def get_cached_resources(self) -> Sequence[Resource]:
+        return (kube.SERVICE,)
+
+    def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> list[EmployerRef]:
+        employers: list[EmployerRef] = []
+        for service in reader.services_selecting(employee):
+            labels = service.get("metadata", {}).get("labels") or {}
+            if labels.get(wire.CONTROL_LABEL) != wire.CONTROL_LABEL_VALUE:
+                continue
+            if lifecycle.is_deleting(service):
+                continue
+            if self._predicate is not None and not self._predicate(service):
+                continue
+            employers.append(EmployerRef.of(service, kind=kube.SERVICE.kind))
+        return sorted(employers)
+
+    def __repr__(self) -> str:
+        return f"ControlledServiceAdapter(name={self._name!r})"
+
+
+#: Name of the built-in Alibaba Cloud SLB webhook adapter; served at ``/mutating-alibabacloudslb``.
+ALIBABACLOUDSLB_ADAPTER_NAME: Final = "alibabacloudslb"
+
+
+def alibabacloudslb_webhook_adapter() -> ControlledServiceAdapter:
+    """The built-in SLB webhook adapter: controlled Services that carry
+    ``service.k8s.alibaba/loadbalancer-id`` (the Services the SLB controller manages)."""
+    return ControlledServiceAdapter(
+        ALIBABACLOUDSLB_ADAPTER_NAME, predicate=has_label(wire.SLB_LOAD_BALANCER_ID_LABEL)
+    )

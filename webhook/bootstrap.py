@@ -1,0 +1,418 @@
+"""Certificate bootstrap: a self-signed CA and a serving certificate for the webhook, shared by
+every replica through one Secret, trusted by the API server through the configurations' caBundle.
+
+``ensure_webhook_certificates`` is idempotent and safe to run from several replicas at once:
+
+1. Read Secret ``resourceconsist-webhook-certs`` in the namespace (keys ``ca.key ca.crt tls.key
+   tls.crt``). A valid one is reused as it is: both pairs parse and match, the CA is a CA, the
+   serving certificate is signed by it, covers the webhook's DNS names and is not about to expire.
+2. None there: generate and *create* it. Create is atomic in the API, so when replicas race one
+   wins; the others get 409 AlreadyExists, read the winner's Secret and use it.
+3. One there but not valid: regenerate and *update* it with the read resourceVersion as a
+   precondition; on 409 Conflict another replica got there first, so read again and re-check.
+   A still-valid CA is kept, so the caBundle stays the same when only the serving cert changes.
+4. Put ``ca.crt`` as the caBundle into every webhook entry of the mutating and validating
+   configurations that exist (update with resourceVersion precondition, retried on conflict;
+   nothing is written when they already carry it).
+5. Write ``tls.crt``/``tls.key`` into the cert dir (atomically, and only when they differ), where
+   the server's certificate reloader picks them up.
+
+The blocking function runs in a worker thread when awaited through ``aensure_webhook_certificates``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import datetime
+import logging
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from resourceconsist import certs, kube, wire
+from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource
+
+log = logging.getLogger(__name__)
+
+#: The Service in front of the webhook (``config/webhook/service.yaml``).
+DEFAULT_SERVICE_NAME: Final = "resourceconsist-manager"
+#: Regenerate a certificate this long before it expires.
+DEFAULT_RENEW_BEFORE: Final = datetime.timedelta(days=30)
+#: Files the serving certificate is written to, in the cert dir.
+TLS_CERT_FILE: Final = "tls.crt"
+TLS_KEY_FILE: Final = "tls.key"
+
+_CA_KEY, _CA_CRT, _TLS_KEY, _TLS_CRT = wire.WEBHOOK_CERT_KEYS
+_ATTEMPTS = 8
+_MANAGED_BY = {"app.kubernetes.io/managed-by": "resourceconsist"}
+
+
+class BootstrapError(RuntimeError):
+    """The certificates could not be ensured (the API kept conflicting, or refused)."""
+
+
+def webhook_namespace(namespace: str | None = None) -> str:
+    """``namespace`` if given, else ``$POD_NAMESPACE``, else ``resourceconsist``."""
+    return namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
+
+
+def service_hosts(service_name: str, namespace: str) -> tuple[str, str]:
+    """The DNS names the API server uses for the webhook Service."""
+    return f"{service_name}.{namespace}.svc", f"{service_name}.{namespace}.svc.cluster.local"
+
+
+@dataclass(frozen=True)
+class WebhookCertificates:
+    """The CA the API server trusts and the serving certificate it signed."""
+
+    ca: certs.KeyPair
+    serving: certs.KeyPair
+
+    @property
+    def ca_bundle(self) -> str:
+        """``ca.crt`` base64-encoded, as ``clientConfig.caBundle`` holds it."""
+        return base64.b64encode(self.ca.cert_pem).decode()
+
+    def secret_data(self) -> dict[str, str]:
+        raw = {
+            _CA_KEY: self.ca.key_pem,
+            _CA_CRT: self.ca.cert_pem,
+            _TLS_KEY: self.serving.key_pem,
+            _TLS_CRT: self.serving.cert_pem,
+        }
+        return {k: base64.b64encode(v).decode() for k, v in raw.items()}
+
+
+SecretAction = Literal["reused", "created", "adopted", "regenerated"]
+
+
+@dataclass(frozen=True)
+class BootstrapResult:
+    """What one bootstrap found and did."""
+
+    certificates: WebhookCertificates
+    #: reused: a valid Secret was there; created: this call created it; adopted: another
+    #: replica created or fixed it concurrently; regenerated: this call replaced an invalid one.
+    secret_action: SecretAction
+    secret_resource_version: str
+    #: Configurations whose caBundle this call wrote (empty when they already had it).
+    patched_configurations: tuple[str, ...]
+    cert_file: Path
+    key_file: Path
+    files_written: bool
+
+
+# -- checking a Secret ---------------------------------------------------------------------
+
+
+def _pem(data: Mapping[str, Any], key: str) -> bytes:
+    value = data.get(key)
+    if not value:
+        raise ValueError(f"key {key} is missing")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise ValueError(f"key {key} is not base64") from err
+
+
+def _public_der(key: Any) -> bytes:
+    return bytes(
+        key.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    )
+
+
+def _check_pair(cert_pem: bytes, key_pem: bytes, what: str) -> tuple[x509.Certificate, Any]:
+    try:
+        cert = x509.load_pem_x509_certificate(cert_pem)
+    except ValueError as err:
+        raise ValueError(f"{what} certificate does not parse") from err
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{what} key does not parse") from err
+    if _public_der(cert.public_key()) != _public_der(key.public_key()):
+        raise ValueError(f"{what} key does not match its certificate")
+    return cert, key
+
+
+def _check_validity(
+    cert: x509.Certificate, what: str, now: datetime.datetime, renew_before: datetime.timedelta
+) -> None:
+    if cert.not_valid_before_utc > now:
+        raise ValueError(f"{what} certificate is not valid yet")
+    if cert.not_valid_after_utc - renew_before <= now:
+        raise ValueError(f"{what} certificate expires at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z")
+
+
+def _usable_ca(
+    data: Mapping[str, Any], now: datetime.datetime, renew_before: datetime.timedelta
+) -> certs.KeyPair:
+    """The Secret's CA if it can sign a new serving certificate, else ``ValueError``."""
+    pair = certs.KeyPair(_pem(data, _CA_CRT), _pem(data, _CA_KEY))
+    cert, key = _check_pair(pair.cert_pem, pair.key_pem, "CA")
+    try:
+        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+    except x509.ExtensionNotFound:
+        raise ValueError("CA certificate has no basic constraints") from None
+    if not constraints.ca:
+        raise ValueError("CA certificate is not a CA")
+    _check_validity(cert, "CA", now, renew_before)
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        # certs.make_signed signs with EC CA keys only (a Go-made Secret holds RSA keys).
+        raise ValueError("CA key is not an EC key")
+    return pair
+
+
+def check_secret_data(
+    data: Mapping[str, Any],
+    hosts: Sequence[str],
+    *,
+    now: datetime.datetime | None = None,
+    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+) -> WebhookCertificates:
+    """The certificates in a Secret's ``data`` if they can serve ``hosts``; else ``ValueError``
+    saying why not."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    ca = certs.KeyPair(_pem(data, _CA_CRT), _pem(data, _CA_KEY))
+    serving = certs.KeyPair(_pem(data, _TLS_CRT), _pem(data, _TLS_KEY))
+    ca_cert, _ = _check_pair(ca.cert_pem, ca.key_pem, "CA")
+    _check_validity(ca_cert, "CA", now, renew_before)
+    leaf, _ = _check_pair(serving.cert_pem, serving.key_pem, "serving")
+    try:
+        leaf.verify_directly_issued_by(ca_cert)
+    except (ValueError, TypeError, InvalidSignature) as err:
+        raise ValueError("serving certificate is not signed by the CA") from err
+    _check_validity(leaf, "serving", now, renew_before)
+    if not certs.cert_matches_hosts(serving.cert_pem, tuple(hosts)):
+        raise ValueError(f"serving certificate does not cover {', '.join(hosts)}")
+    return WebhookCertificates(ca, serving)
+
+
+def generate_certificates(hosts: Sequence[str], ca: certs.KeyPair | None = None) -> WebhookCertificates:
+    """A serving certificate for ``hosts`` signed by ``ca`` (a new self-signed CA if None)."""
+    if not hosts:
+        raise ValueError("the serving certificate needs at least one host")
+    ca = ca or certs.make_ca("resourceconsist-webhook-ca")
+    return WebhookCertificates(ca, certs.make_signed(ca, hosts[0], hosts=tuple(hosts)))
+
+
+# -- the Secret ---------------------------------------------------------------------------
+
+
+def _rv(obj: KubeObject) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
+
+
+def _for_update(obj: KubeObject) -> KubeObject:
+    """A copy fit for PUT: resourceVersion kept as the precondition, managedFields left out
+    (absent in an update means unchanged)."""
+    body = dict(obj)
+    body["metadata"] = {k: v for k, v in obj.get("metadata", {}).items() if k != "managedFields"}
+    return body
+
+
+def ensure_secret(
+    client: KubeClient,
+    namespace: str,
+    hosts: Sequence[str],
+    *,
+    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+) -> tuple[WebhookCertificates, SecretAction, str]:
+    """Reuse, create or regenerate the cert Secret; see the module docstring."""
+    name = wire.WEBHOOK_CERT_SECRET
+    raced = False
+    for _ in range(_ATTEMPTS):
+        secret = client.get_or_none(kube.SECRET, namespace, name)
+        if secret is None:
+            fresh = generate_certificates(hosts)
+            body: KubeObject = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name, "namespace": namespace, "labels": dict(_MANAGED_BY)},
+                "data": fresh.secret_data(),
+            }
+            try:
+                created = client.create(kube.SECRET, namespace, body)
+            except ApiError as err:
+                if err.conflict:  # AlreadyExists: another replica won the race; use its Secret.
+                    raced = True
+                    continue
+                raise
+            log.info("webhook cert Secret %s/%s created", namespace, name)
+            return fresh, "created", _rv(created)
+        data = secret.get("data") or {}
+        try:
+            found = check_secret_data(data, hosts, renew_before=renew_before)
+        except ValueError as why:
+            reason = str(why)
+        else:
+            return found, ("adopted" if raced else "reused"), _rv(secret)
+        try:
+            keep_ca: certs.KeyPair | None = _usable_ca(
+                data, datetime.datetime.now(datetime.UTC), renew_before
+            )
+        except ValueError:
+            keep_ca = None
+        fresh = generate_certificates(hosts, keep_ca)
+        body = _for_update(secret)
+        body["data"] = fresh.secret_data()
+        body.pop("stringData", None)
+        try:
+            updated = client.replace(kube.SECRET, namespace, name, body)
+        except ApiError as err:
+            if err.conflict:  # Someone changed it since we read it: read again and re-check.
+                raced = True
+                continue
+            raise
+        log.info(
+            "webhook cert Secret %s/%s regenerated (%s; CA %s)",
+            namespace,
+            name,
+            reason,
+            "kept" if keep_ca else "new",
+        )
+        return fresh, "regenerated", _rv(updated)
+    raise BootstrapError(f"Secret {namespace}/{name} kept changing under us ({_ATTEMPTS} attempts)")
+
+
+# -- caBundle -------------------------------------------------------------------------------
+
+_CONFIGURATIONS: Final = (
+    (kube.MUTATING_WEBHOOK_CONFIGURATION, wire.MUTATING_WEBHOOK_CONFIGURATION),
+    (kube.VALIDATING_WEBHOOK_CONFIGURATION, wire.VALIDATING_WEBHOOK_CONFIGURATION),
+)
+
+
+def ensure_ca_bundle(
+    client: KubeClient,
+    ca_bundle: str,
+    configurations: Sequence[tuple[Resource, str]] = _CONFIGURATIONS,
+) -> tuple[str, ...]:
+    """Set ``caBundle`` of every webhook entry in the configurations that exist; returns the
+    names of those written (none when all already carry it)."""
+    written: list[str] = []
+    for resource, name in configurations:
+        for _ in range(_ATTEMPTS):
+            config = client.get_or_none(resource, None, name)
+            if config is None:
+                log.debug("%s %s does not exist; no caBundle to fill", resource.kind, name)
+                break
+            changed = False
+            for entry in config.get("webhooks") or []:
+                client_config = entry.setdefault("clientConfig", {})
+                if client_config.get("caBundle") != ca_bundle:
+                    client_config["caBundle"] = ca_bundle
+                    changed = True
+            if not changed:
+                break
+            try:
+                client.replace(resource, None, name, _for_update(config))
+            except ApiError as err:
+                if err.conflict:
+                    continue
+                raise
+            log.info("caBundle of %s %s set", resource.kind, name)
+            written.append(name)
+            break
+        else:
+            raise BootstrapError(f"{resource.kind} {name} kept changing under us ({_ATTEMPTS} attempts)")
+    return tuple(written)
+
+
+# -- files ---------------------------------------------------------------------------------
+
+
+def _write_atomically(path: Path, data: bytes, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_cert_files(cert_dir: Path | str, serving: certs.KeyPair) -> tuple[Path, Path, bool]:
+    """Write ``tls.crt``/``tls.key`` unless they already hold ``serving``; returns the paths and
+    whether anything was written. Each file is replaced atomically, so a reader never sees a
+    torn file."""
+    directory = Path(cert_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_file, key_file = directory / TLS_CERT_FILE, directory / TLS_KEY_FILE
+    wrote = False
+    for path, data, mode in ((key_file, serving.key_pem, 0o600), (cert_file, serving.cert_pem, 0o644)):
+        try:
+            same = path.read_bytes() == data
+        except FileNotFoundError:
+            same = False
+        if not same:
+            _write_atomically(path, data, mode)
+            wrote = True
+    return cert_file, key_file, wrote
+
+
+# -- all of it -------------------------------------------------------------------------------
+
+
+def ensure_webhook_certificates(
+    client: KubeClient,
+    *,
+    cert_dir: Path | str,
+    service_name: str = DEFAULT_SERVICE_NAME,
+    namespace: str | None = None,
+    extra_hosts: Sequence[str] = (),
+    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+) -> BootstrapResult:
+    """Ensure the Secret, the caBundles and the cert files (see the module docstring).
+
+    ``extra_hosts`` adds names or IPs to the serving certificate (e.g. for a webhook the API
+    server reaches by URL during development); the Service's two DNS names are always in it.
+    """
+    ns = webhook_namespace(namespace)
+    hosts = tuple(dict.fromkeys((*service_hosts(service_name, ns), *extra_hosts)))
+    found, action, rv = ensure_secret(client, ns, hosts, renew_before=renew_before)
+    patched = ensure_ca_bundle(client, found.ca_bundle)
+    cert_file, key_file, wrote = write_cert_files(cert_dir, found.serving)
+    log.info(
+        "webhook certificates ensured: Secret %s/%s %s, caBundle written to %s, cert files %s",
+        ns,
+        wire.WEBHOOK_CERT_SECRET,
+        action,
+        ", ".join(patched) or "nothing (already set)",
+        "written" if wrote else "unchanged",
+    )
+    return BootstrapResult(found, action, rv, patched, cert_file, key_file, wrote)
+
+
+async def aensure_webhook_certificates(
+    client: KubeClient,
+    *,
+    cert_dir: Path | str,
+    service_name: str = DEFAULT_SERVICE_NAME,
+    namespace: str | None = None,
+    extra_hosts: Sequence[str] = (),
+    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+) -> BootstrapResult:
+    """``ensure_webhook_certificates`` off the event loop."""
+    return await asyncio.to_thread(
+        lambda: ensure_webhook_certificates(
+            client,
+            cert_dir=cert_dir,
+            service_name=service_name,
+            namespace=namespace,
+            extra_hosts=extra_hosts,
+            renew_before=renew_before,
+        )
+    )

@@ -1,0 +1,603 @@
+"""The admission webhook server: HTTPS (aiohttp), one path per webhook adapter, health and readiness.
+
+``WebhookServer`` serves every registered adapter at ``/mutating-<name>`` on one TLS port and
+answers ``admission.k8s.io/v1`` AdmissionReviews:
+
+- Pod CREATE: the adapter names the pod's employers (from the informer cache); the answer is a
+  JSONPatch merging their entries into ``pod.kusionstack.io/available-conditions``, keeping
+  the entries already there (computed by ``resourceconsist.lifecycle``).
+- dry-run requests, other kinds, subresources and other operations: allowed untouched.
+- a body that is not a v1 AdmissionReview (not JSON, wrong apiVersion, no request or uid,
+  too large, wrong Content-Type): HTTP 400 with a ``metav1.Status`` saying why.
+- a pod that does not parse, a malformed existing annotation (400), an adapter that fails
+  (500) or does not answer in time (504): an AdmissionReview with ``allowed: false`` and that
+  message, so the user creating the pod sees the cause. The adapter call is bounded by
+  ``adapter_timeout`` and by the API server's own ``?timeout=`` for the call, whichever is
+  shorter, so the server answers before the API server gives up.
+
+It runs on the caller's event loop (the manager's), alongside controllers; ``serve`` is the
+entry point that bootstraps certificates first. ``/healthz`` answers while the loop serves;
+``/readyz`` once a certificate is loaded and the adapters' caches are synced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import inspect
+import json
+import logging
+import re
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any, Final
+
+from aiohttp import web
+
+from resourceconsist.cache import CacheReader, InformerFactory
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.lifecycle import MalformedAvailableConditions
+from resourceconsist.webhook.adapter import (
+    PATH_PREFIX,
+    EmployerRef,
+    WebhookAdapter,
+    cached_resources,
+    validate_adapter_name,
+    webhook_path,
+)
+from resourceconsist.webhook.admission import (
+    AdmissionRequest,
+    BadReview,
+    Verdict,
+    parse_review,
+    pod_mutation,
+    review_response,
+    status_body,
+    validate_pod,
+)
+from resourceconsist.webhook.bootstrap import (
+    DEFAULT_SERVICE_NAME,
+    TLS_CERT_FILE,
+    TLS_KEY_FILE,
+    BootstrapResult,
+    aensure_webhook_certificates,
+)
+from resourceconsist.webhook.tls import CertificateReloader
+
+log = logging.getLogger("resourceconsist.webhook")
+
+#: controller-runtime's webhook port, which the Service in config/webhook targets.
+DEFAULT_PORT: Final = 9443
+#: Bound on one adapter call; below the manifests' ``timeoutSeconds: 10`` with room for the
+#: round trip, so the API server gets our answer rather than its own timeout.
+DEFAULT_ADAPTER_TIMEOUT: Final = 5.0
+#: The API server accepts objects up to 3 MiB; a review carries the object, the old object
+#: (on UPDATE) and an envelope, so 7 MiB (controller-runtime's limit too) fits every real review.
+DEFAULT_MAX_BODY_BYTES: Final = 7 * 1024 * 1024
+#: How long ``stop`` lets admissions in flight finish.
+DEFAULT_SHUTDOWN_TIMEOUT: Final = 5.0
+#: Share of the API server's ``?timeout=`` the adapter may use; the rest is for the answer.
+_CALLER_TIMEOUT_SHARE: Final = 0.8
+_GO_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
+
+
+@dataclass(frozen=True)
+class AdmissionDecision:
+    """One answered AdmissionReview, as logged and as given to the ``observer``."""
+
+    path: str
+    uid: str
+    kind: str
+    operation: str
+    namespace: str
+    #: The pod's name, or ``<generateName>*`` when the API server has not named it yet.
+    name: str
+    dry_run: bool
+    allowed: bool
+    code: int
+    message: str
+    patch: tuple[dict[str, Any], ...] = ()
+    employers: tuple[EmployerRef, ...] = ()
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class BootstrapSettings:
+    """Certificate bootstrap run by ``WebhookServer.start`` (and re-checked every ``interval``
+    seconds, so a certificate rotated by another replica reaches this one's files)."""
+
+    client: KubeClient
+    cert_dir: Path
+    service_name: str = DEFAULT_SERVICE_NAME
+    namespace: str | None = None
+    extra_hosts: tuple[str, ...] = ()
+    interval: float | None = 600.0
+
+
+Observer = Callable[[AdmissionDecision], None]
+
+
+def _caller_timeout(query: Mapping[str, str]) -> float | None:
+    """The API server's ``?timeout=10s`` (a Go duration in seconds), if present."""
+    match = _GO_SECONDS.match(query.get("timeout", ""))
+    return float(match.group(1)) if match else None
+
+
+def _display(request: AdmissionRequest) -> tuple[str, str]:
+    obj = request.object or {}
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    namespace = request.namespace or str(meta.get("namespace") or "")
+    name = request.name or str(meta.get("name") or "")
+    if not name and meta.get("generateName"):
+        name = f"{meta['generateName']}*"
+    return namespace, name
+
+
+@dataclass
+class _Outcome:
+    verdict: Verdict
+    employers: tuple[EmployerRef, ...] = field(default=())
+
+
+class WebhookServer:
+    """Serves the webhook adapters over HTTPS on the running event loop.
+
+    ``informers`` is the shared informer factory the adapters read through; the server makes
+    sure the informers of the resources the adapters declare exist, and starts and stops the
+    factory itself only when ``own_informers`` is true (a manager that shares its factory with
+    controllers starts it once for all).
+    """
+
+    def __init__(
+        self,
+        adapters: Iterable[WebhookAdapter] = (),
+        *,
+        informers: InformerFactory,
+        cert_file: Path | str | None = None,
+        key_file: Path | str | None = None,
+        host: str | None = None,
+        port: int = DEFAULT_PORT,
+        adapter_timeout: float = DEFAULT_ADAPTER_TIMEOUT,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        cert_reload_interval: float = 2.0,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        bootstrap: BootstrapSettings | None = None,
+        own_informers: bool = False,
+        observer: Observer | None = None,
+    ) -> None:
+        if cert_file is None or key_file is None:
+            if bootstrap is None:
+                raise ValueError("give cert_file and key_file, or bootstrap settings that write them")
+            cert_file = cert_file or bootstrap.cert_dir / TLS_CERT_FILE
+            key_file = key_file or bootstrap.cert_dir / TLS_KEY_FILE
+        self._informers = informers
+        self._reader: CacheReader = informers.reader()
+        self._own_informers = own_informers
+        self._adapters: dict[str, WebhookAdapter] = {}
+        self.host = host
+        self.port = port
+        self.adapter_timeout = adapter_timeout
+        self.max_body_bytes = max_body_bytes
+        self.shutdown_timeout = shutdown_timeout
+        self.bootstrap = bootstrap
+        self.observer = observer
+        self.last_bootstrap: BootstrapResult | None = None
+        self.bad_requests = 0
+        self._tls = CertificateReloader(cert_file, key_file, interval=cert_reload_interval)
+        self._runner: web.AppRunner | None = None
+        self._bootstrap_task: asyncio.Task[None] | None = None
+        for adapter in adapters:
+            self.add_adapter(adapter)
+
+    # -- adapters ----------------------------------------------------------------------------
+
+    def add_adapter(self, adapter: WebhookAdapter) -> str:
+        """Serve ``adapter`` at ``/mutating-<name>`` (also while running); returns the path."""
+        name = validate_adapter_name(adapter.name)
+        if name in self._adapters:
+            raise ValueError(f"a webhook adapter named {name!r} is already registered")
+        for resource in cached_resources(adapter):
+            # Creating the informer starts it when the factory runs, so the cache fills
+            # before the first admission needs it.
+            self._informers.informer(resource)
+        self._adapters[name] = adapter
+        log.info("webhook adapter %s registered at %s", name, webhook_path(name))
+        return webhook_path(name)
+
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving the adapter ``name``; its path answers 404 from then on."""
+        if self._adapters.pop(name, None) is not None:
+            log.info("webhook adapter %s removed", name)
+
+    @property
+    def adapters(self) -> Mapping[str, WebhookAdapter]:
+        return dict(self._adapters)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The URL paths served now, one per adapter."""
+        return tuple(webhook_path(name) for name in sorted(self._adapters))
+
+    # -- life cycle -----------------------------------------------------------------------------
+
+    @property
+    def reader(self) -> CacheReader:
+        """The cache-backed reader the adapters are given."""
+        return self._reader
+
+    @property
+    def tls(self) -> CertificateReloader:
+        return self._tls
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    def _app(self) -> web.Application:
+        app = web.Application(client_max_size=self.max_body_bytes)
+        app.router.add_post(PATH_PREFIX + "{name}", self._admit)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/readyz", self._readyz)
+        return app
+
+    async def start(self) -> None:
+        """Bootstrap certificates (if configured), load the certificate, start listening."""
+        if self._runner is not None:
+            return
+        if self.bootstrap is not None:
+            await self.run_bootstrap()
+        await asyncio.to_thread(self._tls.load)  # raises when there is no usable certificate
+        self._tls.start()  # follow the files from now on
+        if self._own_informers:
+            self._informers.start(asyncio.get_running_loop())
+        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=self.shutdown_timeout)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self.port, ssl_context=self._tls.listener_context)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            await self._tls.stop()
+            if self._own_informers:
+                await asyncio.to_thread(self._informers.stop)
+            raise
+        self._runner = runner
+        self.port = int(runner.addresses[0][1])
+        if self.bootstrap is not None and self.bootstrap.interval:
+            self._bootstrap_task = asyncio.get_running_loop().create_task(
+                self._bootstrap_loop(self.bootstrap.interval), name="webhook-cert-bootstrap"
+            )
+        log.info("webhook server listening on port %d, paths %s", self.port, ", ".join(self.paths) or "-")
+
+    async def stop(self) -> None:
+        """Stop listening, letting admissions in flight finish within ``shutdown_timeout``."""
+        task, self._bootstrap_task = self._bootstrap_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
+        await self._tls.stop()
+        if self._own_informers:
+            await asyncio.to_thread(self._informers.stop)
+        log.info("webhook server stopped")
+
+    async def __aenter__(self) -> WebhookServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    async def run_bootstrap(self) -> BootstrapResult:
+        """Ensure the Secret, caBundles and cert files now (the reloader picks changes up)."""
+        settings = self.bootstrap
+        if settings is None:
+            raise RuntimeError("this server has no bootstrap settings")
+        self.last_bootstrap = await aensure_webhook_certificates(
+            settings.client,
+            cert_dir=settings.cert_dir,
+            service_name=settings.service_name,
+            namespace=settings.namespace,
+            extra_hosts=settings.extra_hosts,
+        )
+        return self.last_bootstrap
+
+    async def _bootstrap_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.run_bootstrap()
+            except Exception:
+                log.warning("re-checking the webhook certificates failed", exc_info=True)
+
+    # -- readiness --------------------------------------------------------------------------
+
+    def not_ready_reasons(self) -> list[str]:
+        """Why the server is not ready; empty when it is."""
+        reasons = []
+        if self._runner is None:
+            reasons.append("not listening")
+        if not self._tls.loaded:
+            reasons.append("no certificate loaded")
+        for adapter in self._adapters.values():
+            for resource in cached_resources(adapter):
+                if not self._informers.informer(resource).has_synced:
+                    reasons.append(f"cache of {resource.plural} not synced (adapter {adapter.name})")
+        return reasons
+
+    @property
+    def ready(self) -> bool:
+        return not self.not_ready_reasons()
+
+    async def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until ``ready``; ``TimeoutError`` naming what is missing otherwise."""
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"webhook server not ready after {timeout:.0f}s: {self.not_ready_reasons()}"
+                )
+            await asyncio.sleep(0.05)
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _readyz(self, request: web.Request) -> web.Response:
+        reasons = self.not_ready_reasons()
+        if reasons:
+            return web.Response(status=HTTPStatus.SERVICE_UNAVAILABLE, text="; ".join(reasons))
+        return web.Response(text="ok")
+
+    # -- admission --------------------------------------------------------------------------
+
+    def _bad_request(self, request: web.Request, code: int, message: str) -> web.Response:
+        self.bad_requests += 1
+        log.warning(
+            "webhook %s: HTTP %d for a request from %s: %s", request.path, code, request.remote, message
+        )
+        return web.json_response(status_body(code, message), status=code, dumps=_compact)
+
+    async def _admit(self, request: web.Request) -> web.Response:
+        started = time.monotonic()
+        name = request.match_info["name"]
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            served = ", ".join(self.paths) or "none"
+            return self._bad_request(
+                request,
+                HTTPStatus.NOT_FOUND,
+                f"no webhook adapter is served at {request.path} (served: {served})",
+            )
+        if request.content_type != "application/json":
+            return self._bad_request(
+                request,
+                HTTPStatus.BAD_REQUEST,
+                f"Content-Type must be application/json, not {request.content_type}",
+            )
+        too_large = f"the body exceeds the limit of {self.max_body_bytes} bytes"
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
+        try:
+            review = parse_review(body)
+        except BadReview as err:
+            return self._bad_request(request, HTTPStatus.BAD_REQUEST, str(err))
+
+        req = review.request
+        limit = self.adapter_timeout
+        caller = _caller_timeout(request.query)
+        if caller is not None:
+            limit = min(limit, caller * _CALLER_TIMEOUT_SHARE)
+        outcome = await self._decide(adapter, req, limit)
+        namespace, pod_name = _display(req)
+        decision = AdmissionDecision(
+            path=request.path,
+            uid=req.uid,
+            kind=req.kind.kind,
+            operation=req.operation,
+            namespace=namespace,
+            name=pod_name,
+            dry_run=bool(req.dry_run),
+            allowed=outcome.verdict.allowed,
+            code=outcome.verdict.code,
+            message=outcome.verdict.message,
+            patch=outcome.verdict.patch,
+            employers=outcome.employers,
+            seconds=time.monotonic() - started,
+        )
+        self._record(decision)
+        return web.json_response(review_response(req.uid, outcome.verdict), dumps=_compact)
+
+    def _record(self, decision: AdmissionDecision) -> None:
+        if decision.allowed:
+            log.debug(
+                "webhook %s: %s %s %s/%s uid=%s allowed: %s",
+                decision.path,
+                decision.operation,
+                decision.kind,
+                decision.namespace,
+                decision.name,
+                decision.uid,
+                decision.message,
+            )
+        else:
+            log.warning(
+                "webhook %s: %s %s %s/%s uid=%s denied (%d): %s",
+                decision.path,
+                decision.operation,
+                decision.kind,
+                decision.namespace,
+                decision.name,
+                decision.uid,
+                decision.code,
+                decision.message,
+            )
+        if self.observer is not None:
+            try:
+                self.observer(decision)
+            except Exception:
+                log.exception("webhook decision observer failed")
+
+    async def _decide(self, adapter: WebhookAdapter, req: AdmissionRequest, limit: float) -> _Outcome:
+        if req.dry_run:
+            return _Outcome(Verdict.allow("dry run: not mutated"))
+        if req.kind.group or req.kind.kind != "Pod" or req.sub_resource:
+            what = "/".join(p for p in (req.kind.group, req.kind.kind) if p)
+            sub = f" ({req.sub_resource})" if req.sub_resource else ""
+            return _Outcome(Verdict.allow(f"{what}{sub} is not mutated"))
+        if req.operation != "CREATE":
+            return _Outcome(Verdict.allow(f"pod {req.operation} is not mutated"))
+        try:
+            validate_pod(req.object)
+        except ValueError as err:
+            return _Outcome(Verdict.deny(HTTPStatus.BAD_REQUEST, str(err)))
+        assert req.object is not None  # validate_pod checked it
+        pod = req.object
+        if req.namespace and pod["metadata"].get("namespace") != req.namespace:
+            # A pod posted without metadata.namespace gets it later in the API server;
+            # adapters look employers up by namespace, so give them the request's.
+            pod = {**pod, "metadata": {**pod["metadata"], "namespace": req.namespace}}
+        namespace, name = _display(req)
+        try:
+            employers = await self._employers(adapter, pod, limit)
+        except TimeoutError:
+            return _Outcome(
+                Verdict.deny(
+                    HTTPStatus.GATEWAY_TIMEOUT,
+                    f"webhook adapter {adapter.name} did not find the employers of pod "
+                    f"{namespace}/{name} within {limit:.1f}s",
+                )
+            )
+        except Exception as err:
+            log.debug("webhook adapter %s failed", adapter.name, exc_info=True)
+            return _Outcome(
+                Verdict.deny(
+                    HTTPStatus.INTERNAL_SERVER_ERROR,
+                    f"webhook adapter {adapter.name} failed to get the employers of pod "
+                    f"{namespace}/{name}: {_error_text(err)}",
+                )
+            )
+        try:
+            patch = pod_mutation(pod, employers)
+        except MalformedAvailableConditions as err:
+            return _Outcome(Verdict.deny(HTTPStatus.BAD_REQUEST, str(err)), employers)
+        if patch:
+            message = f"expected finalizers of {len(employers)} employer(s) merged"
+        elif employers:
+            message = "the entries of every employer are already present"
+        else:
+            message = "no employers"
+        return _Outcome(Verdict.allow(message, patch), employers)
+
+    async def _employers(
+        self, adapter: WebhookAdapter, pod: KubeObject, limit: float
+    ) -> tuple[EmployerRef, ...]:
+        """Call the adapter within ``limit`` seconds: coroutines on the loop, plain functions in
+        a worker thread (they may block). A thread that overruns is abandoned, not killed."""
+        method = adapter.get_employers_by_employee
+        # The adapter gets its own copy: whatever it does to it cannot change the patch.
+        employee = copy.deepcopy(pod)
+        reader = self._reader
+        async with asyncio.timeout(limit) as scope:
+            try:
+                if inspect.iscoroutinefunction(method):
+                    result: Any = await method(employee, reader)
+                else:
+
+                    def call() -> Any:
+                        found = method(employee, reader)
+                        return found if inspect.isawaitable(found) else list(found)
+
+                    result = await asyncio.to_thread(call)
+                    if inspect.isawaitable(result):
+                        result = await result
+            except TimeoutError as err:
+                if scope.expired():
+                    raise
+                # The adapter's own TimeoutError is an adapter failure, not our deadline.
+                raise _AdapterTimeout(str(err)) from err
+        employers = tuple(result)
+        for item in employers:
+            if not isinstance(item, EmployerRef):
+                raise TypeError(f"get_employers_by_employee returned {type(item).__name__}, not EmployerRef")
+        return employers
+
+
+class _AdapterTimeout(RuntimeError):
+    """An adapter raised TimeoutError itself (e.g. a cache that did not sync)."""
+
+
+def _error_text(err: BaseException) -> str:
+    shown = err.__cause__ if isinstance(err, _AdapterTimeout) and err.__cause__ else err
+    return f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+async def serve(
+    adapters: Iterable[WebhookAdapter],
+    *,
+    client: KubeClient,
+    cert_dir: Path | str,
+    port: int = DEFAULT_PORT,
+    host: str | None = None,
+    bootstrap: bool = True,
+    service_name: str = DEFAULT_SERVICE_NAME,
+    namespace: str | None = None,
+    informers: InformerFactory | None = None,
+    extra_hosts: Iterable[str] = (),
+    adapter_timeout: float = DEFAULT_ADAPTER_TIMEOUT,
+    cert_reload_interval: float = 2.0,
+    bootstrap_interval: float | None = 600.0,
+    observer: Observer | None = None,
+) -> WebhookServer:
+    """Start the webhook on the running event loop and return the started server.
+
+    With ``bootstrap`` the certificates are ensured first (Secret ``resourceconsist-webhook-certs``
+    in ``namespace``, default ``$POD_NAMESPACE`` or ``resourceconsist``; caBundles; files in
+    ``cert_dir``) and re-checked every ``bootstrap_interval`` seconds; without it ``cert_dir``
+    must already hold ``tls.crt`` and ``tls.key`` (e.g. from cert-manager). Either way the files
+    are reloaded when they change. Pass the manager's ``informers`` to share its caches;
+    otherwise the server runs its own. Call ``await server.stop()`` to shut it down.
+    """
+    directory = Path(cert_dir)
+    settings = (
+        BootstrapSettings(
+            client,
+            directory,
+            service_name=service_name,
+            namespace=namespace,
+            extra_hosts=tuple(extra_hosts),
+            interval=bootstrap_interval,
+        )
+        if bootstrap
+        else None
+    )
+    server = WebhookServer(
+        adapters,
+        informers=informers if informers is not None else InformerFactory(client),
+        own_informers=informers is None,
+        cert_file=directory / TLS_CERT_FILE,
+        key_file=directory / TLS_KEY_FILE,
+        host=host,
+        port=port,
+        adapter_timeout=adapter_timeout,
+        cert_reload_interval=cert_reload_interval,
+        bootstrap=settings,
+        observer=observer,
+    )
+    await server.start()
+    return server

@@ -1,0 +1,150 @@
+"""The webhook's TLS: a server context (TLS 1.2+) whose certificate follows the files on disk.
+
+``CertificateReloader`` reads ``tls.crt``/``tls.key``, builds a fresh ``SSLContext`` from them
+and serves it from then on; it polls the files' contents, so it sees every way a certificate
+can be replaced (rewritten in place, renamed over, or swapped through the symlinks of a
+mounted Secret volume, which inotify-based watchers miss). A new context is only taken once it
+loads completely (certificate and matching key), so a half-written pair keeps the old one
+serving until the next poll sees both halves.
+
+The context handed to the listener never changes; its SNI callback, which OpenSSL runs for
+every ClientHello (also when the client sends no server name, as the API server does for an
+IP address), points each new connection at the current context. Connections already open
+keep the certificate they started with. A fresh context per load matters: loading a new chain
+into a live context would keep the old certificate of another key type (say EC) next to a
+new RSA one, and clients could still be served the old one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import ssl
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """A TLS server context for one certificate and key, TLS 1.2 at least."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(str(cert_file), str(key_file))
+    return ctx
+
+
+def _context_from_bytes(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
+    # ssl loads chains from files only; private copies guarantee that the certificate and key
+    # loaded are the pair that was read, even if the originals change in between.
+    with tempfile.TemporaryDirectory(prefix="resourceconsist-tls-") as tmp:
+        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
+        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(key_pem)
+        cert.write_bytes(cert_pem)
+        return server_context(cert, key)
+
+
+class CertificateReloader:
+    """Serves the certificate in ``cert_file``/``key_file`` and follows changes to them."""
+
+    def __init__(self, cert_file: Path | str, key_file: Path | str, *, interval: float = 2.0) -> None:
+        self.cert_file = Path(cert_file)
+        self.key_file = Path(key_file)
+        self.interval = interval
+        self._fingerprint = ""
+        self._current: ssl.SSLContext | None = None
+        self._listener = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._listener.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._listener.sni_callback = self._select
+        self._task: asyncio.Task[None] | None = None
+        self.reloads = 0
+
+    @property
+    def listener_context(self) -> ssl.SSLContext:
+        """The context to give the listening socket (it delegates to the current one)."""
+        return self._listener
+
+    @property
+    def loaded(self) -> bool:
+        return self._current is not None
+
+    def _select(self, sslobj: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        current = self._current
+        if current is not None:
+            sslobj.context = current
+
+    def _read(self) -> tuple[bytes, bytes]:
+        return self.cert_file.read_bytes(), self.key_file.read_bytes()
+
+    def load(self) -> bool:
+        """Load the files if they changed since the last load; True when a new certificate
+        is now served. Raises when there is no valid certificate at all yet."""
+        cert_pem, key_pem = self._read()
+        fingerprint = hashlib.sha256(cert_pem + b"\0" + key_pem).hexdigest()
+        if fingerprint == self._fingerprint:
+            return False
+        try:
+            fresh = _context_from_bytes(cert_pem, key_pem)
+        except (ssl.SSLError, ValueError):
+            if self._current is None:
+                raise
+            # Possibly a pair caught between its two writes: keep serving the old one and
+            # look again at the next poll (the fingerprint is not recorded).
+            log.warning(
+                "webhook certificate %s / %s does not load; still serving the previous one",
+                self.cert_file,
+                self.key_file,
+                exc_info=True,
+            )
+            return False
+        first = self._current is None
+        self._current = fresh
+        self._fingerprint = fingerprint
+        self.reloads += 1
+        log.info(
+            "webhook serving certificate %s from %s",
+            "loaded" if first else "reloaded",
+            self.cert_file,
+        )
+        return True
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                # Reading and parsing are quick, but they are file I/O: kept off the loop.
+                changed = await asyncio.to_thread(self._poll)
+            except Exception:
+                log.warning("checking the webhook certificate files failed", exc_info=True)
+                continue
+            if changed:
+                log.debug("webhook certificate changed on disk")
+
+    def _poll(self) -> bool:
+        try:
+            return self.load()
+        except FileNotFoundError:
+            log.warning("webhook certificate file missing; still serving the previous certificate")
+            return False
+
+    def start(self) -> None:
+        """Follow the files from now on, loading the certificate first if ``load`` has not
+        (which raises when there is none)."""
+        if not self.loaded:
+            self.load()
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._watch(), name="webhook-certificate-reloader"
+            )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
