@@ -25,7 +25,15 @@ def _demo(environ: Mapping[str, str]) -> ReconcileAdapter:
     return DemoAdapter()
 
 
-registry.register("demo", controller=_demo, description="in-memory fake provider (experimental)")
+def _demo_webhook(environ: Mapping[str, str]) -> object:
+    from resourceconsist.webhook import ControlledServiceAdapter
+
+    return ControlledServiceAdapter("demo")
+
+
+registry.register(
+    "demo", controller=_demo, webhook=_demo_webhook, description="in-memory fake provider (experimental)"
+)
 
 
 async def add_to_manager(

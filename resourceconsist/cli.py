@@ -15,8 +15,9 @@ import asyncio
 import logging
 import signal
 import sys
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -24,6 +25,10 @@ from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combi
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter
+    from resourceconsist.manager import Manager, Runnable
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _all_adapters() -> AdapterRegistry:
@@ -78,6 +83,46 @@ def list_adapters() -> None:
         click.echo(f"{name}\t{kinds}{flag}\t{entry.description}")
 
 
+def _webhook_options(fn: F) -> F:
+    """Options shared by ``run --webhook`` and ``webhook``."""
+    options = [
+        click.option(
+            "--webhook-port", default=9443, show_default=True, help="HTTPS port of the admission webhook."
+        ),
+        click.option("--webhook-host", default=None, help="Address to bind (default: all)."),
+        click.option(
+            "--cert-dir",
+            default="/tmp/k8s-webhook-server/serving-certs",
+            show_default=True,
+            help="Where tls.crt/tls.key are written (bootstrap) or read.",
+        ),
+        click.option(
+            "--webhook-service",
+            default="resourceconsist-manager",
+            show_default=True,
+            help="Service fronting the webhook.",
+        ),
+        click.option(
+            "--bootstrap-certs/--no-bootstrap-certs",
+            default=True,
+            show_default=True,
+            help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+@dataclass(frozen=True)
+class _WebhookSettings:
+    port: int
+    host: str | None
+    cert_dir: str
+    service: str
+    bootstrap: bool
+
+
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
 @click.option(
@@ -99,6 +144,10 @@ def list_adapters() -> None:
     show_default=True,
     help="Seconds in-flight reconciles get on shutdown.",
 )
+@click.option(
+    "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
+)
+@_webhook_options
 def run(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
@@ -106,29 +155,65 @@ def run(
     health_address: str,
     resync_seconds: float,
     shutdown_timeout: float,
+    with_webhook: bool,
+    webhook_port: int,
+    webhook_host: str | None,
+    cert_dir: str,
+    webhook_service: str,
+    bootstrap_certs: bool,
 ) -> None:
-    """Run the named adapters' controllers in one manager."""
+    """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
     registry = _all_adapters()
+    adapters = _build(registry.controller, adapter_names)
+    webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
+    settings = _WebhookSettings(webhook_port, webhook_host, cert_dir, webhook_service, bootstrap_certs)
+    host, _, port = health_address.rpartition(":")
+    health = (host or "0.0.0.0", int(port))
+    asyncio.run(
+        _run(adapters, webhooks, settings, kubeconfig, namespace, health, resync_seconds, shutdown_timeout)
+    )
+
+
+@main.command()
+@click.option(
+    "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
+)
+@click.option("--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config.")
+@_webhook_options
+def webhook(
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    webhook_port: int,
+    webhook_host: str | None,
+    cert_dir: str,
+    webhook_service: str,
+    bootstrap_certs: bool,
+) -> None:
+    """Serve the named adapters' admission webhooks (no controllers)."""
+    registry = _all_adapters()
+    webhooks = _build(registry.webhook, adapter_names)
+    settings = _WebhookSettings(webhook_port, webhook_host, cert_dir, webhook_service, bootstrap_certs)
+    asyncio.run(_run([], webhooks, settings, kubeconfig, None, None, 0.0, 30.0))
+
+
+def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
+    """Build every named adapter before starting anything; bad names or settings exit with a message."""
     try:
-        adapters = [registry.controller(name) for name in adapter_names]
+        return [factory(name) for name in names]
     except UnknownAdapterError as err:
         raise click.UsageError(str(err)) from err
     except Exception as err:
         # Factories fail at start-up on bad settings (e.g. missing credentials); say which.
         raise click.ClickException(f"cannot start adapter: {err}") from err
-    host, _, port = health_address.rpartition(":")
-    asyncio.run(
-        _run(
-            adapters, kubeconfig, namespace, (host or "0.0.0.0", int(port)), resync_seconds, shutdown_timeout
-        )
-    )
 
 
 async def _run(
     adapters: Sequence[ReconcileAdapter],
+    webhooks: Sequence[Any],
+    webhook_settings: _WebhookSettings,
     kubeconfig: str | None,
     namespace: str | None,
-    health: tuple[str, int],
+    health: tuple[str, int] | None,
     resync_seconds: float,
     shutdown_timeout: float,
 ) -> None:
@@ -145,6 +230,8 @@ async def _run(
     )
     for adapter in adapters:
         await manager.add(adapter)
+    if webhooks:
+        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_settings))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -153,3 +240,31 @@ async def _run(
         await manager.run(stop)
     finally:
         client.close()
+
+
+def _webhook_runnable(manager: Manager, webhooks: Sequence[Any], settings: _WebhookSettings) -> Runnable:
+    """The webhook server as a manager runnable sharing the manager's informer caches."""
+    from resourceconsist.manager import Runnable
+    from resourceconsist.webhook import serve
+
+    server: list[Any] = []
+
+    async def start() -> None:
+        server.append(
+            await serve(
+                webhooks,
+                client=manager.client,
+                cert_dir=settings.cert_dir,
+                port=settings.port,
+                host=settings.host,
+                bootstrap=settings.bootstrap,
+                service_name=settings.service,
+                informers=manager.informers,
+            )
+        )
+
+    async def stop() -> None:
+        if server:
+            await server.pop().stop()
+
+    return Runnable("webhook", start, stop)

@@ -6,6 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
+from typing import Any
+
+from resourceconsist import kube, wire
+from resourceconsist.testing import Cluster, finalizers, wait_for
 
 
 def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -40,3 +45,102 @@ def test_adapters_lists_demo_as_experimental() -> None:
     done = _cli("adapters", timeout=60)
     assert done.returncode == 0
     assert any(line.startswith("demo\t") and "experimental" in line for line in done.stdout.splitlines())
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_run_serves_controllers_webhook_and_health_then_stops_on_sigterm(
+    control_plane: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    import signal
+    import ssl
+    import urllib.request
+
+    health, hook = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "resourceconsist",
+            "run",
+            "--adapter",
+            "demo",
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--namespace",
+            cluster.namespace,
+            "--health-address",
+            f"127.0.0.1:{health}",
+            "--webhook",
+            "--webhook-port",
+            str(hook),
+            "--webhook-host",
+            "127.0.0.1",
+            "--cert-dir",
+            str(tmp_path),
+            "--webhook-service",
+            "rc",
+        ],
+        env={**os.environ, "POD_NAMESPACE": cluster.namespace},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def ready() -> bool:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as resp:
+                    return resp.status == 200
+            except OSError:
+                return False
+
+        wait_for(ready, timeout=30, message="/readyz of the manager")
+        cluster.client.create(
+            kube.SERVICE,
+            cluster.namespace,
+            {
+                "metadata": {"name": "svc", "labels": {wire.CONTROL_LABEL: "true"}},
+                "spec": {"selector": {"app": "svc"}, "ports": [{"port": 80}]},
+            },
+        )
+        wait_for(
+            lambda: (
+                wire.CLEAN_FINALIZER in finalizers(cluster.client.get(kube.SERVICE, cluster.namespace, "svc"))
+            ),
+            timeout=30,
+            message="the demo controller adding its clean finalizer",
+        )
+        secret = cluster.client.get(kube.SECRET, cluster.namespace, wire.WEBHOOK_CERT_SECRET)
+        assert sorted(secret["data"]) == sorted(wire.WEBHOOK_CERT_KEYS)
+        context = (
+            ssl.create_default_context(cafile=str(tmp_path / "ca.crt"))
+            if (tmp_path / "ca.crt").exists()
+            else None
+        )
+        if context is None:
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        else:
+            context.check_hostname = False
+        with urllib.request.urlopen(f"https://127.0.0.1:{hook}/healthz", timeout=5, context=context) as resp:
+            assert resp.status == 200
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{health}/metrics", timeout=5).read().decode()
+        assert 'resourceconsist_reconcile_total{controller="demo-controller",outcome="success"}' in metrics
+
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    output = process.stdout.read() if process.stdout else ""
+    assert "manager stopped" in output
