@@ -119,7 +119,9 @@ class Controller:
     def _subscribe(
         self, informers: InformerFactory, resource: Resource, predicate: Predicate, to_keys: EventHandler
     ) -> None:
-        reader = informers.reader()
+        # Handlers map events to employer keys, and employers live in the main cluster, so they
+        # look up through the main cache even for events from a member cluster.
+        reader = self.reader
 
         def on_event(event: WatchEvent) -> None:
             if self.queue.shutting_down:
