@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test lint typecheck check clean
+.PHONY: setup demo test bench lint typecheck check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,9 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+bench: setup
+	$(BIN)/python bench/bench_frame.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -53,8 +53,14 @@ def index_by_label(obj: KubeObject) -> list[str]:
 
 
 def index_by_service_selector(obj: KubeObject) -> list[str]:
-    ns = _ns(obj)
-    return [f"{ns}/{k}={v}" for k, v in (obj.get("spec", {}).get("selector") or {}).items()]
+    """A Service under its selector's smallest pair only: a Service selects a pod only if the
+    pod holds every pair, so holding this one is necessary, and a pair shared by many Services
+    (``tier=web``) does not make every one of them a candidate for every pod."""
+    selector = obj.get("spec", {}).get("selector") or {}
+    if not selector:
+        return []
+    key, value = min(selector.items())
+    return [f"{_ns(obj)}/{key}={value}"]
 
 
 class Store:
@@ -419,14 +425,12 @@ class CacheReader:
         if not selector:
             return []
         store = self._store(resource)
-        pairs = sorted(selector.items())
-        keys: set[str] | None = None
-        for k, v in pairs:
-            found = store.keys_by_index(LABEL_INDEX, f"{namespace}/{k}={v}")
-            keys = found if keys is None else keys & found
-            if not keys:
-                return []
-        return [o for o in (store.get(k) for k in sorted(keys or ())) if o is not None]
+        # Intersect starting from the rarest pair, so the work is bounded by the smallest set.
+        sets = sorted(
+            (store.keys_by_index(LABEL_INDEX, f"{namespace}/{k}={v}") for k, v in selector.items()), key=len
+        )
+        keys = set(sets[0]).intersection(*sets[1:]) if sets else set()
+        return [o for o in (store.get(k) for k in sorted(keys)) if o is not None]
 
     def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
         """The pods a Service's ``spec.selector`` selects."""

@@ -130,6 +130,8 @@ class KubeClient:
         self.api_client = api_client
         self.name = name
         self.requests: Counter[str] = Counter()
+        #: Requests by ``"<verb> <resource>"`` (e.g. ``"patch pods"``), for tests and benchmarks.
+        self.requests_by_resource: Counter[str] = Counter()
         self._counter_lock = threading.Lock()
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
 
@@ -196,6 +198,7 @@ class KubeClient:
         verb = "watch" if stream else method.lower()
         with self._counter_lock:
             self.requests[verb] += 1
+            self.requests_by_resource[f"{verb} {_resource_of(path)}"] += 1
         _, url, headers, body_out, _ = self.api_client.param_serialize(
             method, path, query_params=params, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
@@ -381,6 +384,15 @@ class WatchStream:
                 self._response.close()
         except Exception:
             log.debug("closing a watch failed", exc_info=True)
+
+
+def _resource_of(path: str) -> str:
+    """The resource (plural) a request path addresses: ``/api/v1/namespaces/n/pods/p`` -> ``pods``."""
+    parts = [p for p in path.split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    return rest[0] if rest else ""
 
 
 def _api_error(status: int, reason: str, body: Any, method: str, path: str) -> ApiError:

@@ -1,0 +1,208 @@
+"""Benchmark figures of the frame, each beside a baseline measured in the same process.
+
+1. Convergence of S Services x P pods with the demo adapter on a real control plane: seconds,
+   reconciles, and API writes per pod, against the Go frame's write pattern (an annotation
+   patch then a finalizer update per new pod) replayed on the same API server as the baseline.
+2. A steady-state resync round: seconds per round of S reconciles, and writes (must be 0).
+3. "Which controlled Services select this pod" for 1000 Services: the informer index against
+   a scan of the same cache (what the Go handler does), as lookups per second and a ratio.
+
+Run: ``python bench/bench_frame.py [--services 50 --pods 10]`` (``make bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.cache import SERVICE_SELECTOR_INDEX, Store, index_by_service_selector
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeClient
+from resourceconsist.labels import map_selects
+from resourceconsist.manager import Manager
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
+
+
+def _populate(client: KubeClient, ns: str, services: int, pods: int) -> list[str]:
+    cluster = Cluster(client, ns)
+    names: list[str] = []
+
+    def make(i: int) -> None:
+        svc = f"svc-{i:03d}"
+        client.create(
+            kube.SERVICE,
+            ns,
+            {
+                "metadata": {"name": svc, "labels": {wire.CONTROL_LABEL: "true"}},
+                "spec": {"selector": {"app": svc}, "ports": [{"port": 80}]},
+            },
+        )
+        for j in range(pods):
+            name = f"{svc}-{j}"
+            names.append(name)
+            client.create(
+                kube.POD,
+                ns,
+                {
+                    "metadata": {"name": name, "labels": {"app": svc}},
+                    "spec": {"containers": [{"name": "c", "image": "x"}]},
+                },
+            )
+            ip = cluster.ip_of(name)
+            client.patch(
+                kube.POD,
+                ns,
+                name,
+                {"status": {"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}},
+                subresource="status",
+            )
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(make, range(services)))
+    return names
+
+
+def _writes(client: KubeClient, resource: str | None = None) -> int:
+    verbs = ("post", "put", "patch", "delete")
+    if resource is None:
+        return sum(client.requests[v] for v in verbs)
+    return sum(client.requests_by_resource[f"{v} {resource}"] for v in verbs)
+
+
+def _go_pattern_baseline(client: KubeClient, ns: str, pods: list[str]) -> tuple[float, int]:
+    """The Go frame's writes for new pods: GET + annotation merge patch, GET + full Update."""
+    before = _writes(client, "pods")
+    started = time.perf_counter()
+
+    def guard(name: str) -> None:
+        svc = name.rsplit("-", 1)[0]
+        key = lifecycle.expected_finalizer_key("Service", ns, svc)
+        pod = client.get(kube.POD, ns, name)
+        value = lifecycle.updated_available_conditions(pod, add={key: lifecycle.lifecycle_finalizer(svc)})
+        client.patch(
+            kube.POD, ns, name, {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: value}}}
+        )
+        pod = client.get(kube.POD, ns, name)
+        pod["metadata"]["finalizers"] = [*finalizers(pod), lifecycle.lifecycle_finalizer(svc)]
+        client.replace(kube.POD, ns, name, pod)
+
+    with ThreadPoolExecutor(5) as pool:
+        list(pool.map(guard, pods))
+    return time.perf_counter() - started, _writes(client, "pods") - before
+
+
+async def bench_convergence(cp: LocalControlPlane, services: int, pods: int) -> dict[str, Any]:
+    client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+    figures: dict[str, Any] = {}
+    for ns in ("bench-frame", "bench-go"):
+        client.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
+    names = await asyncio.to_thread(_populate, client, "bench-frame", services, pods)
+    baseline_names = await asyncio.to_thread(_populate, client, "bench-go", services, pods)
+
+    provider = FakeProvider()
+    manager = Manager(client, namespace="bench-frame")
+    controller = await manager.add(DemoAdapter(provider))
+    writes_before, pod_writes_before = _writes(client), _writes(client, "pods")
+    started = time.perf_counter()
+    await manager.start()
+
+    async def converged() -> bool:
+        listing = await asyncio.to_thread(client.list, kube.POD, "bench-frame")
+        return all(
+            lifecycle.lifecycle_finalizer(p["metadata"]["labels"]["app"]) in finalizers(p)
+            for p in listing["items"]
+        )
+
+    await async_wait_for(converged, timeout=600, interval=0.2, message="convergence")
+    figures["converge_seconds"] = time.perf_counter() - started
+    await async_wait_for(lambda: len(controller.queue) == 0 and not controller.queue.processing(), timeout=60)
+    figures["frame_writes"] = _writes(client) - writes_before
+    figures["frame_writes_per_pod"] = (_writes(client, "pods") - pod_writes_before) / len(names)
+
+    # Steady state: every Service reconciled three times over, back to back.
+    steady_writes, mark = _writes(client), controller.reconciles
+    round_started = time.perf_counter()
+    for _ in range(3):
+        for i in range(services):
+            controller.queue.add(f"bench-frame/svc-{i:03d}")
+        target = controller.reconciles + services
+        await async_wait_for(lambda t=target: controller.reconciles >= t, timeout=120, interval=0.005)
+    figures["steady_reconciles_per_second"] = (controller.reconciles - mark) / (
+        time.perf_counter() - round_started
+    )
+    figures["steady_writes"] = _writes(client) - steady_writes
+    await manager.stop(timeout=5)
+
+    go_seconds, go_writes = await asyncio.to_thread(_go_pattern_baseline, client, "bench-go", baseline_names)
+    figures["go_pattern_pod_writes_per_pod"] = go_writes / len(baseline_names)
+    figures["go_pattern_pod_guard_seconds"] = go_seconds
+    client.close()
+    return figures
+
+
+def bench_lookup(services: int = 1000, rounds: int = 20000) -> dict[str, float]:
+    store = Store({SERVICE_SELECTOR_INDEX: index_by_service_selector})
+    for i in range(services):
+        store.upsert(
+            {
+                "metadata": {"name": f"s{i}", "namespace": "ns"},
+                "spec": {"selector": {"app": f"a{i % 200}", "tier": "web"}},
+            }
+        )
+    pod_labels = {"app": "a7", "tier": "web", "pod-template-hash": "x"}
+
+    def indexed() -> int:
+        keys: set[str] = set()
+        for k, v in pod_labels.items():
+            keys |= store.keys_by_index(SERVICE_SELECTOR_INDEX, f"ns/{k}={v}")
+        return sum(1 for key in keys if map_selects((store.get(key) or {})["spec"]["selector"], pod_labels))
+
+    def scan() -> int:
+        return sum(1 for s in store.list("ns") if map_selects(s["spec"]["selector"], pod_labels))
+
+    assert indexed() == scan() == services // 200
+    results = {}
+    for name, fn, n in (("index", indexed, rounds), ("scan", scan, max(200, rounds // 50))):
+        started = time.perf_counter()
+        for _ in range(n):
+            fn()
+        results[f"{name}_lookups_per_second"] = n / (time.perf_counter() - started)
+    results["index_vs_scan_ratio"] = results["index_lookups_per_second"] / results["scan_lookups_per_second"]
+    return results
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=50)
+    parser.add_argument("--pods", type=int, default=10)
+    args = parser.parse_args()
+    with LocalControlPlane() as cp:
+        figures = await bench_convergence(cp, args.services, args.pods)
+    pods = args.services * args.pods
+    print(f"convergence of {args.services} Services x {args.pods} pods ({pods} pods), demo adapter:")
+    print(f"  converge: {figures['converge_seconds']:.2f} s")
+    ratio = figures["go_pattern_pod_writes_per_pod"] / max(figures["frame_writes_per_pod"], 1e-9)
+    print(
+        f"  pod writes per pod: frame {figures['frame_writes_per_pod']:.2f}, "
+        f"Go write pattern {figures['go_pattern_pod_writes_per_pod']:.2f} (ratio Go/frame {ratio:.2f}); "
+        f"all frame writes incl. Services and Events: {figures['frame_writes']}"
+    )
+    print(f"  Go write pattern alone took {figures['go_pattern_pod_guard_seconds']:.2f} s for the same pods")
+    print(
+        f"steady state: {figures['steady_reconciles_per_second']:.0f} reconciles/s, "
+        f"{figures['steady_writes']} writes"
+    )
+    lookup = bench_lookup()
+    print(
+        "pod -> selecting Services among 1000: "
+        f"index {lookup['index_lookups_per_second']:.0f}/s, scan {lookup['scan_lookups_per_second']:.0f}/s, "
+        f"ratio {lookup['index_vs_scan_ratio']:.1f}x"
+    )
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
