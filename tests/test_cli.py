@@ -138,3 +138,26 @@ def test_run_serves_controllers_webhook_and_health_then_stops_on_sigterm(
             process.wait()
     output = process.stdout.read() if process.stdout else ""
     assert "manager stopped" in output
+
+
+def test_a_third_party_adapter_registered_by_entry_point_is_found(tmp_path: Path) -> None:
+    (tmp_path / "theirs_adapter.py").write_text(
+        "from resourceconsist.experimental.demo import DemoAdapter\n"
+        "def register(registry):\n"
+        "    registry.register('theirs', controller=lambda env: DemoAdapter(name='theirs'))\n"
+    )
+    dist = tmp_path / "theirs_adapter-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: theirs-adapter\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[resourceconsist.adapters]\ntheirs = theirs_adapter:register\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    done = subprocess.run(
+        [sys.executable, "-m", "resourceconsist", "adapters"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert any(line.startswith("theirs\tcontroller\t") for line in done.stdout.splitlines()), done.stdout
