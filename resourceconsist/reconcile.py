@@ -329,54 +329,50 @@ class Reconciler:
 
     async def _sync_employer(self, p: _Pass) -> None:
         a = self.adapter
+        p.employer_results = await self._sync_side(
+            p,
+            _EMPLOYER,
+            a.get_expected_employer,
+            a.get_current_employer,
+            (a.create_employer, a.update_employer, a.delete_employer),
+        )
+
+    async def _sync_side(
+        self,
+        p: _Pass,
+        side: _Side,
+        get_expected: Callable[..., Any],
+        get_current: Callable[..., Any],
+        cud: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
+    ) -> CUDResults[Any]:
+        """Expected, current, diff and create/update/delete for one side, with the Go events."""
         try:
-            expected: list[Employer] = list(await call_adapter(a.get_expected_employer, p.ctx, p.employer))
+            expected = list(await call_adapter(get_expected, p.ctx, p.employer))
         except Exception as err:
-            raise await self._fail(
-                p, EventReason.GET_EXPECTED_EMPLOYER_FAILED, f"get expect employer failed: {err}"
-            ) from err
+            raise await self._fail(p, side.expected_reason, f"get expect {side.what} failed: {err}") from err
         try:
-            current: list[Employer] = list(await call_adapter(a.get_current_employer, p.ctx, p.employer))
+            current = list(await call_adapter(get_current, p.ctx, p.employer))
         except Exception as err:
-            raise await self._fail(
-                p, EventReason.GET_CURRENT_EMPLOYER_FAILED, f"get current employer failed: {err}"
-            ) from err
+            raise await self._fail(p, side.current_reason, f"get current {side.what} failed: {err}") from err
         try:
-            p.employer_results = await _sync(
-                p, expected, current, a.create_employer, a.update_employer, a.delete_employer, "employer"
-            )
+            results = await _sync(p, expected, current, *cud, side.what)
         except _SyncError as err:
-            raise await self._fail(
-                p, EventReason.SYNC_EMPLOYER_FAILED, f"sync employer failed: {err}"
-            ) from err
-        _log_changes(self.name, p.key, "employer", p.employer_results)
+            raise await self._fail(p, side.sync_reason, f"sync {side.what} failed: {err}") from err
+        _log_changes(self.name, p.key, side.what, results)
+        return results
 
     # -- 5. employees and lifecycle finalizers ------------------------------------------------------------
 
     async def _sync_employees(self, p: _Pass) -> None:
         a = self.adapter
-        try:
-            expected: list[Employee] = list(await call_adapter(a.get_expected_employee, p.ctx, p.employer))
-        except Exception as err:
-            raise await self._fail(
-                p, EventReason.GET_EXPECTED_EMPLOYEES_FAILED, f"get expect employees failed: {err}"
-            ) from err
-        try:
-            current: list[Employee] = list(await call_adapter(a.get_current_employee, p.ctx, p.employer))
-        except Exception as err:
-            raise await self._fail(
-                p, EventReason.GET_CURRENT_EMPLOYEES_FAILED, f"get current employees failed: {err}"
-            ) from err
-        try:
-            results = await _sync(
-                p, expected, current, a.create_employees, a.update_employees, a.delete_employees, "employees"
-            )
-        except _SyncError as err:
-            raise await self._fail(
-                p, EventReason.SYNC_EMPLOYEES_FAILED, f"sync employees failed: {err}"
-            ) from err
+        results: CUDResults[Employee] = await self._sync_side(
+            p,
+            _EMPLOYEES,
+            a.get_expected_employee,
+            a.get_current_employee,
+            (a.create_employees, a.update_employees, a.delete_employees),
+        )
         p.employee_results = results
-        _log_changes(self.name, p.key, "employees", results)
         if not p.follows_lifecycle:
             return
         adds: list[str] = [e.name for e in results.succ_created]
@@ -515,6 +511,30 @@ class Reconciler:
             EventReason.CLEAN_EMPLOYER_CLEAN_FINALIZER_SUCCEED,
             "clean employer clean finalizer succeed",
         )
+
+
+@dataclass(frozen=True)
+class _Side:
+    """One side of the sync: its name in messages and its Event reasons."""
+
+    what: str
+    expected_reason: EventReason
+    current_reason: EventReason
+    sync_reason: EventReason
+
+
+_EMPLOYER = _Side(
+    "employer",
+    EventReason.GET_EXPECTED_EMPLOYER_FAILED,
+    EventReason.GET_CURRENT_EMPLOYER_FAILED,
+    EventReason.SYNC_EMPLOYER_FAILED,
+)
+_EMPLOYEES = _Side(
+    "employees",
+    EventReason.GET_EXPECTED_EMPLOYEES_FAILED,
+    EventReason.GET_CURRENT_EMPLOYEES_FAILED,
+    EventReason.SYNC_EMPLOYEES_FAILED,
+)
 
 
 class _SyncError(Exception):
