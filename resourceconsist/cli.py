@@ -60,13 +60,16 @@ def main(log_level: str) -> None:
 @click.option(
     "--step-timeout", default=30.0, show_default=True, help="Seconds each step may take to converge."
 )
-def demo(step_timeout: float) -> None:
+@click.option(
+    "--pace", type=float, default=None, help="Seconds to show each converged step (default: 2 on a terminal)."
+)
+def demo(step_timeout: float, pace: float | None) -> None:
     """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
     from resourceconsist.showcase import run_demo
     from resourceconsist.testing import ControlPlaneBinariesMissing
 
     try:
-        ok = asyncio.run(run_demo(step_timeout=step_timeout))
+        ok = asyncio.run(run_demo(step_timeout=step_timeout, pace=pace))
     except ControlPlaneBinariesMissing as err:
         raise click.ClickException(str(err)) from err
     sys.exit(0 if ok else 1)

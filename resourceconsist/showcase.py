@@ -62,20 +62,28 @@ class _View:
         return Group(Text(self.step, style="bold"), provider, pods)
 
 
-async def run_demo(console: Console | None = None, step_timeout: float = 30.0) -> bool:
-    """Run the walkthrough; True when every step converged before its deadline."""
+async def run_demo(
+    console: Console | None = None, step_timeout: float = 30.0, pace: float | None = None
+) -> bool:
+    """Run the walkthrough; True when every step converged before its deadline.
+
+    ``pace`` holds each converged step on screen that many seconds so a person can read it
+    (default: 2 s on a terminal, none otherwise)."""
     console = console or Console()
     live_display = console.is_terminal
+    hold = (2.0 if live_display else 0.0) if pace is None else pace
     console.print("[bold]resourceconsist demo[/]: starting a local kube-apiserver + etcd ...")
     with LocalControlPlane() as cp:
         client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
         try:
-            return await _walkthrough(console, client, live_display, step_timeout)
+            return await _walkthrough(console, client, live_display, step_timeout, hold)
         finally:
             client.close()
 
 
-async def _walkthrough(console: Console, client: KubeClient, live_display: bool, step_timeout: float) -> bool:
+async def _walkthrough(
+    console: Console, client: KubeClient, live_display: bool, step_timeout: float, hold: float
+) -> bool:
     await asyncio.to_thread(client.create, kube.NAMESPACE, None, {"metadata": {"name": NAMESPACE}})
     cluster = Cluster(client, NAMESPACE)
     provider = FakeProvider()
@@ -117,6 +125,7 @@ async def _walkthrough(console: Console, client: KubeClient, live_display: bool,
                 if live is None:
                     console.print(table)
                 console.print(f"[green]converged[/]: {title}")
+                await asyncio.sleep(hold)  # let a person read the converged state
                 return True
             if time.monotonic() > deadline:
                 console.print(table)
