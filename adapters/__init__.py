@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.registry import AdapterRegistry
 
 if TYPE_CHECKING:
@@ -17,6 +18,28 @@ if TYPE_CHECKING:
     from resourceconsist.manager import Manager
 
 registry = AdapterRegistry()
+
+
+# The factories import their adapter on first use: listing the registry does not load every
+# provider's SDK.
+def _alibabacloudslb_controller(environ: Mapping[str, str]) -> ReconcileAdapter:
+    from resourceconsist.adapters.alibabacloudslb import controller_from_env
+
+    return controller_from_env(environ)
+
+
+def _alibabacloudslb_webhook(environ: Mapping[str, str]) -> object:
+    from resourceconsist.adapters.alibabacloudslb import webhook_from_env
+
+    return webhook_from_env(environ)
+
+
+registry.register(
+    "alibabacloudslb",
+    controller=_alibabacloudslb_controller,
+    webhook=_alibabacloudslb_webhook,
+    description="Alibaba Cloud SLB backends of controlled Services (observe CCM, or manage a VServer group)",
+)
 
 
 async def add_to_manager(

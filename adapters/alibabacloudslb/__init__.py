@@ -1,6 +1,71 @@
-"""The Alibaba Cloud SLB (CLB) adapter: keeps a load balancer's VServer group backends consistent
-with the pods a Service selects.
+"""The Alibaba Cloud SLB (CLB) adapter: keeps a load balancer's backends consistent with the pods a
+Service selects, in observe mode (CCM owns the load balancer) or manage mode (we own a VServer group).
 
-``credentials`` reads the access key and endpoint, ``slbclient`` talks to the SLB API through the
-real Alibaba Cloud SDK, and ``emulator`` is a stateful fake of that API for tests.
+``adapter`` holds ``SLBAdapter`` and its item planning, ``items`` the employer/employee models,
+``config`` the labels and annotations read on Services and pods, ``backoff`` the per-Service
+requeue backoff, ``credentials`` the access key and endpoint, ``slbclient`` the SLB API through the
+real Alibaba Cloud SDK, and ``emulator`` a stateful fake of that API for tests. The registry
+factories are ``controller_from_env`` and ``webhook_from_env``; usage: ``docs/alibabacloudslb.md``.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+from .adapter import CONTROLLER_NAME, BackendResolver, SLBAdapter, Unresolved, annotated_backend
+from .backoff import RequeueBackoff
+from .config import (
+    BACKEND_TYPE_ANNOTATION,
+    DRAIN_ANNOTATION,
+    MODE_ANNOTATION,
+    PORT_ANNOTATION,
+    SERVER_ID_ANNOTATION,
+    WEIGHT_ANNOTATION,
+    Mode,
+    SLBConfigError,
+    vserver_group_name,
+)
+from .credentials import CredentialsError, MissingCredentials, SLBCredentials
+from .slbclient import SLBClient
+
+if TYPE_CHECKING:
+    from resourceconsist.webhook.adapter import ControlledServiceAdapter
+
+__all__ = [
+    "BACKEND_TYPE_ANNOTATION",
+    "CONTROLLER_NAME",
+    "DRAIN_ANNOTATION",
+    "MODE_ANNOTATION",
+    "PORT_ANNOTATION",
+    "SERVER_ID_ANNOTATION",
+    "WEIGHT_ANNOTATION",
+    "BackendResolver",
+    "CredentialsError",
+    "MissingCredentials",
+    "Mode",
+    "RequeueBackoff",
+    "SLBAdapter",
+    "SLBClient",
+    "SLBConfigError",
+    "SLBCredentials",
+    "Unresolved",
+    "annotated_backend",
+    "controller_from_env",
+    "vserver_group_name",
+    "webhook_from_env",
+]
+
+
+def controller_from_env(environ: Mapping[str, str]) -> SLBAdapter:
+    """The registry's controller factory: credentials from ``environ`` (``MissingCredentials`` at
+    start-up when they are absent), an ``SLBClient`` on them, the adapter on that."""
+    return SLBAdapter(SLBClient(SLBCredentials.from_env(environ)))
+
+
+def webhook_from_env(environ: Mapping[str, str]) -> ControlledServiceAdapter:
+    """The registry's webhook factory: the webhook's built-in SLB adapter (controlled Services
+    that carry the load-balancer-id label). It needs no credentials."""
+    from resourceconsist.webhook.adapter import alibabacloudslb_webhook_adapter
+
+    return alibabacloudslb_webhook_adapter()

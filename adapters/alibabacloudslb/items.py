@@ -1,0 +1,142 @@
+"""The SLB adapter's employer and employee items: what the frame diffs, per mode.
+
+Observe mode (the Go adapter's model): one item per selected pod, on both sides, id = pod name;
+``Traffic.traffic_on`` is "should be in the load balancer" (expected: the pod is lifecycle-ready)
+or "is in the load balancer" (current: its IP is listed by ``DescribeHealthStatus``).
+
+Manage mode: one item per relevant pod, on both sides, id = pod name. The expected side carries
+``Desired`` (what the pod's backends in our VServer group should be), the current side
+``Attached`` (the backends of ours the group holds for that pod's IP); ``ManagedEmployee.equal``
+compares the two. Backends of ours that no pod accounts for are current-only items ("orphans"),
+which the diff deletes. On every expected item ``lifecycle_ready`` is True exactly when the pod
+should carry the lifecycle finalizer, because the frame reads it on updated and unchanged items
+to add or remove the finalizer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from resourceconsist.adapter import Employee, Employer, PodEmployeeStatuses
+
+from .slbclient import BackendServer
+
+#: What a pod's backends should be in manage mode:
+#: ``on``: exactly ``backend`` (key and weight); ``pending``: ready, but no backend can be built
+#: yet (no IP, no server id, unknown port): never equal, so the pod waits without a finalizer;
+#: ``idle``: alive but not ready: backends may stay, at weight 0; ``gone``: no backend at all.
+DesiredState = Literal["on", "pending", "idle", "gone"]
+
+
+class Traffic(BaseModel):
+    """Observe mode's ``extra_status``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    traffic_on: bool
+
+
+class Desired(BaseModel):
+    """Manage mode's expected ``extra_status``."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: DesiredState
+    backend: BackendServer | None = None
+    #: Why a ready pod is ``pending`` (for logs).
+    reason: str = ""
+
+    def satisfied_by(self, members: tuple[BackendServer, ...]) -> bool:
+        if self.state == "on":
+            want = self.backend
+            return (
+                want is not None
+                and len(members) == 1
+                and members[0].key == want.key
+                and members[0].weight == want.weight
+            )
+        if self.state == "idle":
+            return all(member.weight == 0 for member in members)
+        if self.state == "gone":
+            return not members
+        return False
+
+
+class Attached(BaseModel):
+    """Manage mode's current ``extra_status``: our backends in the group for this pod's IP."""
+
+    model_config = ConfigDict(frozen=True)
+
+    members: tuple[BackendServer, ...] = ()
+
+
+def _statuses(item: Employee) -> PodEmployeeStatuses | None:
+    return item.statuses if isinstance(item.statuses, PodEmployeeStatuses) else None
+
+
+class ObservedEmployee(Employee):
+    """A selected pod in observe mode (Go: ``AlibabaSlbPodStatus``)."""
+
+    def equal(self, other: Employee) -> bool:
+        mine, theirs = _statuses(self), _statuses(other)
+        if mine is None or theirs is None:
+            return False
+        return (
+            self.name == other.name
+            and mine.ip == theirs.ip
+            and mine.ipv6 == theirs.ipv6
+            and mine.extra_status == theirs.extra_status
+        )
+
+    @property
+    def traffic_on(self) -> bool:
+        statuses = _statuses(self)
+        return (
+            statuses is not None
+            and isinstance(statuses.extra_status, Traffic)
+            and (statuses.extra_status.traffic_on)
+        )
+
+
+class ManagedEmployee(Employee):
+    """A pod (or an orphan backend) in manage mode."""
+
+    def equal(self, other: Employee) -> bool:
+        desired, attached = self.desired, other.attached if isinstance(other, ManagedEmployee) else None
+        if desired is None or attached is None:
+            return False
+        return desired.satisfied_by(attached.members)
+
+    @property
+    def desired(self) -> Desired | None:
+        statuses = _statuses(self)
+        extra = statuses.extra_status if statuses is not None else None
+        return extra if isinstance(extra, Desired) else None
+
+    @property
+    def attached(self) -> Attached | None:
+        statuses = _statuses(self)
+        extra = statuses.extra_status if statuses is not None else None
+        return extra if isinstance(extra, Attached) else None
+
+
+class GroupStatus(BaseModel):
+    """Manage mode's employer statuses: our VServer group on the Service's load balancer."""
+
+    model_config = ConfigDict(frozen=True)
+
+    load_balancer_id: str
+    #: Known on the current side only.
+    vserver_group_id: str = ""
+
+
+class GroupEmployer(Employer):
+    """Our VServer group; equal when it sits on the load balancer the Service names."""
+
+    def equal(self, other: Employer) -> bool:
+        mine, theirs = self.statuses, other.statuses
+        if not isinstance(mine, GroupStatus) or not isinstance(theirs, GroupStatus):
+            return False
+        return self.id == other.id and mine.load_balancer_id == theirs.load_balancer_id
