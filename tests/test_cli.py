@@ -161,3 +161,36 @@ def test_a_third_party_adapter_registered_by_entry_point_is_found(tmp_path: Path
     )
     assert done.returncode == 0, done.stderr
     assert any(line.startswith("theirs\tcontroller\t") for line in done.stdout.splitlines()), done.stdout
+
+
+def test_run_alibabacloudslb_without_credentials_names_the_variables() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "resourceconsist", "run", "--adapter", "alibabacloudslb"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode != 0
+    for variable in (wire.SLB_ACCESS_KEY_ENV, wire.SLB_ACCESS_SECRET_ENV):
+        assert variable in done.stderr, done.stderr
+
+
+def test_run_alibabacloudslb_never_echoes_a_partial_secret() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))}
+    env[wire.SLB_ACCESS_SECRET_ENV] = "s3cr3t-value-that-must-not-leak"
+    done = subprocess.run(
+        [sys.executable, "-m", "resourceconsist", "run", "--adapter", "alibabacloudslb"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert done.returncode != 0
+    assert wire.SLB_ACCESS_KEY_ENV in done.stderr
+    assert "s3cr3t-value-that-must-not-leak" not in done.stdout + done.stderr
