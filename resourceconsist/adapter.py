@@ -257,6 +257,14 @@ class ReconcileRequeueOptions(Protocol):
 
 
 @runtime_checkable
+class EmployerRequeueOptions(Protocol):
+    """Beyond Go: the requeue interval for one employer (e.g. a per-Service backoff while a cloud
+    controller catches up). Preferred over ``ReconcileRequeueOptions`` when both are present."""
+
+    def employer_requeue_interval(self, ctx: ReconcileContext, employer: KubeObject) -> float: ...
+
+
+@runtime_checkable
 class MultiClusterOptions(Protocol):
     """Employer in the main (federation) cluster; employees there (True) or in member clusters."""
 

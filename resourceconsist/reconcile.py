@@ -30,6 +30,7 @@ from resourceconsist.adapter import (
     CUDResults,
     Employee,
     Employer,
+    EmployerRequeueOptions,
     ExpectedFinalizerRecordOptions,
     MultiClusterOptions,
     PodEmployeeStatuses,
@@ -247,6 +248,8 @@ class Reconciler:
                     p, EventReason.RECORD_STATUSES_FAILED, f"record status failed: {err}"
                 ) from err
         if p.employer_results.any_failed or p.employee_results.any_failed:
+            if isinstance(self.adapter, EmployerRequeueOptions):
+                return Result(requeue_after=self.adapter.employer_requeue_interval(p.ctx, p.employer))
             if isinstance(self.adapter, ReconcileRequeueOptions):
                 return Result(requeue_after=self.adapter.employee_sync_requeue_interval())
             raise SyncFailedExist()

@@ -4,7 +4,6 @@ annotations it reads, its items' equality, and its registration (no control plan
 from __future__ import annotations
 
 import asyncio
-import contextvars
 from typing import Any
 
 import pytest
@@ -91,8 +90,8 @@ def test_backoff_is_capped_by_a_known_deadline() -> None:
     assert backoff.observe("k", ["a"], due_in=0.0) == 0.1, "never below base"
 
 
-async def test_requeue_interval_is_the_one_of_the_pass_that_just_ended_in_this_task() -> None:
-    """Two workers end passes of two Services concurrently; each gets its own Service's interval."""
+async def test_requeue_interval_is_per_service() -> None:
+    """Two Services end passes concurrently; each gets its own Service's interval."""
     with SLBEmulator() as slb, SLBClient(slb.credentials()) as client:
         adapter = SLBAdapter(client, backoff=RequeueBackoff(0.1, 30.0))
         failed = Employee(id="p", name="p", statuses=PodEmployeeStatuses())
@@ -107,12 +106,9 @@ async def test_requeue_interval_is_the_one_of_the_pass_that_just_ended_in_this_t
         async def worker(key: str) -> float:
             await adapter.record_statuses(ctx(key), {}, CUDResults(), CUDResults(fail_updated=[failed]))
             await asyncio.sleep(0)  # the other worker ends its pass in between
-            return adapter.employee_sync_requeue_interval()
+            return adapter.employer_requeue_interval(ctx(key), {})
 
-        slow, fresh = await asyncio.gather(
-            asyncio.create_task(worker("ns/slow"), context=contextvars.Context()),
-            asyncio.create_task(worker("ns/fresh"), context=contextvars.Context()),
-        )
+        slow, fresh = await asyncio.gather(worker("ns/slow"), worker("ns/fresh"))
         assert fresh == 0.1
         assert slow == pytest.approx(8.0, abs=0.5)
 

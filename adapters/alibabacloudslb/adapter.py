@@ -22,8 +22,8 @@ Two modes, chosen per Service by the ``resource-consist.kusionstack.io/slb-mode`
 Each pass keeps what it read in a ``_PassState`` keyed by employer, recognised by the frame's
 ``ReconcileContext`` object (one per pass; the frame never runs two passes of one key at once).
 All methods are coroutines: the blocking SDK runs in worker threads, and because coroutines run
-in the frame worker's own task, ``record_statuses`` can leave the employer's key in a context
-variable for the argument-less ``employee_sync_requeue_interval`` that the frame calls next.
+in the frame worker's own task. The per-Service requeue interval comes through the frame's
+``employer_requeue_interval(ctx, employer)``.
 """
 
 from __future__ import annotations
@@ -33,7 +33,6 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, TypeVar
@@ -77,7 +76,6 @@ T = TypeVar("T")
 ItemT = TypeVar("ItemT", Employer, Employee)
 
 # The employer whose pass ended last in this task (see the module docstring).
-_REQUEUE_KEY: ContextVar[str | None] = ContextVar("alibabacloudslb_requeue_key", default=None)
 
 
 class Unresolved(Exception):
@@ -259,7 +257,6 @@ class SLBAdapter(ReconcileAdapter):
         employee_results: CUDResults[Employee],
     ) -> None:
         key = ctx.employer_key
-        _REQUEUE_KEY.set(key)
         state = self._end(ctx)
         waiting = [
             *_fingerprints("employer", employer_results),
@@ -277,8 +274,8 @@ class SLBAdapter(ReconcileAdapter):
         # The frame has already turned the error into a Warning event; only drop the pass state.
         self._end(ctx)
 
-    def employee_sync_requeue_interval(self) -> float:
-        return self.backoff.interval(_REQUEUE_KEY.get())
+    def employer_requeue_interval(self, ctx: ReconcileContext, employer: KubeObject) -> float:
+        return self.backoff.interval(ctx.employer_key)
 
     # -- employer: manage mode's VServer group -----------------------------------------------------
 

@@ -1,7 +1,7 @@
 """Per-employer requeue backoff for items that are "not done yet" (not failed with an error).
 
 In observe mode the adapter waits for Alibaba's cloud controller manager (CCM) to catch up; in
-manage mode a leaving backend waits for its drain. The frame asks ``employee_sync_requeue_interval``
+manage mode a leaving backend waits for its drain. The frame asks ``employer_requeue_interval``
 when to look again. The Go adapter answers 100 ms forever, which polls SLB ten times a second per
 Service for as long as CCM lags (minutes, when CCM itself is throttled). Here the interval grows
 with how long the *same* set of items has been waiting: it starts at ``base`` and is, from then
