@@ -19,6 +19,7 @@ import yaml
 from kubernetes import client as k8s
 
 from resourceconsist import certs, kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import webhook_adapter as slb_webhook_adapter
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 from resourceconsist.webhook import (
@@ -27,7 +28,6 @@ from resourceconsist.webhook import (
     DEFAULT_SERVICE_NAME,
     AdmissionDecision,
     BootstrapResult,
-    alibabacloudslb_webhook_adapter,
     ensure_webhook_certificates,
     serve,
     service_hosts,
@@ -323,7 +323,7 @@ async def test_the_manifests_match_what_the_code_creates_and_serves(
 
     # The path is the one the server registers for the built-in adapter: a review posted
     # there gets a real answer.
-    adapter = alibabacloudslb_webhook_adapter()
+    adapter = slb_webhook_adapter()
     cert, key = control_plane.webhook_certificate()
     (tmp_path / "tls.crt").write_bytes(cert.read_bytes())
     (tmp_path / "tls.key").write_bytes(key.read_bytes())
@@ -388,7 +388,7 @@ async def test_manifest_bootstrap_and_serve_admit_a_real_pod_with_least_privileg
     path = hook["clientConfig"]["service"]["path"]
     decisions: list[AdmissionDecision] = []
     server = await serve(
-        [alibabacloudslb_webhook_adapter()],
+        [slb_webhook_adapter()],
         client=as_manager,
         cert_dir=tmp_path,
         host="127.0.0.1",

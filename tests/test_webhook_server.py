@@ -22,6 +22,7 @@ import pytest
 from kubernetes import client as k8s
 
 from resourceconsist import certs, kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import webhook_adapter as slb_webhook_adapter
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.testing import LocalControlPlane, async_wait_for
@@ -30,7 +31,6 @@ from resourceconsist.webhook import (
     ControlledServiceAdapter,
     EmployerRef,
     WebhookServer,
-    alibabacloudslb_webhook_adapter,
 )
 
 POD_CREATE = [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
@@ -104,7 +104,7 @@ async def webhook(control_plane: LocalControlPlane, kc: KubeClient, tmp_path: Pa
     server = WebhookServer(
         [
             ControlledServiceAdapter("generic"),
-            alibabacloudslb_webhook_adapter(),
+            slb_webhook_adapter(),
             FailingAdapter(),
             HangingAdapter(),
             FixedAdapter(),
@@ -271,7 +271,7 @@ async def test_the_slb_adapter_keeps_services_that_name_a_load_balancer(
     await async_wait_for(
         lambda: len(reader.services_selecting(pod)) == 3, timeout=10, message="3 Services cached"
     )
-    assert alibabacloudslb_webhook_adapter().get_employers_by_employee(pod, reader) == [
+    assert slb_webhook_adapter().get_employers_by_employee(pod, reader) == [
         EmployerRef("Service", namespace, "slb")
     ]
     assert ControlledServiceAdapter("generic").get_employers_by_employee(pod, reader) == [

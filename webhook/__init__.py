@@ -15,14 +15,12 @@ Deployment, the path convention and the failure-policy trade-off: ``docs/webhook
 """
 
 from resourceconsist.webhook.adapter import (
-    ALIBABACLOUDSLB_ADAPTER_NAME,
     PATH_PREFIX,
     ControlledServiceAdapter,
     EmployerRef,
     InvalidAdapterName,
     WebhookAdapter,
     WebhookCacheOptions,
-    alibabacloudslb_webhook_adapter,
     has_label,
     webhook_path,
 )
@@ -49,7 +47,6 @@ from resourceconsist.webhook.server import (
 from resourceconsist.webhook.tls import CertificateReloader
 
 __all__ = [
-    "ALIBABACLOUDSLB_ADAPTER_NAME",
     "DEFAULT_ADAPTER_TIMEOUT",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
@@ -68,7 +65,6 @@ __all__ = [
     "WebhookCertificates",
     "WebhookServer",
     "aensure_webhook_certificates",
-    "alibabacloudslb_webhook_adapter",
     "ensure_webhook_certificates",
     "has_label",
     "pod_mutation",

@@ -169,15 +169,3 @@ class ControlledServiceAdapter:
 
     def __repr__(self) -> str:
         return f"ControlledServiceAdapter(name={self._name!r})"
-
-
-#: Name of the built-in Alibaba Cloud SLB webhook adapter; served at ``/mutating-alibabacloudslb``.
-ALIBABACLOUDSLB_ADAPTER_NAME: Final = "alibabacloudslb"
-
-
-def alibabacloudslb_webhook_adapter() -> ControlledServiceAdapter:
-    """The built-in SLB webhook adapter: controlled Services that carry
-    ``service.k8s.alibaba/loadbalancer-id`` (the Services the SLB controller manages)."""
-    return ControlledServiceAdapter(
-        ALIBABACLOUDSLB_ADAPTER_NAME, predicate=has_label(wire.SLB_LOAD_BALANCER_ID_LABEL)
-    )

@@ -11,7 +11,9 @@ factories are ``controller_from_env`` and ``webhook_from_env``; usage: ``docs/al
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from resourceconsist import wire
 
 from .adapter import CONTROLLER_NAME, BackendResolver, SLBAdapter, Unresolved, annotated_backend
 from .backoff import RequeueBackoff
@@ -39,6 +41,7 @@ __all__ = [
     "MODE_ANNOTATION",
     "PORT_ANNOTATION",
     "SERVER_ID_ANNOTATION",
+    "WEBHOOK_ADAPTER_NAME",
     "WEIGHT_ANNOTATION",
     "BackendResolver",
     "CredentialsError",
@@ -53,6 +56,7 @@ __all__ = [
     "annotated_backend",
     "controller_from_env",
     "vserver_group_name",
+    "webhook_adapter",
     "webhook_from_env",
 ]
 
@@ -63,9 +67,20 @@ def controller_from_env(environ: Mapping[str, str]) -> SLBAdapter:
     return SLBAdapter(SLBClient(SLBCredentials.from_env(environ)))
 
 
-def webhook_from_env(environ: Mapping[str, str]) -> ControlledServiceAdapter:
-    """The registry's webhook factory: the webhook's built-in SLB adapter (controlled Services
-    that carry the load-balancer-id label). It needs no credentials."""
-    from resourceconsist.webhook.adapter import alibabacloudslb_webhook_adapter
+#: Name of the SLB webhook adapter; served at ``/mutating-alibabacloudslb``.
+WEBHOOK_ADAPTER_NAME: Final = "alibabacloudslb"
 
-    return alibabacloudslb_webhook_adapter()
+
+def webhook_adapter() -> ControlledServiceAdapter:
+    """The SLB webhook adapter: controlled Services that carry
+    ``service.k8s.alibaba/loadbalancer-id`` (the Services the SLB controller manages)."""
+    from resourceconsist.webhook import ControlledServiceAdapter, has_label
+
+    return ControlledServiceAdapter(
+        WEBHOOK_ADAPTER_NAME, predicate=has_label(wire.SLB_LOAD_BALANCER_ID_LABEL)
+    )
+
+
+def webhook_from_env(environ: Mapping[str, str]) -> ControlledServiceAdapter:
+    """The registry's webhook factory; the webhook needs no credentials."""
+    return webhook_adapter()
