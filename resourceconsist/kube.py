@@ -14,7 +14,7 @@ import json
 import logging
 import threading
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -314,6 +314,48 @@ class KubeClient:
         )
         return WatchStream(response)
 
+    def patch_optimistic(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[KubeObject], dict[str, Any] | None],
+        *,
+        current: KubeObject | None = None,
+        attempts: int = 8,
+    ) -> tuple[KubeObject | None, bool]:
+        """Merge-patch ``change(obj)`` under optimistic concurrency.
+
+        The patch carries the object's resourceVersion as a precondition; on 409 Conflict the
+        object is read again and ``change`` recomputed on the fresh copy, so a concurrent
+        writer's edit to the same list or map is never overwritten. ``change`` returns None
+        when nothing needs writing. Starts from ``current`` (e.g. a cached copy) when given.
+        Returns (the object as it now is, or None when it is gone; whether a write happened).
+        """
+        obj = current if current is not None else self.get_or_none(res, namespace, name)
+        for _ in range(attempts):
+            if obj is None:
+                return None, False
+            body = change(obj)
+            if body is None:
+                return obj, False
+            body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
+            try:
+                return self.patch(res, namespace, name, body), True
+            except ApiError as err:
+                if err.not_found:
+                    return None, False
+                if not err.conflict:
+                    raise
+            obj = self.get_or_none(res, namespace, name)
+        raise ApiError(
+            409,
+            "Conflict",
+            f"still conflicting after {attempts} attempts",
+            "PATCH",
+            res.path(namespace, name),
+        )
+
     # -- awaitable twins ----------------------------------------------------------------------
 
     async def aget(self, res: Resource, namespace: str | None, name: str) -> KubeObject:
@@ -346,6 +388,19 @@ class KubeClient:
 
     async def adelete(self, res: Resource, namespace: str | None, name: str) -> None:
         await asyncio.to_thread(self.delete, res, namespace, name)
+
+    async def apatch_optimistic(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[KubeObject], dict[str, Any] | None],
+        *,
+        current: KubeObject | None = None,
+    ) -> tuple[KubeObject | None, bool]:
+        return await asyncio.to_thread(
+            lambda: self.patch_optimistic(res, namespace, name, change, current=current)
+        )
 
     async def aresource(self, api_version: str, kind: str) -> Resource:
         return await asyncio.to_thread(self.resource, api_version, kind)

@@ -3,9 +3,9 @@
 During one reconcile the steps only *plan* pod changes (expected-finalizer entries in the
 shared ``available-conditions`` annotation, lifecycle finalizers); ``flush`` then writes each
 pod at most once, annotation and finalizers in one merge patch carrying the pod's
-resourceVersion as a precondition. On 409 Conflict the pod is read again and the same intent
-is re-applied to the fresh copy, so another employer's entry or finalizer is never lost; an
-unchanged pod is never written.
+resourceVersion as a precondition (``KubeClient.patch_optimistic``). On 409 Conflict the pod is
+read again and the same intent re-applied to the fresh copy, so another employer's entry or
+finalizer is never lost; an unchanged pod is never written.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from typing import Any
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.cache import CacheReader
-from resourceconsist.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.kube import KubeClient, KubeObject
 
 log = logging.getLogger(__name__)
 
-_CONFLICT_RETRIES = 8
 _PARALLEL_WRITES = 8
 
 
@@ -116,28 +115,12 @@ class PodWriter:
     def _apply(self, name: str, intent: PodIntent) -> bool:
         """Bring one pod to the intent; True when it was written."""
         where = self._resolve(name)
+        # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
         pod = where.reader.get(kube.POD, self.namespace, where.name)
-        if pod is None:
-            # The cache may lag behind a pod created a moment ago; ask the API server.
-            pod = where.client.get_or_none(kube.POD, self.namespace, where.name)
-        for _ in range(_CONFLICT_RETRIES):
-            if pod is None:
-                return False  # gone: nothing left to guard
-            patch = self._patch_for(pod, intent)
-            if patch is None:
-                return False
-            try:
-                where.client.patch(kube.POD, self.namespace, where.name, patch)
-                return True
-            except ApiError as err:
-                if err.not_found:
-                    return False
-                if not err.conflict:
-                    raise
-            pod = where.client.get_or_none(kube.POD, self.namespace, where.name)
-        raise RuntimeError(
-            f"pod {self.namespace}/{where.name}: still conflicting after {_CONFLICT_RETRIES} tries"
+        _, wrote = where.client.patch_optimistic(
+            kube.POD, self.namespace, where.name, lambda fresh: self._patch_for(fresh, intent), current=pod
         )
+        return wrote
 
     @staticmethod
     def _patch_for(pod: KubeObject, intent: PodIntent) -> dict[str, Any] | None:
@@ -151,7 +134,7 @@ class PodWriter:
         )
         if annotation is None and finalizers is None:
             return None
-        meta: dict[str, Any] = {"resourceVersion": pod["metadata"]["resourceVersion"]}
+        meta: dict[str, Any] = {}
         if annotation is not None:
             meta["annotations"] = {wire.AVAILABLE_CONDITIONS_ANNOTATION: annotation}
         if finalizers is not None:

@@ -267,17 +267,20 @@ class Reconciler:
         current = lifecycle.get_finalizers(p.employer)
         if wire.CLEAN_FINALIZER in current:
             return False
-        wanted = lifecycle.updated_finalizers(
-            p.employer, add=[wire.CLEAN_FINALIZER], remove=[self._old_clean_finalizer(p.employer)]
-        )
+        old = self._old_clean_finalizer(p.employer)
         try:
-            await self._patch_employer_finalizers(p.employer, wanted or current)
+            wrote = await self._patch_employer_finalizers(
+                p.employer, add=[wire.CLEAN_FINALIZER], remove=[old]
+            )
         except Exception as err:
             raise await self._fail(
                 p,
                 EventReason.ENSURE_EMPLOYER_CLEAN_FINALIZER_FAILED,
                 f"add employer clean finalizer failed: {err}",
             ) from err
+        if not wrote:
+            # Gone, deleting or already guarded on a fresher copy: its watch event brings the next pass.
+            return True
         log.info("%s %s: added clean finalizer", self.name, p.key)
         await self.recorder.event(
             p.employer,
@@ -287,10 +290,22 @@ class Reconciler:
         )
         return True
 
-    async def _patch_employer_finalizers(self, employer: KubeObject, finalizers: list[str]) -> None:
+    async def _patch_employer_finalizers(
+        self, employer: KubeObject, *, add: Sequence[str] = (), remove: Sequence[str] = ()
+    ) -> bool:
+        """Add/remove employer finalizers under optimistic concurrency; True when written."""
+
+        def change(fresh: KubeObject) -> dict[str, Any] | None:
+            if add and lifecycle.is_deleting(fresh):
+                return None  # the API server forbids new finalizers on a deleting object
+            wanted = lifecycle.updated_finalizers(fresh, add=add, remove=remove)
+            return None if wanted is None else {"metadata": {"finalizers": wanted}}
+
         meta = employer["metadata"]
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"], "finalizers": finalizers}}
-        await self.client.apatch(self.employer_resource, meta.get("namespace"), meta["name"], body)
+        _, wrote = await self.client.apatch_optimistic(
+            self.employer_resource, meta.get("namespace"), meta["name"], change, current=employer
+        )
+        return wrote
 
     # -- 3. expected-finalizer entries ------------------------------------------------------------------
 
@@ -442,34 +457,22 @@ class Reconciler:
 
     async def _patch_employer_annotations(self, p: _Pass, annotations: dict[str, str]) -> None:
         meta = p.employer["metadata"]
-        employer = p.employer
-        for _ in range(8):
-            body = {
-                "metadata": {
-                    "resourceVersion": employer["metadata"]["resourceVersion"],
-                    "annotations": annotations,
-                }
-            }
-            try:
-                p.employer = await self.client.apatch(
-                    self.employer_resource, meta.get("namespace"), meta["name"], body
-                )
-                return
-            except ApiError as err:
-                if err.not_found:
-                    return
-                if not err.conflict:
-                    raise await self._fail(
-                        p,
-                        EventReason.SYNC_EMPLOYEES_FAILED,
-                        f"sync employees failed: patch record annotations failed, err: {err}",
-                    ) from err
-            fresh = await self.client.aget_or_none(
-                self.employer_resource, meta.get("namespace"), meta["name"]
+        try:
+            patched, _ = await self.client.apatch_optimistic(
+                self.employer_resource,
+                meta.get("namespace"),
+                meta["name"],
+                lambda fresh: {"metadata": {"annotations": annotations}},
+                current=p.employer,
             )
-            if fresh is None:
-                return
-            employer = fresh
+        except ApiError as err:
+            raise await self._fail(
+                p,
+                EventReason.SYNC_EMPLOYEES_FAILED,
+                f"sync employees failed: patch record annotations failed, err: {err}",
+            ) from err
+        if patched is not None:
+            p.employer = patched
 
     # -- 6. release the clean finalizer ---------------------------------------------------------------
 
@@ -480,27 +483,10 @@ class Reconciler:
         employee_clean = _is_clean(p.employee_results)
         if not (employer_clean and employee_clean and p.expected_clean):
             return
-        meta = p.employer["metadata"]
         obsolete = [wire.CLEAN_FINALIZER, self._old_clean_finalizer(p.employer)]
-        employer: KubeObject | None = p.employer
         try:
-            for _ in range(8):
-                if employer is None:
-                    return
-                wanted = lifecycle.updated_finalizers(employer, remove=obsolete)
-                if wanted is None:
-                    return
-                try:
-                    await self._patch_employer_finalizers(employer, wanted)
-                    break
-                except ApiError as err:
-                    if err.not_found:
-                        return
-                    if not err.conflict:
-                        raise
-                employer = await self.client.aget_or_none(
-                    self.employer_resource, meta.get("namespace"), meta["name"]
-                )
+            if not await self._patch_employer_finalizers(p.employer, remove=obsolete):
+                return
         except Exception as err:
             raise await self._fail(
                 p,
