@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -25,6 +26,7 @@ from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combi
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter
+    from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable
 
 T = TypeVar("T")
@@ -150,6 +152,15 @@ class _WebhookSettings:
 @click.option(
     "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
 )
+@click.option("--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease.")
+@click.option(
+    "--leader-election-namespace",
+    default=None,
+    help="Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
+)
+@click.option(
+    "--leader-election-id", default="resourceconsist-manager", show_default=True, help="Name of the Lease."
+)
 @_webhook_options
 def run(
     adapter_names: Sequence[str],
@@ -159,6 +170,9 @@ def run(
     resync_seconds: float,
     shutdown_timeout: float,
     with_webhook: bool,
+    leader_elect: bool,
+    leader_election_namespace: str | None,
+    leader_election_id: str,
     webhook_port: int,
     webhook_host: str | None,
     cert_dir: str,
@@ -172,8 +186,27 @@ def run(
     settings = _WebhookSettings(webhook_port, webhook_host, cert_dir, webhook_service, bootstrap_certs)
     host, _, port = health_address.rpartition(":")
     health = (host or "0.0.0.0", int(port))
+    election = None
+    if leader_elect:
+        from resourceconsist import wire
+        from resourceconsist.leaderelection import LeaderElectionConfig
+
+        lease_namespace = (
+            leader_election_namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
+        )
+        election = LeaderElectionConfig(namespace=lease_namespace, name=leader_election_id)
     asyncio.run(
-        _run(adapters, webhooks, settings, kubeconfig, namespace, health, resync_seconds, shutdown_timeout)
+        _run(
+            adapters,
+            webhooks,
+            settings,
+            kubeconfig,
+            namespace,
+            health,
+            resync_seconds,
+            shutdown_timeout,
+            election,
+        )
     )
 
 
@@ -196,7 +229,7 @@ def webhook(
     registry = _all_adapters()
     webhooks = _build(registry.webhook, adapter_names)
     settings = _WebhookSettings(webhook_port, webhook_host, cert_dir, webhook_service, bootstrap_certs)
-    asyncio.run(_run([], webhooks, settings, kubeconfig, None, None, 0.0, 30.0))
+    asyncio.run(_run([], webhooks, settings, kubeconfig, None, None, 0.0, 30.0, None))
 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
@@ -219,6 +252,7 @@ async def _run(
     health: tuple[str, int] | None,
     resync_seconds: float,
     shutdown_timeout: float,
+    election: LeaderElectionConfig | None,
 ) -> None:
     from resourceconsist.kube import KubeClient
     from resourceconsist.manager import Manager
@@ -230,6 +264,7 @@ async def _run(
         resync_period=resync_seconds or None,
         health_address=health,
         shutdown_timeout=shutdown_timeout,
+        leader_election=election,
     )
     for adapter in adapters:
         await manager.add(adapter)

@@ -153,6 +153,15 @@ class Controller:
 
     # -- life cycle ---------------------------------------------------------------------------------
 
+    def warm_caches(self) -> None:
+        """Create (and so start) the informers this controller reads, before it runs."""
+        self.informers.informer(self.spec.employer)
+        if self.employees_in_members:
+            for _, informers in self.member_clusters.values():
+                informers.informer(self.spec.employee)
+        else:
+            self.informers.informer(self.spec.employee)
+
     async def start(self) -> None:
         """Subscribe to the caches and start the workers (again, after a ``stop``)."""
         if self.queue.shutting_down:

@@ -262,8 +262,12 @@ class KubeClient:
         }
         return cast(KubeObject, self._send("GET", res.path(namespace), query=query))
 
-    def create(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> KubeObject:
-        return cast(KubeObject, self._send("POST", res.path(namespace), body=dict(body)))
+    def create(
+        self, res: Resource, namespace: str | None, body: Mapping[str, Any], *, dry_run: bool = False
+    ) -> KubeObject:
+        """POST a new object; ``dry_run`` has the API server validate and admit it without storing."""
+        query = {"dryRun": "All"} if dry_run else None
+        return cast(KubeObject, self._send("POST", res.path(namespace), query=query, body=dict(body)))
 
     def replace(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any]) -> KubeObject:
         return cast(KubeObject, self._send("PUT", res.path(namespace, name), body=dict(body)))

@@ -129,6 +129,10 @@ class Manager:
         for runnable in self.runnables:
             await runnable.start()
         self._started = True
+        # Every replica fills its caches now, so a new leader starts from warm caches (and a
+        # standby's webhook can answer from them).
+        for controller in self.controllers.values():
+            controller.warm_caches()
         if self._elector is None:
             await self._start_controllers()
         else:

@@ -1,0 +1,73 @@
+"""The deployment manifests under config/ are accepted by the real API server (server-side dry
+run), name what the code uses, and pass only flags the command line knows."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from resourceconsist import kube, wire
+from resourceconsist.kube import KubeClient
+
+CONFIG = Path(__file__).resolve().parent.parent / "config"
+
+
+def _documents() -> list[dict[str, Any]]:
+    docs: list[dict[str, Any]] = []
+    for path in sorted(CONFIG.rglob("*.yaml")):
+        if path.name == "kustomization.yaml":
+            continue
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    return docs
+
+
+def test_kustomizations_list_every_manifest() -> None:
+    for kustomization in CONFIG.rglob("kustomization.yaml"):
+        listed = set(yaml.safe_load(kustomization.read_text())["resources"])
+        here = {p.name for p in kustomization.parent.glob("*.yaml") if p.name != "kustomization.yaml"}
+        here |= {p.name for p in kustomization.parent.iterdir() if p.is_dir()}
+        assert listed == here, kustomization
+
+
+def test_the_api_server_accepts_every_manifest(kube_client: KubeClient) -> None:
+    docs = _documents()
+    assert {d["kind"] for d in docs} >= {
+        "Deployment",
+        "MutatingWebhookConfiguration",
+        "ClusterRole",
+        "Service",
+    }
+    if kube_client.get_or_none(kube.NAMESPACE, None, wire.DEFAULT_NAMESPACE) is None:
+        kube_client.create(kube.NAMESPACE, None, {"metadata": {"name": wire.DEFAULT_NAMESPACE}})
+    for doc in docs:
+        resource = kube_client.resource(doc["apiVersion"], doc["kind"])
+        namespace = doc["metadata"].get("namespace") if resource.namespaced else None
+        if doc["kind"] == "Namespace":
+            continue  # created above for real: the namespaced dry runs need it
+        created = kube_client.create(resource, namespace, doc, dry_run=True)
+        assert created["metadata"]["name"] == doc["metadata"]["name"]
+
+
+def test_the_manager_deployment_runs_flags_the_cli_knows() -> None:
+    deployment = next(d for d in _documents() if d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["resourceconsist"]
+    args = container["args"]
+    assert args[0] == "run"
+    help_text = subprocess.run(
+        [sys.executable, "-m", "resourceconsist", "run", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    known = set(re.findall(r"(--[a-z][a-z-]+)", help_text))
+    for arg in args[1:]:
+        assert arg.split("=", 1)[0] in known, arg
+    env = {e["name"] for e in container["env"]}
+    assert wire.POD_NAMESPACE_ENV in env
+    ports = {p["containerPort"] for p in container["ports"]}
+    service = next(d for d in _documents() if d["kind"] == "Service")
+    assert service["spec"]["ports"][0]["targetPort"] in ports
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
