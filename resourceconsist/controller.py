@@ -244,3 +244,4 @@ class Controller:
         finally:
             self.reconciles += 1
             self.metrics.observe_reconcile(self.name, outcome, time.monotonic() - started)
+            self.metrics.queue_depth.labels(self.name).set(len(self.queue))
