@@ -13,16 +13,22 @@ from resourceconsist import kube, wire
 from resourceconsist.testing import Cluster, finalizers, wait_for
 
 
-def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+def _cli(
+    *args: str, timeout: float = 180, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "resourceconsist", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
         stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "120"},
+        env={**(os.environ if env is None else env), "COLUMNS": "120"},
         check=False,
     )
+
+
+def _without_cloud_credentials() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))}
 
 
 def test_demo_runs_to_completion_and_shows_convergence() -> None:
@@ -150,47 +156,21 @@ def test_a_third_party_adapter_registered_by_entry_point_is_found(tmp_path: Path
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: theirs-adapter\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[resourceconsist.adapters]\ntheirs = theirs_adapter:register\n")
-    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-    done = subprocess.run(
-        [sys.executable, "-m", "resourceconsist", "adapters"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        check=False,
-    )
+    done = _cli("adapters", timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert any(line.startswith("theirs\tcontroller\t") for line in done.stdout.splitlines()), done.stdout
 
 
 def test_run_alibabacloudslb_without_credentials_names_the_variables() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))}
-    done = subprocess.run(
-        [sys.executable, "-m", "resourceconsist", "run", "--adapter", "alibabacloudslb"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    done = _cli("run", "--adapter", "alibabacloudslb", timeout=60, env=_without_cloud_credentials())
     assert done.returncode != 0
     for variable in (wire.SLB_ACCESS_KEY_ENV, wire.SLB_ACCESS_SECRET_ENV):
         assert variable in done.stderr, done.stderr
 
 
 def test_run_alibabacloudslb_never_echoes_a_partial_secret() -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))}
-    env[wire.SLB_ACCESS_SECRET_ENV] = "s3cr3t-value-that-must-not-leak"
-    done = subprocess.run(
-        [sys.executable, "-m", "resourceconsist", "run", "--adapter", "alibabacloudslb"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    env = {**_without_cloud_credentials(), wire.SLB_ACCESS_SECRET_ENV: "s3cr3t-value-that-must-not-leak"}
+    done = _cli("run", "--adapter", "alibabacloudslb", timeout=60, env=env)
     assert done.returncode != 0
     assert wire.SLB_ACCESS_KEY_ENV in done.stderr
     assert "s3cr3t-value-that-must-not-leak" not in done.stdout + done.stderr
