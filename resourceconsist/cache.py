@@ -370,6 +370,12 @@ class InformerFactory:
     async def wait_synced(self, timeout: float = 60.0) -> None:
         await asyncio.gather(*(i.wait_synced(timeout) for i in list(self._informers.values())))
 
+    @property
+    def has_synced(self) -> bool:
+        """Every informer created so far has its first list in the store."""
+        with self._lock:
+            return all(i.has_synced for i in self._informers.values())
+
     def stop(self) -> None:
         with self._lock:
             informers = list(self._informers.values())

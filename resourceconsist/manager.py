@@ -77,7 +77,7 @@ class Manager:
         return self._started
 
     def ready(self) -> bool:
-        return self._started and all(i.has_synced for i in self.informers._informers.values())
+        return self._started and self.informers.has_synced
 
     # -- controllers --------------------------------------------------------------------------------
 
