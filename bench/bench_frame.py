@@ -6,6 +6,10 @@
 2. A steady-state resync round: seconds per round of S reconciles, and writes (must be 0).
 3. "Which controlled Services select this pod" for 1000 Services: the informer index against
    a scan of the same cache (what the Go handler does), as lookups per second and a ratio.
+4. A pod's whole life under the guard (created not ready -> ready -> not ready -> deleted):
+   the frame's pod writes per pod at each stage and in all, with the demo adapter (which keeps
+   a not-ready pod registered at weight 0) and with the tutorial-style "register only when
+   ready" adapter, so the guard's cost is visible where it is paid (docs/concepts.md).
 
 Run: ``python bench/bench_frame.py [--services 50 --pods 10]`` (``make bench``).
 """
@@ -144,6 +148,103 @@ async def bench_convergence(cp: LocalControlPlane, services: int, pods: int) -> 
     return figures
 
 
+class ReadyOnlyDemo(DemoAdapter):
+    """The demo adapter registering a pod only while it is ready (a register-when-ready provider)."""
+
+    def get_expected_employee(self, ctx: Any, employer: Any) -> list[Any]:
+        items = super().get_expected_employee(ctx, employer)
+        return [item for item in items if item.statuses.lifecycle_ready]
+
+
+_LIFE_STAGES = ("created, not ready", "ready", "not ready", "deleted")
+
+
+async def bench_life(cp: LocalControlPlane, pods: int, adapter: DemoAdapter, ns: str) -> dict[str, float]:
+    """Pod writes per pod made by the frame at each stage of a pod's life (driver writes apart)."""
+    frame = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+    driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+    cluster = Cluster(driver, ns)
+    driver.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
+    await cluster.service("life", {"app": "life"})
+    manager = Manager(frame, namespace=ns)
+    controller = await manager.add(adapter)
+    await manager.start()
+    names = [f"life-{i:04d}" for i in range(pods)]
+    flz = lifecycle.lifecycle_finalizer("life")
+    skey = f"{ns}/life"
+
+    async def settled() -> None:
+        await async_wait_for(
+            lambda: len(controller.queue) == 0 and not controller.queue.processing(),
+            timeout=120,
+            interval=0.05,
+        )
+
+    def pods_now() -> list[Any]:
+        return list(driver.list(kube.POD, ns)["items"])
+
+    async def each(fn: Any) -> None:
+        with ThreadPoolExecutor(8) as pool:
+            await asyncio.get_running_loop().run_in_executor(None, lambda: list(pool.map(fn, names)))
+
+    def status(ready: bool) -> Any:
+        def set_status(name: str) -> None:
+            ip = cluster.ip_of(name)
+            body = {"status": {"podIP": ip, "conditions": [{"type": "Ready", "status": str(ready)}]}}
+            driver.patch(kube.POD, ns, name, body, subresource="status")
+
+        return set_status
+
+    def create(name: str) -> None:
+        body = {
+            "metadata": {"name": name, "labels": {"app": "life"}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        driver.create(kube.POD, ns, body)
+        status(False)(name)
+
+    def delete(name: str) -> None:
+        driver.delete(kube.POD, ns, name)
+
+    def served() -> bool:
+        servers = adapter.provider.snapshot().get(skey, {})
+        return all(servers.get(n) is not None and servers[n].traffic_on for n in names) and all(
+            flz in finalizers(p) for p in pods_now()
+        )
+
+    def out_of_traffic() -> bool:
+        servers = adapter.provider.snapshot().get(skey, {})
+        return not any(s.traffic_on for s in servers.values()) and not any(
+            flz in finalizers(p) for p in pods_now()
+        )
+
+    def entered() -> bool:
+        listing = pods_now()
+        return len(listing) == pods and all(lifecycle.expected_finalizers(p) for p in listing)
+
+    figures: dict[str, float] = {}
+    await async_wait_for(
+        lambda: wire.CLEAN_FINALIZER in finalizers(driver.get(kube.SERVICE, ns, "life")), timeout=30
+    )
+    steps = (
+        (create, entered),
+        (status(True), served),
+        (status(False), out_of_traffic),
+        (delete, lambda: not pods_now()),
+    )
+    for stage, (act, done) in zip(_LIFE_STAGES, steps, strict=True):
+        before = _writes(frame, "pods")
+        await each(act)
+        await async_wait_for(lambda d=done: asyncio.to_thread(d), timeout=300, interval=0.1, message=stage)
+        await settled()
+        figures[stage] = (_writes(frame, "pods") - before) / pods
+    figures["whole life"] = sum(figures[s] for s in _LIFE_STAGES)
+    await manager.stop(timeout=5)
+    frame.close()
+    driver.close()
+    return figures
+
+
 def bench_lookup(services: int = 1000, rounds: int = 20000) -> dict[str, float]:
     store = Store({SERVICE_SELECTOR_INDEX: index_by_service_selector})
     for i in range(services):
@@ -179,9 +280,18 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--services", type=int, default=50)
     parser.add_argument("--pods", type=int, default=10)
+    parser.add_argument("--life-pods", type=int, default=200)
     args = parser.parse_args()
     with LocalControlPlane() as cp:
         figures = await bench_convergence(cp, args.services, args.pods)
+        lives = {
+            "demo (registers at weight 0)": await bench_life(
+                cp, args.life_pods, DemoAdapter(FakeProvider()), "life-a"
+            ),
+            "register only when ready": await bench_life(
+                cp, args.life_pods, ReadyOnlyDemo(FakeProvider()), "life-b"
+            ),
+        }
     pods = args.services * args.pods
     print(f"convergence of {args.services} Services x {args.pods} pods ({pods} pods), demo adapter:")
     print(f"  converge: {figures['converge_seconds']:.2f} s")
@@ -196,6 +306,10 @@ async def main() -> None:
         f"steady state: {figures['steady_reconciles_per_second']:.0f} reconciles/s, "
         f"{figures['steady_writes']} writes"
     )
+    print(f"a pod's whole life, {args.life_pods} pods, frame pod writes per pod (Go pattern: 2 at creation):")
+    print(f"  {'adapter':30} " + " ".join(f"{stage:>18}" for stage in (*_LIFE_STAGES, "whole life")))
+    for label, life in lives.items():
+        print(f"  {label:30} " + " ".join(f"{life[stage]:>18.2f}" for stage in (*_LIFE_STAGES, "whole life")))
     lookup = bench_lookup()
     print(
         "pod -> selecting Services among 1000: "

@@ -88,6 +88,11 @@ class FakeProvider:
         """The next ``times`` calls of ``action`` do their work, then report failure."""
         self._set_fault(action, _Fault(times, True, message))
 
+    def clear_faults(self) -> None:
+        """Forget every pending injected fault."""
+        with self._lock:
+            self._faults.clear()
+
     def _set_fault(self, action: str, fault: _Fault) -> None:
         if action not in MUTATING_ACTIONS and action not in ("query_vip", "query_rs"):
             raise ValueError(f"unknown provider action {action!r}")

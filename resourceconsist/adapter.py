@@ -60,6 +60,18 @@ class Employee(BaseModel):
         """Whether the provider's ``other`` already matches this expected item (Go: EmployeeEqual)."""
         return self.id == other.id and self.statuses == other.statuses
 
+    def registered(self) -> bool:
+        """Whether the provider holds (current item) or will hold once applied (expected item) a
+        registration of this employee that may route traffic to it.
+
+        The frame keeps the employer's guard finalizer on the pod while this is True and releases
+        it only after the provider confirmed a change that made it False (docs/concepts.md, "The
+        guard"). The default, True, guards every registration; override it when an item can
+        stand for "nothing registered" (e.g. a current item with no backend) so a pod the
+        provider does not hold can leave without waiting for the controller.
+        """
+        return True
+
 
 class PodEmployeeStatuses(BaseModel):
     """Built-in statuses of a pod employee; ``extra_status`` is provider-specific."""

@@ -32,6 +32,8 @@ Indexer = Callable[[KubeObject], Iterable[str]]
 LABEL_INDEX = "label"
 #: Index of Services by ``namespace/key=value`` for each pair of their ``spec.selector``.
 SERVICE_SELECTOR_INDEX = "service-selector"
+#: Index of pods by ``namespace/finalizer`` for each of their finalizers.
+FINALIZER_INDEX = "finalizer"
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,13 @@ def _ns(obj: KubeObject) -> str:
 def index_by_label(obj: KubeObject) -> list[str]:
     ns = _ns(obj)
     return [f"{ns}/{k}={v}" for k, v in (obj.get("metadata", {}).get("labels") or {}).items()]
+
+
+def index_by_finalizer(obj: KubeObject) -> list[str]:
+    """An object under each of its finalizers, so "pods carrying this employer's finalizer" is
+    a lookup (the release of pods whatever the provider did, docs/concepts.md)."""
+    ns = _ns(obj)
+    return [f"{ns}/{f}" for f in obj.get("metadata", {}).get("finalizers") or []]
 
 
 def index_by_service_selector(obj: KubeObject) -> list[str]:
@@ -348,6 +357,8 @@ class InformerFactory:
                 indexers: dict[str, Indexer] = {}
                 if resource == kube.SERVICE:
                     indexers[SERVICE_SELECTOR_INDEX] = index_by_service_selector
+                if resource == kube.POD:
+                    indexers[FINALIZER_INDEX] = index_by_finalizer
                 found = Informer(
                     self.client,
                     resource,
@@ -441,6 +452,10 @@ class CacheReader:
     def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
         """The pods a Service's ``spec.selector`` selects."""
         return self.selected_by_map(kube.POD, _ns(service), service.get("spec", {}).get("selector"))
+
+    def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
+        """The pods in ``namespace`` whose ``metadata.finalizers`` hold ``finalizer``."""
+        return self._store(kube.POD).by_index(FINALIZER_INDEX, f"{namespace}/{finalizer}")
 
     def services_selecting(self, pod: KubeObject) -> builtins.list[KubeObject]:
         """The Services in the pod's namespace whose ``spec.selector`` selects it."""

@@ -3,15 +3,21 @@
 Defaults mirror the Go frame: employer (Service) events enqueue the employer itself, filtered
 by the ``kusionstack.io/control: "true"`` label; pod events enqueue every controlled Service in
 the pod's namespace whose selector selects the pod, before or after the change (so a pod
-relabelled out of a selector still reaches the Service that must release it). The Service
+relabelled out of a selector still reaches the Service that must release it), and every
+controlled Service whose guard or lifecycle finalizer the pod still holds (a pod no selector
+selects any more is released only by the pass of the Service that guards it). The Service
 lookup is an index lookup in the informer cache, never a LIST.
 """
 
 from __future__ import annotations
 
-from resourceconsist import wire
+from collections.abc import Callable
+
+from resourceconsist import kube, lifecycle, wire
 from resourceconsist.cache import CacheReader, WatchEvent
 from resourceconsist.kube import KubeObject, object_key
+
+_OUR_PREFIXES = (wire.LIFECYCLE_FINALIZER_PREFIX + "/", wire.GUARD_FINALIZER_PREFIX + "/")
 
 
 def is_controlled(obj: KubeObject | None) -> bool:
@@ -42,11 +48,31 @@ def enqueue_self(event: WatchEvent, reader: CacheReader) -> list[str]:
     return [object_key(event.obj)]
 
 
-def enqueue_services_by_pod(event: WatchEvent, reader: CacheReader) -> list[str]:
-    """Default employee handler: controlled Services selecting the pod before or after."""
+def services_of_pod(
+    event: WatchEvent, reader: CacheReader, accept: Callable[[KubeObject], bool]
+) -> list[str]:
+    """Keys of the accepted Services that select the pod before or after the change, or whose
+    guard or lifecycle finalizer the pod holds."""
     keys: set[str] = set()
     for pod in (event.old, event.obj):
         if pod is None:
             continue
-        keys.update(object_key(svc) for svc in reader.services_selecting(pod) if is_controlled(svc))
+        found = [svc for svc in reader.services_selecting(pod) if accept(svc)]
+        keys.update(object_key(svc) for svc in found)
+        held = {f.split("/", 1)[1] for f in lifecycle.get_finalizers(pod) if f.startswith(_OUR_PREFIXES)}
+        held -= {lifecycle.lifecycle_finalizer(svc["metadata"]["name"]).split("/", 1)[1] for svc in found}
+        if not held:
+            continue
+        # Rare (a pod no selector selects still guarded): a scan of the namespace's Services.
+        namespace = str(pod.get("metadata", {}).get("namespace") or "")
+        for svc in reader.list(kube.SERVICE, namespace):
+            digest = lifecycle.lifecycle_finalizer(svc["metadata"]["name"]).split("/", 1)[1]
+            if digest in held and accept(svc):
+                keys.add(object_key(svc))
     return sorted(keys)
+
+
+def enqueue_services_by_pod(event: WatchEvent, reader: CacheReader) -> list[str]:
+    """Default employee handler: controlled Services selecting the pod before or after, or
+    guarding it."""
+    return services_of_pod(event, reader, is_controlled)

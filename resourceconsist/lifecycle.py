@@ -37,10 +37,20 @@ class MalformedAvailableConditions(ValueError):
         )
 
 
+def _employer_hash(employer_name: str) -> str:
+    return hashlib.md5(employer_name.encode(), usedforsecurity=False).hexdigest()[8:24]
+
+
 def lifecycle_finalizer(employer_name: str) -> str:
-    """The lifecycle finalizer one employer puts on its pods (Go: ``GenerateLifecycleFinalizer``)."""
-    digest = hashlib.md5(employer_name.encode(), usedforsecurity=False).hexdigest()
-    return f"{wire.LIFECYCLE_FINALIZER_PREFIX}/{digest[8:24]}"
+    """The lifecycle finalizer one employer puts on its pods (Go: ``GenerateLifecycleFinalizer``):
+    the provider serves the pod for this employer."""
+    return f"{wire.LIFECYCLE_FINALIZER_PREFIX}/{_employer_hash(employer_name)}"
+
+
+def guard_finalizer(employer_name: str) -> str:
+    """The guard finalizer one employer puts on a pod before registering it with the provider:
+    the provider may hold a registration of the pod for this employer (docs/concepts.md)."""
+    return f"{wire.GUARD_FINALIZER_PREFIX}/{_employer_hash(employer_name)}"
 
 
 def expected_finalizer_key(kind: str, namespace: str, name: str) -> str:

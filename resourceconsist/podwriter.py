@@ -6,6 +6,11 @@ pod at most once, annotation and finalizers in one merge patch carrying the pod'
 resourceVersion as a precondition (``KubeClient.patch_optimistic``). On 409 Conflict the pod is
 read again and the same intent re-applied to the fresh copy, so another employer's entry or
 finalizer is never lost; an unchanged pod is never written.
+
+One rule holds for every write (docs/concepts.md, "The guard"): a pod never ends up carrying the
+employer's lifecycle finalizer without the employer's ``expectedFinalizers`` entry. Adding the
+finalizer adds the entry if it is missing; removing the entry waits (``deferred``) while the
+finalizer stays.
 """
 
 from __future__ import annotations
@@ -33,15 +38,35 @@ class PodIntent:
     remove_entries: set[str] = field(default_factory=set)
     add_finalizers: list[str] = field(default_factory=list)
     remove_finalizers: set[str] = field(default_factory=set)
+    #: A swap between guard and lifecycle finalizer: never end with neither of them.
+    keep_guarded: bool = False
 
 
 @dataclass
 class PodWriteResult:
-    """Per pod name: done (written, already so, or pod gone) or the error that stopped it."""
+    """Per pod name: done (written, already so, or pod gone) or the error that stopped it.
+
+    ``deferred``: pods whose entry removal waits because they keep the lifecycle finalizer.
+    ``finalizers``: each done pod's finalizers as written or found (absent: the pod is gone).
+    """
 
     done: set[str] = field(default_factory=set)
     failed: dict[str, BaseException] = field(default_factory=dict)
+    deferred: set[str] = field(default_factory=set)
+    finalizers: dict[str, list[str]] = field(default_factory=dict)
     writes: int = 0
+
+    def merge(self, other: PodWriteResult) -> None:
+        """Fold a later flush's result into this one (a later outcome wins for a pod)."""
+        for name in other.done | set(other.failed):
+            self.done.discard(name)
+            self.failed.pop(name, None)
+            self.deferred.discard(name)
+        self.done |= other.done
+        self.failed.update(other.failed)
+        self.deferred |= other.deferred
+        self.finalizers.update(other.finalizers)
+        self.writes += other.writes
 
 
 @dataclass(frozen=True)
@@ -57,12 +82,22 @@ class PodLocation:
 PodResolver = Callable[[str], PodLocation]
 
 
-class PodWriter:
-    """Collects pod intents for one employer's namespace and writes them once each."""
+@dataclass(frozen=True)
+class EmployerEntry:
+    """The employer's entry in ``expectedFinalizers`` and the lifecycle finalizer it names."""
 
-    def __init__(self, namespace: str, resolve: PodResolver) -> None:
+    key: str
+    lifecycle_finalizer: str
+    guard_finalizer: str
+
+
+class PodWriter:
+    """Collects pod intents for one employer's namespace and writes them once each per flush."""
+
+    def __init__(self, namespace: str, resolve: PodResolver, entry: EmployerEntry | None = None) -> None:
         self.namespace = namespace
         self._resolve = resolve
+        self.entry = entry
         self._intents: dict[str, PodIntent] = {}
 
     def _intent(self, name: str) -> PodIntent:
@@ -90,53 +125,104 @@ class PodWriter:
             intent.add_finalizers.remove(finalizer)
         intent.remove_finalizers.add(finalizer)
 
+    def swap(self, name: str, *, to_lifecycle: bool) -> None:
+        """Trade the employer's guard for its lifecycle finalizer (served) or back (held, not
+        served). On a deleting pod, where no finalizer can be added, the one it has stays."""
+        if self.entry is None:
+            raise ValueError("a swap needs the employer's entry")
+        on, off = self.entry.lifecycle_finalizer, self.entry.guard_finalizer
+        if not to_lifecycle:
+            on, off = off, on
+        self.add_finalizer(name, on)
+        self.remove_finalizer(name, off)
+        self._intent(name).keep_guarded = True
+
     @property
     def pending(self) -> bool:
         return bool(self._intents)
 
-    async def flush(self) -> PodWriteResult:
-        """Write every planned pod once (in parallel, bounded); forget the plans."""
-        intents, self._intents = self._intents, {}
+    def adding(self) -> set[str]:
+        """Pods whose plan adds an entry or a finalizer."""
+        return {n for n, i in self._intents.items() if i.add_entries or i.add_finalizers}
+
+    async def flush(self, only: set[str] | None = None) -> PodWriteResult:
+        """Write every planned pod (or those in ``only``) once, in parallel, bounded; forget
+        the plans written, keep the others for a later flush."""
+        if only is None:
+            intents, self._intents = self._intents, {}
+        else:
+            intents = {n: i for n, i in self._intents.items() if n in only}
+            self._intents = {n: i for n, i in self._intents.items() if n not in only}
         result = PodWriteResult()
         gate = asyncio.Semaphore(_PARALLEL_WRITES)
 
         async def one(name: str, intent: PodIntent) -> None:
             async with gate:
                 try:
-                    if await asyncio.to_thread(self._apply, name, intent):
-                        result.writes += 1
-                    result.done.add(name)
+                    pod, wrote, deferred = await asyncio.to_thread(self._apply, name, intent)
                 except Exception as err:
                     result.failed[name] = err
+                    return
+                result.writes += wrote
+                result.done.add(name)
+                if deferred:
+                    result.deferred.add(name)
+                if pod is not None:
+                    result.finalizers[name] = lifecycle.get_finalizers(pod)
 
         await asyncio.gather(*(one(n, i) for n, i in intents.items()))
         return result
 
-    def _apply(self, name: str, intent: PodIntent) -> bool:
-        """Bring one pod to the intent; True when it was written."""
+    def _apply(self, name: str, intent: PodIntent) -> tuple[KubeObject | None, bool, bool]:
+        """Bring one pod to the intent: (the pod as it now is, or None when gone; written;
+        an entry removal deferred)."""
         where = self._resolve(name)
         # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
         pod = where.reader.get(kube.POD, self.namespace, where.name)
-        _, wrote = where.client.patch_optimistic(
-            kube.POD, self.namespace, where.name, lambda fresh: self._patch_for(fresh, intent), current=pod
+        deferred = False
+
+        def change(fresh: KubeObject) -> dict[str, Any] | None:
+            nonlocal deferred
+            body, deferred = self._patch_for(fresh, intent, self.entry)
+            return body
+
+        after, wrote = where.client.patch_optimistic(
+            kube.POD, self.namespace, where.name, change, current=pod
         )
-        return wrote
+        return after, wrote, deferred
 
     @staticmethod
-    def _patch_for(pod: KubeObject, intent: PodIntent) -> dict[str, Any] | None:
+    def _patch_for(
+        pod: KubeObject, intent: PodIntent, entry: EmployerEntry | None = None
+    ) -> tuple[dict[str, Any] | None, bool]:
+        """The merge patch that brings ``pod`` to ``intent`` (None: nothing to write), and
+        whether an entry removal was held back because the lifecycle finalizer stays."""
         deleting = lifecycle.is_deleting(pod)
+        current = lifecycle.get_finalizers(pod)
         # A deleting pod gets no new entry (Go does the same), and the API server forbids
         # new finalizers on it.
-        adds = {} if deleting else intent.add_entries
-        annotation = lifecycle.updated_available_conditions(pod, add=adds, remove=intent.remove_entries)
-        finalizers = lifecycle.updated_finalizers(
-            pod, add=() if deleting else intent.add_finalizers, remove=intent.remove_finalizers
-        )
+        adds = {} if deleting else dict(intent.add_entries)
+        removes = set(intent.remove_entries)
+        remove_finalizers = set(intent.remove_finalizers)
+        add_finalizers = () if deleting else intent.add_finalizers
+        if entry is not None and intent.keep_guarded and deleting:
+            # Nothing can be added to a deleting pod: the guarding finalizer it has stays.
+            remove_finalizers -= {entry.guard_finalizer, entry.lifecycle_finalizer}
+        finalizers = lifecycle.updated_finalizers(pod, add=add_finalizers, remove=remove_finalizers)
+        deferred = False
+        if entry is not None and entry.lifecycle_finalizer in (current if finalizers is None else finalizers):
+            # Never leave the lifecycle finalizer without its entry: Operating reads the pair.
+            if entry.key in removes:
+                removes.discard(entry.key)
+                deferred = True
+            if entry.key not in lifecycle.expected_finalizers(pod):
+                adds[entry.key] = entry.lifecycle_finalizer
+        annotation = lifecycle.updated_available_conditions(pod, add=adds, remove=removes)
         if annotation is None and finalizers is None:
-            return None
+            return None, deferred
         meta: dict[str, Any] = {}
         if annotation is not None:
             meta["annotations"] = {wire.AVAILABLE_CONDITIONS_ANNOTATION: annotation}
         if finalizers is not None:
             meta["finalizers"] = finalizers
-        return {"metadata": meta}
+        return {"metadata": meta}, deferred

@@ -7,13 +7,17 @@ Each step is one method of ``Reconciler``:
 3. ``_plan_expected_finalizers`` plan this employer's entry in each selected pod's
    ``available-conditions`` (removal when deleting; record mode tracks who got it).
 4. ``_sync_employer``        diff expected vs current employer items; create, update, delete.
-5. ``_sync_employees``       the same for employees, then plan lifecycle finalizers.
+5. ``_sync_employees``       the same for employees, guarded: ``_guard_before_calls`` puts the
+   guard finalizer on every pod the provider holds or is about to hold *before* the calls;
+   ``_plan_after_calls`` then adds the lifecycle finalizer where the provider confirmed it
+   serves a ready pod, and releases both only where it confirmed it holds nothing.
    ``_write``                 write each planned pod once, then the employer's record annotations.
 6. ``_release_clean_finalizer`` deleting and clean: drop the clean finalizer.
 7. statuses after success, error conditions after failure (in ``reconcile``).
 8. failed items without an error: requeue after the adapter's interval, or a rate-limited retry.
 
-Event reasons and messages are the Go frame's, so dashboards and alerts carry over.
+Event reasons and messages are the Go frame's, so dashboards and alerts carry over. The guard
+invariant these steps keep is written down in docs/concepts.md, "The guard".
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Any, TypeVar
 
 from resourceconsist import kube, lifecycle, wire
@@ -41,10 +46,10 @@ from resourceconsist.adapter import (
     StatusRecordOptions,
 )
 from resourceconsist.cache import CacheReader
-from resourceconsist.diff import diff
+from resourceconsist.diff import Diff, diff
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource
-from resourceconsist.podwriter import PodLocation, PodWriter
+from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult
 from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__name__)
@@ -95,15 +100,30 @@ class _Pass:
     follows_lifecycle: bool
     expected_key: str = ""
     lifecycle_finalizer: str = ""
+    guard_finalizer: str = ""
     selected: list[str] | None = None
     expected_clean: bool = True
     expected_added_record: list[str] | None = None
     expected_adds: set[str] = field(default_factory=set)
     expected_removes: set[str] = field(default_factory=set)
-    lifecycle_adds: list[str] = field(default_factory=list)
+    #: Pods that carry (or may carry) this employer's guard or lifecycle finalizer.
+    carriers: set[str] = field(default_factory=set)
     lifecycle_record: bool = False
+    written: PodWriteResult = field(default_factory=PodWriteResult)
+    current_by_id: dict[str, Any] = field(default_factory=dict)
     employer_results: CUDResults[Employer] = field(default_factory=CUDResults)
     employee_results: CUDResults[Employee] = field(default_factory=CUDResults)
+
+
+class _Verdict(IntEnum):
+    """What the provider's confirmed state means for one pod's finalizers after the calls.
+
+    Ordered by caution: when several items name one pod, the most cautious verdict wins."""
+
+    IDLE = 0  # the provider holds nothing that may route to it: release guard and lifecycle finalizer
+    SERVED = 1  # registered and lifecycle-ready: guard swapped for the lifecycle finalizer
+    ROUTING = 2  # registered, not ready: lifecycle finalizer swapped for the guard
+    UNKNOWN = 3  # a call failed or was skipped: the outcome is unknown, change nothing
 
 
 def _record_list(obj: KubeObject, annotation: str) -> list[str]:
@@ -132,6 +152,9 @@ class Reconciler:
         self.employee_resource = employee_resource
         self.clusters = clusters if clusters is not None else {}
         self.name = adapter.get_controller_name()
+        #: Per employer key: registrations the provider held without their pod's guard, as the
+        #: last pass found them (the invariant, live: it should read 0; docs/concepts.md).
+        self.unguarded: dict[str, int] = {}
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -203,14 +226,29 @@ class Reconciler:
         employer = self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
             return Result()
+        follows = self._follows_lifecycle()
+        entry: EmployerEntry | None = None
+        if follows:
+            meta = employer["metadata"]
+            entry = EmployerEntry(
+                key=lifecycle.expected_finalizer_key(
+                    employer.get("kind", ""), meta.get("namespace", ""), meta["name"]
+                ),
+                lifecycle_finalizer=lifecycle.lifecycle_finalizer(meta["name"]),
+                guard_finalizer=lifecycle.guard_finalizer(meta["name"]),
+            )
         p = _Pass(
             employer=employer,
             ctx=self.context(key),
-            writer=PodWriter(namespace, self._locate),
+            writer=PodWriter(namespace, self._locate, entry),
             key=key,
             deleting=lifecycle.is_deleting(employer),
-            follows_lifecycle=self._follows_lifecycle(),
+            follows_lifecycle=follows,
         )
+        if entry is not None:
+            p.expected_key = entry.key
+            p.lifecycle_finalizer = entry.lifecycle_finalizer
+            p.guard_finalizer = entry.guard_finalizer
         try:
             if await self._ensure_clean_finalizer(p):
                 return Result()
@@ -312,11 +350,6 @@ class Reconciler:
     async def _plan_expected_finalizers(self, p: _Pass) -> None:
         if not p.follows_lifecycle:
             return
-        meta = p.employer["metadata"]
-        p.expected_key = lifecycle.expected_finalizer_key(
-            p.employer.get("kind", ""), meta.get("namespace", ""), meta["name"]
-        )
-        p.lifecycle_finalizer = lifecycle.lifecycle_finalizer(meta["name"])
         try:
             selected = await self._selected_names(p)
         except Exception as err:
@@ -333,7 +366,9 @@ class Reconciler:
                 p.expected_removes = set(recorded) | set(selected)
             else:
                 p.expected_removes = set(recorded) - set(selected)
-                p.expected_adds = set(selected) - set(recorded)
+                # The record names pods, not pod instances: a pod re-created under a recorded
+                # name lacks the entry, and the record alone would never give it back.
+                p.expected_adds = {n for n in selected if n not in recorded or not self._has_entry(p, n)}
         elif p.deleting:
             p.expected_removes = set(selected)
         else:
@@ -362,6 +397,7 @@ class Reconciler:
         get_expected: Callable[..., Any],
         get_current: Callable[..., Any],
         cud: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
+        before_calls: _BeforeCalls | None = None,
     ) -> CUDResults[Any]:
         """Expected, current, diff and create/update/delete for one side, with the Go events."""
         try:
@@ -373,7 +409,7 @@ class Reconciler:
         except Exception as err:
             raise await self._fail(p, side.current_reason, f"get current {side.what} failed: {err}") from err
         try:
-            results = await _sync(p, expected, current, *cud, side.what)
+            results = await _sync(p, expected, current, *cud, side.what, before_calls)
         except _SyncError as err:
             raise await self._fail(p, side.sync_reason, f"sync {side.what} failed: {err}") from err
         _log_changes(self.name, p.key, side.what, results)
@@ -389,49 +425,171 @@ class Reconciler:
             a.get_expected_employee,
             a.get_current_employee,
             (a.create_employees, a.update_employees, a.delete_employees),
+            self._guard_before_calls if p.follows_lifecycle else None,
         )
         p.employee_results = results
-        if not p.follows_lifecycle:
-            return
-        adds: list[str] = [e.name for e in results.succ_created]
-        removes: set[str] = {e.name for e in results.succ_deleted}
-        for employee in [*results.succ_updated, *results.unchanged]:
-            if not isinstance(employee.statuses, PodEmployeeStatuses):
-                continue
-            if employee.statuses.lifecycle_ready:
-                adds.append(employee.name)
-            else:
-                removes.add(employee.name)
+        if p.follows_lifecycle:
+            self._plan_after_calls(p, results)
+
+    # -- the guard ----------------------------------------------------------------------------------------
+
+    def _pod(self, name: str, namespace: str) -> KubeObject | None:
+        where = self._locate(name)
+        return where.reader.get(kube.POD, namespace, where.name)
+
+    def _has_entry(self, p: _Pass, name: str) -> bool:
+        """The cached pod holds this employer's entry (a pod not cached yet counts as holding
+        it: its watch event brings it to the next pass)."""
+        pod = self._pod(name, p.writer.namespace)
+        if pod is None:
+            return True
+        try:
+            return p.expected_key in lifecycle.expected_finalizers(pod)
+        except lifecycle.MalformedAvailableConditions:
+            return False  # the write reports the malformed annotation
+
+    def _guarded(self, p: _Pass, finalizers: Sequence[str]) -> bool:
+        return p.guard_finalizer in finalizers or p.lifecycle_finalizer in finalizers
+
+    def _find_carriers(self, p: _Pass) -> set[str]:
+        """Pods (``pod`` or ``pod#cluster``) whose cached copy carries this employer's guard or
+        lifecycle finalizer: an index lookup, not a scan."""
+        namespace = str(p.employer["metadata"].get("namespace") or "")
+        wanted = (p.guard_finalizer, p.lifecycle_finalizer)
+        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+            return {
+                f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}"
+                for cluster, (_, reader) in self.clusters.items()
+                for finalizer in wanted
+                for pod in reader.pods_with_finalizer(namespace, finalizer)
+            }
+        return {
+            pod["metadata"]["name"] for f in wanted for pod in self.reader.pods_with_finalizer(namespace, f)
+        }
+
+    async def _guard_before_calls(
+        self, p: _Pass, planned: Diff[Employee], current: Sequence[Employee]
+    ) -> set[str]:
+        """Guard every pod the provider holds, or is about to hold, a registration of, before any
+        call; return the ids of creates/updates that must wait because their pod could not be
+        guarded (gone, deleting, or the write failed).
+
+        Entries planned in step 3 go out in the same write, so a new pod costs one write. A
+        registration found without its guard (a crash between a call and its write) is guarded
+        here, before anything else (docs/concepts.md, "The guard")."""
+        namespace = p.writer.namespace
+        p.carriers = self._find_carriers(p)
+        unguarded = 0
+        need: set[str] = set()
+        for item in current:
+            if item.name and item.registered():
+                need.add(item.name)
+                pod = self._pod(item.name, namespace)
+                if pod is not None and not self._guarded(p, lifecycle.get_finalizers(pod)):
+                    unguarded += 1
+        self.unguarded[p.key] = unguarded
+        registering = {
+            e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
+        }
+        need |= set(registering)
+        for name in sorted(need):
+            pod = self._pod(name, namespace)
+            if pod is None or not self._guarded(p, lifecycle.get_finalizers(pod)):
+                p.writer.add_finalizer(name, p.guard_finalizer)
+        # Additions go out now; removals wait for the calls (an entry stays while its
+        # lifecycle finalizer does).
+        adding = p.writer.adding()
+        if adding:
+            p.written.merge(await p.writer.flush(only=adding))
+        p.carriers |= {n for n, f in p.written.finalizers.items() if self._guarded(p, f)}
+        blocked: set[str] = set()
+        for name, item_id in registering.items():
+            finalizers = p.written.finalizers.get(name)
+            if finalizers is None:
+                pod = (
+                    None if name in p.written.done or name in p.written.failed else self._pod(name, namespace)
+                )
+                finalizers = lifecycle.get_finalizers(pod) if pod is not None else []
+            if not self._guarded(p, finalizers):
+                blocked.add(item_id)
+        if blocked:
+            log.info(
+                "%s %s: not registering %d employees whose pods could not be guarded yet",
+                self.name,
+                p.key,
+                len(blocked),
+            )
+        return blocked
+
+    def _plan_after_calls(self, p: _Pass, results: CUDResults[Employee]) -> None:
+        """Plan each pod's guard and lifecycle finalizer from what the provider confirmed."""
+        verdicts: dict[str, _Verdict] = {}
+
+        def judge(name: str, verdict: _Verdict) -> None:
+            if name:
+                verdicts[name] = max(verdicts.get(name, _Verdict.IDLE), verdict)
+
+        def confirmed(item: Employee, registered: bool) -> _Verdict:
+            if not registered:
+                return _Verdict.IDLE
+            ready = isinstance(item.statuses, PodEmployeeStatuses) and item.statuses.lifecycle_ready
+            return _Verdict.SERVED if ready else _Verdict.ROUTING
+
+        for item in [*results.succ_created, *results.succ_updated]:
+            judge(item.name, confirmed(item, item.registered()))
+        for item in results.unchanged:
+            # The provider's own item says whether it holds a registration.
+            held = p.current_by_id.get(item.id)
+            judge(item.name, confirmed(item, (held if held is not None else item).registered()))
+        for item in results.succ_deleted:
+            judge(item.name, _Verdict.IDLE)
+        for item in [*results.fail_created, *results.fail_updated, *results.fail_deleted]:
+            judge(item.name, _Verdict.UNKNOWN)
+        # Pods carrying our finalizers that the provider holds nothing for: release them,
+        # whatever removed their backends (delete_employer, a person, the provider).
+        for name in p.carriers:
+            verdicts.setdefault(name, _Verdict.IDLE)
+        for name, verdict in sorted(verdicts.items()):
+            if verdict is _Verdict.SERVED:
+                p.writer.swap(name, to_lifecycle=True)
+            elif verdict is _Verdict.ROUTING:
+                p.writer.swap(name, to_lifecycle=False)
+            elif verdict is _Verdict.IDLE and name in p.carriers:
+                p.writer.remove_finalizer(name, p.lifecycle_finalizer)
+                p.writer.remove_finalizer(name, p.guard_finalizer)
         if self._records_lifecycle_finalizers():
             p.lifecycle_record = True
-            recorded = _record_list(p.employer, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION)
-            if recorded:
-                selected = set(await self._selected_names(p))
-                removes |= {name for name in recorded if name not in selected}
-        p.lifecycle_adds = [name for name in dict.fromkeys(adds) if name not in removes]
-        for name in p.lifecycle_adds:
-            p.writer.add_finalizer(name, p.lifecycle_finalizer)
-        for name in sorted(removes):
-            p.writer.remove_finalizer(name, p.lifecycle_finalizer)
 
     # -- pod writes and the employer's record annotations ---------------------------------------------------
 
     async def _write(self, p: _Pass) -> None:
-        if not p.writer.pending and p.expected_added_record is None and not p.lifecycle_record:
+        if p.writer.pending:
+            p.written.merge(await p.writer.flush())
+        written = p.written
+        if (
+            not written.done
+            and not written.failed
+            and p.expected_added_record is None
+            and not p.lifecycle_record
+        ):
             return
-        written = await p.writer.flush()
         annotations: dict[str, str] = {}
         if p.expected_added_record is not None:
-            kept = [n for n in p.expected_added_record if not (n in p.expected_removes and n in written.done)]
+            removed = {n for n in p.expected_removes if n in written.done and n not in written.deferred}
+            kept = [n for n in p.expected_added_record if n not in removed]
             added = sorted(set(kept) | {n for n in p.expected_adds if n in written.done})
             value = ",".join(added)
             if value != ",".join(p.expected_added_record):
                 annotations[wire.EXPECTED_FINALIZER_ADDED_ANNOTATION] = value
         if p.deleting:
-            p.expected_clean = all(n in written.done for n in p.expected_removes)
+            p.expected_clean = all(
+                n in written.done and n not in written.deferred for n in p.expected_removes
+            ) and not any(self._still_carries(p, n) for n in p.carriers)
         if p.lifecycle_record:
             recorded = _record_list(p.employer, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION)
-            having = sorted(n for n in p.lifecycle_adds if n in written.done)
+            having = sorted(
+                n for n in {*recorded, *p.carriers, *written.finalizers} if self._carries_lifecycle(p, n)
+            )
             if set(having) != set(recorded):
                 annotations[wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION] = ",".join(having)
         if annotations:
@@ -454,6 +612,21 @@ class Reconciler:
                 EventReason.SYNC_EMPLOYEES_FAILED,
                 f"sync employees failed: ensureLifecycleFinalizer failed, err: pod {name}: {err}",
             )
+
+    def _final_finalizers(self, p: _Pass, name: str) -> list[str]:
+        """A pod's finalizers after this pass's writes (from the write, else from the cache)."""
+        if name in p.written.finalizers:
+            return p.written.finalizers[name]
+        if name in p.written.done and name not in p.written.failed:
+            return []  # written to and found gone
+        pod = self._pod(name, p.writer.namespace)
+        return lifecycle.get_finalizers(pod) if pod is not None else []
+
+    def _still_carries(self, p: _Pass, name: str) -> bool:
+        return self._guarded(p, self._final_finalizers(p, name))
+
+    def _carries_lifecycle(self, p: _Pass, name: str) -> bool:
+        return p.lifecycle_finalizer in self._final_finalizers(p, name)
 
     async def _patch_employer_annotations(self, p: _Pass, annotations: dict[str, str]) -> None:
         meta = p.employer["metadata"]
@@ -533,6 +706,10 @@ class _SyncError(Exception):
 ItemT = TypeVar("ItemT", Employer, Employee)
 
 
+#: Runs between the diff and the calls: guards pods, returns the ids of creates/updates to hold back.
+_BeforeCalls = Callable[[_Pass, Diff[Any], Sequence[Any]], Awaitable[set[str]]]
+
+
 async def _sync(
     p: _Pass,
     expected: Sequence[ItemT],
@@ -541,13 +718,22 @@ async def _sync(
     update: Callable[..., Any],
     delete: Callable[..., Any],
     what: str,
+    before_calls: _BeforeCalls | None = None,
 ) -> CUDResults[ItemT]:
-    """Diff, then create, update, delete; an error aborts, failed items do not."""
+    """Diff, then create, update, delete; an error aborts, failed items do not.
+
+    Items ``before_calls`` holds back count as failed (so the employer is looked at again)."""
     try:
         planned = diff(expected, current)
     except Exception as err:
         raise _SyncError(f"diff {what} failed, err: {err}") from err
+    p.current_by_id = {item.id: item for item in current}
+    held_back: set[str] = await before_calls(p, planned, current) if before_calls is not None else set()
     results: CUDResults[ItemT] = CUDResults(unchanged=list(planned.unchanged))
+    results.fail_created = [i for i in planned.to_create if i.id in held_back]
+    results.fail_updated = [i for i in planned.to_update if i.id in held_back]
+    planned.to_create = [i for i in planned.to_create if i.id not in held_back]
+    planned.to_update = [i for i in planned.to_update if i.id not in held_back]
     for label, fn, items in (
         ("syncCreate", create, planned.to_create),
         ("syncUpdate", update, planned.to_update),
@@ -558,9 +744,11 @@ async def _sync(
         except Exception as err:
             raise _SyncError(f"{label} failed, err: {err}") from err
         if label == "syncCreate":
-            results.succ_created, results.fail_created = list(succeeded), list(failed)
+            results.succ_created = list(succeeded)
+            results.fail_created += list(failed)
         elif label == "syncUpdate":
-            results.succ_updated, results.fail_updated = list(succeeded), list(failed)
+            results.succ_updated = list(succeeded)
+            results.fail_updated += list(failed)
         else:
             results.succ_deleted, results.fail_deleted = list(succeeded), list(failed)
     return results

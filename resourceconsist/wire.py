@@ -25,6 +25,11 @@ AVAILABLE_CONDITIONS_ANNOTATION: Final = "pod.kusionstack.io/available-condition
 EXPECTED_FINALIZERS_KEY: Final = "expectedFinalizers"
 #: Prefix of the lifecycle finalizer one employer puts on a pod (``<prefix>/<hash>``).
 LIFECYCLE_FINALIZER_PREFIX: Final = "prot.podopslifecycle.kusionstack.io"
+#: Prefix of the guard finalizer one employer puts on a pod before the provider may route to it
+#: (``<prefix>/<hash>``, the lifecycle finalizer's hash). Our own name, not the Go original's:
+#: it blocks deletion while a registration exists without telling Operating "served"
+#: (docs/concepts.md, "The guard").
+GUARD_FINALIZER_PREFIX: Final = "guard.resource-consist.kusionstack.io"
 
 #: Employer annotation (record mode): pods whose expected-finalizer entry was added.
 EXPECTED_FINALIZER_ADDED_ANNOTATION: Final = (

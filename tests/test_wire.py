@@ -23,6 +23,7 @@ PINNED: dict[str, Any] = {
     "AVAILABLE_CONDITIONS_ANNOTATION": "pod.kusionstack.io/available-conditions",
     "EXPECTED_FINALIZERS_KEY": "expectedFinalizers",
     "LIFECYCLE_FINALIZER_PREFIX": "prot.podopslifecycle.kusionstack.io",
+    "GUARD_FINALIZER_PREFIX": "guard.resource-consist.kusionstack.io",
     "EXPECTED_FINALIZER_ADDED_ANNOTATION": (
         "resource-consist.kusionstack.io/employees-expected-finalizer-added"
     ),
@@ -104,3 +105,7 @@ def test_expected_finalizer_key_format() -> None:
 
 def test_multi_cluster_employee_name_format() -> None:
     assert "web-0" + wire.MULTI_CLUSTER_SEPARATOR + "member-1" == "web-0#member-1"
+
+
+def test_guard_finalizer_is_our_prefix_and_the_lifecycle_hash() -> None:
+    assert lifecycle.guard_finalizer("demo-svc") == "guard.resource-consist.kusionstack.io/ccccca6af890783e"

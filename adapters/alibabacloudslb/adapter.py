@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, TypeVar
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import handler, kube, lifecycle, wire
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
@@ -125,6 +125,7 @@ class _PassState:
     namespace: str
     deleting: bool
     finalizer: str
+    guard: str
     error: SLBConfigError | None = None
     mode: Mode | None = None
     lb_id: str = ""
@@ -243,7 +244,7 @@ class SLBAdapter(ReconcileAdapter):
             return names
         known = set(names)
         for pod in ctx.reader.list(kube.POD, state.namespace):
-            if _name(pod) not in known and config.carries_finalizer(pod, state.finalizer):
+            if _name(pod) not in known and config.carries_finalizer(pod, state.finalizer, state.guard):
                 names.append(_name(pod))
         return names
 
@@ -395,15 +396,18 @@ class SLBAdapter(ReconcileAdapter):
             if state.current is None:
                 await self._plan_managed(state)
             return list(state.current or [])
-        if state.deleting:
-            # Only pods still holding our finalizer matter: each is released once its IP is gone.
-            pods = [
-                pod
-                for pod in ctx.reader.list(kube.POD, state.namespace)
-                if config.carries_finalizer(pod, state.finalizer)
-            ]
-        else:
-            pods = ctx.reader.pods_selected_by(employer)
+        # Pods still holding our guard or finalizer matter whether selected or not: each is
+        # released once the load balancer no longer lists its IP (a deleting Service selects none).
+        holding = {
+            _name(pod): pod
+            for finalizer in (state.finalizer, state.guard)
+            for pod in ctx.reader.pods_with_finalizer(state.namespace, finalizer)
+        }
+        selected = [] if state.deleting else ctx.reader.pods_selected_by(employer)
+        pods = [
+            *selected,
+            *(pod for name, pod in sorted(holding.items()) if name not in {_name(p) for p in selected}),
+        ]
         # No pod, no question to ask the load balancer.
         listed = await self._listed_ips(state) if pods else set()
         current: list[Employee] = []
@@ -455,6 +459,7 @@ class SLBAdapter(ReconcileAdapter):
             namespace=str(meta.get("namespace") or ""),
             deleting=lifecycle.is_deleting(employer),
             finalizer=lifecycle.lifecycle_finalizer(str(meta["name"])),
+            guard=lifecycle.guard_finalizer(str(meta["name"])),
         )
         try:
             state.mode = config.mode_of(employer)
@@ -574,7 +579,7 @@ class SLBAdapter(ReconcileAdapter):
         selected = set() if state.deleting else {_name(p) for p in reader.pods_selected_by(service)}
         by_name = {_name(p): p for p in pods}
         relevant = {n for n in selected if n in by_name}
-        relevant |= {_name(p) for p in pods if config.carries_finalizer(p, state.finalizer)}
+        relevant |= {_name(p) for p in pods if config.carries_finalizer(p, state.finalizer, state.guard)}
 
         pods_by_ip: dict[str, list[KubeObject]] = {}
         for pod in pods:
@@ -598,7 +603,7 @@ class SLBAdapter(ReconcileAdapter):
             pod = by_name[name]
             mine = tuple(attached.get(name, ()))
             state.attached[name] = mine
-            held = config.carries_finalizer(pod, state.finalizer)
+            held = config.carries_finalizer(pod, state.finalizer, state.guard)
             if not state.deleting:
                 expected.append(self._expected_item(state, pod, name in selected))
             elif not (held or mine):
@@ -786,21 +791,6 @@ def _enqueue_self(event: WatchEvent, reader: CacheReader) -> list[str]:
 
 
 def _enqueue_services_of_pod(event: WatchEvent, reader: CacheReader) -> list[str]:
-    """SLB Services selecting the pod before or after the change, and those whose lifecycle
-    finalizer the pod still holds (an unselected pod that manage mode is still draining)."""
-    keys: set[str] = set()
-    for pod in (event.old, event.obj):
-        if pod is None:
-            continue
-        found = [svc for svc in reader.services_selecting(pod) if config.is_slb_service(svc)]
-        keys.update(object_key(svc) for svc in found)
-        prefix = wire.LIFECYCLE_FINALIZER_PREFIX + "/"
-        held = {f for f in lifecycle.get_finalizers(pod) if f.startswith(prefix)}
-        held -= {lifecycle.lifecycle_finalizer(_name(svc)) for svc in found}
-        if not held:
-            continue
-        namespace = str(pod.get("metadata", {}).get("namespace") or "")
-        for svc in reader.list(kube.SERVICE, namespace):
-            if config.is_slb_service(svc) and lifecycle.lifecycle_finalizer(_name(svc)) in held:
-                keys.add(object_key(svc))
-    return sorted(keys)
+    """SLB Services selecting the pod before or after the change, and those whose guard or
+    lifecycle finalizer the pod still holds (an unselected pod that manage mode is still draining)."""
+    return handler.services_of_pod(event, reader, config.is_slb_service)

@@ -214,5 +214,7 @@ def pod_ip(pod: KubeObject) -> str:
     return str((pod.get("status") or {}).get("podIP") or "")
 
 
-def carries_finalizer(pod: KubeObject, finalizer: str) -> bool:
-    return finalizer in lifecycle.get_finalizers(pod)
+def carries_finalizer(pod: KubeObject, *finalizers: str) -> bool:
+    """The pod holds any of ``finalizers`` (our Service's lifecycle finalizer or guard)."""
+    held = lifecycle.get_finalizers(pod)
+    return any(f in held for f in finalizers)

@@ -90,6 +90,10 @@ class ObservedEmployee(Employee):
             and mine.extra_status == theirs.extra_status
         )
 
+    def registered(self) -> bool:
+        """Expected: the pod should be in the load balancer; current: its IP is listed."""
+        return self.traffic_on
+
     @property
     def traffic_on(self) -> bool:
         statuses = _statuses(self)
@@ -108,6 +112,14 @@ class ManagedEmployee(Employee):
         if desired is None or attached is None:
             return False
         return desired.satisfied_by(attached.members)
+
+    def registered(self) -> bool:
+        """Expected: backends should stay or be added (``on``, or ``idle`` at weight 0);
+        current: the group holds a backend of ours for the pod."""
+        desired, attached = self.desired, self.attached
+        if desired is not None:
+            return desired.state in ("on", "idle")
+        return attached is not None and bool(attached.members)
 
     @property
     def desired(self) -> Desired | None:

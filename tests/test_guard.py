@@ -1,0 +1,416 @@
+"""The guard invariant (docs/concepts.md, "The guard"), checked from outside the frame.
+
+For every employer and pod: whenever the provider may route the employer's traffic to the pod,
+the pod carries the employer's guard or lifecycle finalizer. A ``DeletionWatch`` watches the
+real API server and, on every pod DELETED event, asks the fake provider whether it still routes
+to that pod: each such moment is an unguarded deletion. Faults are injected at several points
+of a pass (before a call, "did it but reported failure", during removal), a pass is stopped in
+the middle, and an employer is deleted by an adapter that drops every backend with it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.experimental.demo import (
+    DEMO_QPS,
+    DEMO_VIP,
+    DemoAdapter,
+    FakeProvider,
+    RealServer,
+    VipStatus,
+)
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.podwriter import EmployerEntry, PodIntent, PodWriter
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
+
+from .test_tutorial import tutorial_namespace
+
+ENTRY = EmployerEntry(
+    key="Service/ns/svc",
+    lifecycle_finalizer=lifecycle.lifecycle_finalizer("svc"),
+    guard_finalizer=lifecycle.guard_finalizer("svc"),
+)
+L, G = ENTRY.lifecycle_finalizer, ENTRY.guard_finalizer
+
+
+def _pod(finalizers: list[str], entries: dict[str, str] | None = None, deleting: bool = False) -> KubeObject:
+    meta: dict[str, Any] = {"name": "p", "finalizers": finalizers, "annotations": {}}
+    if entries is not None:
+        meta["annotations"][wire.AVAILABLE_CONDITIONS_ANNOTATION] = lifecycle.render_available_conditions(
+            entries
+        )
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+def _apply(pod: KubeObject, body: dict[str, Any] | None) -> KubeObject:
+    if body is None:
+        return pod
+    meta = dict(pod["metadata"])
+    meta["annotations"] = {**meta["annotations"], **body["metadata"].get("annotations", {})}
+    if "finalizers" in body["metadata"]:
+        meta["finalizers"] = body["metadata"]["finalizers"]
+    return {"metadata": meta}
+
+
+# -- the writer's rules, pure -----------------------------------------------------------------------
+
+
+def test_the_guard_finalizer_is_the_lifecycle_hash_under_our_own_prefix() -> None:
+    assert "guard.resource-consist.kusionstack.io/" + L.split("/", 1)[1] == G
+    assert G != L
+
+
+def test_adding_the_lifecycle_finalizer_adds_a_missing_entry() -> None:
+    writer = PodWriter("ns", lambda n: None, ENTRY)  # type: ignore[arg-type,return-value]
+    writer.swap("p", to_lifecycle=True)
+    intent = writer._intents["p"]
+    body, deferred = PodWriter._patch_for(_pod([G], entries={}), intent, ENTRY)
+    after = _apply(_pod([G], entries={}), body)
+    assert finalizers(after) == [L]
+    assert lifecycle.expected_finalizers(after) == {ENTRY.key: L}
+    assert not deferred
+
+
+def test_an_entry_removal_waits_while_the_lifecycle_finalizer_stays() -> None:
+    intent = PodIntent(remove_entries={ENTRY.key})
+    pod = _pod([L], entries={ENTRY.key: L, "Service/ns/other": "x/y"})
+    body, deferred = PodWriter._patch_for(pod, intent, ENTRY)
+    assert deferred
+    assert body is None, "nothing else to write: the entry stays with its finalizer"
+
+
+def test_releasing_both_finalizers_lets_the_entry_go_in_the_same_write() -> None:
+    intent = PodIntent(remove_entries={ENTRY.key}, remove_finalizers={L, G})
+    body, deferred = PodWriter._patch_for(_pod([L, "x/keep"], entries={ENTRY.key: L}), intent, ENTRY)
+    after = _apply(_pod([L, "x/keep"], entries={ENTRY.key: L}), body)
+    assert not deferred
+    assert finalizers(after) == ["x/keep"]
+    assert lifecycle.expected_finalizers(after) == {}
+
+
+@pytest.mark.parametrize(("has", "to_lifecycle"), [([L], False), ([G], True)])
+def test_a_swap_on_a_deleting_pod_keeps_the_finalizer_it_has(has: list[str], to_lifecycle: bool) -> None:
+    writer = PodWriter("ns", lambda n: None, ENTRY)  # type: ignore[arg-type,return-value]
+    writer.swap("p", to_lifecycle=to_lifecycle)
+    pod = _pod(has, entries={ENTRY.key: L}, deleting=True)
+    body, _ = PodWriter._patch_for(pod, writer._intents["p"], ENTRY)
+    assert finalizers(_apply(pod, body)) == has
+
+
+def test_a_swap_on_a_live_pod_is_one_write_with_both_changes() -> None:
+    writer = PodWriter("ns", lambda n: None, ENTRY)  # type: ignore[arg-type,return-value]
+    writer.swap("p", to_lifecycle=False)
+    pod = _pod([L, "x/keep"], entries={ENTRY.key: L})
+    body, _ = PodWriter._patch_for(pod, writer._intents["p"], ENTRY)
+    assert body is not None
+    assert finalizers(_apply(pod, body)) == ["x/keep", G]
+
+
+# -- against the real API server ------------------------------------------------------------------
+
+
+class DeletionWatch:
+    """Watches the namespace's pods on the real API server; on each DELETED event asks
+    ``routes(pod)`` (the provider's view) and records the pods deleted while still routed."""
+
+    def __init__(self, client: KubeClient, namespace: str, routes: Callable[[str], bool]) -> None:
+        self.client, self.namespace, self.routes = client, namespace, routes
+        self.deleted: list[str] = []
+        self.unguarded: list[str] = []
+        listing = client.list(kube.POD, namespace)
+        self._stream = client.watch(kube.POD, namespace, listing["metadata"]["resourceVersion"])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for event in self._stream:
+                if event.get("type") == "DELETED":
+                    name = event["object"]["metadata"]["name"]
+                    if self.routes(name):
+                        self.unguarded.append(name)
+                    self.deleted.append(name)
+        except Exception:  # the stream is closed at the end of the test
+            return
+
+    def close(self) -> None:
+        self._stream.close()
+        self._thread.join(timeout=10)
+
+
+def _routes(provider: FakeProvider) -> Callable[[str], bool]:
+    def routes(pod: str) -> bool:
+        return any(
+            rs.traffic_on and rs.weight > 0
+            for servers in provider.snapshot().values()
+            for name, rs in servers.items()
+            if name == pod
+        )
+
+    return routes
+
+
+async def _finalizers_of(cluster: Cluster, pod: str) -> list[str]:
+    return finalizers(await cluster.get(kube.POD, pod))
+
+
+class BlockingDemo(DemoAdapter):
+    """Demo adapter whose update call for one pod does its work, then waits for ``release``."""
+
+    def __init__(self, provider: FakeProvider, pod: str) -> None:
+        super().__init__(provider)
+        self.pod = pod
+        self.inside = threading.Event()
+        self.release = threading.Event()
+        self.finalizers_during_call: list[list[str]] = []
+
+    def update_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]
+    ) -> tuple[list[Employee], list[Employee]]:
+        done = super().update_employees(ctx, employer, to_update)
+        if any(item.name == self.pod for item in to_update) and not self.release.is_set():
+            # What the API server says while the provider already routes to the pod.
+            pod = ctx.reader.client.get(kube.POD, employer["metadata"]["namespace"], self.pod)
+            self.finalizers_during_call.append(finalizers(pod))
+            self.inside.set()
+            self.release.wait(30)
+        return done
+
+
+async def test_the_guard_is_on_before_the_call_that_routes_and_holds_a_deleted_pod(
+    cluster: Cluster, run_manager: Any, kube_client: KubeClient
+) -> None:
+    provider = FakeProvider()
+    adapter = BlockingDemo(provider, "pod-1")
+    watch = DeletionWatch(kube_client, cluster.namespace, _routes(provider))
+    try:
+        await cluster.service("svc")
+        await cluster.pod("pod-1", {"app": "svc"})
+        await cluster.set_status("pod-1", ready=False)
+        async with run_manager(adapter):
+            await async_wait_for(lambda: "pod-1" in provider.snapshot().get(f"{cluster.namespace}/svc", {}))
+            await cluster.set_status("pod-1", ready=True)
+            await async_wait_for(adapter.inside.is_set, timeout=20, message="the update call")
+            assert adapter.finalizers_during_call == [[lifecycle.guard_finalizer("svc")]]
+            # The provider routes now, the lifecycle finalizer is not on yet: delete the pod.
+            await cluster.delete(kube.POD, "pod-1")
+            pod = await cluster.get(kube.POD, "pod-1")
+            assert pod is not None and pod["metadata"].get("deletionTimestamp"), "the guard holds the pod"
+            adapter.release.set()
+
+            async def gone() -> bool:
+                return await cluster.get(kube.POD, "pod-1") is None
+
+            await async_wait_for(gone, timeout=30, message="pod released after deregistration")
+        assert watch.deleted == ["pod-1"]
+        assert watch.unguarded == []
+    finally:
+        watch.close()
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        ("fail_next", "update_rs"),  # refused before doing anything
+        ("report_failure_after_doing", "update_rs"),  # did it, said it failed: outcome unknown
+        ("fail_next", "delete_rs"),  # removal refused
+        ("report_failure_after_doing", "delete_rs"),  # removal done, reported failed
+        ("fail_next", "query_rs"),  # the read of the provider's state fails
+    ],
+)
+async def test_faults_at_each_point_of_a_pass_never_let_a_routed_pod_go(
+    cluster: Cluster, run_manager: Any, kube_client: KubeClient, fault: tuple[str, str]
+) -> None:
+    provider = FakeProvider()
+    skey = f"{cluster.namespace}/svc"
+    watch = DeletionWatch(kube_client, cluster.namespace, _routes(provider))
+    try:
+        await cluster.service("svc")
+        pods = [f"pod-{i}" for i in range(6)]
+        for name in pods:
+            await cluster.pod(name, {"app": "svc"})
+            await cluster.set_status(name, ready=False)
+        async with run_manager(DemoAdapter(provider)):
+            await async_wait_for(lambda: len(provider.snapshot().get(skey, {})) == 6, timeout=30)
+            getattr(provider, fault[0])(fault[1], times=3)
+            for name in pods:
+                await cluster.set_status(name, ready=True)
+            # Delete half of the pods at once, while their registrations are being changed.
+            for name in pods[:3]:
+                await cluster.delete(kube.POD, name)
+
+            async def converged() -> bool:
+                servers = provider.snapshot().get(skey, {})
+                if set(servers) != set(pods[3:]) or not all(s.traffic_on for s in servers.values()):
+                    return False
+                for name in pods[3:]:
+                    if await _finalizers_of(cluster, name) != [lifecycle.lifecycle_finalizer("svc")]:
+                        return False
+                return all([await cluster.get(kube.POD, n) is None for n in pods[:3]])
+
+            await async_wait_for(converged, timeout=60, message="converged after the fault")
+        assert sorted(watch.deleted) == pods[:3]
+        assert watch.unguarded == []
+    finally:
+        watch.close()
+
+
+async def test_a_registration_found_without_its_guard_is_guarded_first(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    provider = FakeProvider()
+    skey = f"{cluster.namespace}/svc"
+    await cluster.service("svc")
+    await cluster.pod("pod-1", {"app": "svc"})
+    await cluster.set_status("pod-1", ready=False)
+    # A crash between a call and its write left the provider routing to an unguarded pod.
+    provider.real_servers[skey] = {"pod-1": RealServer(cluster.ip_of("pod-1"), True, 100)}
+    provider.vips[skey] = VipStatus(vip=DEMO_VIP, qps=DEMO_QPS)
+    provider.fail_next("update_rs", times=1000)  # traffic cannot be turned off for now
+    async with run_manager(DemoAdapter(provider)) as manager:
+
+        async def guarded() -> bool:
+            return lifecycle.guard_finalizer("svc") in await _finalizers_of(cluster, "pod-1")
+
+        await async_wait_for(guarded, timeout=20, message="the routed pod guarded")
+        reconciler = manager.controllers["demo-controller"].reconciler
+        await async_wait_for(lambda: reconciler.unguarded.get(skey) == 0, timeout=20)
+        provider.clear_faults()
+        await cluster.patch(kube.SERVICE, "svc", {"metadata": {"annotations": {"poke": "1"}}})
+
+        async def held() -> bool:
+            # The demo keeps a not-ready pod registered at weight 0: held by the guard alone.
+            rs = provider.snapshot().get(skey, {}).get("pod-1")
+            guard = [lifecycle.guard_finalizer("svc")]
+            return rs is not None and not rs.traffic_on and await _finalizers_of(cluster, "pod-1") == guard
+
+        await async_wait_for(held, timeout=30, message="traffic off, pod held by its guard")
+        await cluster.delete(kube.POD, "pod-1")
+
+        async def gone() -> bool:
+            return await cluster.get(kube.POD, "pod-1") is None and not provider.snapshot().get(skey)
+
+        await async_wait_for(gone, timeout=30, message="deregistered, then released")
+
+
+async def test_a_pass_stopped_in_the_middle_leaves_the_pod_guarded_and_consistent(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    provider = FakeProvider()
+    adapter = BlockingDemo(provider, "pod-1")
+    await cluster.service("svc")
+    await cluster.pod("pod-1", {"app": "svc"})
+    await cluster.set_status("pod-1", ready=False)
+    async with run_manager(adapter):
+        await async_wait_for(lambda: "pod-1" in provider.snapshot().get(f"{cluster.namespace}/svc", {}))
+        await cluster.set_status("pod-1", ready=True)
+        await async_wait_for(adapter.inside.is_set, timeout=20, message="the update call")
+    # The manager stopped mid-call (its timeout cut the pass); the provider routes to the pod.
+    adapter.release.set()
+    assert provider.snapshot()[f"{cluster.namespace}/svc"]["pod-1"].traffic_on
+    pod = await cluster.get(kube.POD, "pod-1")
+    assert lifecycle.guard_finalizer("svc") in finalizers(pod)
+    for name in finalizers(pod):
+        if name.startswith(wire.LIFECYCLE_FINALIZER_PREFIX + "/"):
+            assert name in lifecycle.expected_finalizers(pod).values()
+    async with run_manager(DemoAdapter(provider)):
+
+        async def served() -> bool:
+            return await _finalizers_of(cluster, "pod-1") == [lifecycle.lifecycle_finalizer("svc")]
+
+        await async_wait_for(served, timeout=30, message="the next process finishes the pass")
+
+
+@pytest.mark.parametrize("record", [False, True])
+async def test_deleting_a_service_served_by_the_tutorial_adapter_releases_its_pods(
+    cluster: Cluster, run_manager: Any, tmp_path: Path, record: bool
+) -> None:
+    tutorial = tutorial_namespace()
+
+    class Recording(tutorial["FileAdapter"]):  # type: ignore[misc,name-defined]
+        def follow_pod_ops_lifecycle(self) -> bool:
+            return True
+
+        def need_record_lifecycle_finalizer_condition(self) -> bool:
+            return record
+
+        def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
+            return [p["metadata"]["name"] for p in ctx.reader.pods_selected_by(employer)]
+
+    backends = tutorial["BackendsDir"](tmp_path)
+    await cluster.service("web")
+    for name in ("web-0", "web-1", "web-2"):
+        await cluster.pod(name, {"app": "web"})
+        await cluster.set_status(name, ready=True)
+    flz = lifecycle.lifecycle_finalizer("web")
+    async with run_manager(Recording(backends)):
+
+        async def all_served() -> bool:
+            return all([flz in await _finalizers_of(cluster, n) for n in ("web-0", "web-1", "web-2")])
+
+        await async_wait_for(all_served, timeout=30, message="pods served")
+        await cluster.delete(kube.SERVICE, "web")
+
+        async def service_gone() -> bool:
+            return await cluster.get(kube.SERVICE, "web") is None
+
+        await async_wait_for(service_gone, timeout=30, message="Service released and gone")
+        for name in ("web-0", "web-1", "web-2"):
+            pod = await cluster.get(kube.POD, name)
+            ours = {flz, lifecycle.guard_finalizer("web")}
+            assert not ours & set(finalizers(pod)), f"{name} still held: {finalizers(pod)}"
+        assert backends.read(cluster.namespace, "web") is None
+        # The pods can go now, at once.
+        await cluster.delete(kube.POD, "web-0")
+
+        async def pod_gone() -> bool:
+            return await cluster.get(kube.POD, "web-0") is None
+
+        await async_wait_for(pod_gone, timeout=10, message="an unguarded pod deletes at once")
+
+
+async def test_record_mode_gives_a_pod_recreated_under_a_recorded_name_its_entry(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    provider = FakeProvider()
+    entry = lifecycle.expected_finalizer_key("Service", cluster.namespace, "svc")
+    await cluster.service("svc")
+    await cluster.pod("pod-1", {"app": "svc"})
+    await cluster.set_status("pod-1", ready=True)
+    async with run_manager(DemoAdapter(provider)) as manager:  # records which pods got the entry
+
+        async def recorded() -> bool:
+            svc = await cluster.get(kube.SERVICE, "svc")
+            return (svc or {}).get("metadata", {}).get("annotations", {}).get(
+                wire.EXPECTED_FINALIZER_ADDED_ANNOTATION
+            ) == "pod-1"
+
+        await async_wait_for(recorded, timeout=20, message="entry recorded")
+        await manager.stop_controller("demo-controller")
+        # While no controller runs, the pod is force-removed and re-created under its name.
+        await cluster.patch(kube.POD, "pod-1", {"metadata": {"finalizers": None}})
+        await cluster.delete(kube.POD, "pod-1")
+
+        async def gone() -> bool:
+            return await cluster.get(kube.POD, "pod-1") is None
+
+        await async_wait_for(gone, timeout=20)
+        await cluster.pod("pod-1", {"app": "svc"})
+        await cluster.set_status("pod-1", ready=True)
+        await manager.add(DemoAdapter(provider))
+
+        async def entry_back() -> bool:
+            pod = await cluster.get(kube.POD, "pod-1")
+            return lifecycle.expected_finalizers(pod or {}).get(entry) == lifecycle.lifecycle_finalizer("svc")
+
+        await async_wait_for(entry_back, timeout=20, message="the re-created pod's entry")
