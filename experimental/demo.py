@@ -9,6 +9,7 @@ a call it carried out, so tests and people can watch the frame converge through 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
@@ -257,11 +258,8 @@ class DemoAdapter(ReconcileAdapter):
     def _set_condition(ctx: ReconcileContext, employer: KubeObject, message: str | None) -> None:
         meta = employer["metadata"]
         body = {"metadata": {"annotations": {DEMO_CONDITION_ANNOTATION: message}}}
-        try:
+        with contextlib.suppress(kube.NotFound):  # the Service is gone: nothing to record
             ctx.reader.client.patch(kube.SERVICE, meta["namespace"], meta["name"], body)
-        except kube.ApiError as err:
-            if not err.not_found:
-                raise
 
     # -- employer: the VIP ---------------------------------------------------------------------
 

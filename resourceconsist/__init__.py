@@ -1,1 +1,124 @@
-"""resourceconsist: keep external resources consistent with Kubernetes employers and employees."""
+"""resourceconsist: keep external resources consistent with Kubernetes employers and employees.
+
+The public API, importable from the package itself::
+
+    from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
+
+Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
+not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for the testing kit,
+``resourceconsist.wire`` for the wire contract: docs/wire-contract.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from resourceconsist.adapter import (
+        CUDResults,
+        Employee,
+        Employer,
+        EmployerRequeueOptions,
+        ExpectedFinalizerRecordOptions,
+        MultiClusterOptions,
+        Outcome,
+        PodEmployeeStatuses,
+        ReconcileAdapter,
+        ReconcileContext,
+        ReconcileLifecycleOptions,
+        ReconcileOptions,
+        ReconcileRequeueOptions,
+        ReconcileWatchOptions,
+        StatusRecordOptions,
+        pod_employee_statuses,
+    )
+    from resourceconsist.cache import CacheReader, WatchEvent
+    from resourceconsist.controller import Controller
+    from resourceconsist.errors import PermanentError, ResourceConsistError, RetryAfter
+    from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
+    from resourceconsist.leaderelection import LeaderElectionConfig
+    from resourceconsist.manager import Manager, Runnable, add_to_manager
+
+#: Each public name and the module that holds it.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "CUDResults",
+            "Employee",
+            "Employer",
+            "EmployerRequeueOptions",
+            "ExpectedFinalizerRecordOptions",
+            "MultiClusterOptions",
+            "Outcome",
+            "PodEmployeeStatuses",
+            "ReconcileAdapter",
+            "ReconcileContext",
+            "ReconcileLifecycleOptions",
+            "ReconcileOptions",
+            "ReconcileRequeueOptions",
+            "ReconcileWatchOptions",
+            "StatusRecordOptions",
+            "pod_employee_statuses",
+        ),
+        "resourceconsist.adapter",
+    ),
+    **dict.fromkeys(("CacheReader", "WatchEvent"), "resourceconsist.cache"),
+    "Controller": "resourceconsist.controller",
+    **dict.fromkeys(("PermanentError", "ResourceConsistError", "RetryAfter"), "resourceconsist.errors"),
+    **dict.fromkeys(
+        ("ApiError", "Conflict", "Gone", "KubeClient", "KubeObject", "NotFound", "Resource"),
+        "resourceconsist.kube",
+    ),
+    "LeaderElectionConfig": "resourceconsist.leaderelection",
+    **dict.fromkeys(("Manager", "Runnable", "add_to_manager"), "resourceconsist.manager"),
+}
+
+__all__ = [
+    "ApiError",
+    "CUDResults",
+    "CacheReader",
+    "Conflict",
+    "Controller",
+    "Employee",
+    "Employer",
+    "EmployerRequeueOptions",
+    "ExpectedFinalizerRecordOptions",
+    "Gone",
+    "KubeClient",
+    "KubeObject",
+    "LeaderElectionConfig",
+    "Manager",
+    "MultiClusterOptions",
+    "NotFound",
+    "Outcome",
+    "PermanentError",
+    "PodEmployeeStatuses",
+    "ReconcileAdapter",
+    "ReconcileContext",
+    "ReconcileLifecycleOptions",
+    "ReconcileOptions",
+    "ReconcileRequeueOptions",
+    "ReconcileWatchOptions",
+    "Resource",
+    "ResourceConsistError",
+    "RetryAfter",
+    "Runnable",
+    "StatusRecordOptions",
+    "WatchEvent",
+    "add_to_manager",
+    "pod_employee_statuses",
+]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'resourceconsist' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from resourceconsist import kube
-from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource, WatchStream, object_key
+from resourceconsist.kube import ApiError, Gone, KubeClient, KubeObject, Resource, WatchStream, object_key
 from resourceconsist.labels import label_selector_selects, map_selects
 
 log = logging.getLogger(__name__)
@@ -296,7 +296,7 @@ class Informer:
             except ApiError as err:
                 if self._stop.is_set():
                     return
-                if not err.gone:
+                if not isinstance(err, Gone):
                     log.warning("informer %s: %s; re-listing", self.resource.plural, err)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resourceconsist import handler, kube
+from resourceconsist import errors, handler, kube
 from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
@@ -222,18 +222,26 @@ class Controller:
         outcome = "success"
         try:
             result = await self.reconciler.reconcile(key)
-        except (ReconcileError, SyncFailedExist) as err:
-            outcome = "error"
-            self.failures += 1
-            delay = self.queue.add_rate_limited(key)
-            log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as err:
             outcome = "error"
             self.failures += 1
-            delay = self.queue.add_rate_limited(key)
-            log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
+            steer = errors.steering(err)
+            if isinstance(steer, errors.PermanentError):
+                # Retrying cannot help: wait for the employer's next change (docs/concepts.md).
+                self.queue.forget(key)
+                log.warning("%s %s: permanent failure, not retried until it changes: %s", self.name, key, err)
+            elif isinstance(steer, errors.RetryAfter):
+                self.queue.forget(key)
+                self.queue.add_after(key, steer.seconds)
+                log.info("%s %s: retry in %.3gs as the adapter asked: %s", self.name, key, steer.seconds, err)
+            elif isinstance(err, ReconcileError | SyncFailedExist):
+                delay = self.queue.add_rate_limited(key)
+                log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
+            else:
+                delay = self.queue.add_rate_limited(key)
+                log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
         else:
             if result.requeue_after is not None:
                 outcome = "requeue_after"

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+from resourceconsist.errors import ResourceConsistError
+
 
 class Item(Protocol):
     """An employer or employee item: an id and an equality test against the provider's item."""
@@ -25,7 +27,7 @@ class Item(Protocol):
 ItemT = TypeVar("ItemT", bound=Item)
 
 
-class DuplicateIdError(ValueError):
+class DuplicateIdError(ResourceConsistError, ValueError):
     """Two items on one side share an id: the adapter's list is ambiguous."""
 
 

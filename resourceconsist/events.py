@@ -61,9 +61,8 @@ class EventRecorder:
                 self._seen[key] = (name, ns, count + 1, first)
                 self._seen.move_to_end(key)
                 return
-            except kube.ApiError as err:
-                if not err.not_found:
-                    raise
+            except kube.NotFound:
+                pass  # the folded Event expired: record a new one
         stamp = _now()
         body = {
             "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from resourceconsist.errors import ResourceConsistError
+
 log = logging.getLogger(__name__)
 
 KubeObject = dict[str, Any]
@@ -94,8 +96,11 @@ _KNOWN = {
 }
 
 
-class ApiError(Exception):
-    """A non-2xx answer of the API server, with its status and Status reason/message."""
+class ApiError(ResourceConsistError):
+    """A non-2xx answer of the API server, with its status and Status reason/message.
+
+    ``ApiError.of(...)`` builds the subclass for the status callers branch on: ``NotFound``
+    (404), ``Conflict`` (409: a stale resourceVersion, or AlreadyExists) and ``Gone`` (410)."""
 
     def __init__(self, status: int, reason: str, message: str, method: str = "", path: str = "") -> None:
         super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
@@ -103,17 +108,22 @@ class ApiError(Exception):
         self.reason = reason
         self.message = message
 
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
+    @staticmethod
+    def of(status: int, reason: str, message: str, method: str = "", path: str = "") -> ApiError:
+        kind = {404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
+        return kind(status, reason, message, method, path)
 
-    @property
-    def conflict(self) -> bool:
-        return self.status == 409
 
-    @property
-    def gone(self) -> bool:
-        return self.status == 410
+class NotFound(ApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: the resourceVersion precondition failed, or the object already exists."""
+
+
+class Gone(ApiError):
+    """410: the watch's resourceVersion is too old; list again."""
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -236,10 +246,8 @@ class KubeClient:
     def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
         try:
             return self.get(res, namespace, name)
-        except ApiError as err:
-            if err.not_found:
-                return None
-            raise
+        except NotFound:
+            return None
 
     def list(
         self,
@@ -346,13 +354,11 @@ class KubeClient:
             body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
             try:
                 return self.patch(res, namespace, name, body), True
-            except ApiError as err:
-                if err.not_found:
-                    return None, False
-                if not err.conflict:
-                    raise
-            obj = self.get_or_none(res, namespace, name)
-        raise ApiError(
+            except NotFound:
+                return None, False
+            except Conflict:
+                obj = self.get_or_none(res, namespace, name)
+        raise Conflict(
             409,
             "Conflict",
             f"still conflicting after {attempts} attempts",
@@ -465,4 +471,4 @@ def _api_error(status: int, reason: str, body: Any, method: str, path: str) -> A
             reason = (parsed.get("reason") if isinstance(parsed, dict) else None) or reason
         except json.JSONDecodeError:
             message = body[:500]
-    return ApiError(status, reason, message, method, path)
+    return ApiError.of(status, reason, message, method, path)

@@ -10,10 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from resourceconsist.errors import ResourceConsistError
+
 _OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist"})
 
 
-class InvalidSelector(ValueError):
+class InvalidSelector(ResourceConsistError, ValueError):
     """A LabelSelector that the API server would reject."""
 
 

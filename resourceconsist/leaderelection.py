@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resourceconsist import kube
-from resourceconsist.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.kube import Conflict, KubeClient, KubeObject, NotFound
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,8 @@ class LeaderElector:
             try:
                 self.client.create(kube.LEASE, c.namespace, body)
                 return True
-            except ApiError as err:
-                if err.conflict:  # AlreadyExists: somebody else was quicker
-                    return False
-                raise
+            except Conflict:  # AlreadyExists: somebody else was quicker
+                return False
         current = lease.get("spec", {})
         holder = current.get("holderIdentity") or ""
         if holder and holder != c.identity and not self._expired(current, now):
@@ -107,10 +105,8 @@ class LeaderElector:
         try:
             self.client.patch(kube.LEASE, self.config.namespace, self.config.name, body)
             return True
-        except ApiError as err:
-            if err.conflict or err.not_found:
-                return False
-            raise
+        except (Conflict, NotFound):
+            return False
 
     def _release(self) -> None:
         lease = self.client.get_or_none(kube.LEASE, self.config.namespace, self.config.name)

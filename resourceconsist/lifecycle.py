@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from resourceconsist import wire
+from resourceconsist.errors import ResourceConsistError
 
 Pod = Mapping[str, Any]
 _GO_ESCAPES = (
@@ -25,7 +26,7 @@ _GO_ESCAPES = (
 )
 
 
-class MalformedAvailableConditions(ValueError):
+class MalformedAvailableConditions(ResourceConsistError, ValueError):
     """A pod's ``available-conditions`` annotation is not the JSON PodOpsLifecycle expects."""
 
     def __init__(self, pod_name: str, value: str, reason: str) -> None:

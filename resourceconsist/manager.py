@@ -19,6 +19,7 @@ from aiohttp import web
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
 from resourceconsist.controller import Controller
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient
 from resourceconsist.leaderelection import LeaderElectionConfig, LeaderElector
 from resourceconsist.metrics import Metrics, health_app
@@ -36,7 +37,7 @@ class Runnable:
     stop: Callable[[], Awaitable[None]]
 
 
-class DuplicateControllerError(ValueError):
+class DuplicateControllerError(ResourceConsistError, ValueError):
     """Two adapters with the same controller name."""
 
 

@@ -47,6 +47,7 @@ from resourceconsist.adapter import (
 )
 from resourceconsist.cache import CacheReader
 from resourceconsist.diff import Diff, diff
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource
 from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult
@@ -73,7 +74,7 @@ class Result:
     requeue_after: float | None = None
 
 
-class ReconcileError(Exception):
+class ReconcileError(ResourceConsistError):
     """A failed reconcile, already reported as an Event; the controller retries with backoff."""
 
     def __init__(self, reason: EventReason | None, message: str) -> None:
@@ -81,7 +82,7 @@ class ReconcileError(Exception):
         self.reason = reason
 
 
-class SyncFailedExist(Exception):
+class SyncFailedExist(ResourceConsistError):
     """Some create/update/delete failed without an error and no requeue interval is set."""
 
     def __init__(self) -> None:
@@ -699,7 +700,7 @@ _EMPLOYEES = _Side(
 )
 
 
-class _SyncError(Exception):
+class _SyncError(ResourceConsistError):
     """create/update/delete raised; the message is the Go frame's ``syncX failed, err: ...``."""
 
 

@@ -18,6 +18,7 @@ from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any
 
 from resourceconsist.adapter import ReconcileAdapter
+from resourceconsist.errors import ResourceConsistError
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller
@@ -32,7 +33,7 @@ ControllerFactory = Callable[[Mapping[str, str]], ReconcileAdapter]
 WebhookFactory = Callable[[Mapping[str, str]], Any]
 
 
-class UnknownAdapterError(LookupError):
+class UnknownAdapterError(ResourceConsistError, LookupError):
     """A name no registry knows; the message lists the names that exist."""
 
 

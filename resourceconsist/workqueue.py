@@ -129,6 +129,10 @@ class WorkQueue:
     def processing(self) -> set[str]:
         return set(self._processing)
 
+    def holds(self, key: str) -> bool:
+        """``key`` is queued, being processed, or due to be added after a delay."""
+        return key in self._queue or key in self._dirty or key in self._processing or key in self._waiting
+
     def add(self, key: str) -> None:
         """Queue ``key`` unless it is already waiting; if a worker has it, queue it after ``done``."""
         if self._shutting_down or key in self._dirty:

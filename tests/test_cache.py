@@ -10,7 +10,8 @@ import pytest
 
 from resourceconsist import kube
 from resourceconsist.cache import InformerFactory, Store, WatchEvent
-from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist.errors import ResourceConsistError
+from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 
 
@@ -31,7 +32,9 @@ def _pod(name: str, labels: dict[str, str]) -> dict[str, object]:
 def test_client_errors_carry_status_and_reason(kc: KubeClient, namespace: str) -> None:
     with pytest.raises(ApiError) as err:
         kc.get(kube.POD, namespace, "nope")
-    assert err.value.not_found
+    assert isinstance(err.value, NotFound)
+    assert isinstance(err.value, ResourceConsistError)
+    assert err.value.status == 404
     assert err.value.reason == "NotFound"
     assert kc.get_or_none(kube.POD, namespace, "nope") is None
     created = kc.create(kube.POD, namespace, _pod("a", {"app": "x"}))
@@ -39,7 +42,8 @@ def test_client_errors_carry_status_and_reason(kc: KubeClient, namespace: str) -
     kc.patch(kube.POD, namespace, "a", {"metadata": {"labels": {"b": "1"}}})
     with pytest.raises(ApiError) as conflict:
         kc.patch(kube.POD, namespace, "a", {"metadata": {"resourceVersion": stale_rv, "labels": {"c": "1"}}})
-    assert conflict.value.conflict
+    assert isinstance(conflict.value, Conflict)
+    assert conflict.value.status == 409
 
 
 def test_discovery_finds_kinds_and_names_unknown_ones(kc: KubeClient) -> None:

@@ -25,6 +25,7 @@ from typing import Any, Final, Protocol, runtime_checkable
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.cache import CacheReader
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject, Resource
 
 #: Prefix of every adapter's URL path: ``/mutating-<adapter name>``.
@@ -34,7 +35,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _MAX_NAME = 63
 
 
-class InvalidAdapterName(ValueError):
+class InvalidAdapterName(ResourceConsistError, ValueError):
     """A webhook adapter name that cannot be a URL path segment by the convention."""
 
 

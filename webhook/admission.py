@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from resourceconsist import lifecycle
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
 from resourceconsist.webhook.adapter import EmployerRef
 
@@ -71,7 +72,7 @@ class _Pod(_Model):
     metadata: _PodMetadata
 
 
-class BadReview(ValueError):
+class BadReview(ResourceConsistError, ValueError):
     """The body is not an AdmissionReview this webhook can answer (answered with HTTP 400)."""
 
 

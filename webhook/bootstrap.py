@@ -40,7 +40,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from resourceconsist import certs, kube, wire
-from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource
+from resourceconsist.errors import ResourceConsistError
+from resourceconsist.kube import Conflict, KubeClient, KubeObject, Resource
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ _ATTEMPTS = 8
 _MANAGED_BY = {"app.kubernetes.io/managed-by": "resourceconsist"}
 
 
-class BootstrapError(RuntimeError):
+class BootstrapError(ResourceConsistError, RuntimeError):
     """The certificates could not be ensured (the API kept conflicting, or refused)."""
 
 
@@ -243,11 +244,9 @@ def ensure_secret(
             }
             try:
                 created = client.create(kube.SECRET, namespace, body)
-            except ApiError as err:
-                if err.conflict:  # AlreadyExists: another replica won the race; use its Secret.
-                    raced = True
-                    continue
-                raise
+            except Conflict:  # AlreadyExists: another replica won the race; use its Secret.
+                raced = True
+                continue
             log.info("webhook cert Secret %s/%s created", namespace, name)
             return fresh, "created", _rv(created)
         data = secret.get("data") or {}
@@ -269,11 +268,9 @@ def ensure_secret(
         body.pop("stringData", None)
         try:
             updated = client.replace(kube.SECRET, namespace, name, body)
-        except ApiError as err:
-            if err.conflict:  # Someone changed it since we read it: read again and re-check.
-                raced = True
-                continue
-            raise
+        except Conflict:  # Someone changed it since we read it: read again and re-check.
+            raced = True
+            continue
         log.info(
             "webhook cert Secret %s/%s regenerated (%s; CA %s)",
             namespace,
@@ -317,10 +314,8 @@ def ensure_ca_bundle(
                 break
             try:
                 client.replace(resource, None, name, _for_update(config))
-            except ApiError as err:
-                if err.conflict:
-                    continue
-                raise
+            except Conflict:
+                continue
             log.info("caBundle of %s %s set", resource.kind, name)
             written.append(name)
             break

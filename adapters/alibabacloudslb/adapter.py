@@ -51,6 +51,7 @@ from resourceconsist.adapter import (
     pod_employee_statuses,
 )
 from resourceconsist.cache import CacheReader, WatchEvent
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject, Resource, object_key
 
 from . import config
@@ -78,7 +79,7 @@ ItemT = TypeVar("ItemT", Employer, Employee)
 # The employer whose pass ended last in this task (see the module docstring).
 
 
-class Unresolved(Exception):
+class Unresolved(ResourceConsistError):
     """A ready pod for which no backend can be built yet; the message says why."""
 
 

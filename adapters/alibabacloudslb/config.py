@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Any, Final
 
 from resourceconsist import lifecycle, wire
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
 
 from .slbclient import BackendServerType
@@ -59,7 +60,7 @@ class Mode(StrEnum):
     MANAGE = "manage"
 
 
-class SLBConfigError(ValueError):
+class SLBConfigError(ResourceConsistError, ValueError):
     """A label or annotation on a Service or pod that the adapter cannot act on."""
 
 

@@ -15,6 +15,7 @@ from typing import Final, Self
 
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.wire import SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV, SLB_ENDPOINT_ENV
 
 #: Alibaba Cloud's standard credential variables, used when the SLB-specific pair is not set.
@@ -30,7 +31,7 @@ _REGION_RE: Final = re.compile(r"^[a-zA-Z0-9_-]+$")
 _ENDPOINT_REGION_RE: Final = re.compile(r"^slb(?:-vpc)?\.([a-z0-9-]+)\.aliyuncs\.com$")
 
 
-class CredentialsError(Exception):
+class CredentialsError(ResourceConsistError):
     """The SLB credentials or endpoint settings are missing or unusable."""
 
 

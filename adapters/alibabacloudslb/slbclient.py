@@ -60,6 +60,8 @@ from aliyunsdkslb.request.v20140515.RemoveVServerGroupBackendServersRequest impo
 from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVServerGroupAttributeRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from resourceconsist.errors import ResourceConsistError
+
 from .credentials import SLBCredentials
 
 __all__ = [
@@ -234,7 +236,7 @@ def _install_log_redaction() -> None:
 # Errors.
 
 
-class SLBError(Exception):
+class SLBError(ResourceConsistError):
     """An SLB call failed; ``code``, ``message`` and ``request_id`` are the provider's."""
 
     def __init__(
