@@ -19,11 +19,13 @@ Event reasons and messages are the Go frame's, so dashboards and alerts carry ov
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapter import (
@@ -41,6 +43,7 @@ from resourceconsist.adapter import (
     StatusRecordOptions,
 )
 from resourceconsist.cache import CacheReader
+from resourceconsist.cancellation import DaemonThreadExecutor, current_cancellation
 from resourceconsist.diff import diff
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource
@@ -51,11 +54,23 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+#: Where plain (blocking) adapter methods run: daemon threads, so that a call stuck in a hung
+#: provider is abandoned on stop instead of holding the process open (docs/concepts.md,
+#: "Stopping within the shutdown timeout").
+ADAPTER_THREADS: Final = DaemonThreadExecutor(name="resourceconsist-adapter")
+
+
 async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
-    """Await a coroutine method on the loop; run a plain one in a worker thread, never on the loop."""
+    """Await a coroutine method on the loop; run a plain one in a worker thread, never on the loop.
+
+    The thread runs in a copy of the caller's context, so it sees the pass's
+    ``current_cancellation()``; cancelling the awaiting task abandons the thread's call.
+    """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, fn, *args))
     if inspect.isawaitable(result):
         return await result
     return result
@@ -187,6 +202,8 @@ class Reconciler:
             controller=self.name,
             employer_key=key,
             clusters={name: reader for name, (_, reader) in self.clusters.items()},
+            # Set by the controller for the pass it runs (a never-cancelled one outside a pass).
+            cancellation=current_cancellation(),
         )
 
     # -- events ---------------------------------------------------------------------------------
