@@ -161,7 +161,15 @@ class LeaderElector:
                 try:
                     won = await asyncio.to_thread(self._try_acquire_or_renew)
                 except Exception as err:
-                    log.warning("lease %s/%s: %s", c.namespace, c.name, err)
+                    # An unreachable API server is logged once per outage by the client.
+                    quiet = kube.is_unreachable(err) or self.client.reachability.down
+                    log.log(
+                        logging.DEBUG if quiet else logging.WARNING,
+                        "lease %s/%s: %s",
+                        c.namespace,
+                        c.name,
+                        err,
+                    )
                     won = False
                 now = time.monotonic()
                 if won:

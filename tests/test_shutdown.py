@@ -220,7 +220,8 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
         wire.SLB_ACCESS_SECRET_ENV: SECRET,
         wire.SLB_ENDPOINT_ENV: "slb.cn-hangzhou.aliyuncs.com",
     }
-    process = subprocess.Popen(
+    process = await asyncio.to_thread(
+        subprocess.Popen,
         [
             sys.executable,
             str(script),
