@@ -124,6 +124,20 @@ def is_unreachable(err: BaseException) -> bool:
     return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
+class _QuietRetries(logging.Filter):
+    """urllib3 logs each of its own connection retries at WARNING ("Retrying (Retry(total=2...");
+    the request's final failure is what matters, and ``Reachability`` reports it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and str(record.msg).startswith("Retrying ("):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_QUIET_RETRIES = _QuietRetries()
+
+
 class Reachability:
     """Whether the API server answers, logged once per change (down, back) rather than per call.
 
@@ -186,6 +200,7 @@ class KubeClient:
         self._counter_lock = threading.Lock()
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
         self.reachability = Reachability(name or "API server")
+        logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)  # once: filters are a set
 
     # -- construction ------------------------------------------------------------------
 
