@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, ru
 from pydantic import BaseModel, ConfigDict
 
 from resourceconsist import lifecycle
+from resourceconsist.cancellation import Cancellation
 from resourceconsist.kube import KubeObject, Resource
 
 if TYPE_CHECKING:
@@ -124,6 +125,8 @@ class ReconcileContext:
     employer_key: str
     #: Readers of member clusters by name (multi-cluster adapters only).
     clusters: dict[str, CacheReader] = field(default_factory=dict)
+    #: Cancelled when the pass is abandoned (the controller stops); blocking calls check it.
+    cancellation: Cancellation = field(default_factory=Cancellation)
 
 
 class ReconcileAdapter(ABC):

@@ -195,6 +195,7 @@ class Informer:
         self._synced = threading.Event()
         self._watch: WatchStream | None = None
         self._resync_handle: asyncio.TimerHandle | None = None
+        #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone).
         self.relists = 0
 
     @property
@@ -303,7 +304,15 @@ class Informer:
             except Exception as err:
                 if self._stop.is_set():
                     return
-                log.warning("informer %s: watch broke (%s); re-listing", self.resource.plural, err)
+                # An unreachable API server is logged once per outage by the client
+                # (kube.Reachability), not once per informer and retry.
+                quiet = kube.is_unreachable(err) or self.client.reachability.down
+                log.log(
+                    logging.DEBUG if quiet else logging.WARNING,
+                    "informer %s: watch broke (%s); re-listing",
+                    self.resource.plural,
+                    err,
+                )
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
@@ -396,6 +405,11 @@ class InformerFactory:
 
     def reader(self) -> CacheReader:
         return CacheReader(self)
+
+    def informers(self) -> builtins.list[Informer]:
+        """The informers created so far (for metrics)."""
+        with self._lock:
+            return builtins.list(self._informers.values())
 
 
 class CacheReader:

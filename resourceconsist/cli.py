@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
+from resourceconsist import leaderelection
 from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combined
 
 if TYPE_CHECKING:
@@ -119,6 +120,33 @@ def _webhook_options(fn: F) -> F:
     return fn
 
 
+def _leader_timing_options(fn: F) -> F:
+    """``run``'s leader-election timings (docs/concepts.md, "Leader election timings")."""
+    options = [
+        click.option(
+            "--lease-duration",
+            default=leaderelection.DEFAULT_LEASE_DURATION,
+            show_default=True,
+            help="Seconds a standby waits after the leader's last renewal before taking over.",
+        ),
+        click.option(
+            "--renew-deadline",
+            default=leaderelection.DEFAULT_RENEW_DEADLINE,
+            show_default=True,
+            help="Seconds the leader tries to renew before stepping down (< --lease-duration).",
+        ),
+        click.option(
+            "--retry-period",
+            default=leaderelection.DEFAULT_RETRY_PERIOD,
+            show_default=True,
+            help="Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 @dataclass(frozen=True)
 class _WebhookSettings:
     port: int
@@ -161,6 +189,7 @@ class _WebhookSettings:
 @click.option(
     "--leader-election-id", default="resourceconsist-manager", show_default=True, help="Name of the Lease."
 )
+@_leader_timing_options
 @_webhook_options
 def run(
     adapter_names: Sequence[str],
@@ -173,6 +202,9 @@ def run(
     leader_elect: bool,
     leader_election_namespace: str | None,
     leader_election_id: str,
+    lease_duration: float,
+    renew_deadline: float,
+    retry_period: float,
     webhook_port: int,
     webhook_host: str | None,
     cert_dir: str,
@@ -194,7 +226,16 @@ def run(
         lease_namespace = (
             leader_election_namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
         )
-        election = LeaderElectionConfig(namespace=lease_namespace, name=leader_election_id)
+        try:
+            election = LeaderElectionConfig(
+                namespace=lease_namespace,
+                name=leader_election_id,
+                lease_duration=lease_duration,
+                renew_deadline=renew_deadline,
+                retry_period=retry_period,
+            )
+        except ValueError as err:
+            raise click.UsageError(f"{err}; adjust --lease-duration/--renew-deadline/--retry-period") from err
     asyncio.run(
         _run(
             adapters,

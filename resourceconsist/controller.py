@@ -24,6 +24,7 @@ from resourceconsist.adapter import (
     ReconcileWatchOptions,
 )
 from resourceconsist.cache import CacheReader, InformerFactory, WatchEvent
+from resourceconsist.cancellation import Cancellation, PassCancelled, running_pass
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
@@ -105,7 +106,11 @@ class Controller:
             self.spec.employee,
             self._clusters,
         )
+        gauge = self.metrics.unguarded_routing_pods.labels(self.name)
+        self.reconciler.report_unguarded = gauge.set
         self._workers: list[asyncio.Task[None]] = []
+        #: The cancellations of the passes running now; ``stop`` cancels them.
+        self._in_flight: set[Cancellation] = set()
         self._unsubscribe: list[Callable[[], None]] = []
         self.reconciles = 0
         self.failures = 0
@@ -192,16 +197,27 @@ class Controller:
         )
 
     async def stop(self, timeout: float = 30.0) -> None:
-        """Stop taking keys, let in-flight reconciles finish within ``timeout``, then cancel them."""
+        """Stop taking keys; tell in-flight passes at once that they are cancelled (adapters see
+        ``ctx.cancellation``), give them ``timeout`` to end, then cancel their tasks (a blocking
+        adapter call still running is abandoned in its daemon thread)."""
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
         await self.queue.shutdown()
+        for cancellation in list(self._in_flight):
+            cancellation.cancel()
         if self._workers:
             _, pending = await asyncio.wait(self._workers, timeout=timeout)
             for task in pending:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
+            if pending:
+                log.warning(
+                    "controller %s: %d pass(es) still running after the %.1fs shutdown timeout abandoned",
+                    self.name,
+                    len(pending),
+                    timeout,
+                )
         self._workers = []
         log.info("controller %s stopped", self.name)
 
@@ -220,10 +236,19 @@ class Controller:
     async def _process(self, key: str) -> None:
         started = time.monotonic()
         outcome = "success"
+        # One cancellation per pass, current for everything the pass runs (adapter threads too).
+        cancellation = Cancellation()
+        self._in_flight.add(cancellation)
         try:
-            result = await self.reconciler.reconcile(key)
+            with running_pass(cancellation), self.metrics.bound(self.name):
+                result = await self.reconciler.reconcile(key)
         except asyncio.CancelledError:
             raise
+        except PassCancelled as err:
+            outcome = "cancelled"
+            self.failures += 1
+            delay = self.queue.add_rate_limited(key)
+            log.info("%s %s: pass abandoned (%s)", self.name, key, err)
         except Exception as err:
             outcome = "error"
             self.failures += 1
@@ -239,6 +264,11 @@ class Controller:
             elif isinstance(err, ReconcileError | SyncFailedExist):
                 delay = self.queue.add_rate_limited(key)
                 log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
+            elif kube.is_unreachable(err) or self.client.reachability.down:
+                delay = self.queue.add_rate_limited(key)
+                # The client logs the outage once (kube.Reachability); a traceback per retry
+                # would say nothing more.
+                log.debug("%s %s: API server unreachable (%s); retry in %.3fs", self.name, key, err, delay)
             else:
                 delay = self.queue.add_rate_limited(key)
                 log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
@@ -250,6 +280,7 @@ class Controller:
             else:
                 self.queue.forget(key)
         finally:
+            self._in_flight.discard(cancellation)
             self.reconciles += 1
             self.metrics.observe_reconcile(self.name, outcome, time.monotonic() - started)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))

@@ -46,7 +46,10 @@ class EventRecorder:
         try:
             await asyncio.to_thread(self._record, obj, type_, reason, message[:_MAX_MESSAGE])
         except Exception as err:
-            log.warning("could not record event %s on %s: %s", reason, kube.object_key(obj), err)
+            # While the API server is unreachable, the client has said so once already.
+            quiet = kube.is_unreachable(err) or self.client.reachability.down
+            level = logging.DEBUG if quiet else logging.WARNING
+            log.log(level, "could not record event %s on %s: %s", reason, kube.object_key(obj), err)
 
     def _record(self, obj: KubeObject, type_: EventType, reason: str, message: str) -> None:
         meta = obj.get("metadata", {})

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -126,6 +127,68 @@ class Gone(ApiError):
     """410: the watch's resourceVersion is too old; list again."""
 
 
+def is_unreachable(err: BaseException) -> bool:
+    """Whether ``err`` means the API server could not be reached (no HTTP answer at all)."""
+    import urllib3.exceptions
+
+    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+
+
+class _QuietRetries(logging.Filter):
+    """urllib3 logs each of its own connection retries at WARNING ("Retrying (Retry(total=2...");
+    the request's final failure is what matters, and ``Reachability`` reports it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and str(record.msg).startswith("Retrying ("):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_QUIET_RETRIES = _QuietRetries()
+
+
+class Reachability:
+    """Whether the API server answers, logged once per change (down, back) rather than per call.
+
+    During an outage every reconcile and every watch fails the same way; one WARNING when the
+    first request fails and one INFO when a request is answered again say all there is to say
+    (docs/concepts.md, "What an operator sees under faults").
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        #: Outages seen so far.
+        self.outages = 0
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+            self.outages += 1
+        log.warning("%s unreachable: %s; retrying until it answers", self.name, _first_line(err))
+
+    def answered(self) -> None:
+        if self._down_since is None:  # the common case, without taking the lock
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.info("%s reachable again after %.1fs", self.name, time.monotonic() - since)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return text.splitlines()[0][:300]
+
+
 def object_key(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` (or ``name`` for cluster-scoped objects), client-go's cache key."""
     meta = obj.get("metadata", {})
@@ -142,8 +205,12 @@ class KubeClient:
         self.requests: Counter[str] = Counter()
         #: Requests by ``"<verb> <resource>"`` (e.g. ``"patch pods"``), for tests and benchmarks.
         self.requests_by_resource: Counter[str] = Counter()
+        #: 409 Conflicts met by ``patch_optimistic``, by resource (exported as a metric).
+        self.conflicts: Counter[str] = Counter()
         self._counter_lock = threading.Lock()
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
+        self.reachability = Reachability(name or "API server")
+        logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)  # once: filters are a set
 
     # -- construction ------------------------------------------------------------------
 
@@ -216,6 +283,11 @@ class KubeClient:
             response = self.api_client.call_api(method, url, headers, body_out, _request_timeout=timeout)
         except ApiException as err:
             raise _api_error(err.status or 0, err.reason or "", err.body, method, path) from None
+        except Exception as err:
+            if is_unreachable(err):
+                self.reachability.failed(err)
+            raise
+        self.reachability.answered()
         if response.status >= 400:
             raise _api_error(response.status, response.reason, response.read(), method, path)
         if stream:
@@ -357,6 +429,8 @@ class KubeClient:
             except NotFound:
                 return None, False
             except Conflict:
+                with self._counter_lock:
+                    self.conflicts[res.plural] += 1
                 obj = self.get_or_none(res, namespace, name)
         raise Conflict(
             409,

@@ -42,6 +42,11 @@ def _parse(value: str | None) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+DEFAULT_LEASE_DURATION = 15.0
+DEFAULT_RENEW_DEADLINE = 10.0
+DEFAULT_RETRY_PERIOD = 2.0
+
+
 @dataclass
 class LeaderElectionConfig:
     namespace: str
@@ -49,17 +54,40 @@ class LeaderElectionConfig:
     identity: str = field(
         default_factory=lambda: f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     )
-    lease_duration: float = 15.0
-    renew_deadline: float = 10.0
-    retry_period: float = 2.0
+    #: Seconds a standby waits after the last renewal before it takes the Lease over: the
+    #: longest a crashed leader leaves the controllers unattended (docs/concepts.md).
+    lease_duration: float = DEFAULT_LEASE_DURATION
+    #: Seconds the leader keeps trying to renew before it steps down; shorter than the lease,
+    #: so a leader cut off from the API server stops before anyone else may start.
+    renew_deadline: float = DEFAULT_RENEW_DEADLINE
+    #: Seconds between two attempts to acquire or renew.
+    retry_period: float = DEFAULT_RETRY_PERIOD
+
+    def __post_init__(self) -> None:
+        check_timings(self.lease_duration, self.renew_deadline, self.retry_period)
+
+
+def check_timings(lease_duration: float, renew_deadline: float, retry_period: float) -> None:
+    """``ValueError`` saying which timing is wrong unless lease > renew deadline > retry > 0."""
+    if not retry_period > 0:
+        raise ValueError(f"retry period must be above 0 seconds (got {retry_period:g})")
+    if not renew_deadline > retry_period:
+        raise ValueError(
+            f"renew deadline ({renew_deadline:g}s) must be longer than the retry period "
+            f"({retry_period:g}s), so the leader gets more than one try to renew before stepping down"
+        )
+    if not lease_duration > renew_deadline:
+        raise ValueError(
+            f"lease duration ({lease_duration:g}s) must be longer than the renew deadline "
+            f"({renew_deadline:g}s), so a leader that cannot renew steps down before a standby takes over"
+        )
 
 
 class LeaderElector:
     """Campaigns for the Lease and calls back when leadership starts and stops."""
 
     def __init__(self, client: KubeClient, config: LeaderElectionConfig) -> None:
-        if not config.lease_duration > config.renew_deadline > config.retry_period > 0:
-            raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
+        check_timings(config.lease_duration, config.renew_deadline, config.retry_period)
         self.client = client
         self.config = config
         self.leading = False
@@ -129,7 +157,15 @@ class LeaderElector:
                 try:
                     won = await asyncio.to_thread(self._try_acquire_or_renew)
                 except Exception as err:
-                    log.warning("lease %s/%s: %s", c.namespace, c.name, err)
+                    # An unreachable API server is logged once per outage by the client.
+                    quiet = kube.is_unreachable(err) or self.client.reachability.down
+                    log.log(
+                        logging.DEBUG if quiet else logging.WARNING,
+                        "lease %s/%s: %s",
+                        c.namespace,
+                        c.name,
+                        err,
+                    )
                     won = False
                 now = time.monotonic()
                 if won:

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
+from resourceconsist.cancellation import DaemonThreadExecutor
 from resourceconsist.controller import Controller
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient
@@ -57,6 +58,7 @@ class Manager:
         self.client = client
         self.informers = InformerFactory(client, resync_period=resync_period, namespace=namespace)
         self.metrics = Metrics()
+        self.metrics.watch_cluster(client, self.informers)
         self.clusters = ClusterRegistry()
         self.clusters.subscribe(self._on_cluster)
         self.controllers: dict[str, Controller] = {}
@@ -70,6 +72,7 @@ class Manager:
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
         self.leading = leader_election is None
+        self.metrics.leader.set(1 if self.leading else 0)
         self._health: web.AppRunner | None = None
         self.health_port: int | None = None
 
@@ -119,6 +122,10 @@ class Manager:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        # asyncio.to_thread (adapters' own blocking calls, the kube client's) runs in daemon
+        # threads: one stuck in a hung provider is abandoned on stop instead of keeping the
+        # process alive (docs/concepts.md, "Stopping within the shutdown timeout").
+        loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
         self.informers.start(loop)
         self.clusters.bind(loop)
         if self.health_address is not None:
@@ -145,10 +152,12 @@ class Manager:
 
     async def _start_controllers(self) -> None:
         self.leading = True
+        self.metrics.leader.set(1)
         await asyncio.gather(*(c.start() for c in self.controllers.values()))
 
     async def _stop_controllers(self) -> None:
         self.leading = self._elector is None
+        self.metrics.leader.set(1 if self.leading else 0)
         await asyncio.gather(*(c.stop(self._stop_timeout) for c in self.controllers.values()))
 
     async def stop(self, timeout: float | None = None) -> None:

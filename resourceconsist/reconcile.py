@@ -23,12 +23,14 @@ invariant these steps keep is written down in docs/concepts.md, "The guard".
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapter import (
@@ -46,6 +48,7 @@ from resourceconsist.adapter import (
     StatusRecordOptions,
 )
 from resourceconsist.cache import CacheReader
+from resourceconsist.cancellation import DaemonThreadExecutor, current_cancellation
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.events import EventRecorder
@@ -57,11 +60,23 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+#: Where plain (blocking) adapter methods run: daemon threads, so that a call stuck in a hung
+#: provider is abandoned on stop instead of holding the process open (docs/concepts.md,
+#: "Stopping within the shutdown timeout").
+ADAPTER_THREADS: Final = DaemonThreadExecutor(name="resourceconsist-adapter")
+
+
 async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
-    """Await a coroutine method on the loop; run a plain one in a worker thread, never on the loop."""
+    """Await a coroutine method on the loop; run a plain one in a worker thread, never on the loop.
+
+    The thread runs in a copy of the caller's context, so it sees the pass's
+    ``current_cancellation()``; cancelling the awaiting task abandons the thread's call.
+    """
     if inspect.iscoroutinefunction(fn):
         return await fn(*args)
-    result = await asyncio.to_thread(fn, *args)
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, fn, *args))
     if inspect.isawaitable(result):
         return await result
     return result
@@ -156,6 +171,8 @@ class Reconciler:
         #: Per employer key: registrations the provider held without their pod's guard, as the
         #: last pass found them (the invariant, live: it should read 0; docs/concepts.md).
         self.unguarded: dict[str, int] = {}
+        #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
+        self.report_unguarded: Callable[[int], None] = lambda total: None
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -211,6 +228,8 @@ class Reconciler:
             controller=self.name,
             employer_key=key,
             clusters={name: reader for name, (_, reader) in self.clusters.items()},
+            # Set by the controller for the pass it runs (a never-cancelled one outside a pass).
+            cancellation=current_cancellation(),
         )
 
     # -- events ---------------------------------------------------------------------------------
@@ -226,6 +245,8 @@ class Reconciler:
         namespace, _, name = key.rpartition("/")
         employer = self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
+            if self.unguarded.pop(key, 0):
+                self.report_unguarded(sum(self.unguarded.values()))
             return Result()
         follows = self._follows_lifecycle()
         entry: EmployerEntry | None = None
@@ -488,7 +509,9 @@ class Reconciler:
                 pod = self._pod(item.name, namespace)
                 if pod is not None and not self._guarded(p, lifecycle.get_finalizers(pod)):
                     unguarded += 1
-        self.unguarded[p.key] = unguarded
+        if self.unguarded.get(p.key) != unguarded:
+            self.unguarded[p.key] = unguarded
+            self.report_unguarded(sum(self.unguarded.values()))
         registering = {
             e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
         }

@@ -414,3 +414,33 @@ async def test_record_mode_gives_a_pod_recreated_under_a_recorded_name_its_entry
             return lifecycle.expected_finalizers(pod or {}).get(entry) == lifecycle.lifecycle_finalizer("svc")
 
         await async_wait_for(entry_back, timeout=20, message="the re-created pod's entry")
+
+
+async def test_the_unguarded_gauge_shows_a_routed_pod_that_cannot_be_guarded(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    provider = FakeProvider()
+    skey = f"{cluster.namespace}/svc"
+    await cluster.service("svc")
+    await cluster.pod("pod-1", {"app": "svc"})
+    await cluster.set_status("pod-1", ready=True)
+    # Someone else's finalizer keeps the deleting pod; nothing can be added to it any more.
+    await cluster.patch(kube.POD, "pod-1", {"metadata": {"finalizers": ["example.com/hold"]}})
+    await cluster.delete(kube.POD, "pod-1")
+    provider.real_servers[skey] = {"pod-1": RealServer(cluster.ip_of("pod-1"), True, 100)}
+    provider.vips[skey] = VipStatus(vip=DEMO_VIP, qps=DEMO_QPS)
+    provider.fail_next("delete_rs", times=1000)
+    async with run_manager(DemoAdapter(provider)) as manager:
+
+        def gauge() -> float | None:
+            return manager.metrics.registry.get_sample_value(
+                "resourceconsist_unguarded_routing_pods", {"controller": "demo-controller"}
+            )
+
+        await async_wait_for(lambda: gauge() == 1, timeout=20, message="the gauge reporting the pod")
+        provider.clear_faults()
+        await cluster.patch(kube.SERVICE, "svc", {"metadata": {"annotations": {"poke": "1"}}})
+        await async_wait_for(lambda: not provider.snapshot().get(skey), timeout=20, message="deregistered")
+        await cluster.patch(kube.SERVICE, "svc", {"metadata": {"annotations": {"poke": "2"}}})
+        await async_wait_for(lambda: gauge() == 0, timeout=20, message="the gauge back to 0")
+    await cluster.patch(kube.POD, "pod-1", {"metadata": {"finalizers": None}})

@@ -1,15 +1,23 @@
 """Leader election on a real Lease: one of two replicas reconciles; when it stops, the standby
-takes over promptly because the leader releases the lease."""
+takes over promptly because the leader releases the lease; when it crashes, within the lease
+duration plus one retry period. Timings are settable and checked."""
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import time
+
+import pytest
 
 from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.leaderelection import LeaderElectionConfig
 from resourceconsist.manager import Manager
-from resourceconsist.testing import Cluster, async_wait_for
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for
+
+_CLI = (sys.executable, "-m", "resourceconsist")
 
 
 async def test_only_the_leader_reconciles_and_a_standby_takes_over(cluster: Cluster) -> None:
@@ -95,3 +103,115 @@ async def test_a_held_lease_is_not_taken_before_it_expires(cluster: Cluster) -> 
         assert lease_after["metadata"]["resourceVersion"] == lease_before["metadata"]["resourceVersion"]
     finally:
         await manager.stop(timeout=5)
+
+
+async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus_a_retry_period(
+    cluster: Cluster, control_plane: LocalControlPlane
+) -> None:
+    """The leader is a ``resourceconsist run --leader-elect`` process killed with SIGKILL: it
+    never releases the Lease, so the standby must wait for it to expire, and no longer."""
+    ns = cluster.namespace
+    lease_duration, renew_deadline, retry_period = 4, 3, 0.5
+    leader = await asyncio.to_thread(
+        subprocess.Popen,
+        [
+            *_CLI,
+            "run",
+            "--adapter",
+            "demo",
+            "--kubeconfig",
+            str(control_plane.kubeconfig),
+            "--namespace",
+            ns,
+            "--health-address",
+            "127.0.0.1:0",
+            "--leader-elect",
+            "--leader-election-namespace",
+            ns,
+            "--leader-election-id",
+            "crash-leader",
+            "--lease-duration",
+            str(lease_duration),
+            "--renew-deadline",
+            str(renew_deadline),
+            "--retry-period",
+            str(retry_period),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    standby: Manager | None = None
+    try:
+
+        async def held_by_the_process() -> bool:
+            lease = await cluster.get(kube.LEASE, "crash-leader")
+            return bool(lease and lease["spec"].get("holderIdentity"))
+
+        await async_wait_for(held_by_the_process, timeout=60, message="the CLI process leading")
+        lease = await cluster.get(kube.LEASE, "crash-leader")
+        assert lease is not None
+        # The CLI's timings reached the Lease.
+        assert lease["spec"]["leaseDurationSeconds"] == lease_duration
+        election = LeaderElectionConfig(
+            namespace=ns,
+            name="crash-leader",
+            identity="standby",
+            lease_duration=lease_duration,
+            renew_deadline=renew_deadline,
+            retry_period=retry_period,
+        )
+        standby = Manager(cluster.client, namespace=ns, leader_election=election)
+        await standby.add(DemoAdapter(FakeProvider()))
+        await standby.start()
+        elector = standby._elector
+        assert elector is not None
+        await async_wait_for(lambda: elector.attempts >= 3, timeout=20, message="the standby campaigning")
+        assert not standby.leading
+
+        leader.kill()
+        await asyncio.to_thread(leader.wait)
+        # The last renewal was at most one retry period before the kill; the lease expires
+        # lease_duration after it, and the standby looks once per retry period (plus the time of
+        # one API round trip, well under a second here).
+        await async_wait_for(
+            lambda: standby is not None and standby.leading,
+            timeout=lease_duration + retry_period + 1.0,
+            interval=0.05,
+            message="the standby leading within lease duration + one retry period",
+        )
+        taken = await cluster.get(kube.LEASE, "crash-leader")
+        assert taken is not None
+        assert taken["spec"]["holderIdentity"] == "standby"
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        if standby is not None:
+            await standby.stop(timeout=5)
+
+
+def test_leader_election_timings_are_checked_with_a_clear_message() -> None:
+    with pytest.raises(ValueError, match=r"renew deadline .* must be longer than the retry period"):
+        LeaderElectionConfig(namespace="ns", name="l", lease_duration=15, renew_deadline=2, retry_period=2)
+    with pytest.raises(ValueError, match=r"lease duration .* must be longer than the renew deadline"):
+        LeaderElectionConfig(namespace="ns", name="l", lease_duration=10, renew_deadline=10, retry_period=2)
+    done = subprocess.run(
+        [
+            *_CLI,
+            "run",
+            "--adapter",
+            "demo",
+            "--leader-elect",
+            "--lease-duration",
+            "5",
+            "--renew-deadline",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert "lease duration (5s) must be longer than the renew deadline (8s)" in done.stderr

@@ -29,7 +29,7 @@ from .config import (
     vserver_group_name,
 )
 from .credentials import CredentialsError, MissingCredentials, SLBCredentials
-from .slbclient import SLBClient
+from .slbclient import SLBClient, call_deadline_from_env
 
 if TYPE_CHECKING:
     from resourceconsist.webhook.adapter import ControlledServiceAdapter
@@ -63,8 +63,10 @@ __all__ = [
 
 def controller_from_env(environ: Mapping[str, str]) -> SLBAdapter:
     """The registry's controller factory: credentials from ``environ`` (``MissingCredentials`` at
-    start-up when they are absent), an ``SLBClient`` on them, the adapter on that."""
-    return SLBAdapter(SLBClient(SLBCredentials.from_env(environ)))
+    start-up when they are absent), an ``SLBClient`` on them (its call deadline from
+    ``ALIYUN_SLB_CALL_DEADLINE_SECONDS``), the adapter on that."""
+    credentials = SLBCredentials.from_env(environ)
+    return SLBAdapter(SLBClient(credentials, call_deadline_seconds=call_deadline_from_env(environ)))
 
 
 #: Name of the SLB webhook adapter; served at ``/mutating-alibabacloudslb``.

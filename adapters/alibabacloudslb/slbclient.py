@@ -17,6 +17,14 @@ controller needs to talk to SLB safely:
   been carried out (a lost response, a 5xx after commit). Before every retry of a write the
   client re-reads the VServer group and sends only what is still missing, so a server is never
   added twice and an absent one is never removed;
+* deadlines and cancellation: every operation (retries included) ends within
+  ``call_deadline_seconds`` (``ALIYUN_SLB_CALL_DEADLINE_SECONDS``, default 10 s), and within the
+  reconcile pass's ``current_cancellation()``: each HTTP request's timeouts are capped by the time
+  left, backoff sleeps wake on a stop, and a cancelled pass gives up with ``SLBCancelled`` before
+  its next request (docs/concepts.md, "Stopping within the shutdown timeout");
+* metrics: every request, retry and final failure is reported to ``resourceconsist.metrics``;
+  a failed attempt that a retry fixes is logged at DEBUG only (the SDK's own ERROR line for it
+  is lowered to DEBUG too), a call that fails for good after retries at WARNING;
 * errors as ``SLBError`` (code, message, request id, HTTP status), ``SLBNotFound`` for a load
   balancer, VServer group or backend server that does not exist (re-read, don't retry), and
   ``SLBAuthError`` for rejected credentials. No credential ever appears in their text or in the
@@ -29,6 +37,7 @@ the weight of servers already in a group. ``ModifyVServerGroupBackendServers`` r
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import random
@@ -60,12 +69,16 @@ from aliyunsdkslb.request.v20140515.RemoveVServerGroupBackendServersRequest impo
 from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVServerGroupAttributeRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from resourceconsist.cancellation import PassCancelled, current_cancellation
 from resourceconsist.errors import ResourceConsistError
+from resourceconsist.metrics import observe_provider_call, observe_provider_failure, observe_provider_retry
 
 from .credentials import SLBCredentials
 
 __all__ = [
     "AUTH_CODES",
+    "CALL_DEADLINE_ENV",
+    "DEFAULT_CALL_DEADLINE_SECONDS",
     "MAX_BACKENDS_PER_CALL",
     "MUTATING_ACTIONS",
     "NOT_FOUND_CODES",
@@ -77,11 +90,14 @@ __all__ = [
     "CallRecord",
     "RetryPolicy",
     "SLBAuthError",
+    "SLBCancelled",
     "SLBClient",
+    "SLBDeadlineExceeded",
     "SLBError",
     "SLBNotFound",
     "VServerGroup",
     "backend_key",
+    "call_deadline_from_env",
     "redact",
 ]
 
@@ -91,6 +107,17 @@ _log = logging.getLogger(__name__)
 API_VERSION: Final = "2014-05-15"
 #: The most backend servers one SLB call accepts (``TooManyBackendServers`` beyond).
 MAX_BACKENDS_PER_CALL: Final = 20
+#: Provider name in the metrics.
+PROVIDER: Final = "alibabacloudslb"
+#: Seconds one SLB operation may take, retries included. Shorter than the default leader lease
+#: (15 s), so a crashed leader's last request has ended before a new leader acts.
+DEFAULT_CALL_DEADLINE_SECONDS: Final = 10.0
+#: Environment variable overriding ``DEFAULT_CALL_DEADLINE_SECONDS`` for ``resourceconsist run``.
+CALL_DEADLINE_ENV: Final = "ALIYUN_SLB_CALL_DEADLINE_SECONDS"
+#: Below this many seconds left, a request is not sent at all (it could not get an answer).
+_MIN_REQUEST_SECONDS: Final = 0.05
+#: How often a thread waiting for a load balancer's write lock looks at its cancellation.
+_LOCK_POLL_SECONDS: Final = 0.2
 
 #: Provider codes that mean "try again later": throttling, a busy or reconfiguring instance.
 TRANSIENT_CODES: Final = frozenset(
@@ -218,6 +245,23 @@ _SDK_LOGGERS: Final = (
     "aliyunsdkcore.vendored.requests.packages.urllib3.connection",
 )
 _FILTER: Final = _RedactingFilter()
+#: The SDK logs every failed request at ERROR (``ServerException occurred``, ``HttpError
+#: occurred``) and every unparsable body at WARNING, retried or not. This client reports what
+#: matters itself (a WARNING when retries are exhausted), so the SDK's lines become DEBUG.
+_SDK_CLIENT_LOGGER: Final = "aliyunsdkcore.client"
+
+
+class _DemotingFilter(logging.Filter):
+    """Lowers the SDK client's per-request ERROR and WARNING lines to DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno <= logging.DEBUG:
+            return True
+        record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+_DEMOTE: Final = _DemotingFilter()
 _filter_installed = False
 _filter_lock = threading.Lock()
 
@@ -229,6 +273,8 @@ def _install_log_redaction() -> None:
             return
         for name in (*_SDK_LOGGERS, __name__):
             logging.getLogger(name).addFilter(_FILTER)
+        # After the redaction filter: a demoted line that is still shown is redacted too.
+        logging.getLogger(_SDK_CLIENT_LOGGER).addFilter(_DEMOTE)
         _filter_installed = True
 
 
@@ -276,6 +322,41 @@ class SLBNotFound(SLBError):
 
 class SLBAuthError(SLBError):
     """The provider rejected the credentials or the request signature."""
+
+
+class SLBCancelled(SLBError, PassCancelled):
+    """The call gave up before its next request because the reconcile pass was cancelled.
+    A request already sent may still have been carried out (an unknown outcome)."""
+
+    @property
+    def transient(self) -> bool:
+        return False
+
+
+class SLBDeadlineExceeded(SLBError):
+    """The call gave up because its own deadline (``call_deadline_seconds``) passed; as with
+    ``SLBCancelled``, a request already sent may have been carried out."""
+
+    @property
+    def transient(self) -> bool:
+        return False
+
+
+def call_deadline_from_env(environ: Mapping[str, str]) -> float:
+    """``CALL_DEADLINE_ENV`` in seconds, else the default; ``ValueError`` naming the variable."""
+    raw = (environ.get(CALL_DEADLINE_ENV) or "").strip()
+    if not raw:
+        return DEFAULT_CALL_DEADLINE_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(
+            f"{CALL_DEADLINE_ENV}={raw!r} is not a positive number of seconds; set it to e.g. "
+            f"{DEFAULT_CALL_DEADLINE_SECONDS:g} (less than the leader lease duration) or unset it"
+        )
+    return seconds
 
 
 def _error(action: str, code: str, message: str, request_id: str | None, http_status: int | None) -> SLBError:
@@ -431,6 +512,11 @@ def _servers_json(servers: Iterable[BackendServer], *, weight: bool = True) -> s
 # --------------------------------------------------------------------------------------------
 # The client.
 
+#: The deadline (``clock`` value) of the SLB operation running in this thread, if any.
+_CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "slb_call_deadline", default=None
+)
+
 
 class SLBClient:
     """Typed, retrying, per-load-balancer-serialized access to the SLB API (thread-safe)."""
@@ -440,14 +526,19 @@ class SLBClient:
         credentials: SLBCredentials,
         *,
         retry: RetryPolicy | None = None,
-        sleep: Callable[[float], object] = time.sleep,
+        sleep: Callable[[float], object] | None = None,
         rand: Callable[[], float] = random.random,
         clock: Callable[[], float] = time.monotonic,
         read_timeout_seconds: float = 10.0,
         connect_timeout_seconds: float = 5.0,
+        call_deadline_seconds: float = DEFAULT_CALL_DEADLINE_SECONDS,
         protocol: Literal["https", "http"] = "https",
         on_call: Callable[[CallRecord], None] | None = None,
     ) -> None:
+        """``sleep`` waits between retries (default: the pass's ``Cancellation.wait``, which a stop
+        interrupts); ``call_deadline_seconds`` bounds one operation, retries included."""
+        if not call_deadline_seconds > 0:
+            raise ValueError("call_deadline_seconds must be above 0")
         key_id = credentials.access_key_id.get_secret_value()
         secret = credentials.access_key_secret.get_secret_value()
         _REDACTOR.register(key_id, secret)
@@ -460,6 +551,9 @@ class SLBClient:
         self._rand = rand
         self._clock = clock
         self._on_call = on_call
+        self._read_timeout = read_timeout_seconds
+        self._connect_timeout = connect_timeout_seconds
+        self._call_deadline = call_deadline_seconds
         # auto_retry=False: SLB actions are not in the SDK's retry table, and this client's own
         # retry must be the only one so that it can re-read state between attempts.
         self._acs: Any = AcsClient(
@@ -786,34 +880,99 @@ class SLBClient:
     def _write_lock(self, load_balancer_id: str) -> Iterator[None]:
         with self._locks_guard:
             lock = self._locks.setdefault(load_balancer_id, threading.Lock())
-        with lock:
+        # Another thread may hold the lock in a hung request: keep checking for a stop meanwhile.
+        while not lock.acquire(timeout=_LOCK_POLL_SECONDS):
+            if current_cancellation().cancelled:
+                raise self._cancelled("write lock", f"waiting for the write lock of {load_balancer_id}")
+        try:
             yield
+        finally:
+            lock.release()
 
     def _retrying(self, action: str, attempt: Callable[[int], T]) -> T:
         policy = self._retry
-        deadline = self._clock() + policy.max_total_seconds
-        number = 1
-        while True:
-            try:
-                return attempt(number)
-            except SLBError as err:
-                if not err.transient or number >= policy.max_attempts:
-                    raise
-                delay = policy.delay(number, self._rand())
-                if self._clock() + delay > deadline:
-                    raise
-                _log.info(
-                    "SLB %s failed with %s (attempt %d of %d); retrying in %.2fs",
-                    action,
-                    err.code,
-                    number,
-                    policy.max_attempts,
-                    delay,
-                )
-                self._sleep(delay)
-                number += 1
+        now = self._clock()
+        outer = _CALL_DEADLINE.get()
+        # The operation's own deadline; an operation nested in another one (the re-reads of a
+        # write) never outlives its caller's.
+        call_deadline = now + self._call_deadline if outer is None else min(outer, now + self._call_deadline)
+        retry_deadline = min(now + policy.max_total_seconds, call_deadline)
+        token = _CALL_DEADLINE.set(call_deadline)
+        try:
+            number = 1
+            while True:
+                try:
+                    return attempt(number)
+                except SLBError as err:
+                    if not err.transient:
+                        if not isinstance(err, (SLBCancelled, SLBDeadlineExceeded)):
+                            observe_provider_failure(PROVIDER, action, err.code)
+                        raise
+                    delay = policy.delay(number, self._rand())
+                    if number >= policy.max_attempts or self._clock() + delay > retry_deadline:
+                        self._give_up(action, err, number)
+                        raise
+                    _log.debug(
+                        "SLB %s failed with %s (attempt %d of %d); retrying in %.2fs",
+                        action,
+                        err.code,
+                        number,
+                        policy.max_attempts,
+                        delay,
+                    )
+                    observe_provider_retry(PROVIDER, action, err.code)
+                    if self._pause(delay):
+                        raise self._cancelled(action, f"while waiting to retry after {err.code}") from None
+                    number += 1
+        finally:
+            _CALL_DEADLINE.reset(token)
+
+    @staticmethod
+    def _give_up(action: str, err: SLBError, attempts: int) -> None:
+        observe_provider_failure(PROVIDER, action, err.code)
+        _log.warning("SLB %s failed after %d attempt(s), giving up: %s", action, attempts, err)
+
+    def _pause(self, seconds: float) -> bool:
+        """Wait ``seconds`` before a retry; whether the pass was cancelled meanwhile."""
+        cancellation = current_cancellation()
+        if self._sleep is None:
+            return cancellation.wait(seconds)
+        self._sleep(seconds)
+        return cancellation.cancelled
+
+    def _cancelled(self, action: str, when: str) -> SLBError:
+        error: SLBError
+        if current_cancellation().cancelled:
+            why = "the reconcile pass was cancelled (the controller is stopping or its deadline passed)"
+            error = SLBCancelled(action, "Cancelled", f"gave up {when}: {why}")
+        else:
+            why = f"the call's deadline of {self._call_deadline:g}s passed"
+            error = SLBDeadlineExceeded(action, "DeadlineExceeded", f"gave up {when}: {why}")
+        observe_provider_failure(PROVIDER, action, error.code)
+        _log.warning("SLB %s %s", action, error.message)
+        return error
+
+    def _request_timeouts(self, action: str) -> tuple[float, float]:
+        """(connect, read) timeouts of the next request: the configured ones, capped by the time
+        left to the operation's deadline and to the pass's; ``SLBCancelled`` when none is left."""
+        if current_cancellation().cancelled:
+            raise self._cancelled(action, "before sending the request")
+        left = [self._read_timeout]
+        deadline = _CALL_DEADLINE.get()
+        if deadline is not None:
+            left.append(deadline - self._clock())
+        remaining = current_cancellation().remaining()
+        if remaining is not None:
+            left.append(remaining)
+        budget = min(left)
+        if budget < _MIN_REQUEST_SECONDS:
+            raise self._cancelled(action, "before sending the request")
+        return min(self._connect_timeout, budget), budget
 
     def _call(self, action: str, request: Any, attempt: int) -> dict[str, Any]:
+        connect_timeout, read_timeout = self._request_timeouts(action)
+        request.set_connect_timeout(connect_timeout)
+        request.set_read_timeout(read_timeout)
         request.set_endpoint(self._endpoint)
         request.set_protocol_type(self._protocol)
         request.set_accept_format("JSON")
@@ -857,6 +1016,7 @@ class SLBClient:
         with self._stats_lock:
             self._counts[record.action] += 1
         _log.debug("SLB %s attempt %d: %s", record.action, record.attempt, record.code or "ok")
+        observe_provider_call(PROVIDER, record.action, record.code, record.duration_seconds)
         if self._on_call is not None:
             self._on_call(record)
 

@@ -1,0 +1,189 @@
+"""What lets a reconcile pass be abandoned: its cancellation signal, and the threads it runs in.
+
+``Cancellation`` is the signal of one pass: the frame cancels it when the controller stops (or
+its deadline passes), and an adapter sees it as ``ctx.cancellation`` or, from any code running
+for the pass (worker threads included: ``asyncio.to_thread`` copies context variables),
+``current_cancellation()``. Blocking adapter code checks it between steps, sleeps with
+``wait()`` so that a stop wakes it, and caps its own timeouts by ``remaining()``.
+
+``DaemonThreadExecutor`` runs blocking adapter calls in daemon threads. A request already sent
+cannot be taken back, but the thread waiting for its answer must not keep the process alive
+after a stop: the frame abandons it (docs/concepts.md, "Stopping within the shutdown timeout").
+"""
+
+from __future__ import annotations
+
+import contextvars
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from resourceconsist.errors import ResourceConsistError
+
+T = TypeVar("T")
+
+
+class PassCancelled(ResourceConsistError):
+    """The pass was cancelled (the controller is stopping) or its deadline has passed."""
+
+
+class Cancellation:
+    """A cancellation signal with an optional deadline (a ``time.monotonic()`` value); thread-safe."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """``cancel()`` was called, or the deadline has passed."""
+        if self._event.is_set():
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (0 once cancelled); ``None``: no deadline."""
+        if self._event.is_set():
+            return 0.0
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raise ``PassCancelled`` when cancelled or past the deadline."""
+        if self._event.is_set():
+            raise PassCancelled("the reconcile pass was cancelled: the controller is stopping")
+        if self.cancelled:
+            raise PassCancelled("the reconcile pass ran past its deadline")
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` (less when the deadline comes first); wake at once on ``cancel()``.
+
+        Returns whether the pass is cancelled by then.
+        """
+        left = self.remaining()
+        timeout = max(0.0, seconds if left is None else min(seconds, left))
+        self._event.wait(timeout)
+        return self.cancelled
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled else "live"
+        return f"Cancellation({state}, remaining={self.remaining()})"
+
+
+_CURRENT: contextvars.ContextVar[Cancellation | None] = contextvars.ContextVar(
+    "resourceconsist_pass_cancellation", default=None
+)
+
+
+def current_cancellation() -> Cancellation:
+    """The running pass's cancellation; outside a pass, a fresh one that is never cancelled."""
+    found = _CURRENT.get()
+    return Cancellation() if found is None else found
+
+
+@contextmanager
+def running_pass(cancellation: Cancellation) -> Iterator[Cancellation]:
+    """Make ``cancellation`` the current one for the code run inside (and the threads it starts)."""
+    token = _CURRENT.set(cancellation)
+    try:
+        yield cancellation
+    finally:
+        _CURRENT.reset(token)
+
+
+class DaemonThreadExecutor(ThreadPoolExecutor):
+    """An executor whose worker threads are daemons and whose ``shutdown`` never waits on a call.
+
+    ``ThreadPoolExecutor`` joins its workers at interpreter exit, so one call stuck in a hung
+    provider request holds a stopped process open. Here, calls still running at shutdown are
+    abandoned; queued ones are cancelled. Idle workers exit after ``idle_seconds``. It is a
+    ``ThreadPoolExecutor`` by type only (none of its machinery runs), because asyncio accepts
+    nothing else as a loop's default executor, the one ``asyncio.to_thread`` uses.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self, max_workers: int = 32, *, name: str = "resourceconsist", idle_seconds: float = 60.0
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self._max_workers = max_workers
+        self._name = name
+        self._idle_seconds = idle_seconds
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        self._guard = threading.Lock()
+        self._workers: set[threading.Thread] = set()
+        self._idle = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._guard:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            self._calls.put((future, lambda: fn(*args, **kwargs)))
+            if self._idle > 0:
+                self._idle -= 1
+            elif len(self._workers) < self._max_workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}-{next(self._ids)}", daemon=True
+                )
+                self._workers.add(thread)
+                thread.start()
+        return future
+
+    def _work(self) -> None:
+        me = threading.current_thread()
+        while True:
+            try:
+                item = self._calls.get(timeout=self._idle_seconds)
+            except queue.Empty:
+                with self._guard:
+                    # Leave only if no call was handed to this idle worker meanwhile.
+                    if self._calls.empty():
+                        self._idle -= 1
+                        self._workers.discard(me)
+                        return
+                continue
+            if item is None:
+                with self._guard:
+                    self._workers.discard(me)
+                return
+            future, call = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call()
+                except BaseException as err:
+                    future.set_exception(err)
+                else:
+                    future.set_result(result)
+            with self._guard:
+                self._idle += 1
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking calls and cancel queued ones; running calls are abandoned, never awaited."""
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+            workers = len(self._workers)
+        while True:
+            try:
+                item = self._calls.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None:
+                item[0].cancel()
+        for _ in range(workers):
+            self._calls.put(None)
