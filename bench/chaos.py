@@ -510,6 +510,8 @@ class Unguarded:
     weight: int
     #: Seconds the backend still routed after the deletion (None: still routing at the end).
     routed_for: float | None
+    #: Seconds between the backend's last change to a weight above 0 and the deletion.
+    routing_before: float
 
 
 def unguarded_deletions(
@@ -526,7 +528,11 @@ def unguarded_deletions(
                 continue
             after = [t for t, w in line[at + 1 :] if w <= 0]
             routed_for = after[0] - deletion.time if after else None
-            found.append(Unguarded(deletion.pod, deletion.time, group, line[at][1], routed_for))
+            found.append(
+                Unguarded(
+                    deletion.pod, deletion.time, group, line[at][1], routed_for, deletion.time - line[at][0]
+                )
+            )
     return found
 
 

@@ -114,6 +114,21 @@ def test_sdk_over_https_changes_state_and_history_read_from_outside(
     assert started <= times[0] and times[-1] <= finished
 
 
+def test_deleting_a_group_records_its_backends_as_removed(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch) as client:
+        group = client.create_vserver_group(LB, "resourceconsist/ns/deleted")
+        client.add_backend_servers(group, [_backend(6)], load_balancer_id=LB)
+        _, last = admin.history()
+        client.delete_vserver_group(group, load_balancer_id=LB)
+    changes, _ = admin.history(last)
+    assert [(c["change"], c["vserver_group_id"], c["Description"]) for c in changes] == [
+        ("removed", group, "resourceconsist/pod-6")
+    ]
+    assert group not in {g["id"] for g in admin.state()["groups"]}
+
+
 def test_state_outlives_the_client_that_wrote_it(
     served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,6 +173,20 @@ def test_read_faults_set_from_outside_fail_reads(
         answered = admin.call_counts().get(("DescribeVServerGroups", "ok"), 0)
         client.describe_vserver_groups(LB)
         assert admin.call_counts()[("DescribeVServerGroups", "ok")] == answered + 1
+
+
+def test_fault_rates_add_up_to_the_share_of_calls_that_fail(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rates summing to 1 fail every call, and each kind gets its turn: the kinds are drawn as one.
+    admin.set_faults({"throttle": 0.5, "5xx": 0.5}, actions="reads")
+    codes = set()
+    with _client(served, monkeypatch, retry=RetryPolicy(max_attempts=1)) as client:
+        for _ in range(20):
+            with pytest.raises(SLBError) as caught:
+                client.describe_vserver_groups(LB)
+            codes.add(caught.value.code)
+    assert codes == {"Throttling", "ServiceUnavailable"}
 
 
 def test_did_it_but_reported_failure_changes_state(
