@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench lint typecheck check clean
+.PHONY: setup demo test bench chaos lint typecheck check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_frame.py
+
+# The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,
+# so not in CI. `make chaos CHAOS_ARGS=--quick` for a short run.
+chaos: setup
+	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
 lint: setup
 	$(BIN)/ruff check .

@@ -11,9 +11,14 @@ second write on a load balancer while one is in flight are all rejected).
 
 Tests steer it directly (load balancers, groups, backends, health, drift), inject faults
 (throttling by seeded chance or for the next N calls, 5xx, dropped connections, latency, and
-"carry the call out but report failure"), and read what happened: every call with its action and
-parameters (signature fields and the access key id left out), what was executed, how often each
-server was added.
+"carry the call out but report failure"; fixed counts or seeded rates; latency and hangs), and read
+what happened: every call with its action and parameters (signature fields and the access key id
+left out), what was executed, how often each server was added, and a wall-clock history of every
+backend change (added, re-weighted, removed).
+
+The same state machine is served over real HTTPS as its own process by ``emulator_server``
+(``python -m resourceconsist.adapters.alibabacloudslb.emulator_server``), with an admin HTTP API
+for the same steering and reading; see docs/chaos.md.
 
     with SLBEmulator() as slb:
         lb = slb.add_load_balancer()
@@ -35,12 +40,12 @@ import random
 import re
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Final, Self
+from typing import Any, Final, Literal, Self
 from urllib.parse import parse_qsl, quote, urlsplit
 
 import responses
@@ -61,9 +66,13 @@ from .slbclient import (
 __all__ = [
     "CODE_BACKEND_ALREADY_EXISTS",
     "CODE_BACKEND_NOT_IN_GROUP",
+    "FAULT_KINDS",
     "KNOWN_ERRORS",
+    "READ_ACTIONS",
     "SDK_SEND_TARGET",
     "SIGNATURE_PARAMS",
+    "BackendChange",
+    "HTTPAnswer",
     "RecordedCall",
     "SLBEmulator",
 ]
@@ -131,6 +140,23 @@ KNOWN_ERRORS: Final[Mapping[str, tuple[int, str]]] = {
     CODE_BACKEND_NOT_IN_GROUP: (400, "The specified server is not found."),
 }
 
+#: The read actions the emulator answers (every other action it answers is in ``MUTATING_ACTIONS``).
+READ_ACTIONS: Final = frozenset(
+    {"DescribeHealthStatus", "DescribeVServerGroups", "DescribeVServerGroupAttribute"}
+)
+
+#: Fault kinds settable as rates (``SLBEmulator.set_fault_rates``): the code answered, and whether
+#: the call is carried out first ("did it but reported failure") or the connection dropped.
+FAULT_KINDS: Final[Mapping[str, tuple[str, bool, bool]]] = {
+    "throttle": ("Throttling", False, False),
+    "5xx": ("ServiceUnavailable", False, False),
+    "drop": ("ConnectionReset", False, True),
+    "execute_fail": ("InternalError", True, False),
+}
+
+#: Longest a hung call waits for ``clear_faults`` before it goes on anyway.
+HANG_LIMIT_SECONDS: Final = 3600.0
+
 _VSERVER_GROUP_MISSING: Final = (404, "InvalidParameter", "The specified VServerGroupId does not exist.")
 _HEALTH_STATES: Final = frozenset({"normal", "abnormal", "unavailable"})
 _SERVER_TYPES: Final[Mapping[str, BackendServerType]] = {"ecs": "ecs", "eni": "eni", "eci": "eci", "ip": "ip"}
@@ -165,6 +191,44 @@ class RecordedCall:
         return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
+ChangeKind = Literal["added", "weight", "description", "removed"]
+
+
+@dataclass(frozen=True)
+class BackendChange:
+    """One change of a backend in a VServer group, stamped with the emulator's clock (wall time)."""
+
+    seq: int
+    time: float
+    load_balancer_id: str
+    vserver_group_id: str
+    change: ChangeKind
+    #: The backend after the change (before it, for ``removed``).
+    backend: BackendServer
+    #: The weight before the change (``None`` for ``added``).
+    old_weight: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "load_balancer_id": self.load_balancer_id,
+            "vserver_group_id": self.vserver_group_id,
+            "change": self.change,
+            "old_weight": self.old_weight,
+            **_backend_json(self.backend),
+        }
+
+
+@dataclass(frozen=True)
+class HTTPAnswer:
+    """What to send back for one SDK request: status, headers and JSON body."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: str
+
+
 class _APIError(Exception):
     def __init__(self, code: str, message: str | None = None, status: int | None = None) -> None:
         known_status, known_message = KNOWN_ERRORS.get(code, (400, code))
@@ -184,6 +248,8 @@ class _Fault:
     probability: float
     execute: bool
     drop_connection: bool
+    #: Set by ``set_fault_rates`` (replaced as a whole by the next call).
+    rated: bool = False
 
     def matches(self, action: str) -> bool:
         return (self.actions is None or action in self.actions) and (
@@ -305,6 +371,7 @@ class SLBEmulator:
         timestamp_tolerance_seconds: float = 900.0,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
+        max_recorded_calls: int | None = None,
     ) -> None:
         if default_health not in _HEALTH_STATES:
             raise ValueError(f"default_health must be one of {sorted(_HEALTH_STATES)}")
@@ -324,7 +391,13 @@ class SLBEmulator:
         self._health: dict[tuple[str, str, int], str] = {}
         self._faults: list[_Fault] = []
         self._latency: dict[str | None, float] = {}
-        self._calls: list[RecordedCall] = []
+        # A long-running server keeps the newest calls only; ``call_counts`` counts them all.
+        self._calls: deque[RecordedCall] = deque(maxlen=max_recorded_calls)
+        self._call_counts: Counter[tuple[str, str]] = Counter()
+        self._changes: list[BackendChange] = []
+        self._hang_actions: frozenset[str] | None = None
+        self._hanging = False
+        self._released = threading.Event()
         self._nonces: set[str] = set()
         self._add_counts: Counter[tuple[str, BackendKey]] = Counter()
         self._rejected_duplicates: list[tuple[str, BackendKey]] = []
@@ -390,7 +463,7 @@ class SLBEmulator:
         with self._lock:
             del self._load_balancers[load_balancer_id]
             for group_id in [g.id for g in self._groups.values() if g.load_balancer_id == load_balancer_id]:
-                del self._groups[group_id]
+                self._drop_group(group_id)
             for key in [k for k in self._health if k[0] == load_balancer_id]:
                 del self._health[key]
 
@@ -413,13 +486,13 @@ class SLBEmulator:
                 raise KeyError(load_balancer_id)
             group_id = vserver_group_id or self._new_id("rsp-")
             group = _Group(group_id, name, load_balancer_id, tuple(listener_ports))
-            group.backends = {server.key: server for server in backends}
             self._groups[group_id] = group
+            self._replace_backends(group, backends)
             return group_id
 
     def remove_vserver_group(self, vserver_group_id: str) -> None:
         with self._lock:
-            del self._groups[vserver_group_id]
+            self._drop_group(vserver_group_id)
 
     def vserver_groups(self, load_balancer_id: str) -> list[VServerGroup]:
         with self._lock:
@@ -436,7 +509,74 @@ class SLBEmulator:
     def set_backends(self, vserver_group_id: str, servers: Iterable[BackendServer]) -> None:
         """Replace a group's servers behind the controller's back (drift)."""
         with self._lock:
-            self._groups[vserver_group_id].backends = {server.key: server for server in servers}
+            self._replace_backends(self._groups[vserver_group_id], servers)
+
+    def state(self) -> dict[str, Any]:
+        """Load balancers and VServer groups with their backends, as JSON-ready data."""
+        with self._lock:
+            return {
+                "load_balancers": [
+                    {"id": lb.id, "name": lb.name, "region_id": lb.region_id}
+                    for lb in self._load_balancers.values()
+                ],
+                "groups": [
+                    {
+                        "id": g.id,
+                        "name": g.name,
+                        "load_balancer_id": g.load_balancer_id,
+                        "listener_ports": list(g.listener_ports),
+                        "backends": [_backend_json(b) for b in g.backends.values()],
+                    }
+                    for g in self._groups.values()
+                ],
+            }
+
+    def backend_changes(self, since: int = 0) -> list[BackendChange]:
+        """Every backend change with a sequence number above ``since``, oldest first."""
+        with self._lock:
+            start = max(0, min(since, len(self._changes)))
+            return self._changes[start:]
+
+    def _note(
+        self, group: _Group, change: ChangeKind, backend: BackendServer, old_weight: int | None = None
+    ) -> None:
+        # Sequence numbers are 1-based positions in the list, so ``backend_changes`` slices.
+        self._changes.append(
+            BackendChange(
+                len(self._changes) + 1,
+                self._clock(),
+                group.load_balancer_id,
+                group.id,
+                change,
+                backend,
+                old_weight,
+            )
+        )
+
+    def _replace_backends(self, group: _Group, servers: Iterable[BackendServer]) -> None:
+        wanted = {server.key: server for server in servers}
+        for key, old in list(group.backends.items()):
+            if key not in wanted:
+                del group.backends[key]
+                self._note(group, "removed", old, old.weight)
+        for new in wanted.values():
+            self._put(group, new)
+
+    def _put(self, group: _Group, new: BackendServer) -> None:
+        """Store ``new`` in the group and note what changed (add, weight, description)."""
+        old = group.backends.get(new.key)
+        group.backends[new.key] = new
+        if old is None:
+            self._note(group, "added", new)
+        elif old.weight != new.weight:
+            self._note(group, "weight", new, old.weight)
+        elif old.description != new.description:
+            self._note(group, "description", new, old.weight)
+
+    def _drop_group(self, group_id: str) -> None:
+        group = self._groups.pop(group_id)
+        for backend in group.backends.values():
+            self._note(group, "removed", backend, backend.weight)
 
     def set_health(self, load_balancer_id: str, server_id: str, port: int, status: str) -> None:
         """Health reported for a backend (``normal``, ``abnormal``, ``unavailable``)."""
@@ -503,15 +643,52 @@ class SLBEmulator:
                 )
             )
 
+    def set_fault_rates(self, rates: Mapping[str, float], *, actions: Iterable[str] | None = None) -> None:
+        """From now on, fail a seeded-random share of calls (of ``actions``) per fault kind.
+
+        ``rates`` maps kinds of ``FAULT_KINDS`` to fractions whose sum is at most 1; each call
+        draws at most one of them, so ``{"throttle": 0.1, "5xx": 0.2}`` fails 30% of calls.
+        Replaces the rates set before; ``fail_next`` and ``throttle`` faults stay.
+        """
+        unknown = sorted(set(rates) - set(FAULT_KINDS))
+        if unknown:
+            raise ValueError(f"unknown fault kinds {unknown}; known: {sorted(FAULT_KINDS)}")
+        if any(not 0.0 <= r <= 1.0 for r in rates.values()) or sum(rates.values()) > 1.0 + 1e-9:
+            raise ValueError("fault rates must each be within [0, 1] and sum to at most 1")
+        scope = None if actions is None else frozenset(actions)
+        faults: list[_Fault] = []
+        left = 1.0
+        for kind, rate in rates.items():
+            if rate <= 0.0:
+                continue
+            code, execute, drop = FAULT_KINDS[kind]
+            status, message = KNOWN_ERRORS.get(code, (0, code))
+            # Faults are tried in turn, so each one's chance is conditioned on the earlier misses.
+            chance = min(1.0, rate / left) if left > 0 else 1.0
+            left -= rate
+            faults.append(_Fault(code, status, message, scope, None, chance, execute, drop, rated=True))
+        with self._lock:
+            self._faults = [f for f in self._faults if not f.rated] + faults
+
+    def hang(self, actions: Iterable[str] | None = None) -> None:
+        """Hold calls (of ``actions``, or all) unanswered until ``clear_faults``."""
+        with self._lock:
+            self._hang_actions = None if actions is None else frozenset(actions)
+            self._hanging = True
+            self._released.clear()
+
     def set_latency(self, seconds: float, action: str | None = None) -> None:
         """Delay answers (of ``action``, or all) by ``seconds`` of real time."""
         with self._lock:
             self._latency[action] = seconds
 
     def clear_faults(self) -> None:
+        """Drop every fault, latency and hang; hung calls go on at once."""
         with self._lock:
             self._faults.clear()
             self._latency.clear()
+            self._hanging = False
+            self._released.set()
 
     def _add_fault(
         self,
@@ -559,9 +736,15 @@ class SLBEmulator:
         with self._lock:
             return [call for call in self._calls if call.action in MUTATING_ACTIONS]
 
+    def call_counts(self) -> dict[tuple[str, str], int]:
+        """Calls answered per (action, code), ``"ok"`` for success; never trimmed."""
+        with self._lock:
+            return dict(self._call_counts)
+
     def reset_calls(self) -> None:
         with self._lock:
             self._calls.clear()
+            self._call_counts.clear()
             self._add_counts.clear()
             self._rejected_duplicates.clear()
             self._write_conflicts = 0
@@ -591,7 +774,21 @@ class SLBEmulator:
     # ---- HTTP ---------------------------------------------------------------------------
 
     def _handle(self, request: Any) -> Exception | tuple[int, Mapping[str, str], str]:
-        params = self._params(request)
+        """The ``responses`` callback: one intercepted SDK request."""
+        content_type = str(request.headers.get("Content-Type", ""))
+        answer = self.answer(str(request.method or "GET"), str(request.url), content_type, request.body)
+        if answer is None:
+            # Worded like urllib3's error, which quotes the request URL (key id included).
+            split = urlsplit(str(request.url))
+            return ConnectionResetError(
+                f"HTTPSConnectionPool(host={split.hostname!r}): Max retries exceeded with url: "
+                f"{split.path}?{split.query} (Caused by connection reset by the SLB emulator)"
+            )
+        return answer.status, answer.headers, answer.body
+
+    def answer(self, method: str, url: str, content_type: str, body: bytes | str | None) -> HTTPAnswer | None:
+        """Answer one RPC request, whatever carried it; ``None``: drop the connection unanswered."""
+        params = self._params(url, content_type, body)
         action = params.get("Action", "")
         recorded = {k: v for k, v in params.items() if k not in SIGNATURE_PARAMS}
         with self._lock:
@@ -599,7 +796,7 @@ class SLBEmulator:
         executed = False
         try:
             try:
-                self._authenticate(str(request.method or "GET"), params)
+                self._authenticate(method, params)
                 fault = self._take_fault(action)
                 if fault is not None and not fault.execute:
                     raise _Injected(fault)
@@ -616,12 +813,7 @@ class SLBEmulator:
                     action, recorded, status=fault.status, code=fault.code, executed=executed, rid=request_id
                 )
                 if fault.drop_connection:
-                    # Worded like urllib3's error, which quotes the request URL (key id included).
-                    split = urlsplit(str(request.url))
-                    return ConnectionResetError(
-                        f"HTTPSConnectionPool(host={split.hostname!r}): Max retries exceeded with url: "
-                        f"{split.path}?{split.query} (Caused by connection reset by the SLB emulator)"
-                    )
+                    return None
                 return self._error_response(_APIError(fault.code, fault.message, fault.status), request_id)
         except _APIError as err:
             self._record(
@@ -629,20 +821,20 @@ class SLBEmulator:
             )
             return self._error_response(err, request_id)
         self._record(action, recorded, status=200, code=None, executed=executed, rid=request_id)
-        body = json.dumps({"RequestId": request_id, **payload})
-        return 200, {"Content-Type": "application/json;charset=utf-8", "x-acs-request-id": request_id}, body
+        text = json.dumps({"RequestId": request_id, **payload})
+        return HTTPAnswer(
+            200, {"Content-Type": "application/json;charset=utf-8", "x-acs-request-id": request_id}, text
+        )
 
     @staticmethod
-    def _params(request: Any) -> dict[str, str]:
-        params = dict(parse_qsl(urlsplit(str(request.url)).query, keep_blank_values=True))
-        body = request.body
-        content_type = str(request.headers.get("Content-Type", ""))
+    def _params(url: str, content_type: str, body: bytes | str | None) -> dict[str, str]:
+        params = dict(parse_qsl(urlsplit(url).query, keep_blank_values=True))
         if body and "application/x-www-form-urlencoded" in content_type:
             text = body.decode() if isinstance(body, bytes) else str(body)
             params.update(parse_qsl(text, keep_blank_values=True))
         return params
 
-    def _error_response(self, err: _APIError, request_id: str) -> tuple[int, Mapping[str, str], str]:
+    def _error_response(self, err: _APIError, request_id: str) -> HTTPAnswer:
         body = json.dumps(
             {
                 "RequestId": request_id,
@@ -652,13 +844,14 @@ class SLBEmulator:
                 "Recommend": f"https://api.aliyun.com/troubleshoot?q={err.code}&product=Slb",
             }
         )
-        return err.status, {"Content-Type": "application/json;charset=utf-8"}, body
+        return HTTPAnswer(err.status, {"Content-Type": "application/json;charset=utf-8"}, body)
 
     def _record(
         self, action: str, params: dict[str, str], *, status: int, code: str | None, executed: bool, rid: str
     ) -> None:
         with self._lock:
             self._calls.append(RecordedCall(action, params, status, code, executed, rid))
+            self._call_counts[(action, code or "ok")] += 1
 
     def _authenticate(self, method: str, params: Mapping[str, str]) -> None:
         key_id = params.get("AccessKeyId", "")
@@ -710,6 +903,9 @@ class SLBEmulator:
             hook(action)
         with self._lock:
             delay = self._latency.get(action, self._latency.get(None, 0.0))
+            hung = self._hanging and (self._hang_actions is None or action in self._hang_actions)
+        if hung:
+            self._released.wait(HANG_LIMIT_SECONDS)
         if delay > 0:
             self._sleep(delay)
 
@@ -913,7 +1109,7 @@ class SLBEmulator:
         group = self._group(params)
         if group.listener_ports:
             raise _APIError("RspoolVipExist")
-        del self._groups[group.id]
+        self._drop_group(group.id)
         return {}
 
     def _insert(self, group: _Group, servers: list[_WireServer]) -> list[BackendServer]:
@@ -923,7 +1119,7 @@ class SLBEmulator:
                 raise _APIError(CODE_BACKEND_ALREADY_EXISTS)
         added = [server.to_backend() for server in servers]
         for backend in added:
-            group.backends[backend.key] = backend
+            self._put(group, backend)
             self._add_counts[(group.id, backend.key)] += 1
         return added
 
@@ -942,7 +1138,8 @@ class SLBEmulator:
         servers = self._parse_servers(params.get("BackendServers"), required=True)
         self._require_present(group, servers)
         for server in servers:
-            del group.backends[server.key]
+            removed = group.backends.pop(server.key)
+            self._note(group, "removed", removed, removed.weight)
         return self._group_payload(group)
 
     def _set_vserver_group_attribute(self, params: Mapping[str, str]) -> dict[str, Any]:
@@ -958,7 +1155,7 @@ class SLBEmulator:
                 update["weight"] = server.weight
             if server.description is not None:
                 update["description"] = server.description
-            group.backends[server.key] = current.model_copy(update=update)
+            self._put(group, current.model_copy(update=update))
         return {**self._group_payload(group), "VServerGroupName": group.name}
 
     def _modify_backends(self, params: Mapping[str, str]) -> dict[str, Any]:
@@ -966,12 +1163,14 @@ class SLBEmulator:
         old = self._parse_servers(params.get("OldBackendServers"), required=True)
         new = self._parse_servers(params.get("NewBackendServers"), required=True)
         self._require_present(group, old)
-        remaining = {k: v for k, v in group.backends.items() if k not in {s.key for s in old}}
+        leaving = {s.key for s in old}
         for server in new:
-            if server.key in remaining:
+            if server.key in group.backends and server.key not in leaving:
                 self._rejected_duplicates.append((group.id, server.key))
                 raise _APIError(CODE_BACKEND_ALREADY_EXISTS)
-        group.backends = remaining
+        for key in leaving:
+            removed = group.backends.pop(key)
+            self._note(group, "removed", removed, removed.weight)
         return self._group_payload(group, self._insert(group, new))
 
     # ---- ids ----------------------------------------------------------------------------

@@ -1,0 +1,965 @@
+"""Chaos benchmark of the guard (issue 8): does a pod ever leave while a load balancer routes to it?
+
+Runs, as separate processes, a real control plane (``LocalControlPlane``), the SLB emulator
+served over real HTTPS (``emulator_server``) and the controller (``resourceconsist run --adapter
+alibabacloudslb``, manage mode). A driver plays kubectl and kubelet: 3 Services over overlapping
+subsets of ~60 pods, flipping readiness, adding and deleting pods, deleting and re-creating a
+Service, every ~0.15 s. Phases: calm (no faults, to show the instrument reads 0 when nothing
+breaks), kill -9 of the controller at random moments, 30% provider faults on reads and writes,
+2 replicas with the leader killed, SIGTERM mid-pass. After each phase the driver and the faults
+stop and the run waits for convergence.
+
+What it records comes from the API server's side (a pod watch, object reads) and the provider's
+side (the emulator's state and its wall-clock backend history) only, never from the controller:
+
+* unguarded deletions: a pod's DELETED watch event observed while the emulator holds a backend
+  of that pod (description ``resourceconsist/<pod>``) at weight > 0;
+* lost / stale ``pod.kusionstack.io/available-conditions`` entries at convergence;
+* stuck lifecycle finalizers at convergence (on a pod its Service does not route to, or on a
+  terminating pod not released by the deadline);
+* duplicate backends (two backends of one pod in one group, at any time of the history);
+* convergence time after the last fault: provider state == expected (every ready selected pod
+  registered with weight > 0, no backend of any other pod).
+
+Run: ``make chaos`` or ``python bench/chaos.py [--quick] [--seed N]``. Not part of CI
+(``.ci/run``): the full run takes minutes. Words and figures: docs/chaos.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from bisect import bisect_right
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import config as slb
+from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin
+from resourceconsist.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.labels import map_selects
+from resourceconsist.testing import LocalControlPlane
+
+NAMESPACE = "chaos"
+SERVICES = ("svc-0", "svc-1", "svc-2")
+LEASE = "resourceconsist-manager"
+#: 30% of provider calls fail, reads and writes alike, in four ways.
+FAULT_RATES = {"throttle": 0.09, "5xx": 0.09, "drop": 0.06, "execute_fail": 0.06}
+SHUTDOWN_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    seed: int = 1
+    pods: int = 60
+    tick: float = 0.15
+    calm_seconds: float = 30.0
+    kills: int = 30
+    fault_seconds: float = 90.0
+    leader_kills: int = 8
+    sigterms: int = 3
+    converge_timeout: float = 180.0
+    settle_timeout: float = 60.0
+
+    @classmethod
+    def quick(cls, seed: int) -> Settings:
+        return cls(
+            seed=seed,
+            pods=40,
+            calm_seconds=10.0,
+            kills=5,
+            fault_seconds=20.0,
+            leader_kills=2,
+            sigterms=1,
+            converge_timeout=90.0,
+            settle_timeout=30.0,
+        )
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# ---- processes -----------------------------------------------------------------------------
+
+
+class Process:
+    """A child process with its own log, killed with its process group on teardown."""
+
+    def __init__(self, name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None) -> None:
+        self.name = name
+        self.log_path = logdir / f"{name}.log"
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE if name == "slb-emulator" else self._log,
+            stderr=self._log,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+        )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def signal(self, signum: int) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 20.0) -> float:
+        """SIGTERM, wait up to ``timeout`` (then SIGKILL); the seconds it took to exit."""
+        started = time.monotonic()
+        if self.alive:
+            self.signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return time.monotonic() - started
+
+    def kill(self) -> None:
+        with suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def close(self) -> None:
+        if self.alive:
+            self.kill()
+        self._log.close()
+
+
+class Emulator:
+    """The SLB emulator server process and a client of its admin API."""
+
+    def __init__(self, workdir: Path, seed: int) -> None:
+        lbs = [arg for i in range(len(SERVICES)) for arg in ("--load-balancer", f"lb-chaos-{i}")]
+        argv = [sys.executable, "-m", "resourceconsist.adapters.alibabacloudslb.emulator_server"]
+        self.process = Process(
+            "slb-emulator", [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs], workdir
+        )
+        stdout = self.process.proc.stdout
+        assert stdout is not None
+        ready, _, _ = select.select([stdout], [], [], 30.0)
+        line = stdout.readline() if ready else b""
+        if not line:
+            raise RuntimeError(f"the SLB emulator did not start; see {self.process.log_path}")
+        self.info: dict[str, str] = json.loads(line)
+        self.admin = EmulatorAdmin(self.info["admin_url"])
+
+    def calls(self) -> int:
+        return sum(self.admin.call_counts().values())
+
+
+class Controllers:
+    """Controller processes (``resourceconsist run``), numbered in start order."""
+
+    def __init__(self, kubeconfig: Path, emulator: Emulator, logdir: Path) -> None:
+        self.kubeconfig = kubeconfig
+        self.logdir = logdir
+        self.started = 0
+        self.running: dict[str, tuple[Process, int]] = {}
+        info = emulator.info
+        self.env = {
+            **{k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"},
+            "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+            "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+            "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+            "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+            # The SDK's own setting for the CA that signed the emulator's certificate.
+            "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+        }
+
+    def start(self, *, leader_elect: bool = False) -> str:
+        name = f"controller-{self.started:03d}"
+        self.started += 1
+        port = _free_port()
+        argv = [
+            sys.executable,
+            "-m",
+            "resourceconsist",
+            "run",
+            "--adapter",
+            "alibabacloudslb",
+            "--kubeconfig",
+            str(self.kubeconfig),
+            "--namespace",
+            NAMESPACE,
+            "--health-address",
+            f"127.0.0.1:{port}",
+            "--shutdown-timeout",
+            str(SHUTDOWN_TIMEOUT),
+        ]
+        if leader_elect:
+            argv += ["--leader-elect", "--leader-election-namespace", NAMESPACE]
+        # POD_NAME starts the Lease's holderIdentity, so the leader can be found by name.
+        process = Process(name, argv, self.logdir, {**self.env, "POD_NAME": name})
+        self.running[name] = (process, port)
+        return name
+
+    def wait_ready(self, name: str, timeout: float = 90.0) -> bool:
+        process, port = self.running[name]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and process.alive:
+            with suppress(OSError), urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return True
+            time.sleep(0.1)
+        return False
+
+    def kill(self, name: str) -> None:
+        process, _ = self.running.pop(name)
+        process.kill()
+        process.close()
+
+    def terminate(self, name: str) -> float:
+        """SIGTERM; seconds until it exited (SIGKILL after shutdown-timeout + 10 s)."""
+        process, _ = self.running.pop(name)
+        took = process.stop(timeout=SHUTDOWN_TIMEOUT + 10.0)
+        process.close()
+        return took
+
+    def stop_all(self) -> None:
+        for name in list(self.running):
+            self.terminate(name)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ---- the driver: kubectl and kubelet --------------------------------------------------------
+
+
+def _ip(n: int) -> str:
+    return f"10.{100 + n // 65536 % 100}.{n // 256 % 256}.{n % 256}"
+
+
+class Driver:
+    """Services and pods changing every ``tick`` seconds, from a seeded random stream."""
+
+    def __init__(self, client: KubeClient, settings: Settings) -> None:
+        self.client = client
+        self.settings = settings
+        self.rng = random.Random(settings.seed)
+        self.pods: dict[str, bool] = {}  # live pods the driver knows -> ready
+        self.counter = 0
+        self.pending_service: tuple[str, float] | None = None
+        self.ops: defaultdict[str, int] = defaultdict(int)
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- objects --
+
+    def create_service(self, name: str) -> None:
+        index = SERVICES.index(name)
+        body = {
+            "metadata": {
+                "name": name,
+                "labels": {
+                    wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE,
+                    wire.SLB_LOAD_BALANCER_ID_LABEL: f"lb-chaos-{index}",
+                },
+                "annotations": {slb.MODE_ANNOTATION: "manage"},
+            },
+            "spec": {"selector": {f"g{index}": "y"}, "ports": [{"port": 80, "targetPort": "http"}]},
+        }
+        self.client.create(kube.SERVICE, NAMESPACE, body)
+
+    def create_pod(self) -> None:
+        n = self.counter
+        self.counter += 1
+        name = f"pod-{n:05d}"
+        groups = [i for i in range(len(SERVICES)) if self.rng.random() < 0.5] or [self.rng.randrange(3)]
+        body = {
+            "metadata": {
+                "name": name,
+                "labels": {"chaos": "y", **{f"g{i}": "y" for i in groups}},
+                "annotations": {slb.SERVER_ID_ANNOTATION: f"eni-{n:05d}"},
+            },
+            "spec": {
+                "containers": [
+                    {"name": "app", "image": "app", "ports": [{"name": "http", "containerPort": 8080}]}
+                ]
+            },
+        }
+        self.client.create(kube.POD, NAMESPACE, body)
+        self.pods[name] = False
+        self.set_ready(name, self.rng.random() < 0.7)
+
+    def set_ready(self, name: str, ready: bool) -> None:
+        status = "True" if ready else "False"
+        ip = _ip(int(name.rsplit("-", 1)[1]))
+        body = {
+            "status": {
+                "podIP": ip,
+                "podIPs": [{"ip": ip}],
+                "conditions": [
+                    {"type": "Ready", "status": status},
+                    {"type": "ContainersReady", "status": status},
+                ],
+            }
+        }
+        self.client.patch(kube.POD, NAMESPACE, name, body, subresource="status")
+        self.pods[name] = ready
+
+    def populate(self) -> None:
+        for name in SERVICES:
+            self.create_service(name)
+        for _ in range(self.settings.pods):
+            self.create_pod()
+
+    # -- the loop --
+
+    def step(self) -> None:
+        roll = self.rng.random()
+        count = len(self.pods)
+        if self.pending_service is not None and time.monotonic() >= self.pending_service[1]:
+            self.recreate_pending()
+        elif roll < 0.015 and self.pending_service is None:
+            name = self.rng.choice(SERVICES)
+            self.client.delete(kube.SERVICE, NAMESPACE, name)
+            self.pending_service = (name, time.monotonic() + 1.5)
+            self.ops["service deleted"] += 1
+        elif roll < 0.2 and count < self.settings.pods + 10:
+            self.create_pod()
+            self.ops["pod created"] += 1
+        elif roll < 0.35 and count > self.settings.pods - 10:
+            name = self.rng.choice(sorted(self.pods))
+            del self.pods[name]
+            self.client.delete(kube.POD, NAMESPACE, name)
+            self.ops["pod deleted"] += 1
+        elif self.pods:
+            name = self.rng.choice(sorted(self.pods))
+            self.set_ready(name, not self.pods[name])
+            self.ops["readiness flipped"] += 1
+
+    def recreate_pending(self) -> bool:
+        if self.pending_service is None:
+            return True
+        try:
+            self.create_service(self.pending_service[0])
+        except ApiError as err:
+            if err.status != 409:  # the old one is still terminating: try again later
+                raise
+            self.pending_service = (self.pending_service[0], time.monotonic() + 0.5)
+            return False
+        self.pending_service = None
+        self.ops["service re-created"] += 1
+        return True
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.step()
+            except ApiError:
+                self.errors += 1
+            self._stop.wait(max(0.0, self.settings.tick - (time.monotonic() - started)))
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="driver", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop changing things; re-create a Service deleted last (once its old self is gone)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if self.recreate_pending():
+                    return
+            except ApiError as err:
+                log(f"re-creating {self.pending_service}: {err}")
+            time.sleep(0.5)
+
+
+# ---- the observers ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deletion:
+    pod: str
+    time: float
+
+
+class DeletionWatch:
+    """Pod DELETED events as the API server's watch delivers them, stamped on arrival (wall time)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self.deletions: list[Deletion] = []
+        self._stop = threading.Event()
+        self._stream: kube.WatchStream | None = None
+        self._thread = threading.Thread(target=self._run, name="deletion-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._stream is not None:
+            self._stream.close()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        known: set[str] = set()
+        while not self._stop.is_set():
+            try:
+                listing = self.client.list(kube.POD, NAMESPACE)
+                now = time.time()
+                names = {p["metadata"]["name"] for p in listing.get("items", [])}
+                # Gone between a lost watch and this list: seen late, stamped now.
+                self.deletions.extend(Deletion(name, now) for name in sorted(known - names))
+                known = names
+                self._watch(listing["metadata"]["resourceVersion"], known)
+            except Exception as err:
+                if not self._stop.is_set():
+                    log(f"deletion watch restarts after {type(err).__name__}: {err}")
+                    time.sleep(0.5)
+
+    def _watch(self, version: str, known: set[str]) -> None:
+        while not self._stop.is_set():
+            self._stream = self.client.watch(kube.POD, NAMESPACE, version, timeout_seconds=60)
+            for event in self._stream:
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    return  # expired: list again
+                version = obj.get("metadata", {}).get("resourceVersion", version)
+                name = obj.get("metadata", {}).get("name", "")
+                if kind == "ADDED":
+                    known.add(name)
+                elif kind == "DELETED":
+                    self.deletions.append(Deletion(name, time.time()))
+                    known.discard(name)
+
+
+class History:
+    """The emulator's backend history, fetched incrementally, as per-(group, pod) timelines."""
+
+    def __init__(self, admin: EmulatorAdmin) -> None:
+        self.admin = admin
+        self.last = 0
+        self.changes: list[dict[str, Any]] = []
+
+    def fetch(self) -> None:
+        changes, self.last = self.admin.history(self.last)
+        self.changes.extend(changes)
+
+    def timelines(self) -> dict[tuple[str, str], list[tuple[float, int]]]:
+        """(group, pod) -> [(time, weight after; -1 when removed)], in time order."""
+        lines: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)
+        for change in self.changes:
+            pod = _pod_of(change.get("Description"))
+            if pod is None:
+                continue
+            weight = -1 if change["change"] == "removed" else int(change["Weight"])
+            lines[(change["vserver_group_id"], pod)].append((float(change["time"]), weight))
+        return lines
+
+    def duplicates(self) -> list[tuple[float, str, str]]:
+        """(time, group, pod) whenever a second backend of one pod joined a group."""
+        present: dict[str, dict[tuple[str, int, str], str]] = defaultdict(dict)
+        found: list[tuple[float, str, str]] = []
+        for change in self.changes:
+            group = present[change["vserver_group_id"]]
+            key = (change["ServerId"], int(change["Port"]), change.get("ServerIp") or "")
+            pod = _pod_of(change.get("Description"))
+            if change["change"] == "removed":
+                group.pop(key, None)
+                continue
+            if change["change"] == "added" and pod is not None and pod in group.values():
+                found.append((float(change["time"]), change["vserver_group_id"], pod))
+            group[key] = pod or ""
+        return found
+
+
+def _pod_of(description: Any) -> str | None:
+    if isinstance(description, str) and slb.is_our_member_description(description):
+        return description[len(slb.MEMBER_DESCRIPTION_PREFIX) :]
+    return None
+
+
+@dataclass
+class Unguarded:
+    pod: str
+    deleted_at: float
+    group: str
+    weight: int
+    #: Seconds the backend still routed after the deletion (None: still routing at the end).
+    routed_for: float | None
+    #: Seconds between the backend's last change to a weight above 0 and the deletion.
+    routing_before: float
+
+
+def unguarded_deletions(
+    deletions: list[Deletion], lines: dict[tuple[str, str], list[tuple[float, int]]]
+) -> list[Unguarded]:
+    by_pod: dict[str, list[tuple[str, list[tuple[float, int]]]]] = defaultdict(list)
+    for (group, pod), line in lines.items():
+        by_pod[pod].append((group, line))
+    found: list[Unguarded] = []
+    for deletion in deletions:
+        for group, line in by_pod.get(deletion.pod, []):
+            at = bisect_right([t for t, _ in line], deletion.time) - 1
+            if at < 0 or line[at][1] <= 0:
+                continue
+            after = [t for t, w in line[at + 1 :] if w <= 0]
+            routed_for = after[0] - deletion.time if after else None
+            found.append(
+                Unguarded(
+                    deletion.pod, deletion.time, group, line[at][1], routed_for, deletion.time - line[at][0]
+                )
+            )
+    return found
+
+
+# ---- convergence ---------------------------------------------------------------------------
+
+
+@dataclass
+class View:
+    """One look at both sides: Services, pods and the provider's groups."""
+
+    services: dict[str, KubeObject]
+    pods: dict[str, KubeObject]
+    groups: dict[str, dict[str, Any]]  # by group name
+
+    @classmethod
+    def read(cls, client: KubeClient, admin: EmulatorAdmin) -> View:
+        services = {s["metadata"]["name"]: s for s in client.list(kube.SERVICE, NAMESPACE)["items"]}
+        pods = {p["metadata"]["name"]: p for p in client.list(kube.POD, NAMESPACE)["items"]}
+        groups = {g["name"]: g for g in admin.state()["groups"]}
+        return cls(services, pods, groups)
+
+    def alive_services(self) -> dict[str, KubeObject]:
+        return {n: s for n, s in self.services.items() if not lifecycle.is_deleting(s)}
+
+    def selected(self, service: KubeObject) -> list[KubeObject]:
+        selector = service.get("spec", {}).get("selector")
+        return [
+            p
+            for p in self.pods.values()
+            if not lifecycle.is_deleting(p) and map_selects(selector, p["metadata"].get("labels"))
+        ]
+
+    def routed(self, service: KubeObject) -> set[str]:
+        group = self.groups.get(slb.vserver_group_name(service), {})
+        return {
+            pod
+            for b in group.get("backends", [])
+            if (pod := _pod_of(b.get("Description"))) and b["Weight"] > 0
+        }
+
+    def provider_mismatches(self) -> list[str]:
+        """What keeps the provider from the expected state (empty: converged)."""
+        wrong: list[str] = []
+        ours = set()
+        for name, service in self.alive_services().items():
+            ours.add(slb.vserver_group_name(service))
+            selected = self.selected(service)
+            expected = {
+                p["metadata"]["name"]
+                for p in selected
+                if lifecycle.is_lifecycle_ready(p) and p.get("status", {}).get("podIP")
+            }
+            group = self.groups.get(slb.vserver_group_name(service), {})
+            members = {pod for b in group.get("backends", []) if (pod := _pod_of(b.get("Description")))}
+            routed = self.routed(service)
+            if routed != expected:
+                wrong.append(f"{name}: routes {sorted(routed ^ expected)} wrongly")
+            extra = members - {p["metadata"]["name"] for p in selected}
+            if extra:
+                wrong.append(f"{name}: backends of pods it does not select: {sorted(extra)}")
+        prefix = f"{slb.GROUP_NAME_PREFIX}{NAMESPACE}/"
+        for group_name, group in self.groups.items():
+            if group_name.startswith(prefix) and group_name not in ours and group["backends"]:
+                wrong.append(f"group {group_name} of no Service still has {len(group['backends'])} backends")
+        return wrong
+
+    def api_findings(self) -> dict[str, list[str]]:
+        """Lost and stale entries, stuck finalizers, routes without their guard."""
+        alive = self.alive_services()
+        finalizer_of = {lifecycle.lifecycle_finalizer(n): n for n in SERVICES}
+        found: dict[str, list[str]] = {"lost": [], "stale": [], "stuck": [], "unguarded_routes": []}
+        routed = {n: self.routed(s) for n, s in alive.items()}
+        selects = {n: {p["metadata"]["name"] for p in self.selected(s)} for n, s in alive.items()}
+        for name, pod in self.pods.items():
+            finalizers = pod["metadata"].get("finalizers") or []
+            if lifecycle.is_deleting(pod):
+                found["stuck"].append(f"{name}: terminating, still held by {finalizers}")
+                continue
+            entries = lifecycle.expected_finalizers(pod)
+            for service in alive:
+                key = lifecycle.expected_finalizer_key("Service", NAMESPACE, service)
+                if name in selects[service] and key not in entries:
+                    found["lost"].append(f"{name}: no entry of {service}")
+                if name in routed[service] and lifecycle.lifecycle_finalizer(service) not in finalizers:
+                    found["unguarded_routes"].append(f"{name}: routed by {service} without its finalizer")
+            for key in entries:
+                service = key.rsplit("/", 1)[-1]
+                if key.startswith(f"Service/{NAMESPACE}/") and name not in selects.get(service, set()):
+                    found["stale"].append(f"{name}: entry {key}")
+            for flz in finalizers:
+                if flz.startswith(wire.LIFECYCLE_FINALIZER_PREFIX + "/"):
+                    service = finalizer_of.get(flz, flz)
+                    if name not in routed.get(service, set()):
+                        found["stuck"].append(f"{name}: {flz} ({service}) but not routed by it")
+        for name, obj in self.services.items():
+            if lifecycle.is_deleting(obj):
+                found["stuck"].append(f"Service {name}: still terminating")
+        return found
+
+
+# ---- phases ------------------------------------------------------------------------------------
+
+
+@dataclass
+class PhaseResult:
+    phase: str
+    what: str
+    started: float = 0.0
+    ended: float = 0.0
+    deletions: int = 0
+    unguarded: list[Unguarded] = field(default_factory=list)
+    lost: int = 0
+    stale: int = 0
+    stuck: int = 0
+    unguarded_routes: int = 0
+    duplicates: int = 0
+    converged_after: float | None = None
+    settled_after: float | None = None
+    notes: list[str] = field(default_factory=list)
+    findings: dict[str, list[str]] = field(default_factory=dict)
+
+
+class Run:
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.rng = random.Random(settings.seed * 7919)
+        self.results: list[PhaseResult] = []
+
+    @contextmanager
+    def environment(self) -> Iterator[None]:
+        logdir = self.workdir
+        with LocalControlPlane() as cp:
+            api = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="chaos-driver")
+            watcher_client = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="chaos-observer")
+            api.create(kube.NAMESPACE, None, {"metadata": {"name": NAMESPACE}})
+            self.api = api
+            self.emulator = Emulator(self.workdir, self.settings.seed)
+            self.controllers = Controllers(cp.kubeconfig, self.emulator, logdir)
+            self.driver = Driver(api, self.settings)
+            self.watch = DeletionWatch(watcher_client)
+            self.history = History(self.emulator.admin)
+            try:
+                yield
+            finally:
+                with suppress(Exception):
+                    self.driver.stop(timeout=0)
+                self.watch.stop()
+                self.controllers.stop_all()
+                self.emulator.process.close()
+                api.close()
+                watcher_client.close()
+
+    def execute(self) -> list[PhaseResult]:
+        with self.environment():
+            self.watch.start()
+            name = self.controllers.start()
+            self.controllers.wait_ready(name)
+            self.driver.populate()
+            phases: list[tuple[str, Callable[[PhaseResult], None]]] = [
+                ("calm", self.phase_calm),
+                ("kill -9", self.phase_kills),
+                ("provider faults", self.phase_faults),
+                ("leader kills", self.phase_leader),
+                ("SIGTERM", self.phase_sigterm),
+            ]
+            for title, body in phases:
+                result = PhaseResult(title, "")
+                result.started = time.time()
+                log(f"phase {title}: start")
+                self.driver.start()
+                body(result)
+                self.driver.stop()
+                self.emulator.admin.clear_faults()
+                self.converge(result)
+                self.history.fetch()
+                result.ended = time.time()
+                self.results.append(result)
+                log(f"phase {title}: {result.what}; converged after {result.converged_after}")
+            self.controllers.stop_all()
+            self.score()
+        return self.results
+
+    # -- the phases --
+
+    def _single(self) -> str:
+        """The one plain controller (started if none runs)."""
+        if not self.controllers.running:
+            name = self.controllers.start()
+            self.controllers.wait_ready(name)
+        return next(iter(self.controllers.running))
+
+    def phase_calm(self, result: PhaseResult) -> None:
+        self._single()
+        time.sleep(self.settings.calm_seconds)
+        result.what = f"{self.settings.calm_seconds:.0f}s, no faults"
+
+    def _busy_kill(self, name: str, signum: int) -> tuple[bool, float]:
+        """Wait a random moment while the driver runs, then signal; whether the provider was busy."""
+        offset = self.rng.uniform(0.05, 2.0)
+        time.sleep(max(0.0, offset - 0.5))
+        before = self.emulator.calls()
+        time.sleep(min(0.5, offset))
+        busy = self.emulator.calls() > before
+        took = 0.0
+        if signum == signal.SIGKILL:
+            self.controllers.kill(name)
+        else:
+            took = self.controllers.terminate(name)
+        return busy, took
+
+    def phase_kills(self, result: PhaseResult) -> None:
+        busy = 0
+        for _ in range(self.settings.kills):
+            name = self._single()
+            was_busy, _ = self._busy_kill(name, signal.SIGKILL)
+            busy += was_busy
+            self.controllers.wait_ready(self.controllers.start())
+        result.what = f"{self.settings.kills} kill -9 ({busy} amid provider calls)"
+
+    def phase_faults(self, result: PhaseResult) -> None:
+        self._single()
+        before = self.emulator.admin.call_counts()
+        self.emulator.admin.set_faults(FAULT_RATES, actions="all")
+        time.sleep(self.settings.fault_seconds)
+        self.emulator.admin.clear_faults()
+        after = self.emulator.admin.call_counts()
+        calls = sum(after.values()) - sum(before.values())
+        faulted = sum(n - before.get(k, 0) for k, n in after.items() if k[1] in _FAULT_CODES)
+        result.what = f"{self.settings.fault_seconds:.0f}s at 30%: {faulted} of {calls} calls failed"
+
+    def _leader(self) -> str | None:
+        lease = self.api.get_or_none(kube.LEASE, NAMESPACE, LEASE)
+        holder = str(((lease or {}).get("spec") or {}).get("holderIdentity") or "")
+        name = holder.split("_", 1)[0]
+        return name if name in self.controllers.running else None
+
+    def _wait_leader(self, other_than: str | None, timeout: float = 90.0) -> str | None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            leader = self._leader()
+            if leader is not None and leader != other_than:
+                return leader
+            time.sleep(0.1)
+        return None
+
+    def phase_leader(self, result: PhaseResult) -> None:
+        self.controllers.stop_all()
+        for _ in range(2):
+            self.controllers.start(leader_elect=True)
+        takeovers: list[float] = []
+        busy = 0
+        leader = self._wait_leader(None)
+        for _ in range(self.settings.leader_kills):
+            if leader is None:
+                result.notes.append("no leader within 90 s")
+                break
+            self.controllers.wait_ready(leader)
+            was_busy, _ = self._busy_kill(leader, signal.SIGKILL)
+            busy += was_busy
+            killed_at = time.monotonic()
+            self.controllers.start(leader_elect=True)
+            new = self._wait_leader(leader)
+            if new is not None:
+                takeovers.append(time.monotonic() - killed_at)
+            leader = new
+        self.controllers.stop_all()
+        spread = f"{min(takeovers):.1f}-{max(takeovers):.1f}s" if takeovers else "none"
+        result.what = f"{len(takeovers)} leader kills ({busy} amid provider calls), takeover {spread}"
+
+    def phase_sigterm(self, result: PhaseResult) -> None:
+        exits: list[float] = []
+        busy = 0
+        for _ in range(self.settings.sigterms):
+            name = self._single()
+            was_busy, took = self._busy_kill(name, signal.SIGTERM)
+            busy += was_busy
+            exits.append(took)
+            self.controllers.wait_ready(self.controllers.start())
+        slowest = f", slowest exit {max(exits):.1f}s" if exits else ""
+        result.what = f"{len(exits)} SIGTERM ({busy} amid provider calls){slowest}"
+
+    # -- convergence and scoring --
+
+    def converge(self, result: PhaseResult) -> None:
+        self._single()
+        since = time.monotonic()
+        deadline = since + self.settings.converge_timeout
+        wrong: list[str] = ["not looked yet"]
+        while time.monotonic() < deadline:
+            wrong = View.read(self.api, self.emulator.admin).provider_mismatches()
+            if not wrong:
+                result.converged_after = time.monotonic() - since
+                break
+            time.sleep(0.5)
+        if wrong:
+            result.notes.append(
+                f"provider not converged after {self.settings.converge_timeout:.0f}s: {wrong[:3]}"
+            )
+        settle = time.monotonic() + self.settings.settle_timeout
+        while True:
+            view = View.read(self.api, self.emulator.admin)
+            findings = view.api_findings()
+            if not any(findings.values()) and not view.provider_mismatches():
+                result.settled_after = time.monotonic() - since
+                break
+            if time.monotonic() >= settle:
+                break
+            time.sleep(0.5)
+        result.findings = findings
+        result.lost, result.stale = len(findings["lost"]), len(findings["stale"])
+        result.stuck, result.unguarded_routes = len(findings["stuck"]), len(findings["unguarded_routes"])
+
+    def score(self) -> None:
+        time.sleep(1.0)  # the last DELETED events of the last phase
+        self.history.fetch()
+        lines = self.history.timelines()
+        duplicates = self.history.duplicates()
+        deletions = list(self.watch.deletions)
+        for result in self.results:
+            window = [d for d in deletions if result.started <= d.time < result.ended]
+            result.deletions = len(window)
+            result.unguarded = unguarded_deletions(window, lines)
+            result.duplicates = sum(1 for t, _, _ in duplicates if result.started <= t < result.ended)
+
+
+_FAULT_CODES = {"Throttling", "ServiceUnavailable", "ConnectionReset", "InternalError"}
+
+
+# ---- output ----------------------------------------------------------------------------------
+
+
+def _longest(unguarded: list[Unguarded]) -> str:
+    if not unguarded:
+        return "-"
+    if any(u.routed_for is None for u in unguarded):
+        return "still"
+    return f"{max(u.routed_for or 0.0 for u in unguarded):.1f}"
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def table(results: list[PhaseResult]) -> str:
+    header = (
+        "phase",
+        "what happened",
+        "pod deletions",
+        "unguarded deletions",
+        "longest routed after delete (s)",
+        "lost entries",
+        "stale entries",
+        "stuck finalizers",
+        "routes w/o guard",
+        "duplicate backends",
+        "converged (s)",
+        "settled (s)",
+    )
+    rows = [
+        (
+            r.phase,
+            r.what,
+            str(r.deletions),
+            str(len({(u.pod, u.deleted_at) for u in r.unguarded})),
+            _longest(r.unguarded),
+            str(r.lost),
+            str(r.stale),
+            str(r.stuck),
+            str(r.unguarded_routes),
+            str(r.duplicates),
+            _seconds(r.converged_after),
+            _seconds(r.settled_after),
+        )
+        for r in results
+    ]
+    every = [u for r in results for u in r.unguarded]
+    converged = [r.converged_after for r in results if r.converged_after is not None]
+    settled = [r.settled_after for r in results if r.settled_after is not None]
+    rows.append(
+        (
+            "total",
+            "",
+            str(sum(r.deletions for r in results)),
+            str(len({(u.pod, u.deleted_at) for u in every})),
+            _longest(every),
+            str(sum(r.lost for r in results)),
+            str(sum(r.stale for r in results)),
+            str(sum(r.stuck for r in results)),
+            str(sum(r.unguarded_routes for r in results)),
+            str(sum(r.duplicates for r in results)),
+            f"max {max(converged):.1f}" if len(converged) == len(results) else "n/a",
+            f"max {max(settled):.1f}" if len(settled) == len(results) else "n/a",
+        )
+    )
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+
+    def line(cells: tuple[str, ...]) -> str:
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), rule, *map(line, rows)])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer kills, shorter phases (a few minutes)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of the driver and the kill moments")
+    parser.add_argument("--workdir", type=Path, default=None, help="logs and results (default: a temp dir)")
+    args = parser.parse_args()
+    settings = Settings.quick(args.seed) if args.quick else Settings(seed=args.seed)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}); logs in {workdir}")
+    started = time.monotonic()
+    run = Run(settings, workdir)
+    results = run.execute()
+    (workdir / "results.json").write_text(
+        json.dumps({"settings": asdict(settings), "phases": [asdict(r) for r in results]}, indent=1)
+    )
+    print()
+    print(table(results))
+    print(f"\n{time.monotonic() - started:.0f}s in all; details in {workdir / 'results.json'}")
+    for r in results:
+        for note in r.notes:
+            print(f"note ({r.phase}): {note}")
+
+
+if __name__ == "__main__":
+    main()

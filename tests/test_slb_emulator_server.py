@@ -1,0 +1,245 @@
+"""Tests of the SLB emulator served as its own process: the real SDK (through ``SLBClient``) over
+real HTTPS to the server process, and faults and state set and read through its admin HTTP API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
+from resourceconsist.adapters.alibabacloudslb.emulator_server import AdminError, EmulatorAdmin
+from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, RetryPolicy, SLBClient, SLBError
+
+LB = "lb-served-1"
+ADD = "AddVServerGroupBackendServers"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The emulator server process; its start-up JSON line (endpoint, admin URL, CA bundle, keys)."""
+    workdir = tmp_path_factory.mktemp("slb-emulator")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "resourceconsist.adapters.alibabacloudslb.emulator_server",
+            "--dir",
+            str(workdir),
+            "--load-balancer",
+            LB,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        info: dict[str, str] = json.loads(proc.stdout.readline())
+        yield info
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+@pytest.fixture
+def admin(served: dict[str, str]) -> Iterator[EmulatorAdmin]:
+    client = EmulatorAdmin(served["admin_url"])
+    client.clear_faults()
+    yield client
+    client.clear_faults()
+
+
+def _client(info: dict[str, str], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> SLBClient:
+    # The SDK's own way to trust a CA: the served endpoint is HTTPS with the emulator's certificate.
+    monkeypatch.setenv("ALIBABA_CLOUD_CA_BUNDLE", info["ca_bundle"])
+    credentials = SLBCredentials.from_env(
+        {
+            "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+            "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+            "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+            "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+        }
+    )
+    kwargs.setdefault("retry", RetryPolicy(max_attempts=2, base_delay_seconds=0.0, max_total_seconds=5.0))
+    return SLBClient(credentials, **kwargs)
+
+
+def _backend(n: int, weight: int = 100) -> BackendServer:
+    return BackendServer(
+        server_id=f"eni-{n}",
+        port=8080,
+        weight=weight,
+        server_type="eni",
+        server_ip=f"10.0.0.{n}",
+        description=f"resourceconsist/pod-{n}",
+    )
+
+
+def _group_backends(admin: EmulatorAdmin, group_id: str) -> list[dict[str, Any]]:
+    groups = {g["id"]: g for g in admin.state()["groups"]}
+    return list(groups[group_id]["backends"]) if group_id in groups else []
+
+
+def test_sdk_over_https_changes_state_and_history_read_from_outside(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, last = admin.history()
+    started = time.time()
+    with _client(served, monkeypatch) as client:
+        group = client.create_vserver_group(LB, "resourceconsist/ns/history")
+        client.add_backend_servers(group, [_backend(1), _backend(2)], load_balancer_id=LB)
+        client.set_backend_weights(group, [_backend(1, weight=0)], load_balancer_id=LB)
+        client.remove_backend_servers(group, [_backend(2)], load_balancer_id=LB)
+    finished = time.time()
+
+    assert [(b["Description"], b["Weight"]) for b in _group_backends(admin, group)] == [
+        ("resourceconsist/pod-1", 0)
+    ]
+    changes, _ = admin.history(last)
+    ours = [c for c in changes if c["vserver_group_id"] == group]
+    assert [(c["change"], c["Description"], c["Weight"], c["old_weight"]) for c in ours] == [
+        ("added", "resourceconsist/pod-1", 100, None),
+        ("added", "resourceconsist/pod-2", 100, None),
+        ("weight", "resourceconsist/pod-1", 0, 100),
+        ("removed", "resourceconsist/pod-2", 100, 100),
+    ]
+    times = [c["time"] for c in ours]
+    assert times == sorted(times)
+    assert started <= times[0] and times[-1] <= finished
+
+
+def test_deleting_a_group_records_its_backends_as_removed(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch) as client:
+        group = client.create_vserver_group(LB, "resourceconsist/ns/deleted")
+        client.add_backend_servers(group, [_backend(6)], load_balancer_id=LB)
+        _, last = admin.history()
+        client.delete_vserver_group(group, load_balancer_id=LB)
+    changes, _ = admin.history(last)
+    assert [(c["change"], c["vserver_group_id"], c["Description"]) for c in changes] == [
+        ("removed", group, "resourceconsist/pod-6")
+    ]
+    assert group not in {g["id"] for g in admin.state()["groups"]}
+
+
+def test_state_outlives_the_client_that_wrote_it(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch) as first:
+        group = first.create_vserver_group(LB, "resourceconsist/ns/outlives")
+        first.add_backend_servers(group, [_backend(3)], load_balancer_id=LB)
+    with _client(served, monkeypatch) as second:
+        assert [b.description for b in second.describe_vserver_group_backends(group)] == [
+            "resourceconsist/pod-3"
+        ]
+
+
+def test_write_faults_set_from_outside_fail_writes_not_reads(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch) as client:
+        group = client.create_vserver_group(LB, "resourceconsist/ns/write-faults")
+        admin.set_faults({"throttle": 1.0}, actions="writes")
+        with pytest.raises(SLBError) as caught:
+            client.add_backend_servers(group, [_backend(4)], load_balancer_id=LB)
+        assert caught.value.code == "Throttling"
+        assert client.describe_vserver_group_backends(group) == []
+        admin.clear_faults()
+        client.add_backend_servers(group, [_backend(4)], load_balancer_id=LB)
+    assert [b["Description"] for b in _group_backends(admin, group)] == ["resourceconsist/pod-4"]
+
+
+def test_read_faults_set_from_outside_fail_reads(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch) as client:
+        admin.set_faults({"5xx": 1.0}, actions="reads")
+        with pytest.raises(SLBError) as caught:
+            client.describe_vserver_groups(LB)
+        assert caught.value.code == "ServiceUnavailable"
+        admin.set_faults({"drop": 1.0}, actions=["DescribeVServerGroups"])
+        before = admin.call_counts().get(("DescribeVServerGroups", "ConnectionReset"), 0)
+        with pytest.raises(SLBError):
+            client.describe_vserver_groups(LB)
+        assert admin.call_counts()[("DescribeVServerGroups", "ConnectionReset")] > before
+        admin.clear_faults()
+        answered = admin.call_counts().get(("DescribeVServerGroups", "ok"), 0)
+        client.describe_vserver_groups(LB)
+        assert admin.call_counts()[("DescribeVServerGroups", "ok")] == answered + 1
+
+
+def test_fault_rates_add_up_to_the_share_of_calls_that_fail(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Rates summing to 1 fail every call, and each kind gets its turn: the kinds are drawn as one.
+    admin.set_faults({"throttle": 0.5, "5xx": 0.5}, actions="reads")
+    codes = set()
+    with _client(served, monkeypatch, retry=RetryPolicy(max_attempts=1)) as client:
+        for _ in range(20):
+            with pytest.raises(SLBError) as caught:
+                client.describe_vserver_groups(LB)
+            codes.add(caught.value.code)
+    assert codes == {"Throttling", "ServiceUnavailable"}
+
+
+def test_did_it_but_reported_failure_changes_state(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch, retry=RetryPolicy(max_attempts=1)) as client:
+        group = client.create_vserver_group(LB, "resourceconsist/ns/ambiguous")
+        admin.set_faults({"execute_fail": 1.0}, actions=[ADD])
+        with pytest.raises(SLBError) as caught:
+            client.add_backend_servers(group, [_backend(5)], load_balancer_id=LB)
+        assert caught.value.code == "InternalError"
+    assert [b["Description"] for b in _group_backends(admin, group)] == ["resourceconsist/pod-5"]
+
+
+def test_latency_and_hang_set_from_outside_outlast_the_client_timeout(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with _client(served, monkeypatch, read_timeout_seconds=0.5) as client:
+        admin.set_faults(latency_seconds=2.0, actions="reads")
+        with pytest.raises(SLBError):
+            client.describe_vserver_groups(LB)
+        admin.set_faults(hang=True, actions="reads")
+        with pytest.raises(SLBError):
+            client.describe_vserver_groups(LB)
+        admin.clear_faults()
+        answered = admin.call_counts().get(("DescribeVServerGroups", "ok"), 0)
+        client.describe_vserver_groups(LB)
+        assert admin.call_counts()[("DescribeVServerGroups", "ok")] == answered + 1
+
+
+def test_admin_api_rejects_bad_fault_settings_with_a_clear_message(admin: EmulatorAdmin) -> None:
+    with pytest.raises(AdminError, match=r"unknown fault kinds \['flood'\]; known: \['5xx', 'drop'"):
+        admin.set_faults({"flood": 0.5})
+    with pytest.raises(AdminError, match="sum to at most 1"):
+        admin.set_faults({"throttle": 0.7, "5xx": 0.7})
+    with pytest.raises(AdminError, match="actions 'everything' is none of"):
+        admin.set_faults({"throttle": 0.1}, actions="everything")
+
+
+def test_served_emulator_exits_on_sigterm(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "resourceconsist.adapters.alibabacloudslb.emulator_server",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    info = json.loads(proc.stdout.readline())
+    assert EmulatorAdmin(info["admin_url"]).healthy()
+    proc.terminate()
+    assert proc.wait(timeout=10) == 0
