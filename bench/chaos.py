@@ -565,12 +565,13 @@ class View:
             if not lifecycle.is_deleting(p) and map_selects(selector, p["metadata"].get("labels"))
         ]
 
-    def routed(self, service: KubeObject) -> set[str]:
+    def routed(self, service: KubeObject, *, min_weight: int = 1) -> set[str]:
+        """Pods with a backend in the Service's group at ``min_weight`` or more (0: any backend)."""
         group = self.groups.get(slb.vserver_group_name(service), {})
         return {
             pod
             for b in group.get("backends", [])
-            if (pod := _pod_of(b.get("Description"))) and b["Weight"] > 0
+            if (pod := _pod_of(b.get("Description"))) and b["Weight"] >= min_weight
         }
 
     def provider_mismatches(self) -> list[str]:
@@ -603,8 +604,10 @@ class View:
         """Lost and stale entries, stuck finalizers, routes without their guard."""
         alive = self.alive_services()
         finalizer_of = {lifecycle.lifecycle_finalizer(n): n for n in SERVICES}
+        guard_of = {lifecycle.guard_finalizer(n): n for n in SERVICES}
         found: dict[str, list[str]] = {"lost": [], "stale": [], "stuck": [], "unguarded_routes": []}
         routed = {n: self.routed(s) for n, s in alive.items()}
+        held = {n: self.routed(s, min_weight=0) for n, s in alive.items()}
         selects = {n: {p["metadata"]["name"] for p in self.selected(s)} for n, s in alive.items()}
         for name, pod in self.pods.items():
             finalizers = pod["metadata"].get("finalizers") or []
@@ -616,8 +619,9 @@ class View:
                 key = lifecycle.expected_finalizer_key("Service", NAMESPACE, service)
                 if name in selects[service] and key not in entries:
                     found["lost"].append(f"{name}: no entry of {service}")
-                if name in routed[service] and lifecycle.lifecycle_finalizer(service) not in finalizers:
-                    found["unguarded_routes"].append(f"{name}: routed by {service} without its finalizer")
+                guarded = {lifecycle.lifecycle_finalizer(service), lifecycle.guard_finalizer(service)}
+                if name in routed[service] and not guarded & set(finalizers):
+                    found["unguarded_routes"].append(f"{name}: routed by {service} without its guard")
             for key in entries:
                 service = key.rsplit("/", 1)[-1]
                 if key.startswith(f"Service/{NAMESPACE}/") and name not in selects.get(service, set()):
@@ -627,6 +631,11 @@ class View:
                     service = finalizer_of.get(flz, flz)
                     if name not in routed.get(service, set()):
                         found["stuck"].append(f"{name}: {flz} ({service}) but not routed by it")
+                elif flz.startswith(wire.GUARD_FINALIZER_PREFIX + "/"):
+                    # The guard stands for any registration, weight 0 included (docs/concepts.md).
+                    service = guard_of.get(flz, flz)
+                    if name not in held.get(service, set()):
+                        found["stuck"].append(f"{name}: {flz} ({service}) but no backend in its group")
         for name, obj in self.services.items():
             if lifecycle.is_deleting(obj):
                 found["stuck"].append(f"Service {name}: still terminating")
