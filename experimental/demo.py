@@ -258,8 +258,9 @@ class DemoAdapter(ReconcileAdapter):
     def _set_condition(ctx: ReconcileContext, employer: KubeObject, message: str | None) -> None:
         meta = employer["metadata"]
         body = {"metadata": {"annotations": {DEMO_CONDITION_ANNOTATION: message}}}
+        assert ctx.writer is not None, "the frame gives every pass a writer"
         with contextlib.suppress(kube.NotFound):  # the Service is gone: nothing to record
-            ctx.reader.client.patch(kube.SERVICE, meta["namespace"], meta["name"], body)
+            ctx.writer.patch(kube.SERVICE, meta["namespace"], meta["name"], body)
 
     # -- employer: the VIP ---------------------------------------------------------------------
 

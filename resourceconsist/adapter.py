@@ -12,7 +12,7 @@ its event loop and runs plain (possibly blocking) functions in worker threads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
@@ -24,6 +24,7 @@ from resourceconsist.kube import KubeObject, Resource
 
 if TYPE_CHECKING:
     from resourceconsist.cache import CacheReader, WatchEvent
+    from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
     from resourceconsist.workqueue import RateLimiter
 
 T = TypeVar("T")
@@ -118,15 +119,29 @@ Outcome = tuple[list[T], list[T]]
 
 @dataclass
 class ReconcileContext:
-    """What an adapter method gets besides the employer: cache-backed reads and who is asking."""
+    """What an adapter method gets besides the employer: who is asking, cache-backed reads, a
+    writer and an Event recorder, and memory the frame keeps for the employer.
 
-    reader: CacheReader
+    ``memo`` lives as long as the employer: the frame keeps it between passes and drops it when
+    the employer is gone (or its controller stops). ``scratch`` is new for every pass: what one
+    pass has learnt (e.g. one read of the provider shared by ``get_expected_*`` and
+    ``get_current_*``). One context is made per pass, and never two passes of one employer run
+    at once, so neither needs a lock.
+    """
+
+    reader: ObjectReader
     controller: str
     employer_key: str
     #: Readers of member clusters by name (multi-cluster adapters only).
-    clusters: dict[str, CacheReader] = field(default_factory=dict)
+    clusters: Mapping[str, ObjectReader] = field(default_factory=dict)
     #: Cancelled when the pass is abandoned (the controller stops); blocking calls check it.
     cancellation: Cancellation = field(default_factory=Cancellation)
+    #: Writes to the (main) cluster's API server.
+    writer: ObjectWriter | None = None
+    #: Records Events, e.g. on the employer (``kubectl describe`` shows them).
+    recorder: EventSink | None = None
+    memo: dict[str, Any] = field(default_factory=dict)
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 class ReconcileAdapter(ABC):

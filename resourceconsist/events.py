@@ -14,14 +14,13 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from typing import Literal
 
 from resourceconsist import kube
+from resourceconsist.interfaces import EventType
 from resourceconsist.kube import KubeClient, KubeObject
 
 log = logging.getLogger(__name__)
 
-EventType = Literal["Normal", "Warning"]
 _MAX_MESSAGE = 1024
 _FOLD_WINDOW = 600.0
 _REMEMBERED = 4096

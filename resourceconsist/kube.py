@@ -442,52 +442,11 @@ class KubeClient:
 
     # -- awaitable twins ----------------------------------------------------------------------
 
-    async def aget(self, res: Resource, namespace: str | None, name: str) -> KubeObject:
-        return await asyncio.to_thread(self.get, res, namespace, name)
-
     async def aget_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
         return await asyncio.to_thread(self.get_or_none, res, namespace, name)
 
     async def acreate(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> KubeObject:
         return await asyncio.to_thread(self.create, res, namespace, body)
-
-    async def areplace(
-        self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any]
-    ) -> KubeObject:
-        return await asyncio.to_thread(self.replace, res, namespace, name, body)
-
-    async def apatch(
-        self,
-        res: Resource,
-        namespace: str | None,
-        name: str,
-        body: Any,
-        *,
-        patch_type: PatchType = "merge",
-        subresource: str | None = None,
-    ) -> KubeObject:
-        return await asyncio.to_thread(
-            lambda: self.patch(res, namespace, name, body, patch_type=patch_type, subresource=subresource)
-        )
-
-    async def adelete(self, res: Resource, namespace: str | None, name: str) -> None:
-        await asyncio.to_thread(self.delete, res, namespace, name)
-
-    async def apatch_optimistic(
-        self,
-        res: Resource,
-        namespace: str | None,
-        name: str,
-        change: Callable[[KubeObject], dict[str, Any] | None],
-        *,
-        current: KubeObject | None = None,
-    ) -> tuple[KubeObject | None, bool]:
-        return await asyncio.to_thread(
-            lambda: self.patch_optimistic(res, namespace, name, change, current=current)
-        )
-
-    async def aresource(self, api_version: str, kind: str) -> Resource:
-        return await asyncio.to_thread(self.resource, api_version, kind)
 
 
 class WatchStream:

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resourceconsist import kube, lifecycle, wire
-from resourceconsist.cache import CacheReader
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.interfaces import ObjectReader, ObjectWriter
+from resourceconsist.kube import KubeObject
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ class PodWriteResult:
 class PodLocation:
     """Where an employee pod lives: the client and cache of its cluster, and its real name."""
 
-    client: KubeClient
-    reader: CacheReader
+    client: ObjectWriter
+    reader: ObjectReader
     name: str
 
 

@@ -27,7 +27,7 @@ import contextvars
 import functools
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Final, TypeVar
@@ -47,12 +47,11 @@ from resourceconsist.adapter import (
     ReconcileRequeueOptions,
     StatusRecordOptions,
 )
-from resourceconsist.cache import CacheReader
 from resourceconsist.cancellation import DaemonThreadExecutor, current_cancellation
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.events import EventRecorder
-from resourceconsist.kube import ApiError, KubeClient, KubeObject, Resource
+from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
+from resourceconsist.kube import ApiError, KubeObject, Resource
 from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult
 from resourceconsist.wire import EventReason
 
@@ -153,12 +152,12 @@ class Reconciler:
     def __init__(
         self,
         adapter: ReconcileAdapter,
-        client: KubeClient,
-        reader: CacheReader,
-        recorder: EventRecorder,
+        client: ObjectWriter,
+        reader: ObjectReader,
+        recorder: EventSink,
         employer_resource: Resource,
         employee_resource: Resource,
-        clusters: dict[str, tuple[KubeClient, CacheReader]] | None = None,
+        clusters: Mapping[str, tuple[ObjectWriter, ObjectReader]] | None = None,
     ) -> None:
         self.adapter = adapter
         self.client = client
@@ -171,6 +170,8 @@ class Reconciler:
         #: Per employer key: registrations the provider held without their pod's guard, as the
         #: last pass found them (the invariant, live: it should read 0; docs/concepts.md).
         self.unguarded: dict[str, int] = {}
+        #: Per employer key: the adapter's ``ReconcileContext.memo``, dropped with the employer.
+        self.memos: dict[str, dict[str, Any]] = {}
         #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
         self.report_unguarded: Callable[[int], None] = lambda total: None
 
@@ -230,6 +231,9 @@ class Reconciler:
             clusters={name: reader for name, (_, reader) in self.clusters.items()},
             # Set by the controller for the pass it runs (a never-cancelled one outside a pass).
             cancellation=current_cancellation(),
+            writer=self.client,
+            recorder=self.recorder,
+            memo=self.memos.setdefault(key, {}),
         )
 
     # -- events ---------------------------------------------------------------------------------
@@ -245,6 +249,7 @@ class Reconciler:
         namespace, _, name = key.rpartition("/")
         employer = self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
+            self.memos.pop(key, None)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
             return Result()
@@ -362,10 +367,14 @@ class Reconciler:
             return None if wanted is None else {"metadata": {"finalizers": wanted}}
 
         meta = employer["metadata"]
-        _, wrote = await self.client.apatch_optimistic(
-            self.employer_resource, meta.get("namespace"), meta["name"], change, current=employer
+        _, wrote = await call_adapter(
+            functools.partial(self.client.patch_optimistic, current=employer),
+            self.employer_resource,
+            meta.get("namespace"),
+            meta["name"],
+            change,
         )
-        return wrote
+        return bool(wrote)
 
     # -- 3. expected-finalizer entries ------------------------------------------------------------------
 
@@ -655,12 +664,12 @@ class Reconciler:
     async def _patch_employer_annotations(self, p: _Pass, annotations: dict[str, str]) -> None:
         meta = p.employer["metadata"]
         try:
-            patched, _ = await self.client.apatch_optimistic(
+            patched, _ = await call_adapter(
+                functools.partial(self.client.patch_optimistic, current=p.employer),
                 self.employer_resource,
                 meta.get("namespace"),
                 meta["name"],
                 lambda fresh: {"metadata": {"annotations": annotations}},
-                current=p.employer,
             )
         except ApiError as err:
             raise await self._fail(

@@ -180,7 +180,8 @@ class BlockingDemo(DemoAdapter):
         done = super().update_employees(ctx, employer, to_update)
         if any(item.name == self.pod for item in to_update) and not self.release.is_set():
             # What the API server says while the provider already routes to the pod.
-            pod = ctx.reader.client.get(kube.POD, employer["metadata"]["namespace"], self.pod)
+            assert ctx.writer is not None
+            pod = ctx.writer.get_or_none(kube.POD, employer["metadata"]["namespace"], self.pod)
             self.finalizers_during_call.append(finalizers(pod))
             self.inside.set()
             self.release.wait(30)

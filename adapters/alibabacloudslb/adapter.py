@@ -19,11 +19,10 @@ Two modes, chosen per Service by the ``resource-consist.kusionstack.io/slb-mode`
   a backend of its group that it did not write (ours carry the ``resourceconsist/<pod>``
   description).
 
-Each pass keeps what it read in a ``_PassState`` keyed by employer, recognised by the frame's
-``ReconcileContext`` object (one per pass; the frame never runs two passes of one key at once).
-All methods are coroutines: the blocking SDK runs in worker threads, and because coroutines run
-in the frame worker's own task. The per-Service requeue interval comes through the frame's
-``employer_requeue_interval(ctx, employer)``.
+Each pass keeps what it read in a ``_PassState`` in the frame's per-pass ``ctx.scratch``; drain
+clocks live in the per-Service ``ctx.memo``, which the frame drops with the Service. All methods
+are coroutines: the blocking SDK runs in worker threads. The per-Service requeue interval comes
+through the frame's ``employer_requeue_interval(ctx, employer)``.
 """
 
 from __future__ import annotations
@@ -77,6 +76,11 @@ T = TypeVar("T")
 ItemT = TypeVar("ItemT", Employer, Employee)
 
 # The employer whose pass ended last in this task (see the module docstring).
+
+
+#: Where a pass's state and the drain clocks live in the frame's ``ctx.scratch`` / ``ctx.memo``.
+_SCRATCH_KEY: Final = "alibabacloudslb.pass"
+_DRAIN_KEY: Final = "alibabacloudslb.drain_since"
 
 
 class Unresolved(ResourceConsistError):
@@ -193,9 +197,7 @@ class SLBAdapter(ReconcileAdapter):
         self.resolver = resolver
         self.backoff = backoff or RequeueBackoff()
         self._clock = clock
-        self._passes: dict[str, _PassState] = {}
         # Per employer: when each leaving backend of ours was first seen at (or set to) weight 0.
-        self._drain_since: dict[str, dict[BackendKey, float]] = {}
 
     def __repr__(self) -> str:
         return f"SLBAdapter(name={self.name!r}, client={self.client!r})"
@@ -259,7 +261,8 @@ class SLBAdapter(ReconcileAdapter):
         employee_results: CUDResults[Employee],
     ) -> None:
         key = ctx.employer_key
-        state = self._end(ctx)
+        found = ctx.scratch.get(_SCRATCH_KEY)
+        state = found if isinstance(found, _PassState) else None
         waiting = [
             *_fingerprints("employer", employer_results),
             *_fingerprints("employee", employee_results),
@@ -273,8 +276,7 @@ class SLBAdapter(ReconcileAdapter):
     async def record_error_conditions(
         self, ctx: ReconcileContext, employer: KubeObject, err: BaseException
     ) -> None:
-        # The frame has already turned the error into a Warning event; only drop the pass state.
-        self._end(ctx)
+        """Nothing to record: the frame has already turned the error into a Warning event."""
 
     def employer_requeue_interval(self, ctx: ReconcileContext, employer: KubeObject) -> float:
         return self.backoff.interval(ctx.employer_key)
@@ -450,8 +452,8 @@ class SLBAdapter(ReconcileAdapter):
 
     def _begin(self, ctx: ReconcileContext, employer: KubeObject) -> _PassState:
         key = ctx.employer_key
-        found = self._passes.get(key)
-        if found is not None and found.ctx is ctx:
+        found = ctx.scratch.get(_SCRATCH_KEY)
+        if isinstance(found, _PassState):
             return found
         meta = employer["metadata"]
         state = _PassState(
@@ -476,14 +478,14 @@ class SLBAdapter(ReconcileAdapter):
             # Reported by the first method that needs the settings (a Warning event); the
             # selected names are still served, conservatively, as for manage mode.
             state.error = err
-        self._passes[key] = state
+        ctx.scratch[_SCRATCH_KEY] = state
         return state
 
-    def _end(self, ctx: ReconcileContext) -> _PassState | None:
-        found = self._passes.get(ctx.employer_key)
-        if found is not None and found.ctx is ctx:
-            return self._passes.pop(ctx.employer_key)
-        return None
+    @staticmethod
+    def _drain_clocks(ctx: ReconcileContext) -> dict[BackendKey, float]:
+        """When each of the Service's backends was set to weight 0 (kept across passes)."""
+        clocks: dict[BackendKey, float] = ctx.memo.setdefault(_DRAIN_KEY, {})
+        return clocks
 
     # -- observe mode ------------------------------------------------------------------------------------
 
@@ -622,7 +624,7 @@ class SLBAdapter(ReconcileAdapter):
 
         # Forget drain clocks of backends that no longer exist.
         known = {m.key for m in members}
-        clocks = self._drain_since.get(state.ctx.employer_key, {})
+        clocks = self._drain_clocks(state.ctx)
         for key in [k for k in clocks if k not in known]:
             del clocks[key]
         state.expected, state.current = expected, current
@@ -660,7 +662,7 @@ class SLBAdapter(ReconcileAdapter):
         """
         key = state.ctx.employer_key
         now = self._clock()
-        clocks = self._drain_since.setdefault(key, {})
+        clocks = self._drain_clocks(state.ctx)
         adds: list[tuple[str, BackendServer]] = []
         sets: list[tuple[str, BackendServer]] = []
         removes: list[tuple[str, BackendServer]] = []
