@@ -198,43 +198,58 @@ async def test_readiness_follows_a_gate_in_both_directions(lc: Cluster) -> None:
         await async_wait_for(lambda g=gate: ready_is(str(g)), timeout=30, message=f"Ready={gate}")
 
 
+# What stands for preStop (docs/testing.md): (lifecycle.preStop, grace period, seconds expected).
+PRE_STOPS = {
+    "sleep-action": ({"sleep": {"seconds": 3}}, 30, 3),
+    "exec-sleep": ({"exec": {"command": ["sleep", "3"]}}, 30, 3),
+    "shell-sleep": ({"exec": {"command": ["sh", "-c", "sleep 3"]}}, 30, 3),
+    "capped-by-grace": ({"exec": {"command": ["/bin/sleep", "600"]}}, 3, 3),
+}
+
+
+@pytest.mark.parametrize("form", PRE_STOPS)
 async def test_a_pod_with_a_finalizer_runs_out_its_prestop_then_stops_and_stays_until_released(
-    lc: Cluster,
+    lc: Cluster, form: str
 ) -> None:
-    pre_stop = 4
-    await lc.deployment(
-        "held",
-        1,
-        pre_stop_seconds=pre_stop,
-        termination_grace_seconds=30,
-        pod_finalizers=["example.com/hold"],
-    )
-    await lc.wait_rollout("held")
-    (pod,) = _live(await lc.pods({"app": "held"}))
-    name = pod["metadata"]["name"]
-    await lc.call(lc.client.delete, kube.POD, lc.namespace, name)
+    pre_stop_hook, grace, pre_stop = PRE_STOPS[form]
+    body = {
+        "metadata": {"name": "held", "finalizers": ["example.com/hold"]},
+        "spec": {
+            "terminationGracePeriodSeconds": grace,
+            "containers": [
+                {"name": "app", "image": "registry.example/app:1", "lifecycle": {"preStop": pre_stop_hook}}
+            ],
+        },
+    }
+    await lc.call(lc.client.create, kube.POD, lc.namespace, body)
+
+    async def ready() -> bool:
+        return _ready(await lc.get(kube.POD, "held") or {})
+
+    await async_wait_for(ready, timeout=30, message="the pod to become Ready")
+    await lc.call(lc.client.delete, kube.POD, lc.namespace, "held")
+    terminating = await lc.get(kube.POD, "held")
+    assert terminating is not None and terminating["metadata"].get("deletionTimestamp")
+    assert condition(terminating, "ContainersReady") == "True"  # preStop is running
 
     async def containers_stopped() -> KubeObject | None:
-        found = await lc.get(kube.POD, name)
+        found = await lc.get(kube.POD, "held")
         return found if condition(found, "ContainersReady") == "False" else None
 
     stopped = await async_wait_for(containers_stopped, timeout=30, message="the containers to stop")
     assert condition(stopped, "Ready") == "False"
     assert finalizers(stopped) == ["example.com/hold"]
     (status,) = stopped["status"]["containerStatuses"]
-    assert "terminated" in status["state"]
     # The stop came no earlier than deletion start + preStop (kwok's clock; docs/testing.md).
     deletion_start = _time(stopped["metadata"]["deletionTimestamp"]) - timedelta(
         seconds=stopped["metadata"]["deletionGracePeriodSeconds"]
     )
     assert _time(status["state"]["terminated"]["finishedAt"]) >= deletion_start + timedelta(seconds=pre_stop)
 
-    still = await lc.get(kube.POD, name)
-    assert still is not None and finalizers(still) == ["example.com/hold"]
-    await lc.patch(kube.POD, name, {"metadata": {"finalizers": None}})
+    await lc.patch(kube.POD, "held", {"metadata": {"finalizers": None}})
 
     async def gone() -> bool:
-        return await lc.get(kube.POD, name) is None
+        return await lc.get(kube.POD, "held") is None
 
     await async_wait_for(gone, timeout=30, message="the released pod to go")
 
