@@ -115,7 +115,8 @@ class LocalCluster(LocalControlPlane):
                 f"--controllers={','.join(CONTROLLERS)}",
                 f"--service-account-private-key-file={d / 'sa.key'}",
                 f"--root-ca-file={d / 'ca.crt'}",
-                # Rollouts and namespace deletion in tests should not wait on slow resyncs.
+                # A namespace whose cleanup failed part-way (an API server restart) is
+                # retried after this period; the default, 5 minutes, outlasts a test.
                 "--namespace-sync-period=10s",
             ],
         )
@@ -206,11 +207,6 @@ class LocalCluster(LocalControlPlane):
             return True
 
         self._poll("kube-controller-manager", exists)
-
-    @property
-    def component_pids(self) -> dict[str, int]:
-        """The pid of each running process, by name (kube-apiserver, etcd, kwok, ...)."""
-        return {name: proc.pid for name, proc in self._procs.items()}
 
 
 def _insecure() -> ssl.SSLContext:
