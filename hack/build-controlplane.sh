@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Builds the control-plane binaries that resourceconsist's tests run against
-# (kube-apiserver and etcd) from the Go modules pinned in hack/controlplane/,
-# into a cache directory. Does nothing when both binaries are already there.
+# Builds the binaries that resourceconsist's tests run against, from pinned Go modules, into a
+# cache directory:
+#   etcd, kube-apiserver                         LocalControlPlane   (hack/controlplane/)
+#   kube-controller-manager, kube-scheduler      LocalCluster        (hack/controlplane/)
+#   kwok (simulated nodes and pods)              LocalCluster        (hack/kwok/)
+# Each binary is built once: one already in the cache is kept, so an older cache holding only
+# etcd and kube-apiserver gets the missing three. Nothing is built when all five are there.
 #
 #   hack/build-controlplane.sh [DEST]
 #
@@ -12,32 +16,48 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 module="$here/controlplane"
+kwok_module="$here/kwok"
 k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$module/go.mod")"
 dest="${1:-${RESOURCECONSIST_ASSETS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/resourceconsist/k8s-${k8s_version#v}}}"
 
-if [[ -x "$dest/kube-apiserver" && -x "$dest/etcd" ]]; then
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+missing=()
+for name in "${binaries[@]}"; do
+  [[ -x "$dest/$name" ]] || missing+=("$name")
+done
+if [[ ${#missing[@]} -eq 0 ]]; then
   echo "control plane ${k8s_version} already built" >&2
   echo "$dest"
   exit 0
 fi
 
-command -v go >/dev/null || { echo "error: Go is needed to build kube-apiserver and etcd (https://go.dev/doc/install)" >&2; exit 1; }
+command -v go >/dev/null || { echo "error: Go is needed to build ${missing[*]} (https://go.dev/doc/install)" >&2; exit 1; }
 mkdir -p "$dest"
 tmp="$(mktemp -d "$dest/.build.XXXXXX")"
 trap 'rm -rf "$tmp"' EXIT
 
-cd "$module"
 export CGO_ENABLED=0 GOFLAGS=-mod=mod
-etcd_version="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' go.mod)"
+etcd_version="$(awk '$1 == "go.etcd.io/etcd/server/v3" {print $2; exit}' "$module/go.mod")"
+kwok_version="$(awk '$1 == "require" && $2 == "sigs.k8s.io/kwok" {print $3; exit}' "$kwok_module/go.mod")"
 ldflags_k8s="-s -w -X k8s.io/component-base/version.gitVersion=${k8s_version} -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$k8s_version") -X k8s.io/component-base/version.gitTreeState=clean"
 
-echo "building etcd ${etcd_version} ..." >&2
-go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
-echo "building kube-apiserver ${k8s_version} (several minutes on 2 cores) ..." >&2
-go build -trimpath -ldflags "$ldflags_k8s" -o "$tmp/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
+# build NAME MODULE_DIR PACKAGE LDFLAGS: build one binary and move it into place when done, so
+# a half build never looks finished.
+build() {
+  local name="$1" dir="$2" package="$3" ldflags="$4" started
+  started=$SECONDS
+  echo "building $name ..." >&2
+  (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$tmp/$name" "$package")
+  mv "$tmp/$name" "$dest/$name"
+  echo "built $name in $((SECONDS - started))s" >&2
+}
 
-# Move into place only when both built, so a half build never looks finished.
-mv "$tmp/etcd" "$dest/etcd"
-mv "$tmp/kube-apiserver" "$dest/kube-apiserver"
-echo "built into $dest" >&2
+for name in "${missing[@]}"; do
+  case "$name" in
+    etcd) build etcd "$module" go.etcd.io/etcd/server/v3 "-s -w" ;;
+    kwok) build kwok "$kwok_module" sigs.k8s.io/kwok/cmd/kwok "-s -w" ;;
+    *) build "$name" "$module" "k8s.io/kubernetes/cmd/$name" "$ldflags_k8s" ;;
+  esac
+done
+echo "built ${missing[*]} (Kubernetes ${k8s_version}, etcd ${etcd_version}, kwok ${kwok_version}) into $dest" >&2
 echo "$dest"

@@ -4,7 +4,6 @@ conflicts, admission webhooks over TLS, and a teardown that leaves nothing behin
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import ssl
@@ -20,13 +19,20 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
+from resourceconsist import kube
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeClient
+from resourceconsist.manager import Manager
 from resourceconsist.testing import (
     KUBERNETES_VERSION,
+    Cluster,
     ControlPlaneBinariesMissing,
     LocalControlPlane,
     WaitTimeout,
+    async_wait_for,
     wait_for,
 )
+from resourceconsist.testing.controlplane import process_alive
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,18 +44,6 @@ def _pod(
         "metadata": {"name": name, "labels": labels or {}, "finalizers": finalizers or []},
         "spec": {"containers": [{"name": "app", "image": "nginx"}]},
     }
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie still answers kill(0); it is gone for our purpose.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def test_kubernetes_version_matches_the_pinned_module() -> None:
@@ -227,9 +221,9 @@ def test_the_apiserver_calls_a_tls_webhook_on_loopback(
 def test_stop_leaves_no_process_and_no_directory() -> None:
     with pytest.raises(RuntimeError, match="boom"), LocalControlPlane() as cp:
         pids, directory = cp.pids, cp.dir
-        assert len(pids) == 2 and all(_process_alive(p) for p in pids)
+        assert len(pids) == 2 and all(process_alive(p) for p in pids)
         raise RuntimeError("boom")
-    assert not any(_process_alive(p) for p in pids)
+    assert not any(process_alive(p) for p in pids)
     assert not directory.exists()
 
 
@@ -245,10 +239,10 @@ def test_a_killed_owner_takes_its_control_plane_down_and_the_next_start_cleans_u
     assert owner.stdout is not None
     *pid_words, directory = owner.stdout.readline().split()
     pids = [int(p) for p in pid_words]
-    assert all(_process_alive(p) for p in pids)
+    assert all(process_alive(p) for p in pids)
     owner.send_signal(signal.SIGKILL)
     owner.wait(timeout=10)
-    wait_for(lambda: not any(_process_alive(p) for p in pids), timeout=15, message="orphans to die")
+    wait_for(lambda: not any(process_alive(p) for p in pids), timeout=15, message="orphans to die")
     assert Path(directory).exists()  # nothing could clean up after SIGKILL ...
     with LocalControlPlane():
         pass
@@ -260,3 +254,40 @@ def test_wait_for_returns_the_value_or_names_what_it_waited_for() -> None:
     assert wait_for(lambda: next(values), timeout=5, interval=0) == "ready"
     with pytest.raises(WaitTimeout, match=r"the impossible.*last seen: False"):
         wait_for(lambda: False, timeout=0.2, interval=0.01, message="the impossible")
+
+
+async def test_a_running_controller_recovers_its_watches_across_an_apiserver_restart() -> None:
+    """restart_apiserver() keeps the port and etcd; the manager's informers re-list and watch
+    again by themselves, so a change made after the restart is acted on without a restart."""
+    with LocalControlPlane() as cp:
+        client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        client.create(kube.NAMESPACE, None, {"metadata": {"name": "restart"}})
+        cluster = Cluster(client, "restart")
+        provider = FakeProvider()
+        manager = Manager(client, namespace="restart")
+        await manager.add(DemoAdapter(provider))
+        await manager.start()
+        try:
+            await cluster.service("web")
+            await cluster.pod("web-0", {"app": "web"})
+            await cluster.set_status("web-0")
+            await async_wait_for(lambda: _served(provider, "web-0"), timeout=30, message="web-0 served")
+            pods = manager.informers.informer(kube.POD)
+            relists = pods.relists
+            port = cp.port
+
+            cp.restart_apiserver()  # blocks this thread; the informers' threads see the outage
+
+            assert cp.port == port
+            await cluster.pod("web-1", {"app": "web"})
+            await cluster.set_status("web-1")
+            await async_wait_for(lambda: _served(provider, "web-1"), timeout=60, message="web-1 served")
+            assert pods.relists > relists
+        finally:
+            await manager.stop(timeout=5)
+            client.close()
+
+
+def _served(provider: FakeProvider, pod: str) -> bool:
+    server = provider.snapshot().get("restart/web", {}).get(pod)
+    return server is not None and bool(server.traffic_on)

@@ -3,6 +3,8 @@
 For tests of controllers and adapters: create controlled Services and pods, set pod status
 (IP, Ready, ``pod.kusionstack.io/service-ready``) through the status subresource as a kubelet
 would (no kubelet runs beside ``LocalControlPlane``), read objects and the Events about them.
+On a ``LocalCluster``, where controllers run and kwok plays the kubelet, create Deployments,
+roll them to a new template and wait for the rollout (docs/testing.md).
 Every call runs in a worker thread, so a controller on the test's event loop keeps running.
 """
 
@@ -16,9 +18,14 @@ from typing import Any, TypeVar
 
 from resourceconsist import kube, wire
 from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.testing.wait import async_wait_for
 
 T = TypeVar("T")
 _ips = itertools.count(10)
+
+DEPLOYMENT = kube.Resource("apps", "v1", "Deployment", "deployments")
+REPLICA_SET = kube.Resource("apps", "v1", "ReplicaSet", "replicasets")
+ENDPOINT_SLICE = kube.Resource("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices")
 
 
 @dataclass
@@ -92,6 +99,94 @@ class Cluster:
         body = {"status": {"podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
         return await self.call(self.client.patch, kube.POD, self.namespace, pod, body, subresource="status")
 
+    # -- Deployments (on a LocalCluster, where controllers and kwok run) ------------------------
+
+    async def deployment(
+        self,
+        name: str,
+        replicas: int,
+        *,
+        labels: dict[str, str] | None = None,
+        readiness_gates: tuple[str, ...] = (),
+        max_surge: int | str = "25%",
+        max_unavailable: int | str = 0,
+        pre_stop_seconds: int | None = None,
+        termination_grace_seconds: int = 30,
+        pod_finalizers: list[str] | None = None,
+    ) -> KubeObject:
+        """Create a Deployment whose pods carry ``labels`` (default ``app=<name>``), the given
+        readiness gates and finalizers, and a preStop ``sleep`` (what kwok waits for on
+        deletion, docs/testing.md), rolling with ``maxSurge``/``maxUnavailable``."""
+        pod_labels = labels or {"app": name}
+        container: dict[str, Any] = {"name": "app", "image": "registry.example/app:1"}
+        if pre_stop_seconds is not None:
+            container["lifecycle"] = {"preStop": {"sleep": {"seconds": pre_stop_seconds}}}
+        pod_spec: dict[str, Any] = {
+            "containers": [container],
+            "terminationGracePeriodSeconds": termination_grace_seconds,
+        }
+        if readiness_gates:
+            pod_spec["readinessGates"] = [{"conditionType": t} for t in readiness_gates]
+        body = {
+            "metadata": {"name": name},
+            "spec": {
+                "replicas": replicas,
+                "selector": {"matchLabels": pod_labels},
+                "strategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": max_surge, "maxUnavailable": max_unavailable},
+                },
+                "template": {
+                    "metadata": {"labels": pod_labels, "finalizers": pod_finalizers or []},
+                    "spec": pod_spec,
+                },
+            },
+        }
+        return await self.call(self.client.create, DEPLOYMENT, self.namespace, body)
+
+    async def roll(self, name: str, revision: str) -> KubeObject:
+        """Change the Deployment's pod template (annotation ``resourceconsist.test/revision``),
+        which starts a rollout; returns the Deployment with its new ``metadata.generation``."""
+        body = {
+            "spec": {"template": {"metadata": {"annotations": {"resourceconsist.test/revision": revision}}}}
+        }
+        return await self.patch(DEPLOYMENT, name, body)
+
+    async def rollout_done(self, name: str) -> bool:
+        """Whether the Deployment's latest template is fully rolled out (``rolled_out``)."""
+        return rolled_out(await self.get(DEPLOYMENT, name))
+
+    async def wait_rollout(self, name: str, timeout: float = 120.0) -> KubeObject:
+        """Wait until the Deployment is ``rolled_out``; returns it."""
+
+        async def done() -> KubeObject | None:
+            deployment = await self.get(DEPLOYMENT, name)
+            return deployment if rolled_out(deployment) else None
+
+        found = await async_wait_for(done, timeout=timeout, interval=0.2, message=f"rollout of {name}")
+        assert found is not None  # async_wait_for returns only a truthy value
+        return found
+
+    async def pods(self, selector: dict[str, str] | None = None) -> list[KubeObject]:
+        """The namespace's pods, those matching the label ``selector`` if given."""
+        label_selector = ",".join(f"{k}={v}" for k, v in (selector or {}).items()) or None
+        listing = await self.call(self.client.list, kube.POD, self.namespace, label_selector=label_selector)
+        return list(listing.get("items") or [])
+
+    async def set_condition(self, pod: str, condition_type: str, status: bool) -> KubeObject:
+        """Set one pod condition (a readiness gate's) through the status subresource, as the
+        controller owning the gate would; conditions of other types stay."""
+        body = {"status": {"conditions": [{"type": condition_type, "status": "True" if status else "False"}]}}
+        return await self.call(
+            self.client.patch,
+            kube.POD,
+            self.namespace,
+            pod,
+            body,
+            patch_type="strategic",
+            subresource="status",
+        )
+
     async def get(self, resource: kube.Resource, name: str) -> KubeObject | None:
         return await self.call(self.client.get_or_none, resource, self.namespace, name)
 
@@ -107,6 +202,29 @@ class Cluster:
             self.client.list, kube.EVENT, self.namespace, field_selector=f"involvedObject.name={name}"
         )
         return [(e["type"], e["reason"], e["message"]) for e in listing.get("items", [])]
+
+
+def rolled_out(deployment: KubeObject | None) -> bool:
+    """Whether a Deployment's latest template is fully rolled out, as ``kubectl rollout status``
+    judges it: observed, every replica updated and available, no old one left."""
+    if deployment is None:
+        return False
+    want = deployment["spec"].get("replicas", 1)
+    status = deployment.get("status") or {}
+    return bool(
+        status.get("observedGeneration", 0) >= deployment["metadata"]["generation"]
+        and status.get("updatedReplicas", 0) == want
+        and status.get("replicas", 0) == want
+        and status.get("availableReplicas", 0) == want
+    )
+
+
+def condition(obj: KubeObject | None, condition_type: str) -> str | None:
+    """The status ("True", "False", ...) of a pod's condition of that type, None without one."""
+    for cond in ((obj or {}).get("status") or {}).get("conditions") or []:
+        if cond.get("type") == condition_type:
+            return str(cond.get("status"))
+    return None
 
 
 def finalizers(obj: KubeObject | None) -> list[str]:

@@ -5,7 +5,8 @@ temporary directory with a serving certificate, an admin client certificate in
 ``system:masters``, RBAC authorization and a service-account signer, writes a kubeconfig,
 waits for readiness with a deadline and tears everything down, leaving no process and no
 temporary directory behind (children are also bound to this process's life, so they die with
-it even when it is killed).
+it even when it is killed). ``restart_apiserver()`` stops and starts kube-apiserver on the same
+port while etcd keeps running, so a test can show that clients survive an API-server restart.
 
 Binaries are found in ``$KUBEBUILDER_ASSETS`` (envtest's convention), else in
 ``$RESOURCECONSIST_ASSETS_DIR``, else in the cache that ``hack/build-controlplane.sh`` fills.
@@ -25,9 +26,10 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, cast
+from typing import Any, Self, cast
 
 import yaml
 
@@ -40,13 +42,16 @@ KUBERNETES_VERSION = "1.34.4"
 #: The etcd version pinned beside it.
 ETCD_VERSION = "3.6.4"
 
-_BINARIES = ("kube-apiserver", "etcd")
+#: The binaries a plain control plane runs; ``LocalCluster`` needs more (docs/testing.md).
+CONTROL_PLANE_BINARIES = ("kube-apiserver", "etcd")
+#: The Service IP range: a /16, so a test can create thousands of Services.
+SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 _TMP_PREFIX = "resourceconsist-cp-"
 _PR_SET_PDEATHSIG = 1
 
 
 class ControlPlaneBinariesMissing(RuntimeError):
-    """kube-apiserver or etcd could not be found."""
+    """A binary of the control plane (kube-apiserver, etcd, ...) could not be found."""
 
 
 class ControlPlaneError(RuntimeError):
@@ -62,11 +67,11 @@ def default_assets_dir() -> Path:
     return cache / "resourceconsist" / f"k8s-{KUBERNETES_VERSION}"
 
 
-def find_binaries() -> dict[str, Path]:
-    """Paths of kube-apiserver and etcd, or one error naming what is missing and how to get it."""
+def find_binaries(names: tuple[str, ...] = CONTROL_PLANE_BINARIES) -> dict[str, Path]:
+    """Paths of the named binaries, or one error naming what is missing and how to get it."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     directory = Path(assets) if assets else default_assets_dir()
-    found = {name: directory / name for name in _BINARIES}
+    found = {name: directory / name for name in names}
     missing = [name for name, path in found.items() if not os.access(path, os.X_OK)]
     if missing:
         source = "$KUBEBUILDER_ASSETS" if assets else "the default cache"
@@ -74,21 +79,37 @@ def find_binaries() -> dict[str, Path]:
             f"{' and '.join(missing)} not found in {directory} ({source}). Get them either way:\n"
             f"  1. build them from Go modules: hack/build-controlplane.sh "
             f"(needs Go; builds Kubernetes {KUBERNETES_VERSION} into {default_assets_dir()}), or\n"
-            "  2. point KUBEBUILDER_ASSETS at a directory holding kube-apiserver and etcd, "
+            f"  2. point KUBEBUILDER_ASSETS at a directory holding {', '.join(names)}, "
             "e.g. the one printed by controller-runtime's `setup-envtest use -p path`."
         )
     return found
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
 
 
+def process_alive(pid: int) -> bool:
+    """Whether the process runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the test process dies."""
+    """Runs in the child before exec: SIGKILL it when the test process dies.
+
+    The kernel sends the signal when the *thread* that spawned the child ends, so start and
+    restart a control plane from a thread that outlives it (normally the main thread)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
@@ -118,6 +139,9 @@ class LocalControlPlane:
     official-client ``ApiClient`` bound to it.
     """
 
+    #: The binaries ``start()`` needs; a subclass that runs more names them here.
+    binaries: tuple[str, ...] = CONTROL_PLANE_BINARIES
+
     def __init__(
         self, *, start_timeout: float = 60.0, extra_apiserver_flags: dict[str, str] | None = None
     ) -> None:
@@ -125,6 +149,7 @@ class LocalControlPlane:
         self.extra_apiserver_flags = dict(extra_apiserver_flags or {})
         self._dir: Path | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._argv: dict[str, list[str]] = {}
         self._logs: dict[str, Any] = {}
         self.host = "127.0.0.1"
         self.port = 0
@@ -132,7 +157,7 @@ class LocalControlPlane:
 
     # -- life cycle ---------------------------------------------------------------
 
-    def __enter__(self) -> LocalControlPlane:
+    def __enter__(self) -> Self:
         self.start()
         return self
 
@@ -170,7 +195,7 @@ class LocalControlPlane:
         """Start etcd and kube-apiserver and wait until the API server is ready."""
         if self._procs:
             raise ControlPlaneError("the control plane is already started")
-        binaries = find_binaries()
+        binaries = find_binaries(self.binaries)
         _remove_stale_dirs()
         self._dir = Path(tempfile.mkdtemp(prefix=f"{_TMP_PREFIX}{os.getpid()}-"))
         try:
@@ -179,30 +204,50 @@ class LocalControlPlane:
             self._start_apiserver(binaries["kube-apiserver"], etcd_url)
             self._write_kubeconfig()
             self._wait_ready()
+            self._start_more(binaries)
         except BaseException:
             self.stop()
             raise
         log.info("control plane ready at %s (kubeconfig %s)", self.url, self.kubeconfig)
 
+    def _start_more(self, binaries: dict[str, Path]) -> None:
+        """Start what runs beside the API server (nothing here; ``LocalCluster`` adds to it)."""
+
     def stop(self) -> None:
-        """Stop both processes (apiserver first) and remove the temporary directory."""
-        for name in ("kube-apiserver", "etcd"):
-            proc = self._procs.pop(name, None)
-            if proc is None:
-                continue
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=15)
+        """Stop every process, last started first, and remove the temporary directory."""
+        for name in reversed(list(self._procs)):
+            self._terminate(self._procs.pop(name))
+        self._argv.clear()
         for handle in self._logs.values():
             handle.close()
         self._logs.clear()
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
+
+    @staticmethod
+    def _terminate(proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=15)
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver (SIGTERM, as a rolling upgrade does) and start it again with the
+        same flags on the same port, then wait until it is ready. etcd keeps running, so every
+        object and resourceVersion survives; clients see their watches end and connections
+        refused meanwhile. Call it from the thread that started the control plane."""
+        proc = self._procs.get("kube-apiserver")
+        if proc is None:
+            raise ControlPlaneError("the control plane is not started")
+        self._terminate(proc)
+        # The same key keeps its place in _procs, so stop() still stops it before etcd.
+        self._spawn("kube-apiserver", self._argv["kube-apiserver"])
+        self._wait_ready()
+        log.info("kube-apiserver restarted at %s", self.url)
 
     # -- start-up pieces ---------------------------------------------------------
 
@@ -229,8 +274,13 @@ class LocalControlPlane:
             path.write_bytes(data)
             path.chmod(0o600)
 
-    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log_file = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+    def _spawn(
+        self, name: str, argv: list[str], env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
+        old_log = self._logs.get(name)
+        if old_log is not None:  # a restart: the new process appends to the same log
+            old_log.close()
+        log_file = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         self._logs[name] = log_file
         proc = subprocess.Popen(
             argv,
@@ -238,14 +288,16 @@ class LocalControlPlane:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             cwd=self.dir,
+            env=env,
             start_new_session=True,
             preexec_fn=_die_with_parent,  # noqa: PLW1509 - only sets the death signal
         )
         self._procs[name] = proc
+        self._argv[name] = argv
         return proc
 
     def _start_etcd(self, binary: Path) -> str:
-        client_port, peer_port = _free_port(), _free_port()
+        client_port, peer_port = free_port(), free_port()
         client_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         self._spawn(
@@ -267,7 +319,7 @@ class LocalControlPlane:
 
     def _start_apiserver(self, binary: Path, etcd_url: str) -> None:
         d = self.dir
-        self.port = _free_port()
+        self.port = free_port()
         flags = {
             "etcd-servers": etcd_url,
             "bind-address": "127.0.0.1",
@@ -281,7 +333,7 @@ class LocalControlPlane:
             "service-account-issuer": f"https://127.0.0.1:{self.port}/",
             "service-account-key-file": str(d / "sa.pub"),
             "service-account-signing-key-file": str(d / "sa.key"),
-            "service-cluster-ip-range": "10.0.0.0/24",
+            "service-cluster-ip-range": SERVICE_CLUSTER_IP_RANGE,
             "allow-privileged": "true",
             # No controller-manager runs, so nothing would create default service accounts.
             "disable-admission-plugins": "ServiceAccount",
@@ -324,6 +376,19 @@ class LocalControlPlane:
         return ctx
 
     def _wait_http(self, url: str, what: str, context: ssl.SSLContext | None) -> None:
+        """Poll ``url`` until it answers 200, failing early when a process exits."""
+
+        def answers() -> bool:
+            with urllib.request.urlopen(url, timeout=2, context=context) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                return True
+
+        self._poll(what, answers)
+
+    def _poll(self, what: str, check: Callable[[], bool]) -> None:
+        """Call ``check`` until it returns True, within ``start_timeout``. Fails early when a
+        process exits, and at the deadline with the last error and the tail of ``what``'s log."""
         deadline = time.monotonic() + self.start_timeout
         last = "no answer yet"
         while time.monotonic() < deadline:
@@ -333,11 +398,10 @@ class LocalControlPlane:
                         f"{name} exited with code {proc.returncode} while starting:\n{self._tail(name)}"
                     )
             try:
-                with urllib.request.urlopen(url, timeout=2, context=context) as resp:
-                    if resp.status == 200:
-                        return
-                    last = f"HTTP {resp.status}"
-            except (urllib.error.URLError, OSError) as err:
+                if check():
+                    return
+                last = "not yet"
+            except (urllib.error.URLError, OSError, ValueError) as err:
                 last = str(err)
             time.sleep(0.1)
         raise ControlPlaneError(

@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -51,21 +51,43 @@ def wait_for(
         time.sleep(interval)
 
 
+@overload
 async def async_wait_for(
-    condition: Callable[[], T | Awaitable[T]],
+    condition: Callable[[], Awaitable[T]],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    message: str = ...,
+    ignore: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+
+
+@overload
+async def async_wait_for(
+    condition: Callable[[], T],
+    *,
+    timeout: float = ...,
+    interval: float = ...,
+    message: str = ...,
+    ignore: tuple[type[BaseException], ...] = ...,
+) -> T: ...
+
+
+async def async_wait_for(
+    condition: Callable[[], Any],
     *,
     timeout: float = 30.0,
     interval: float = 0.05,
     message: str = "condition",
     ignore: tuple[type[BaseException], ...] = (),
-) -> T:
+) -> Any:
     """``wait_for`` for coroutines: ``condition`` may be a plain or an async function."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
         try:
             result = condition()
-            value: T = await result if inspect.isawaitable(result) else result
+            value = await result if inspect.isawaitable(result) else result
             if value:
                 return value
             last = value
