@@ -27,8 +27,11 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy --strict over the package, then over the example adapter package (examples/) against the
+# package as it installs (the view typecheck.sh made).
 typecheck: setup
 	PYTHON=$(abspath $(BIN)/python) hack/typecheck.sh
+	MYPYPATH=build/typeview $(BIN)/mypy --config-file pyproject.toml examples/nginx-upstream/src
 
 # The reference documentation (docs/, mkdocs.yml) built from the docstrings into site/;
 # --strict turns every warning (a broken link, an unknown name) into a failure.
