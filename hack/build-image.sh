@@ -57,9 +57,9 @@ echo "== image: Containerfile on $BASE"
 built=$SECONDS
 
 echo "== smoke test, inside the image's filesystem"
-config=$("${BUILDAH[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{json .OCIv1.Config.Entrypoint}}' "$IMAGE")
+config=$("${BUILDAH[@]}" inspect --type image --format '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$IMAGE")
 echo "user, entry point: $config"
-[[ $config == '65532:65532 ["resourceconsist"]' ]] || { echo "error: expected user 65532:65532 and entry point resourceconsist" >&2; exit 1; }
+[[ $config == '65532:65532 [resourceconsist]' ]] || { echo "error: expected user 65532:65532 and entry point resourceconsist" >&2; exit 1; }
 ctr=$("${BUILDAH[@]}" from --quiet "$IMAGE")
 containers+=("$ctr")
 run() { "${BUILDAH[@]}" run --isolation chroot "$ctr" -- "$@"; }
