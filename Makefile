@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench chaos lint typecheck check clean
+.PHONY: setup demo test bench chaos lint typecheck docs check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +32,21 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy --strict over the package, then over the example adapter package (examples/) against the
+# package as it installs (the view typecheck.sh made).
 typecheck: setup
 	PYTHON=$(abspath $(BIN)/python) hack/typecheck.sh
+	MYPYPATH=build/typeview $(BIN)/mypy --config-file pyproject.toml examples/nginx-upstream/src
+
+# The reference documentation (docs/, mkdocs.yml) built from the docstrings into site/;
+# --strict turns every warning (a broken link, an unknown name) into a failure.
+docs: setup
+	$(BIN)/python -m pip install --quiet -e '.[dev,docs]'
+	rm -rf build/docs-package
+	$(BIN)/python -m pip install --quiet --no-deps --no-compile --target build/docs-package .
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 check: lint typecheck test
 
 clean:
-	rm -rf $(VENV) build
+	rm -rf $(VENV) $(VENV)-3.* build site

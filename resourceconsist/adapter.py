@@ -3,7 +3,7 @@
 ``ReconcileAdapter`` holds the required methods, snake-case mirrors of the Go interface so a
 Go adapter ports line by line. The optional capabilities are separate protocols the frame
 detects on the adapter (the Go type assertions); when one is absent, the frame uses the
-defaults of REFERENCE.md. Employer and employee items are pydantic models.
+defaults documented in docs/reference/adapter.md. Employer and employee items are pydantic models.
 
 Every adapter method may be a plain function or a coroutine; the frame awaits coroutines on
 its event loop and runs plain (possibly blocking) functions in worker threads.

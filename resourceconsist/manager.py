@@ -78,9 +78,11 @@ class Manager:
 
     @property
     def started(self) -> bool:
+        """``start`` ran and ``stop`` has not."""
         return self._started
 
     def ready(self) -> bool:
+        """Started and every informer cache synced (what ``/readyz`` answers)."""
         return self._started and self.informers.has_synced
 
     # -- controllers --------------------------------------------------------------------------------
@@ -109,6 +111,7 @@ class Manager:
         await controller.stop(self.shutdown_timeout if timeout is None else timeout)
 
     def add_runnable(self, runnable: Runnable) -> None:
+        """Start ``runnable`` with the manager and stop it after the controllers (in reverse order)."""
         self.runnables.append(runnable)
 
     def _on_cluster(self, name: str, member: MemberCluster | None) -> None:
@@ -121,6 +124,8 @@ class Manager:
     # -- life cycle -------------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Start informers, health endpoints and runnables, then the controllers (at once, or
+        when this replica wins the leader election)."""
         loop = asyncio.get_running_loop()
         # asyncio.to_thread (adapters' own blocking calls, the kube client's) runs in daemon
         # threads: one stuck in a hung provider is abandoned on stop instead of keeping the

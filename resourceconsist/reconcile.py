@@ -1,4 +1,4 @@
-"""One reconcile of one employer, in the order of REFERENCE.md "One reconcile, in order".
+"""One reconcile of one employer, in the order of docs/concepts.md ("One reconcile").
 
 Each step is one method of ``Reconciler``:
 

@@ -2,7 +2,8 @@
 PodOpsLifecycle and Alibaba Cloud, in one place.
 
 These strings are read and written by other controllers; changing one breaks a running cluster.
-``tests/test_wire.py`` pins each of them byte for byte.
+``tests/test_wire.py`` pins each of them byte for byte; docs/wire-contract.md documents them,
+with the annotation format, the Event reasons and the failure messages.
 """
 
 from __future__ import annotations

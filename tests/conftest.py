@@ -1,4 +1,6 @@
-"""Shared fixtures for frame tests: a manager running adapters on the test's namespace."""
+"""Shared fixtures for frame tests (a manager running adapters on the test's namespace), and the
+``controlplane`` marker that tells the fast unit tests from those needing kube-apiserver + etcd.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +14,26 @@ from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane
+
+#: Fixtures that start (or stand on) the session's real control plane.
+CONTROL_PLANE_FIXTURES = frozenset({"control_plane", "kube_api", "namespace"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "controlplane: needs a real kube-apiserver + etcd; set on every test using the "
+        "control_plane, kube_api or namespace fixture (directly or through another fixture), "
+        "by hand on a test that starts its own LocalControlPlane",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test whose fixture closure reaches the control plane, so that
+    ``pytest -m "not controlplane"`` runs the unit tests alone (CI does, on each Python)."""
+    for item in items:
+        if CONTROL_PLANE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.controlplane)
 
 
 @pytest.fixture

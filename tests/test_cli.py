@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from resourceconsist import kube, wire
 from resourceconsist.testing import Cluster, finalizers, wait_for
 
@@ -31,6 +33,7 @@ def _without_cloud_credentials() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))}
 
 
+@pytest.mark.controlplane  # the demo starts its own embedded control plane
 def test_demo_runs_to_completion_and_shows_convergence() -> None:
     done = _cli("demo")
     assert done.returncode == 0, done.stdout + done.stderr

@@ -218,6 +218,7 @@ def test_the_apiserver_calls_a_tls_webhook_on_loopback(
         client.AdmissionregistrationV1Api(kube_api).delete_mutating_webhook_configuration("stamp-test")
 
 
+@pytest.mark.controlplane
 def test_stop_leaves_no_process_and_no_directory() -> None:
     with pytest.raises(RuntimeError, match="boom"), LocalControlPlane() as cp:
         pids, directory = cp.pids, cp.dir
@@ -227,6 +228,7 @@ def test_stop_leaves_no_process_and_no_directory() -> None:
     assert not directory.exists()
 
 
+@pytest.mark.controlplane
 def test_a_killed_owner_takes_its_control_plane_down_and_the_next_start_cleans_up() -> None:
     script = (
         "import sys, time\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,3 +28,30 @@ async def test_the_tutorial_adapter_converges(
     result = await tutorial["tutorial_scenario"](control_plane, tmp_path / "backends", namespace)
     assert result["file_left"] is None, "the backends file must be gone with its Service"
     assert lifecycle.lifecycle_finalizer("web") not in finalizers(result["pod"])
+
+
+def test_the_tutorial_provider_never_shows_a_reader_half_a_file(tmp_path: Path) -> None:
+    backends = tutorial_namespace()["BackendsDir"](tmp_path)
+    big = {f"web-{i}": {"ip": f"10.0.{i // 250}.{i % 250}", "weight": 100} for i in range(500)}
+    backends.write("ns", "web", {})
+    done = threading.Event()
+    seen: list[int] = []
+
+    def writer() -> None:
+        try:
+            for round_ in range(300):
+                backends.write("ns", "web", big if round_ % 2 else {})
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        while not done.is_set():
+            content = backends.read("ns", "web")  # a torn file raises JSONDecodeError here
+            assert content is not None
+            seen.append(len(content["pods"]))
+    finally:
+        thread.join()
+    assert set(seen) <= {0, len(big)}
+    assert [p.name for p in tmp_path.iterdir()] == ["ns_web.json"], "temp files left behind"

@@ -1,4 +1,4 @@
-"""Pins every wire name byte for byte against the contract (/work/shared/REFERENCE.md).
+"""Pins every wire name byte for byte against the contract (docs/wire-contract.md).
 
 These strings are shared with KusionStack ResourceConsist (Go), PodOpsLifecycle and Alibaba
 Cloud; a change here breaks a running cluster. The literals below are written out in full on

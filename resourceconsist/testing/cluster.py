@@ -37,6 +37,7 @@ class Cluster:
     _ip: dict[str, str] = field(default_factory=dict)
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking client call in a worker thread: ``await cluster.call(client.get, ...)``."""
         return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def service(
@@ -49,6 +50,8 @@ class Cluster:
         finalizers: list[str] | None = None,
         annotations: dict[str, str] | None = None,
     ) -> KubeObject:
+        """Create a Service on port 80 selecting ``selector`` (default ``app: <name>``), labelled
+        ``kusionstack.io/control: "true"`` unless ``controlled`` is False."""
         all_labels = dict(labels or {})
         if controlled:
             all_labels[wire.CONTROL_LABEL] = wire.CONTROL_LABEL_VALUE
@@ -74,6 +77,8 @@ class Cluster:
         readiness_gate: bool = False,
         annotations: dict[str, str] | None = None,
     ) -> KubeObject:
+        """Create a pod with ``labels``; ``readiness_gate`` adds PodOpsLifecycle's service-ready gate.
+        It has no IP and no conditions until ``set_status``."""
         spec: dict[str, Any] = {"containers": [{"name": "app", "image": "nginx"}]}
         if readiness_gate:
             spec["readinessGates"] = [{"conditionType": wire.SERVICE_READY_CONDITION}]
@@ -81,6 +86,7 @@ class Cluster:
         return await self.call(self.client.create, kube.POD, self.namespace, body)
 
     def ip_of(self, pod: str) -> str:
+        """The IP ``set_status`` gives ``pod`` (unique in the process, stable per pod)."""
         if pod not in self._ip:
             n = next(_ips)
             self._ip[pod] = f"10.{n // 65536 % 256}.{n // 256 % 256}.{n % 256}"
@@ -188,12 +194,15 @@ class Cluster:
         )
 
     async def get(self, resource: kube.Resource, name: str) -> KubeObject | None:
+        """The object from the API server (not a cache), None when it does not exist."""
         return await self.call(self.client.get_or_none, resource, self.namespace, name)
 
     async def patch(self, resource: kube.Resource, name: str, body: Any) -> KubeObject:
+        """Merge-patch the object."""
         return await self.call(self.client.patch, resource, self.namespace, name, body)
 
     async def delete(self, resource: kube.Resource, name: str) -> None:
+        """Delete the object; it stays (deleting) while it has finalizers."""
         await self.call(self.client.delete, resource, self.namespace, name)
 
     async def events(self, name: str) -> list[tuple[str, str, str]]:
@@ -228,8 +237,10 @@ def condition(obj: KubeObject | None, condition_type: str) -> str | None:
 
 
 def finalizers(obj: KubeObject | None) -> list[str]:
+    """The object's finalizers (none for None)."""
     return list((obj or {}).get("metadata", {}).get("finalizers") or [])
 
 
 def annotation(obj: KubeObject | None, key: str) -> str | None:
+    """One annotation of the object, None when absent (or for None)."""
     return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(key)
