@@ -53,6 +53,7 @@ from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdm
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.labels import map_selects
 from resourceconsist.testing import LocalControlPlane
+from resourceconsist.testing.controlplane import _die_with_parent as die_with_parent
 
 NAMESPACE = "chaos"
 SERVICES = ("svc-0", "svc-1", "svc-2")
@@ -100,17 +101,27 @@ def log(message: str) -> None:
 class Process:
     """A child process with its own log, killed with its process group on teardown."""
 
-    def __init__(self, name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        logdir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        capture_stdout: bool = False,
+    ) -> None:
         self.name = name
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             argv,
-            stdout=subprocess.PIPE if name == "slb-emulator" else self._log,
+            stdout=subprocess.PIPE if capture_stdout else self._log,
             stderr=self._log,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            # Children die with this process even when it is killed outright (no teardown runs).
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - only sets the death signal
         )
 
     @property
@@ -150,7 +161,10 @@ class Emulator:
         lbs = [arg for i in range(len(SERVICES)) for arg in ("--load-balancer", f"lb-chaos-{i}")]
         argv = [sys.executable, "-m", "resourceconsist.adapters.alibabacloudslb.emulator_server"]
         self.process = Process(
-            "slb-emulator", [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs], workdir
+            "slb-emulator",
+            [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs],
+            workdir,
+            capture_stdout=True,
         )
         stdout = self.process.proc.stdout
         assert stdout is not None
@@ -219,6 +233,7 @@ class Controllers:
                 if r.status == 200:
                     return True
             time.sleep(0.1)
+        log(f"{name} not ready within {timeout:.0f}s (see {process.log_path})")
         return False
 
     def kill(self, name: str) -> None:
@@ -943,6 +958,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="seed of the driver and the kill moments")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and results (default: a temp dir)")
     args = parser.parse_args()
+    # A SIGTERM to the benchmark still tears every process down (the context managers' exits).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     settings = Settings.quick(args.seed) if args.quick else Settings(seed=args.seed)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
