@@ -75,11 +75,14 @@ class Settings:
     sigterms: int = 3
     converge_timeout: float = 180.0
     settle_timeout: float = 60.0
+    #: Extra arguments for every ``resourceconsist run`` (e.g. lease timings).
+    controller_args: tuple[str, ...] = ()
 
     @classmethod
-    def quick(cls, seed: int) -> Settings:
+    def quick(cls, seed: int, controller_args: tuple[str, ...] = ()) -> Settings:
         return cls(
             seed=seed,
+            controller_args=controller_args,
             pods=40,
             calm_seconds=10.0,
             kills=5,
@@ -182,8 +185,11 @@ class Emulator:
 class Controllers:
     """Controller processes (``resourceconsist run``), numbered in start order."""
 
-    def __init__(self, kubeconfig: Path, emulator: Emulator, logdir: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, emulator: Emulator, logdir: Path, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_args = list(extra_args)
         self.logdir = logdir
         self.started = 0
         self.running: dict[str, tuple[Process, int]] = {}
@@ -220,6 +226,7 @@ class Controllers:
         ]
         if leader_elect:
             argv += ["--leader-elect", "--leader-election-namespace", NAMESPACE]
+        argv += self.extra_args
         # POD_NAME starts the Lease's holderIdentity, so the leader can be found by name.
         process = Process(name, argv, self.logdir, {**self.env, "POD_NAME": name})
         self.running[name] = (process, port)
@@ -686,7 +693,9 @@ class Run:
             api.create(kube.NAMESPACE, None, {"metadata": {"name": NAMESPACE}})
             self.api = api
             self.emulator = Emulator(self.workdir, self.settings.seed)
-            self.controllers = Controllers(cp.kubeconfig, self.emulator, logdir)
+            self.controllers = Controllers(
+                cp.kubeconfig, self.emulator, logdir, self.settings.controller_args
+            )
             self.driver = Driver(api, self.settings)
             self.watch = DeletionWatch(watcher_client)
             self.history = History(self.emulator.admin)
@@ -957,10 +966,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer kills, shorter phases (a few minutes)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the driver and the kill moments")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and results (default: a temp dir)")
+    parser.add_argument(
+        "--controller-arg",
+        action="append",
+        default=[],
+        help="extra argument for every `resourceconsist run` (repeatable: --controller-arg=--flag=value)",
+    )
     args = parser.parse_args()
     # A SIGTERM to the benchmark still tears every process down (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    settings = Settings.quick(args.seed) if args.quick else Settings(seed=args.seed)
+    extra = tuple(args.controller_arg)
+    settings = (
+        Settings.quick(args.seed, extra) if args.quick else Settings(seed=args.seed, controller_args=extra)
+    )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}); logs in {workdir}")
