@@ -53,6 +53,7 @@ from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdm
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.labels import map_selects
 from resourceconsist.testing import LocalControlPlane
+from resourceconsist.testing.controlplane import _die_with_parent as die_with_parent
 
 NAMESPACE = "chaos"
 SERVICES = ("svc-0", "svc-1", "svc-2")
@@ -74,11 +75,14 @@ class Settings:
     sigterms: int = 3
     converge_timeout: float = 180.0
     settle_timeout: float = 60.0
+    #: Extra arguments for every ``resourceconsist run`` (e.g. lease timings).
+    controller_args: tuple[str, ...] = ()
 
     @classmethod
-    def quick(cls, seed: int) -> Settings:
+    def quick(cls, seed: int, controller_args: tuple[str, ...] = ()) -> Settings:
         return cls(
             seed=seed,
+            controller_args=controller_args,
             pods=40,
             calm_seconds=10.0,
             kills=5,
@@ -100,17 +104,27 @@ def log(message: str) -> None:
 class Process:
     """A child process with its own log, killed with its process group on teardown."""
 
-    def __init__(self, name: str, argv: list[str], logdir: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: list[str],
+        logdir: Path,
+        env: dict[str, str] | None = None,
+        *,
+        capture_stdout: bool = False,
+    ) -> None:
         self.name = name
         self.log_path = logdir / f"{name}.log"
         self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             argv,
-            stdout=subprocess.PIPE if name == "slb-emulator" else self._log,
+            stdout=subprocess.PIPE if capture_stdout else self._log,
             stderr=self._log,
             stdin=subprocess.DEVNULL,
             env=env,
             start_new_session=True,
+            # Children die with this process even when it is killed outright (no teardown runs).
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - only sets the death signal
         )
 
     @property
@@ -150,7 +164,10 @@ class Emulator:
         lbs = [arg for i in range(len(SERVICES)) for arg in ("--load-balancer", f"lb-chaos-{i}")]
         argv = [sys.executable, "-m", "resourceconsist.adapters.alibabacloudslb.emulator_server"]
         self.process = Process(
-            "slb-emulator", [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs], workdir
+            "slb-emulator",
+            [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs],
+            workdir,
+            capture_stdout=True,
         )
         stdout = self.process.proc.stdout
         assert stdout is not None
@@ -168,8 +185,11 @@ class Emulator:
 class Controllers:
     """Controller processes (``resourceconsist run``), numbered in start order."""
 
-    def __init__(self, kubeconfig: Path, emulator: Emulator, logdir: Path) -> None:
+    def __init__(
+        self, kubeconfig: Path, emulator: Emulator, logdir: Path, extra_args: tuple[str, ...] = ()
+    ) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_args = list(extra_args)
         self.logdir = logdir
         self.started = 0
         self.running: dict[str, tuple[Process, int]] = {}
@@ -206,6 +226,7 @@ class Controllers:
         ]
         if leader_elect:
             argv += ["--leader-elect", "--leader-election-namespace", NAMESPACE]
+        argv += self.extra_args
         # POD_NAME starts the Lease's holderIdentity, so the leader can be found by name.
         process = Process(name, argv, self.logdir, {**self.env, "POD_NAME": name})
         self.running[name] = (process, port)
@@ -219,6 +240,7 @@ class Controllers:
                 if r.status == 200:
                     return True
             time.sleep(0.1)
+        log(f"{name} not ready within {timeout:.0f}s (see {process.log_path})")
         return False
 
     def kill(self, name: str) -> None:
@@ -680,7 +702,9 @@ class Run:
             api.create(kube.NAMESPACE, None, {"metadata": {"name": NAMESPACE}})
             self.api = api
             self.emulator = Emulator(self.workdir, self.settings.seed)
-            self.controllers = Controllers(cp.kubeconfig, self.emulator, logdir)
+            self.controllers = Controllers(
+                cp.kubeconfig, self.emulator, logdir, self.settings.controller_args
+            )
             self.driver = Driver(api, self.settings)
             self.watch = DeletionWatch(watcher_client)
             self.history = History(self.emulator.admin)
@@ -951,8 +975,19 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer kills, shorter phases (a few minutes)")
     parser.add_argument("--seed", type=int, default=1, help="seed of the driver and the kill moments")
     parser.add_argument("--workdir", type=Path, default=None, help="logs and results (default: a temp dir)")
+    parser.add_argument(
+        "--controller-arg",
+        action="append",
+        default=[],
+        help="extra argument for every `resourceconsist run` (repeatable: --controller-arg=--flag=value)",
+    )
     args = parser.parse_args()
-    settings = Settings.quick(args.seed) if args.quick else Settings(seed=args.seed)
+    # A SIGTERM to the benchmark still tears every process down (the context managers' exits).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    extra = tuple(args.controller_arg)
+    settings = (
+        Settings.quick(args.seed, extra) if args.quick else Settings(seed=args.seed, controller_args=extra)
+    )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}); logs in {workdir}")
