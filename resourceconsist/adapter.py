@@ -299,3 +299,51 @@ class MultiClusterOptions(Protocol):
     """Employer in the main (federation) cluster; employees there (True) or in member clusters."""
 
     def employee_fed(self) -> bool: ...
+
+
+# -- beyond Go: orphans, sub-resources (docs/lifecycle-hooks.md) -----------------------------------
+
+
+@dataclass(frozen=True)
+class OwnedItem:
+    """Something the provider holds for this controller, and the employer it was made for.
+
+    ``owner`` is the employer's key (``namespace/name``). When that employer no longer exists,
+    the frame collects the item with a pass over a *stand-in* of the gone employer: an object
+    of the employer's kind with this namespace and name, ``labels`` and ``annotations``, and a
+    deletionTimestamp, so the adapter's own ``get_current_*`` finds the item and its own
+    ``delete_*`` methods remove it (docs/lifecycle-hooks.md, "Orphans")."""
+
+    owner: str
+    #: The provider's name for it, for reports.
+    id: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class OrphanCollectOptions(Protocol):
+    """List what the provider holds for this controller, each item naming its owner employer;
+    the frame collects those whose owner is gone. Default: nothing is ever collected.
+
+    ``ctx`` is a context with no employer (``employer_key`` is empty). List only what this
+    adapter made (its naming convention, its tag): the frame deletes what is listed."""
+
+    def list_owned(self, ctx: ReconcileContext) -> MaybeAwaitable[list[OwnedItem]]: ...
+
+
+@runtime_checkable
+class SubResourceOptions(Protocol):
+    """Kubernetes objects an employer should own, created and kept up to date by the frame.
+
+    ``sub_resources`` returns the desired objects (``apiVersion``, ``kind``, ``metadata.name``,
+    the rest of the body); a namespaced one lives in the employer's namespace and gets an owner
+    reference to it, a cluster-scoped one gets owner labels and is collected once its owner is
+    gone. ``sub_resource_kinds`` names the cluster-scoped kinds (``(apiVersion, kind)``) the
+    stray collector looks through. Default: none."""
+
+    def sub_resources(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[list[KubeObject]]: ...
+
+    def sub_resource_kinds(self) -> list[tuple[str, str]]: ...

@@ -28,7 +28,10 @@ from resourceconsist.cancellation import Cancellation, PassCancelled, running_pa
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
+from resourceconsist.orphans import GarbageCollector, GarbageConfig
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
+from resourceconsist.subresources import sync_sub_resources
+from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.workqueue import RateLimiter, WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
@@ -79,6 +82,7 @@ class Controller:
         *,
         member_clusters: dict[str, tuple[KubeClient, InformerFactory]] | None = None,
         metrics: Metrics | None = None,
+        garbage: GarbageConfig | None = None,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.get_controller_name()
@@ -108,12 +112,22 @@ class Controller:
         )
         gauge = self.metrics.unguarded_routing_pods.labels(self.name)
         self.reconciler.report_unguarded = gauge.set
+        self.subscribers = SubscriberBus(
+            self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
+        )
+        self.reconciler.notify = self.subscribers.publish
+        self.garbage = GarbageCollector(self, garbage or GarbageConfig())
+        self._garbage_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
         #: The cancellations of the passes running now; ``stop`` cancels them.
         self._in_flight: set[Cancellation] = set()
         self._unsubscribe: list[Callable[[], None]] = []
         self.reconciles = 0
         self.failures = 0
+
+    def subscribe(self, subscriber: LifecycleSubscriber) -> None:
+        """Tell ``subscriber`` what happens to this controller's pods and employers."""
+        self.subscribers.add(subscriber)
 
     @property
     def employees_in_members(self) -> bool:
@@ -184,6 +198,9 @@ class Controller:
                 self.informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
             )
         await self.informers.wait_synced()
+        self.subscribers.start()
+        if self.garbage.wanted:
+            self._garbage_task = asyncio.create_task(self.garbage.run(), name=f"{self.name}-garbage")
         self._workers = [
             asyncio.create_task(self._worker(i), name=f"{self.name}-worker-{i}")
             for i in range(self.max_concurrent)
@@ -203,6 +220,10 @@ class Controller:
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
+        if self._garbage_task is not None:
+            self._garbage_task.cancel()
+            await asyncio.gather(self._garbage_task, return_exceptions=True)
+            self._garbage_task = None
         await self.queue.shutdown()
         for cancellation in list(self._in_flight):
             cancellation.cancel()
@@ -219,6 +240,7 @@ class Controller:
                     timeout,
                 )
         self._workers = []
+        await self.subscribers.stop()
         log.info("controller %s stopped", self.name)
 
     # -- workers --------------------------------------------------------------------------------------
@@ -242,6 +264,7 @@ class Controller:
         try:
             with running_pass(cancellation), self.metrics.bound(self.name):
                 result = await self.reconciler.reconcile(key)
+                await sync_sub_resources(self, key)
         except asyncio.CancelledError:
             raise
         except PassCancelled as err:

@@ -25,6 +25,8 @@ from resourceconsist.kube import KubeClient
 from resourceconsist.leaderelection import LeaderElectionConfig, LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
+from resourceconsist.orphans import GarbageConfig
+from resourceconsist.subscribers import LifecycleSubscriber
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +56,12 @@ class Manager:
         health_address: tuple[str, int] | None = None,
         shutdown_timeout: float = 30.0,
         leader_election: LeaderElectionConfig | None = None,
+        garbage: GarbageConfig | None = None,
     ) -> None:
         self.client = client
+        #: The garbage pass of every controller (docs/lifecycle-hooks.md, "Orphans").
+        self.garbage = garbage or GarbageConfig()
+        self.subscribers: list[LifecycleSubscriber] = []
         self.informers = InformerFactory(client, resync_period=resync_period, namespace=namespace)
         self.metrics = Metrics()
         self.metrics.watch_cluster(client, self.informers)
@@ -94,12 +100,26 @@ class Manager:
             raise DuplicateControllerError(f"a controller named {name!r} is already in this manager")
         members = {n: (m.client, m.informers) for n, m in self.clusters.members().items()}
         controller = Controller(
-            adapter, self.client, self.informers, member_clusters=members, metrics=self.metrics
+            adapter,
+            self.client,
+            self.informers,
+            member_clusters=members,
+            metrics=self.metrics,
+            garbage=self.garbage,
         )
+        for subscriber in self.subscribers:
+            controller.subscribe(subscriber)
         self.controllers[name] = controller
         if self._started and self.leading:
             await controller.start()
         return controller
+
+    def subscribe(self, subscriber: LifecycleSubscriber) -> None:
+        """Tell ``subscriber`` what happens in every controller, present and added later
+        (``Controller.subscribe`` for one controller; docs/lifecycle-hooks.md)."""
+        self.subscribers.append(subscriber)
+        for controller in self.controllers.values():
+            controller.subscribe(subscriber)
 
     async def stop_controller(self, name: str, timeout: float | None = None) -> None:
         """Stop and remove one controller; the others keep running."""

@@ -101,6 +101,21 @@ class Metrics:
             ["controller"],
             registry=self.registry,
         )
+        #: One per orphaned provider item or stray sub-resource deleted (docs/lifecycle-hooks.md).
+        self.orphans_collected = Counter(
+            "resourceconsist_orphans_collected_total",
+            "Provider items and cluster-scoped sub-resources deleted because their owner employer "
+            "no longer exists.",
+            ["controller"],
+            registry=self.registry,
+        )
+        #: Lifecycle notifications dropped because a controller's subscriber queue was full.
+        self.subscriber_drops = Counter(
+            "resourceconsist_subscriber_dropped_total",
+            "Lifecycle notifications dropped because the subscribers fell behind (queue full).",
+            ["controller"],
+            registry=self.registry,
+        )
         self._kube = _KubeCollector()
         self.registry.register(self._kube)
 

@@ -86,6 +86,8 @@ class Result:
     """What the controller does next with the key: nothing, or add it again after a delay."""
 
     requeue_after: float | None = None
+    #: A stand-in pass (``reconcile(key, stand_in=...)``): the provider holds nothing any more.
+    collected: bool = False
 
 
 class ReconcileError(ResourceConsistError):
@@ -128,6 +130,11 @@ class _Pass:
     current_by_id: dict[str, Any] = field(default_factory=dict)
     employer_results: CUDResults[Employer] = field(default_factory=CUDResults)
     employee_results: CUDResults[Employee] = field(default_factory=CUDResults)
+    #: A pass over a stand-in of a gone employer (docs/lifecycle-hooks.md, "Orphans"): it
+    #: writes nothing to the employer, whose name a new object may already carry.
+    stand_in: bool = False
+    collected: bool = False
+    verdicts: dict[str, _Verdict] = field(default_factory=dict)
 
 
 class _Verdict(IntEnum):
@@ -174,6 +181,10 @@ class Reconciler:
         self.memos: dict[str, dict[str, Any]] = {}
         #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
         self.report_unguarded: Callable[[int], None] = lambda total: None
+        #: Called with (what happened, employer key, pod name or "") as a pass decides it;
+        #: must not block (docs/lifecycle-hooks.md, "Subscribers"). Each is told once per change.
+        self.notify: Callable[[str, str, str], None] = lambda what, key, pod: None
+        self._told: dict[tuple[str, str], str] = {}
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -245,13 +256,17 @@ class Reconciler:
 
     # -- 1. the whole pass ----------------------------------------------------------------------------
 
-    async def reconcile(self, key: str) -> Result:
+    async def reconcile(self, key: str, *, stand_in: KubeObject | None = None) -> Result:
+        """One pass; with ``stand_in`` (a deleting copy of a gone employer), a pass that removes
+        what the provider still holds for it (docs/lifecycle-hooks.md, "Orphans")."""
         namespace, _, name = key.rpartition("/")
-        employer = self.reader.get(self.employer_resource, namespace or None, name)
+        employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
             self.memos.pop(key, None)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
+            if (key, "") in self._told:
+                self._tell(key, "", "employer_deleted")
             return Result()
         follows = self._follows_lifecycle()
         entry: EmployerEntry | None = None
@@ -276,11 +291,16 @@ class Reconciler:
             p.expected_key = entry.key
             p.lifecycle_finalizer = entry.lifecycle_finalizer
             p.guard_finalizer = entry.guard_finalizer
+        p.stand_in = stand_in is not None
         try:
             if await self._ensure_clean_finalizer(p):
                 return Result()
             result = await self._steps(p)
         except BaseException as err:
+            if not isinstance(err, asyncio.CancelledError):
+                self._tell(key, "", "employer_failing")
+            if p.stand_in:
+                raise
             if isinstance(self.adapter, StatusRecordOptions) and not isinstance(err, asyncio.CancelledError):
                 try:
                     await call_adapter(self.adapter.record_error_conditions, p.ctx, p.employer, err)
@@ -291,7 +311,42 @@ class Reconciler:
                         f"record error conditions failed: {record_err}",
                     )
             raise
+        result.collected = p.collected
+        if p.collected:
+            self.memos.pop(key, None)
+        if not p.deleting and result.requeue_after is None:
+            self._tell(key, "", "employer_converged")
         return result
+
+    def _tell(self, key: str, pod: str, what: str) -> None:
+        """Notify subscribers of a change of state of an employer (pod "") or pod, once."""
+        if self._told.get((key, pod)) == what:
+            return
+        if what == "employer_deleted":
+            for told in [t for t in self._told if t[0] == key]:
+                del self._told[told]
+        elif what == "pod_released":
+            self._told.pop((key, pod), None)
+        else:
+            self._told[(key, pod)] = what
+        try:
+            self.notify(what, key, pod)
+        except Exception:
+            log.exception("%s %s: notifying subscribers of %s failed", self.name, key, what)
+
+    def _announce(self, p: _Pass) -> None:
+        """Tell subscribers what this pass's confirmed verdicts made true, after the writes."""
+        for name, verdict in sorted(p.verdicts.items()):
+            finalizers = self._final_finalizers(p, name)
+            told = self._told.get((p.key, name))
+            if verdict is _Verdict.SERVED and p.lifecycle_finalizer in finalizers:
+                self._tell(p.key, name, "pod_served")
+            elif verdict is _Verdict.ROUTING and self._guarded(p, finalizers):
+                self._tell(
+                    p.key, name, "pod_drained" if told in ("pod_served", "pod_drained") else "pod_guarded"
+                )
+            elif verdict is _Verdict.IDLE and told is not None and not self._guarded(p, finalizers):
+                self._tell(p.key, name, "pod_released")
 
     async def _steps(self, p: _Pass) -> Result:
         try:
@@ -302,8 +357,9 @@ class Reconciler:
             # Pod entries planned before a failed step still land: a pod must list the
             # finalizers it needs even while the provider is failing.
             await self._write(p)
+            self._announce(p)
         await self._release_clean_finalizer(p)
-        if isinstance(self.adapter, StatusRecordOptions):
+        if isinstance(self.adapter, StatusRecordOptions) and not p.stand_in:
             try:
                 await call_adapter(
                     self.adapter.record_statuses, p.ctx, p.employer, p.employer_results, p.employee_results
@@ -525,16 +581,21 @@ class Reconciler:
             e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
         }
         need |= set(registering)
+        guarding: set[str] = set()
         for name in sorted(need):
             pod = self._pod(name, namespace)
             if pod is None or not self._guarded(p, lifecycle.get_finalizers(pod)):
                 p.writer.add_finalizer(name, p.guard_finalizer)
+                guarding.add(name)
         # Additions go out now; removals wait for the calls (an entry stays while its
         # lifecycle finalizer does).
         adding = p.writer.adding()
         if adding:
             p.written.merge(await p.writer.flush(only=adding))
         p.carriers |= {n for n, f in p.written.finalizers.items() if self._guarded(p, f)}
+        for name in sorted(guarding):
+            if self._guarded(p, p.written.finalizers.get(name, [])) and (p.key, name) not in self._told:
+                self._tell(p.key, name, "pod_guarded")
         blocked: set[str] = set()
         for name, item_id in registering.items():
             finalizers = p.written.finalizers.get(name)
@@ -582,6 +643,7 @@ class Reconciler:
         # whatever removed their backends (delete_employer, a person, the provider).
         for name in p.carriers:
             verdicts.setdefault(name, _Verdict.IDLE)
+        p.verdicts = verdicts
         for name, verdict in sorted(verdicts.items()):
             if verdict is _Verdict.SERVED:
                 p.writer.swap(name, to_lifecycle=True)
@@ -625,7 +687,7 @@ class Reconciler:
             )
             if set(having) != set(recorded):
                 annotations[wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION] = ",".join(having)
-        if annotations:
+        if annotations and not p.stand_in:
             await self._patch_employer_annotations(p, annotations)
         entry_failures = {
             n: e for n, e in written.failed.items() if n in p.expected_adds | p.expected_removes
@@ -689,6 +751,10 @@ class Reconciler:
         employee_clean = _is_clean(p.employee_results)
         if not (employer_clean and employee_clean and p.expected_clean):
             return
+        if p.stand_in:
+            p.collected = True
+            self._tell(p.key, "", "employer_deleted")
+            return
         obsolete = [wire.CLEAN_FINALIZER, self._old_clean_finalizer(p.employer)]
         try:
             if not await self._patch_employer_finalizers(p.employer, remove=obsolete):
@@ -700,6 +766,7 @@ class Reconciler:
                 f"clean employer clean-finalizer failed: {err}",
             ) from err
         log.info("%s %s: provider side clean, released clean finalizer", self.name, p.key)
+        self._tell(p.key, "", "employer_deleted")
         await self.recorder.event(
             p.employer,
             "Normal",

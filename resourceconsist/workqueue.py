@@ -133,6 +133,15 @@ class WorkQueue:
         """``key`` is queued, being processed, or due to be added after a delay."""
         return key in self._queue or key in self._dirty or key in self._processing or key in self._waiting
 
+    def claim(self, key: str) -> bool:
+        """Take ``key`` as if a worker got it, unless it is queued, processing or waiting: the
+        garbage pass (resourceconsist/orphans.py) holds it like this so that no reconcile of
+        the key runs meanwhile; ``done(key)`` gives it back (and queues it if it was added)."""
+        if self._shutting_down or self.holds(key):
+            return False
+        self._processing.add(key)
+        return True
+
     def add(self, key: str) -> None:
         """Queue ``key`` unless it is already waiting; if a worker has it, queue it after ``done``."""
         if self._shutting_down or key in self._dirty:
