@@ -23,6 +23,7 @@ from resourceconsist.adapter import (
     Employee,
     Employer,
     Outcome,
+    OwnedItem,
     PodEmployeeStatuses,
     ReconcileAdapter,
     ReconcileContext,
@@ -95,7 +96,7 @@ class FakeProvider:
             self._faults.clear()
 
     def _set_fault(self, action: str, fault: _Fault) -> None:
-        if action not in MUTATING_ACTIONS and action not in ("query_vip", "query_rs"):
+        if action not in MUTATING_ACTIONS and action not in ("query_vip", "query_rs", "list_employers"):
             raise ValueError(f"unknown provider action {action!r}")
         with self._lock:
             self._faults[action] = fault
@@ -109,6 +110,14 @@ class FakeProvider:
         """Drift: remove a real server behind the controller's back."""
         with self._lock:
             self.real_servers.get(employer, {}).pop(pod, None)
+
+    def employers(self) -> list[str]:
+        """The employer keys the provider holds a VIP or real servers for (its "list" API)."""
+        fault = self._call("list_employers")
+        with self._lock:
+            found = sorted(set(self.vips) | set(self.real_servers))
+        self._after("list_employers", fault)
+        return found
 
     def mutating_calls(self) -> int:
         with self._lock:
@@ -261,6 +270,11 @@ class DemoAdapter(ReconcileAdapter):
         assert ctx.writer is not None, "the frame gives every pass a writer"
         with contextlib.suppress(kube.NotFound):  # the Service is gone: nothing to record
             ctx.writer.patch(kube.SERVICE, meta["namespace"], meta["name"], body)
+
+    def list_owned(self, ctx: ReconcileContext) -> list[OwnedItem]:
+        """Every VIP and real-server set the provider holds: all of them are this adapter's
+        (docs/lifecycle-hooks.md, "Orphans")."""
+        return [OwnedItem(owner=key, id=f"vip {key}") for key in self.provider.employers()]
 
     # -- employer: the VIP ---------------------------------------------------------------------
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from resourceconsist import lifecycle
-from resourceconsist.testing import LocalControlPlane, finalizers
+from resourceconsist.orphans import GarbageConfig
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
 
@@ -55,3 +57,25 @@ def test_the_tutorial_provider_never_shows_a_reader_half_a_file(tmp_path: Path) 
         thread.join()
     assert set(seen) <= {0, len(big)}
     assert [p.name for p in tmp_path.iterdir()] == ["ns_web.json"], "temp files left behind"
+
+
+async def test_the_tutorial_adapter_s_stray_file_is_collected(
+    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path
+) -> None:
+    tutorial = tutorial_namespace()
+    backends = tutorial["BackendsDir"](tmp_path)
+    backends.write(cluster.namespace, "gone", {})
+    backends.write(cluster.namespace, "alive", {})
+    await cluster.service("alive")
+    async with run_manager(
+        tutorial["CollectingFileAdapter"](backends), garbage=GarbageConfig(interval=None)
+    ) as manager:
+        (controller,) = manager.controllers.values()
+
+        async def reported() -> Any:
+            return controller.garbage.last_report
+
+        report = await async_wait_for(reported, timeout=30, message="the start-up garbage pass")
+        assert report.collected == [f"{cluster.namespace}/gone"]
+    assert backends.read(cluster.namespace, "gone") is None
+    assert backends.read(cluster.namespace, "alive") is not None

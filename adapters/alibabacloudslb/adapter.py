@@ -43,6 +43,7 @@ from resourceconsist.adapter import (
     Employer,
     EventHandler,
     Outcome,
+    OwnedItem,
     PodEmployeeStatuses,
     Predicate,
     ReconcileAdapter,
@@ -155,6 +156,8 @@ def _name(obj: KubeObject) -> str:
 
 
 _ORPHAN_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
+#: The tail ``config.vserver_group_name`` gives a shortened name.
+_SHORTENED = re.compile(r"-[0-9a-f]{10}$")
 
 
 def _orphan_name(member: BackendServer) -> str:
@@ -191,8 +194,11 @@ class SLBAdapter(ReconcileAdapter):
         resolver: BackendResolver = annotated_backend,
         backoff: RequeueBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        load_balancers: Iterable[str] = (),
     ) -> None:
         self.client = client
+        #: Load balancers searched for orphaned groups besides those the Services name.
+        self.load_balancers = tuple(load_balancers)
         self.name = name
         self.resolver = resolver
         self.backoff = backoff or RequeueBackoff()
@@ -280,6 +286,40 @@ class SLBAdapter(ReconcileAdapter):
 
     def employer_requeue_interval(self, ctx: ReconcileContext, employer: KubeObject) -> float:
         return self.backoff.interval(ctx.employer_key)
+
+    # -- orphans: manage mode's groups of gone Services ---------------------------------------------
+
+    async def list_owned(self, ctx: ReconcileContext) -> list[OwnedItem]:
+        """Our VServer groups (``resourceconsist/<ns>/<svc>``) on the load balancers the
+        Services name and on ``load_balancers``; each owned by the Service its name names.
+
+        A group whose name was shortened (past SLB's 80 characters) names no Service it can be
+        traced back to: it is never listed, so never collected. Only manage mode makes groups;
+        the stand-in of a gone owner says manage mode, so collecting one is manage mode's delete.
+        """
+        lbs = set(self.load_balancers)
+        for service in ctx.reader.list(kube.SERVICE):
+            if config.is_slb_service(service):
+                lbs.add(config.load_balancer_id(service))
+        owned: list[OwnedItem] = []
+        for lb in sorted(lb for lb in lbs if lb):
+            try:
+                groups = await asyncio.to_thread(self.client.describe_vserver_groups, lb)
+            except SLBNotFound:
+                continue  # the load balancer is gone, and its groups with it
+            for group in groups:
+                owner = _group_owner(group.name)
+                if owner is None:
+                    continue
+                owned.append(
+                    OwnedItem(
+                        owner=owner,
+                        id=f"VServer group {group.name} ({group.id}) on {lb}",
+                        labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb},
+                        annotations={config.MODE_ANNOTATION: Mode.MANAGE.value},
+                    )
+                )
+        return owned
 
     # -- employer: manage mode's VServer group -----------------------------------------------------
 
@@ -758,6 +798,19 @@ class SLBAdapter(ReconcileAdapter):
                         clocks.pop(member.key, None)
         done = [item for item in items if item.id not in not_done]
         return done, [item for item in items if item.id in not_done]
+
+
+def _group_owner(group_name: str) -> str | None:
+    """The key of the Service whose group ``group_name`` is, when the name traces back to one."""
+    if not group_name.startswith(config.GROUP_NAME_PREFIX):
+        return None
+    namespace, sep, name = group_name[len(config.GROUP_NAME_PREFIX) :].partition("/")
+    if not (sep and namespace and name) or _SHORTENED.search(name):
+        # A shortened name ends in "-<10 hex digits>" and reads like the full name of another
+        # Service: never claim one that may be shortened.
+        return None
+    probe: KubeObject = {"metadata": {"namespace": namespace, "name": name}}
+    return f"{namespace}/{name}" if config.vserver_group_name(probe) == group_name else None
 
 
 def _desired_of(item: Employee) -> Desired:

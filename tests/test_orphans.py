@@ -1,0 +1,249 @@
+"""The garbage pass (docs/lifecycle-hooks.md, "Orphans") on a real kube-apiserver + etcd: a
+Service deleted with its finalizer stripped while the controller was down leaves its VServer
+group in the SLB emulator; the next start reports it in dry-run and collects it otherwise,
+releasing the pods only once the group is gone. A re-created Service of the same name keeps its
+group; an owner whose pass is queued or running, or that a live GET finds, is left alone; the
+demo adapter's items are collected the same way (the tutorial's: tests/test_tutorial.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import MODE_ANNOTATION, SERVER_ID_ANNOTATION, SLBAdapter
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, VServerGroup
+from resourceconsist.controller import Controller
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
+from resourceconsist.kube import KubeClient
+from resourceconsist.manager import Manager
+from resourceconsist.orphans import COLLECTED_REASON, GarbageConfig, GarbageReport
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
+
+GROUP = "resourceconsist/{ns}/web"
+FLZ = lifecycle.lifecycle_finalizer("web")
+GUARD = lifecycle.guard_finalizer("web")
+START_ONLY = GarbageConfig(interval=None)
+
+
+@pytest.fixture
+def slb() -> Iterator[SLBEmulator]:
+    with SLBEmulator(access_key_id="LTAI5tOrphanKey", access_key_secret="orphan-secret", seed=5) as emulator:
+        yield emulator
+
+
+@pytest.fixture
+def slb_client(slb: SLBEmulator) -> Iterator[SLBClient]:
+    retry = RetryPolicy(max_attempts=8, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=10)
+    client = SLBClient(slb.credentials(), retry=retry)
+    yield client
+    client.close()
+
+
+def _controller(manager: Manager) -> Controller:
+    (controller,) = manager.controllers.values()
+    return controller
+
+
+async def _report(controller: Controller) -> GarbageReport:
+    async def ready() -> GarbageReport | None:
+        return controller.garbage.last_report
+
+    return await async_wait_for(ready, timeout=30, message="the start-up garbage pass")
+
+
+def _collected(manager: Manager, controller: str) -> float:
+    value = manager.metrics.registry.get_sample_value(
+        "resourceconsist_orphans_collected_total", {"controller": controller}
+    )
+    return value or 0.0
+
+
+def _group(slb: SLBEmulator, lb: str, name: str) -> VServerGroup | None:
+    return next((g for g in slb.vserver_groups(lb) if g.name == name), None)
+
+
+async def _served_web(
+    cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, adapter: SLBAdapter, lb: str
+) -> VServerGroup:
+    """Service web (manage mode) with ready pod web-0, served by its group; the manager stopped."""
+    await cluster.service(
+        "web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
+    )
+    await cluster.pod(
+        "web-0", {"app": "web"}, readiness_gate=True, annotations={SERVER_ID_ANNOTATION: "eni-a"}
+    )
+    await cluster.set_status("web-0", ready=True, service_ready=True)
+    name = GROUP.format(ns=cluster.namespace)
+    async with run_manager(adapter, garbage=GarbageConfig(enabled=False)):
+
+        async def served() -> bool:
+            group = _group(slb, lb, name)
+            pod = await cluster.get(kube.POD, "web-0")
+            return group is not None and bool(slb.backends(group.id)) and FLZ in finalizers(pod)
+
+        await async_wait_for(served, timeout=30, message="web-0 served by the group")
+    group = _group(slb, lb, name)
+    assert group is not None
+    return group
+
+
+async def _delete_stripped(cluster: Cluster) -> None:
+    """Delete Service web as someone would with the controller down: finalizers stripped."""
+    await cluster.patch(kube.SERVICE, "web", {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, "web")
+
+    async def gone() -> bool:
+        return await cluster.get(kube.SERVICE, "web") is None
+
+    await async_wait_for(gone, timeout=30, message="Service web gone")
+
+
+async def test_a_group_left_by_a_service_deleted_while_down_is_reported_then_collected(
+    cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, slb_client: SLBClient
+) -> None:
+    lb = slb.add_load_balancer()
+    adapter = SLBAdapter(slb_client, load_balancers=[lb])
+    group = await _served_web(cluster, run_manager, slb, adapter, lb)
+    await _delete_stripped(cluster)
+    key = f"{cluster.namespace}/web"
+    assert _group(slb, lb, group.name) is not None, "the group outlives its Service"
+
+    async with run_manager(adapter, garbage=GarbageConfig(interval=None, dry_run=True)) as manager:
+        report = await _report(_controller(manager))
+        assert report.dry_run
+        assert list(report.orphans) == [key]
+        assert group.id in report.orphans[key][0]
+        assert report.collected == []
+        assert _collected(manager, adapter.name) == 0
+    assert _group(slb, lb, group.name) is not None, "a dry run deletes nothing"
+    assert slb.backends(group.id), "a dry run deletes nothing"
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.collected == [key]
+        assert _group(slb, lb, group.name) is None
+        assert _collected(manager, adapter.name) == 1
+
+        async def released() -> bool:
+            held = finalizers(await cluster.get(kube.POD, "web-0"))
+            return FLZ not in held and GUARD not in held
+
+        # The same pass released the pod after the provider confirmed the group gone (the guard).
+        await async_wait_for(released, timeout=30, message="web-0 released once its backend is gone")
+        events = await cluster.events(cluster.namespace)
+        assert any(reason == COLLECTED_REASON and group.id in message for _, reason, message in events)
+
+
+async def test_a_recreated_service_of_the_same_name_keeps_its_group(
+    cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, slb_client: SLBClient
+) -> None:
+    lb = slb.add_load_balancer()
+    adapter = SLBAdapter(slb_client, load_balancers=[lb])
+    group = await _served_web(cluster, run_manager, slb, adapter, lb)
+    await _delete_stripped(cluster)
+    await cluster.service(
+        "web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
+    )
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.orphans == {} and report.collected == []
+
+        async def clean_finalizer() -> bool:
+            return wire.CLEAN_FINALIZER in finalizers(await cluster.get(kube.SERVICE, "web"))
+
+        await async_wait_for(clean_finalizer, timeout=30, message="the new Service adopted")
+    kept = _group(slb, lb, group.name)
+    assert kept is not None and kept.id == group.id
+    assert slb.backends(group.id), "web-0 still served by the kept group"
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+
+async def test_an_owner_with_a_pass_queued_or_running_is_left_alone(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    key = f"{cluster.namespace}/ghost"
+    provider.vips[key] = VipStatus(vip="demo-remote-VIP", qps=100)
+    async with run_manager(DemoAdapter(provider), garbage=GarbageConfig(enabled=False)) as manager:
+        controller = _controller(manager)
+        # What a worker holds while it runs the key's pass (the workqueue's own bookkeeping).
+        assert controller.queue.claim(key)
+        try:
+            report = await controller.garbage.run_once()
+            assert report.skipped == {key: "a pass is queued or running"}
+            assert key in provider.vips
+        finally:
+            controller.queue.done(key)
+        report = await controller.garbage.run_once()
+        assert report.collected == [key]
+        assert key not in provider.vips
+
+
+class RecreatingProvider(FakeProvider):
+    """A provider whose listing is slow enough for someone to re-create the employer meanwhile."""
+
+    def __init__(self, client: KubeClient, namespace: str) -> None:
+        super().__init__()
+        self.client, self.namespace = client, namespace
+
+    def employers(self) -> list[str]:
+        found = super().employers()
+        # Between the listing and the collector's checks, Service ghost comes back.
+        body = {
+            "metadata": {"name": "ghost"},
+            "spec": {"selector": {"app": "ghost"}, "ports": [{"port": 80}]},
+        }
+        self.client.create(kube.SERVICE, self.namespace, body)
+        return found
+
+
+async def test_an_owner_recreated_during_the_pass_is_not_collected(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = RecreatingProvider(cluster.client, cluster.namespace)
+    key = f"{cluster.namespace}/ghost"
+    provider.vips[key] = VipStatus(vip="demo-remote-VIP", qps=100)
+    async with run_manager(DemoAdapter(provider), garbage=GarbageConfig(enabled=False)) as manager:
+        report = await _controller(manager).garbage.run_once()
+    assert report.collected == [] and report.orphans == {}
+    assert key not in report.failed
+    assert key in provider.vips
+
+
+async def test_the_demo_adapter_s_orphans_are_collected_at_start(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    gone = f"{cluster.namespace}/gone"
+    provider.put_vip("create_vip", gone, VipStatus(vip="demo-remote-VIP", qps=100))
+    await cluster.service("alive")
+    async with run_manager(DemoAdapter(provider), garbage=START_ONLY) as manager:
+
+        async def alive_served() -> bool:
+            return f"{cluster.namespace}/alive" in provider.vips
+
+        await async_wait_for(alive_served, timeout=30, message="the live Service's VIP")
+        report = await _report(_controller(manager))
+        assert report.collected == [gone]
+    assert gone not in provider.vips
+    assert f"{cluster.namespace}/alive" in provider.vips, "a live employer's items are never collected"
+
+
+async def test_a_dry_run_never_calls_a_mutating_provider_api(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    provider.put_vip("create_vip", f"{cluster.namespace}/gone", VipStatus(vip="v", qps=1))
+    before = provider.mutating_calls()
+    async with run_manager(
+        DemoAdapter(provider), garbage=GarbageConfig(interval=None, dry_run=True)
+    ) as manager:
+        report = await _report(_controller(manager))
+    assert list(report.orphans) == [f"{cluster.namespace}/gone"]
+    assert provider.mutating_calls() == before
