@@ -22,7 +22,9 @@ if TYPE_CHECKING:
         EmployerRequeueOptions,
         ExpectedFinalizerRecordOptions,
         MultiClusterOptions,
+        OrphanCollectOptions,
         Outcome,
+        OwnedItem,
         PodEmployeeStatuses,
         ReconcileAdapter,
         ReconcileContext,
@@ -31,6 +33,7 @@ if TYPE_CHECKING:
         ReconcileRequeueOptions,
         ReconcileWatchOptions,
         StatusRecordOptions,
+        SubResourceOptions,
         pod_employee_statuses,
     )
     from resourceconsist.cache import CacheReader, WatchEvent
@@ -39,6 +42,8 @@ if TYPE_CHECKING:
     from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
     from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable, add_to_manager
+    from resourceconsist.orphans import GarbageConfig
+    from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
 #: Each public name and the module that holds it.
 _HOMES: dict[str, str] = {
@@ -50,7 +55,9 @@ _HOMES: dict[str, str] = {
             "EmployerRequeueOptions",
             "ExpectedFinalizerRecordOptions",
             "MultiClusterOptions",
+            "OrphanCollectOptions",
             "Outcome",
+            "OwnedItem",
             "PodEmployeeStatuses",
             "ReconcileAdapter",
             "ReconcileContext",
@@ -59,6 +66,7 @@ _HOMES: dict[str, str] = {
             "ReconcileRequeueOptions",
             "ReconcileWatchOptions",
             "StatusRecordOptions",
+            "SubResourceOptions",
             "pod_employee_statuses",
         ),
         "resourceconsist.adapter",
@@ -72,6 +80,8 @@ _HOMES: dict[str, str] = {
     ),
     "LeaderElectionConfig": "resourceconsist.leaderelection",
     **dict.fromkeys(("Manager", "Runnable", "add_to_manager"), "resourceconsist.manager"),
+    "GarbageConfig": "resourceconsist.orphans",
+    **dict.fromkeys(("LifecycleEvent", "LifecycleSubscriber"), "resourceconsist.subscribers"),
 }
 
 __all__ = [
@@ -84,14 +94,19 @@ __all__ = [
     "Employer",
     "EmployerRequeueOptions",
     "ExpectedFinalizerRecordOptions",
+    "GarbageConfig",
     "Gone",
     "KubeClient",
     "KubeObject",
     "LeaderElectionConfig",
+    "LifecycleEvent",
+    "LifecycleSubscriber",
     "Manager",
     "MultiClusterOptions",
     "NotFound",
+    "OrphanCollectOptions",
     "Outcome",
+    "OwnedItem",
     "PermanentError",
     "PodEmployeeStatuses",
     "ReconcileAdapter",
@@ -105,6 +120,7 @@ __all__ = [
     "RetryAfter",
     "Runnable",
     "StatusRecordOptions",
+    "SubResourceOptions",
     "WatchEvent",
     "add_to_manager",
     "pod_employee_statuses",

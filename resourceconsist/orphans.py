@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: The reason of the Event recorded (on the owner's Namespace) per collected owner.
 COLLECTED_REASON = "OrphanCollected"
+#: Why an owner is skipped while a pass of it is queued or running (tried again soon).
+BUSY = "a pass is queued or running"
 
 
 @dataclass(frozen=True)
@@ -111,7 +113,8 @@ class GarbageCollector:
             try:
                 report = await self.run_once()
                 delay = self.config.interval
-                if report.pending or report.skipped or report.failed:
+                busy = BUSY in report.skipped.values()
+                if report.pending or report.failed or busy:
                     delay = min(delay or self.config.retry, self.config.retry)
             except asyncio.CancelledError:
                 raise
@@ -144,7 +147,8 @@ class GarbageCollector:
             for item in owned:
                 by_owner.setdefault(item.owner, []).append(item)
             for key, items in sorted(by_owner.items()):
-                await self._one_owner(key, items, report)
+                if self.watches(key):
+                    await self._one_owner(key, items, report)
         await collect_strays(controller, report, dry_run=self.config.dry_run)
         self.passes += 1
         self.last_report = report
@@ -160,6 +164,16 @@ class GarbageCollector:
                 ", ".join(report.strays) or "none",
             )
         return report
+
+    def watches(self, key: str) -> bool:
+        """The owner is in what this manager watches (a namespace-bound manager collects in its
+        namespace only: elsewhere its cache cannot see the pods to release)."""
+        namespace = self.controller.informers.namespace
+        return (
+            namespace is None
+            or not self.controller.spec.employer.namespaced
+            or key.rpartition("/")[0] == namespace
+        )
 
     async def owner_exists(self, key: str) -> bool:
         """The employer ``key`` is in the cache or, asked live, in the API server."""
@@ -179,7 +193,7 @@ class GarbageCollector:
         if controller.reader.get(resource, namespace or None, name) is not None:
             return  # alive: not an orphan
         if not queue.claim(key):
-            report.skipped[key] = "a pass is queued or running"
+            report.skipped[key] = BUSY
             return
         try:
             # Looked up again under the claim: a re-created employer's pass now waits for us.

@@ -314,6 +314,8 @@ class Reconciler:
         result.collected = p.collected
         if p.collected:
             self.memos.pop(key, None)
+            if self.unguarded.pop(key, 0):
+                self.report_unguarded(sum(self.unguarded.values()))
         if not p.deleting and result.requeue_after is None:
             self._tell(key, "", "employer_converged")
         return result

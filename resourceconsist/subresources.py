@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from resourceconsist.controller import Controller
     from resourceconsist.orphans import GarbageReport
 
+from resourceconsist.orphans import BUSY
+
 log = logging.getLogger(__name__)
 
 OWNER_CONTROLLER_LABEL: Final = "resource-consist.kusionstack.io/owner-controller"
@@ -155,12 +157,12 @@ async def collect_strays(controller: Controller, report: GarbageReport, *, dry_r
             meta = obj["metadata"]
             key = str((meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""))
             uid = str((meta.get("labels") or {}).get(OWNER_UID_LABEL, ""))
-            if not key:
-                continue  # not written by the frame
+            if not key or not controller.garbage.watches(key):
+                continue  # not written by the frame, or for a namespace this manager does not watch
             if _owner_alive(controller.reader.get(controller.spec.employer, *_split(key)), uid):
                 continue
             if not controller.queue.claim(key):
-                report.skipped[f"{kind}/{meta['name']}"] = "its owner's pass is queued or running"
+                report.skipped[f"{kind}/{meta['name']}"] = BUSY
                 continue
             try:
                 live = await asyncio.to_thread(client.get_or_none, controller.spec.employer, *_split(key))
