@@ -462,6 +462,14 @@ class Reconciler:
             p.expected_removes = set(selected)
         else:
             p.expected_adds = set(selected)
+        if p.stand_in and self._locate_is_main():
+            # Nothing selects a gone employer's pods any more; its entries would stay on them
+            # for ever (docs/lifecycle-hooks.md, "Orphans").
+            p.expected_removes |= {
+                str(pod["metadata"]["name"])
+                for pod in self.reader.list(kube.POD, p.writer.namespace)
+                if self._holds_entry(pod, p.expected_key)
+            }
         for name in sorted(p.expected_adds):
             p.writer.add_entry(name, p.expected_key, p.lifecycle_finalizer)
         for name in sorted(p.expected_removes):
@@ -526,16 +534,23 @@ class Reconciler:
         where = self._locate(name)
         return where.reader.get(kube.POD, namespace, where.name)
 
+    def _locate_is_main(self) -> bool:
+        """Pod employees live in the main cluster."""
+        return not (isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed())
+
+    @staticmethod
+    def _holds_entry(pod: KubeObject, key: str) -> bool:
+        try:
+            return key in lifecycle.expected_finalizers(pod)
+        except lifecycle.MalformedAvailableConditions:
+            return False
+
     def _has_entry(self, p: _Pass, name: str) -> bool:
         """The cached pod holds this employer's entry (a pod not cached yet counts as holding
         it: its watch event brings it to the next pass)."""
         pod = self._pod(name, p.writer.namespace)
-        if pod is None:
-            return True
-        try:
-            return p.expected_key in lifecycle.expected_finalizers(pod)
-        except lifecycle.MalformedAvailableConditions:
-            return False  # the write reports the malformed annotation
+        # A malformed annotation counts as lacking it; the write reports it.
+        return pod is None or self._holds_entry(pod, p.expected_key)
 
     def _guarded(self, p: _Pass, finalizers: Sequence[str]) -> bool:
         return p.guard_finalizer in finalizers or p.lifecycle_finalizer in finalizers

@@ -21,13 +21,12 @@ from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter, SubResourceOptions
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
+from resourceconsist.orphans import BUSY
 from resourceconsist.reconcile import call_adapter
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller
     from resourceconsist.orphans import GarbageReport
-
-from resourceconsist.orphans import BUSY
 
 log = logging.getLogger(__name__)
 

@@ -122,7 +122,11 @@ async def test_a_group_left_by_a_service_deleted_while_down_is_reported_then_col
         assert _collected(manager, adapter.name) == 0
     assert _group(slb, lb, group.name) is not None, "a dry run deletes nothing"
     assert slb.backends(group.id), "a dry run deletes nothing"
-    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+    pod = await cluster.get(kube.POD, "web-0")
+    assert FLZ in finalizers(pod)
+    assert lifecycle.expected_finalizer_key(
+        "Service", cluster.namespace, "web"
+    ) in lifecycle.expected_finalizers(pod)
 
     async with run_manager(adapter, garbage=START_ONLY) as manager:
         report = await _report(_controller(manager))
@@ -136,6 +140,8 @@ async def test_a_group_left_by_a_service_deleted_while_down_is_reported_then_col
 
         # The same pass released the pod after the provider confirmed the group gone (the guard).
         await async_wait_for(released, timeout=30, message="web-0 released once its backend is gone")
+        entries = lifecycle.expected_finalizers(await cluster.get(kube.POD, "web-0"))
+        assert lifecycle.expected_finalizer_key("Service", cluster.namespace, "web") not in entries
         events = await cluster.events(cluster.namespace)
         assert any(reason == COLLECTED_REASON and group.id in message for _, reason, message in events)
 
