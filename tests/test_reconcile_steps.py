@@ -19,7 +19,7 @@ from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.errors import PermanentError, steering
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
-from resourceconsist.kube import Conflict, KubeObject, Resource
+from resourceconsist.kube import KubeObject, Resource
 from resourceconsist.labels import map_selects
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
 
@@ -108,21 +108,9 @@ class FakeApi:
         current: KubeObject | None = None,
         attempts: int = 8,
     ) -> tuple[KubeObject | None, bool]:
-        obj = current if current is not None else self.get(res, namespace, name)
-        for _ in range(attempts):
-            if obj is None:
-                return None, False
-            body = change(obj)
-            if body is None:
-                return obj, False
-            body["metadata"]["resourceVersion"] = obj["metadata"]["resourceVersion"]
-            try:
-                return self.patch(res, namespace, name, body), True
-            except Conflict:
-                obj = self.get(res, namespace, name)
-            except kube.NotFound:
-                return None, False
-        raise kube.ApiError.of(409, "Conflict", f"{name}: still conflicting")
+        return kube.patch_with_precondition(
+            self.get, self.patch, res, namespace, name, change, current, attempts
+        )
 
 
 class Events:
