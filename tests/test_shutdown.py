@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import wire
+from resourceconsist import kube, wire
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
@@ -239,6 +239,10 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
             f"127.0.0.1:{_free_port()}",
             "--shutdown-timeout",
             str(shutdown_timeout),
+            # As the shipped Deployment runs it: the stop also steps down and releases the Lease.
+            "--leader-elect",
+            "--leader-election-namespace",
+            cluster.namespace,
         ],
         env=env,
         stdin=subprocess.DEVNULL,
@@ -274,4 +278,6 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
         reader.join(5)
     output = "".join(lines)
     assert "manager stopped" in output
+    lease = await cluster.get(kube.LEASE, "resourceconsist-manager")
+    assert lease is not None and not lease["spec"].get("holderIdentity"), "the Lease was not released"
     assert SECRET not in output and KEY_ID not in output
