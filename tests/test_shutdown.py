@@ -14,18 +14,22 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from resourceconsist import kube, wire
 from resourceconsist.adapter import Employer, ReconcileContext
+from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
 from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     RetryPolicy,
@@ -188,7 +192,8 @@ def test_one_slb_operation_ends_by_its_own_deadline(slb: SLBEmulator) -> None:
 _RUNNER = textwrap.dedent(
     """
     import sys
-    from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+    from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
     from resourceconsist.cli import main
 
     slb = SLBEmulator(access_key_id=sys.argv[1], access_key_secret=sys.argv[2]).start()
@@ -201,8 +206,6 @@ _RUNNER = textwrap.dedent(
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -281,3 +284,57 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
     lease = await cluster.get(kube.LEASE, "resourceconsist-manager")
     assert lease is not None and not lease["spec"].get("holderIdentity"), "the Lease was not released"
     assert SECRET not in output and KEY_ID not in output
+
+
+@pytest.fixture
+def silent_provider() -> Iterator[str]:
+    """An SLB endpoint on loopback that takes connections and never answers (a hung provider)."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)  # connections wait in the backlog: connected, never answered
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+
+
+def _hung_client(endpoint: str, **options: Any) -> SLBClient:
+    credentials = SLBCredentials(
+        access_key_id=SecretStr(KEY_ID),
+        access_key_secret=SecretStr(SECRET),
+        region_id="cn-hangzhou",
+        endpoint=endpoint,
+    )
+    # A read timeout of a minute: only the caps under test can end a request sooner.
+    return SLBClient(credentials, protocol="http", read_timeout_seconds=60, **options)
+
+
+def _call_in_thread(fn: Any, cancellation: Cancellation) -> tuple[threading.Thread, list[BaseException]]:
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        with running_pass(cancellation):
+            try:
+                fn()
+            except BaseException as err:
+                outcome.append(err)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    return worker, outcome
+
+
+def test_a_request_to_a_hung_provider_ends_with_its_pass_deadline(silent_provider: str) -> None:
+    client = _hung_client(silent_provider, call_deadline_seconds=600)
+    worker, outcome = _call_in_thread(
+        lambda: client.describe_vserver_groups("lb-1"), Cancellation(deadline=time.monotonic() + 0.5)
+    )
+    worker.join(20)  # far below the 60 s read timeout
+    assert not worker.is_alive(), "the request was not cut at the pass's deadline"
+    assert len(outcome) == 1 and isinstance(outcome[0], SLBCancelled), outcome
+
+
+def test_a_request_to_a_hung_provider_ends_with_the_call_deadline(silent_provider: str) -> None:
+    client = _hung_client(silent_provider, call_deadline_seconds=0.5)
+    worker, outcome = _call_in_thread(lambda: client.describe_vserver_groups("lb-1"), Cancellation())
+    worker.join(20)
+    assert not worker.is_alive(), "the request was not cut at the call's own deadline"
+    assert len(outcome) == 1 and isinstance(outcome[0], SLBError), outcome
+    assert not isinstance(outcome[0], PassCancelled)  # the pass itself goes on
