@@ -192,8 +192,7 @@ def test_one_slb_operation_ends_by_its_own_deadline(slb: SLBEmulator) -> None:
 _RUNNER = textwrap.dedent(
     """
     import sys
-    from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+    from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
     from resourceconsist.cli import main
 
     slb = SLBEmulator(access_key_id=sys.argv[1], access_key_secret=sys.argv[2]).start()
@@ -263,8 +262,14 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
         await cluster.service("web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: "lb-hung"})
         await cluster.pod("web-0", {"app": "web"})
         await cluster.set_status("web-0")
+
+        def waiting_on_slb() -> bool:
+            if process.poll() is not None:
+                pytest.fail("the run process ended early:\n" + "".join(lines))
+            return any(line.startswith("SLB-CALL") for line in lines)
+
         await async_wait_for(
-            lambda: any(line.startswith("SLB-CALL") for line in lines),
+            waiting_on_slb,
             timeout=60,
             message="a reconcile pass waiting on the hung SLB provider",
         )
