@@ -12,6 +12,7 @@ real control plane and the SLB emulator answering after 20 s exits within ``--sh
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import signal
 import socket
@@ -37,7 +38,13 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
     SLBError,
 )
-from resourceconsist.cancellation import Cancellation, PassCancelled, current_cancellation, running_pass
+from resourceconsist.cancellation import (
+    Cancellation,
+    DaemonThreadExecutor,
+    PassCancelled,
+    current_cancellation,
+    running_pass,
+)
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeObject
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, wait_for
@@ -343,3 +350,27 @@ def test_a_request_to_a_hung_provider_ends_with_the_call_deadline(silent_provide
     assert not worker.is_alive(), "the request was not cut at the call's own deadline"
     assert len(outcome) == 1 and isinstance(outcome[0], SLBError), outcome
     assert not isinstance(outcome[0], PassCancelled)  # the pass itself goes on
+
+
+def test_the_daemon_executor_runs_every_call_while_its_workers_come_and_go() -> None:
+    """Bursts of more calls than workers, with pauses long enough for idle workers to retire:
+    every call still runs, each in a daemon thread."""
+    executor = DaemonThreadExecutor(max_workers=3, idle_seconds=0.002)
+    daemons: list[bool] = []
+
+    def call(value: int) -> int:
+        daemons.append(threading.current_thread().daemon)
+        time.sleep(0.0005 * (value % 3))
+        return value
+
+    for burst in range(150):
+        size = 1 + burst % 12
+        futures = [executor.submit(call, i) for i in range(size)]
+        done, pending = concurrent.futures.wait(futures, timeout=5)
+        assert not pending, f"burst {burst}: {len(pending)} submitted call(s) never ran"
+        assert sorted(f.result() for f in done) == list(range(size))
+        time.sleep(0.001 * (burst % 8))  # sometimes every worker retires before the next burst
+    assert all(daemons)
+    executor.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        executor.submit(call, 1)
