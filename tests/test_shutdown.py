@@ -5,8 +5,8 @@ A stop cancels the running passes at once, and an adapter sees it (``ctx.cancell
 ``current_cancellation()`` in its worker thread); a blocking call that ignores it is abandoned in a
 daemon thread. The SLB client stops retrying when its pass is cancelled and bounds each operation
 by its own deadline. End to end: ``resourceconsist run --adapter alibabacloudslb`` against a
-real control plane and the SLB emulator answering after 20 s exits within ``--shutdown-timeout``
-+ 2 s of SIGTERM.
+real control plane and a hung SLB emulator (answers after 120 s) exits on SIGTERM without waiting
+for it (within ``--shutdown-timeout`` + 2 s on a quiet machine: a measured figure, not asserted).
 """
 
 from __future__ import annotations
@@ -195,7 +195,8 @@ def test_one_slb_operation_ends_by_its_own_deadline(slb: SLBEmulator) -> None:
 # ---- the command line -----------------------------------------------------------------------------
 
 # Runs the real CLI in its own process with the SLB emulator in it (the emulator answers the SDK's
-# HTTP requests in-process), every SLB answer delayed by 20 s. Prints a marker when a call arrives.
+# HTTP requests in-process), every SLB answer delayed by 120 s (a hung provider). Prints a marker
+# when a call arrives.
 _RUNNER = textwrap.dedent(
     """
     import sys
@@ -204,7 +205,7 @@ _RUNNER = textwrap.dedent(
 
     slb = SLBEmulator(access_key_id=sys.argv[1], access_key_secret=sys.argv[2]).start()
     slb.add_load_balancer(sys.argv[3])
-    slb.set_latency(20.0)
+    slb.set_latency(120.0)
     slb.before_execute = lambda action: print("SLB-CALL", action, flush=True)
     main(sys.argv[4:], prog_name="resourceconsist")
     """
@@ -281,10 +282,15 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
             message="a reconcile pass waiting on the hung SLB provider",
         )
         process.send_signal(signal.SIGTERM)
+        # The claim: the process does not wait for the provider, which answers only after 120 s.
+        # How soon it stops (within --shutdown-timeout + 2 s on a quiet machine) is a measured
+        # figure (docs/chaos.md, SIGTERM phase); a tight wall-clock bound here would test the
+        # machine's load, so the wait leaves slack far below the provider's 120 s.
+        limit = shutdown_timeout + 15
         try:
-            code = await asyncio.to_thread(process.wait, shutdown_timeout + 2)
+            code = await asyncio.to_thread(process.wait, limit)
         except subprocess.TimeoutExpired:
-            pytest.fail(f"still running {shutdown_timeout + 2:g}s after SIGTERM:\n" + "".join(lines))
+            pytest.fail(f"still running {limit:g}s after SIGTERM:\n" + "".join(lines))
         assert code == 0, "".join(lines)
     finally:
         if process.poll() is None:
