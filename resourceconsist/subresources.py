@@ -22,7 +22,7 @@ from resourceconsist.adapter import ReconcileAdapter, SubResourceOptions
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.orphans import BUSY
-from resourceconsist.reconcile import call_adapter
+from resourceconsist.reconcile import ReconcileError, call_adapter
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller
@@ -34,6 +34,9 @@ OWNER_CONTROLLER_LABEL: Final = "resource-consist.kusionstack.io/owner-controlle
 OWNER_UID_LABEL: Final = "resource-consist.kusionstack.io/owner-uid"
 #: ``namespace/name`` of the owner employer (a label value could not hold every key).
 OWNER_ANNOTATION: Final = "resource-consist.kusionstack.io/owner"
+
+#: The reason of the Warning event on an employer whose sub-resources could not be written.
+SYNC_FAILED_REASON: Final = "SyncSubResourcesFailed"
 
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
@@ -63,13 +66,20 @@ async def sync_sub_resources(controller: Controller, key: str) -> int:
     if employer is None or lifecycle.is_deleting(employer):
         return 0  # namespaced ones go with it (owner references), cluster-scoped ones are collected
     ctx = controller.reconciler.context(key)
-    desired: list[KubeObject] = list(await call_adapter(adapter.sub_resources, ctx, employer))
     written = 0
-    for obj in desired:
-        if await asyncio.to_thread(
-            ensure, controller.client, controller.name, controller.spec.employer, employer, obj
-        ):
-            written += 1
+    try:
+        desired: list[KubeObject] = list(await call_adapter(adapter.sub_resources, ctx, employer))
+        for obj in desired:
+            if await asyncio.to_thread(
+                ensure, controller.client, controller.name, controller.spec.employer, employer, obj
+            ):
+                written += 1
+    except Exception as err:
+        message = f"sync sub-resources failed: {err}"
+        log.warning("%s %s: %s", controller.name, key, message)
+        await controller.reconciler.recorder.event(employer, "Warning", SYNC_FAILED_REASON, message)
+        # Retried with the controller's backoff, like any failed pass.
+        raise ReconcileError(None, message) from err
     return written
 
 

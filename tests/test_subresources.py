@@ -21,7 +21,13 @@ from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.manager import Manager
 from resourceconsist.orphans import GarbageConfig
-from resourceconsist.subresources import OWNER_ANNOTATION, OWNER_CONTROLLER_LABEL, OWNER_UID_LABEL, ensure
+from resourceconsist.subresources import (
+    OWNER_ANNOTATION,
+    OWNER_CONTROLLER_LABEL,
+    OWNER_UID_LABEL,
+    SYNC_FAILED_REASON,
+    ensure,
+)
 from resourceconsist.testing import Cluster, LocalCluster, async_wait_for
 
 PDB = Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
@@ -180,3 +186,31 @@ async def test_a_cluster_scoped_stray_left_while_down_is_collected_at_start(clus
     assert await _role_of(cluster, _role(cluster.namespace, "ghost")) is None
     assert await _role_of(cluster, _role(cluster.namespace, "alive")) is not None
     assert await _role_of(cluster, foreign) is not None
+
+
+class MisplacedDemo(DemoAdapter):
+    """Declares a ConfigMap in another namespace than its Service's."""
+
+    def sub_resources(self, ctx: ReconcileContext, employer: KubeObject) -> list[KubeObject]:
+        return [
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "m", "namespace": "elsewhere"}}
+        ]
+
+    def sub_resource_kinds(self) -> list[tuple[str, str]]:
+        return []
+
+
+async def test_a_sub_resource_in_another_namespace_is_refused_with_a_warning(cluster: Cluster) -> None:
+    await cluster.service("web")
+    manager = Manager(cluster.client, namespace=cluster.namespace, garbage=GarbageConfig(enabled=False))
+    await manager.add(MisplacedDemo())
+    await manager.start()
+    try:
+
+        async def warned() -> list[str]:
+            return [m for t, reason, m in await cluster.events("web") if reason == SYNC_FAILED_REASON]
+
+        (message, *_) = await _wait(warned, "a Warning event on the Service")
+        assert "must live in its employer's namespace" in message and "drop metadata.namespace" in message
+    finally:
+        await manager.stop(timeout=5)
