@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.kube import KubeClient, KubeObject
@@ -66,6 +67,7 @@ from resourceconsist.webhook.bootstrap import (
     BootstrapResult,
     aensure_webhook_certificates,
 )
+from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats, Listener, listening_sockets
 from resourceconsist.webhook.tls import CertificateReloader
 
 log = logging.getLogger("resourceconsist.webhook")
@@ -169,6 +171,8 @@ class WebhookServer:
         bootstrap: BootstrapSettings | None = None,
         own_informers: bool = False,
         observer: Observer | None = None,
+        limits: ConnectionLimits | None = None,
+        backlog: int = 1024,
     ) -> None:
         if cert_file is None or key_file is None:
             if bootstrap is None:
@@ -186,10 +190,13 @@ class WebhookServer:
         self.shutdown_timeout = shutdown_timeout
         self.bootstrap = bootstrap
         self.observer = observer
+        self.limits = limits if limits is not None else ConnectionLimits()
+        self.backlog = backlog
         self.last_bootstrap: BootstrapResult | None = None
         self.bad_requests = 0
         self._tls = CertificateReloader(cert_file, key_file, interval=cert_reload_interval)
         self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._bootstrap_task: asyncio.Task[None] | None = None
         for adapter in adapters:
             self.add_adapter(adapter)
@@ -238,12 +245,33 @@ class WebhookServer:
     def running(self) -> bool:
         return self._runner is not None
 
+    @property
+    def connections(self) -> ConnectionStats:
+        """What the listener did so far (accepted, timed out, open)."""
+        if self._listener is None:
+            return ConnectionStats()
+        return self._listener.stats
+
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._track_phase])
         app.router.add_post(PATH_PREFIX + "{name}", self._admit)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         return app
+
+    @web.middleware
+    async def _track_phase(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # The headers are in once a handler runs: the connection's header deadline ends here,
+        # and its idle deadline starts when the answer is given (webhook/listener.py).
+        listener = self._listener
+        guard = listener.guards.get(request.protocol) if listener is not None else None
+        if guard is not None:
+            guard.request_started()
+        try:
+            return await handler(request)
+        finally:
+            if guard is not None:
+                guard.request_finished()
 
     async def start(self) -> None:
         """Bootstrap certificates (if configured), load the certificate, start listening."""
@@ -255,19 +283,31 @@ class WebhookServer:
         self._tls.start()  # follow the files from now on
         if self._own_informers:
             self._informers.start(asyncio.get_running_loop())
-        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=self.shutdown_timeout)
+        runner = web.AppRunner(
+            self._app(),
+            access_log=None,
+            shutdown_timeout=self.shutdown_timeout,
+            keepalive_timeout=self.limits.idle_timeout,
+        )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port, ssl_context=self._tls.listener_context)
-            await site.start()
+            server = runner.server
+            assert server is not None  # set by setup()
+            listener = Listener(
+                listening_sockets(self.host, self.port, self.backlog),
+                server,
+                self._tls.listener_context,
+                self.limits,
+            )
         except BaseException:
             await runner.cleanup()
             await self._tls.stop()
             if self._own_informers:
                 await asyncio.to_thread(self._informers.stop)
             raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        listener.start()
+        self._runner, self._listener = runner, listener
+        self.port = listener.port
         if self.bootstrap is not None and self.bootstrap.interval:
             self._bootstrap_task = asyncio.get_running_loop().create_task(
                 self._bootstrap_loop(self.bootstrap.interval), name="webhook-cert-bootstrap"
@@ -281,6 +321,9 @@ class WebhookServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -386,9 +429,25 @@ class WebhookServer:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
         try:
-            body = await request.read()
+            async with asyncio.timeout(self.limits.body_timeout):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
+        except TimeoutError:
+            self.connections.body_timeouts += 1
+            log.info(
+                "webhook %s: closing the connection from %s: no complete body within %.0fs",
+                request.path,
+                request.remote,
+                self.limits.body_timeout,
+            )
+            return _abort(request)
+        except ConnectionError:
+            # The client went away mid-body: its business, not a server error.
+            log.info(
+                "webhook %s: the client %s disconnected while sending the body", request.path, request.remote
+            )
+            return _abort(request)
         try:
             review = parse_review(body)
         except BadReview as err:
@@ -541,6 +600,13 @@ class _AdapterTimeout(RuntimeError):
 def _error_text(err: BaseException) -> str:
     shown = err.__cause__ if isinstance(err, _AdapterTimeout) and err.__cause__ else err
     return f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__
+
+
+def _abort(request: web.Request) -> web.Response:
+    """Drop the connection of a request whose body will not arrive; the answer is never sent."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=HTTPStatus.REQUEST_TIMEOUT)
 
 
 def _compact(obj: Any) -> str:
