@@ -22,6 +22,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_frame.py
+	$(BIN)/python bench/bench_webhook.py
 
 lint: setup
 	$(BIN)/ruff check .

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -66,6 +67,7 @@ from resourceconsist.webhook.bootstrap import (
     TLS_KEY_FILE,
     BootstrapResult,
     aensure_webhook_certificates,
+    register_url_webhooks,
 )
 from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats, Listener, listening_sockets
 from resourceconsist.webhook.tls import CertificateReloader
@@ -118,6 +120,9 @@ class BootstrapSettings:
     namespace: str | None = None
     extra_hosts: tuple[str, ...] = ()
     interval: float | None = 600.0
+    #: Register a URL-based MutatingWebhookConfiguration pointing here (``https://host:port``),
+    #: for a server outside the cluster (docs/webhook.md); its host must be in ``extra_hosts``.
+    webhook_url: str | None = None
 
 
 Observer = Callable[[AdmissionDecision], None]
@@ -287,7 +292,8 @@ class WebhookServer:
             self._app(),
             access_log=None,
             shutdown_timeout=self.shutdown_timeout,
-            keepalive_timeout=self.limits.idle_timeout,
+            # aiohttp's own idle timer is only a backstop: the listener's fires first and counts.
+            keepalive_timeout=self.limits.idle_timeout + 1.0,
         )
         await runner.setup()
         try:
@@ -351,6 +357,14 @@ class WebhookServer:
             namespace=settings.namespace,
             extra_hosts=settings.extra_hosts,
         )
+        if settings.webhook_url is not None:
+            await asyncio.to_thread(
+                register_url_webhooks,
+                settings.client,
+                settings.webhook_url,
+                sorted(self._adapters),
+                self.last_bootstrap.certificates.ca_bundle,
+            )
         return self.last_bootstrap
 
     async def _bootstrap_loop(self, interval: float) -> None:
@@ -629,6 +643,8 @@ async def serve(
     cert_reload_interval: float = 2.0,
     bootstrap_interval: float | None = 600.0,
     observer: Observer | None = None,
+    webhook_url: str | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> WebhookServer:
     """Start the webhook on the running event loop and return the started server.
 
@@ -638,16 +654,28 @@ async def serve(
     must already hold ``tls.crt`` and ``tls.key`` (e.g. from cert-manager). Either way the files
     are reloaded when they change. Pass the manager's ``informers`` to share its caches;
     otherwise the server runs its own. Call ``await server.stop()`` to shut it down.
+
+    ``webhook_url`` (with ``bootstrap``) registers the adapters in a URL-based
+    MutatingWebhookConfiguration pointing at that address, and adds its host to the
+    certificate: the way to run the webhook outside the cluster (docs/webhook.md).
     """
     directory = Path(cert_dir)
+    hosts = tuple(extra_hosts)
+    if webhook_url is not None:
+        if not bootstrap:
+            raise ValueError("webhook_url needs bootstrap: the configuration carries the bootstrapped CA")
+        url_host = urlsplit(webhook_url).hostname
+        if url_host:
+            hosts = (*hosts, url_host)
     settings = (
         BootstrapSettings(
             client,
             directory,
             service_name=service_name,
             namespace=namespace,
-            extra_hosts=tuple(extra_hosts),
+            extra_hosts=hosts,
             interval=bootstrap_interval,
+            webhook_url=webhook_url,
         )
         if bootstrap
         else None
@@ -664,6 +692,7 @@ async def serve(
         cert_reload_interval=cert_reload_interval,
         bootstrap=settings,
         observer=observer,
+        limits=limits,
     )
     await server.start()
     return server
