@@ -48,8 +48,8 @@ log = logging.getLogger("resourceconsist.webhook")
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
-#: Closed TLS connections that make a heap trim worth it, and the pause before it (a burst is
-#: over when no more arrive for that long, or the trim runs at most that often).
+#: Closed TLS connections that make a heap trim worth it, and how long after the one that
+#: reaches that count the trim runs (so it runs at most once a second, late in a burst).
 _TRIM_AFTER_CLOSED: Final = 32
 _TRIM_DELAY: Final = 1.0
 
@@ -299,6 +299,7 @@ class Listener:
         self._opening: set[asyncio.Task[None]] = set()
         self._closed_since_trim = 0
         self._trim: asyncio.TimerHandle | None = None
+        self._stopped = False
 
     @property
     def port(self) -> int:
@@ -314,6 +315,7 @@ class Listener:
     async def stop(self) -> None:
         """Stop accepting and drop connections still before TLS; open TLS connections are the
         HTTP server's to shut down."""
+        self._stopped = True
         tasks = [*self._accepting, *self._opening]
         for task in tasks:
             task.cancel()
@@ -331,7 +333,7 @@ class Listener:
         """A connection is gone; ``tls`` when it had TLS state (a handshake was attempted)."""
         self.stats.open -= 1
         self._slots.release()
-        if tls and _MALLOC_TRIM is not None:
+        if tls and _MALLOC_TRIM is not None and not self._stopped:
             self._closed_since_trim += 1
             if self._closed_since_trim >= _TRIM_AFTER_CLOSED and self._trim is None:
                 self._trim = asyncio.get_running_loop().call_later(_TRIM_DELAY, self._trim_heap)
