@@ -15,8 +15,13 @@ answers ``admission.k8s.io/v1`` AdmissionReviews:
   ``adapter_timeout`` and by the API server's own ``?timeout=`` for the call, whichever is
   shorter, so the server answers before the API server gives up.
 
+Connections come through ``listener.Listener``: TLS starts on the client's first byte, and the
+handshake, the request headers, the body and idle keep-alive each have a deadline, with a cap on
+open connections (``ConnectionLimits``; docs/webhook.md, "Connections and memory").
+
 It runs on the caller's event loop (the manager's), alongside controllers; ``serve`` is the
-entry point that bootstraps certificates first. ``/healthz`` answers while the loop serves;
+entry point that bootstraps certificates first (and, with ``webhook_url``, registers a
+URL-based configuration for a server outside the cluster). ``/healthz`` answers while the loop serves;
 ``/readyz`` once a certificate is loaded and the adapters' caches are synced.
 """
 
