@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import platform
 import socket
 import ssl
 from collections.abc import AsyncIterator
@@ -266,3 +267,16 @@ async def test_a_valid_admission_over_a_kept_alive_connection(webhook: tuple[Web
         assert b'"allowed":true' in body and b'"patch"' in body
     writer.close()
     assert server.connections.accepted == 1
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_trim exists in glibc only")
+async def test_after_a_burst_of_tls_connections_the_heap_is_handed_back(
+    webhook: tuple[WebhookServer, Tls],
+) -> None:
+    server, tls = webhook
+    for _ in range(40):
+        _, writer = await _tls(server, tls)
+        writer.close()
+    await async_wait_for(
+        lambda: server.connections.heap_trims >= 1, timeout=SLACK, message="a heap trim after 40 TLS closes"
+    )
