@@ -112,6 +112,7 @@ class Controller:
         )
         gauge = self.metrics.unguarded_routing_pods.labels(self.name)
         self.reconciler.report_unguarded = gauge.set
+        self.reconciler.api_down = lambda: client.reachability.down
         self.subscribers = SubscriberBus(
             self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
         )
