@@ -9,7 +9,6 @@ counted per verb so tests and metrics can prove steady state makes no writes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -439,14 +438,6 @@ class KubeClient:
             "PATCH",
             res.path(namespace, name),
         )
-
-    # -- awaitable twins ----------------------------------------------------------------------
-
-    async def aget_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
-        return await asyncio.to_thread(self.get_or_none, res, namespace, name)
-
-    async def acreate(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> KubeObject:
-        return await asyncio.to_thread(self.create, res, namespace, body)
 
 
 class WatchStream:

@@ -30,7 +30,7 @@ from resourceconsist.adapters.alibabacloudslb import (
     SLBAdapter,
     vserver_group_name,
 )
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     MUTATING_ACTIONS,
     BackendServer,
@@ -38,6 +38,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
 )
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
+from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tAdapterKeyId7Q2"
 SECRET = "Adapter/Secret+Value=9Zq"
@@ -90,7 +91,7 @@ def adapter(slb: SLBEmulator) -> Iterator[SLBAdapter]:
 async def _slb_service(cluster: Cluster, lb: str, *, manage: bool, **annotations: str) -> None:
     if manage:
         annotations[MODE_ANNOTATION] = "manage"
-    await cluster.service("web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations=dict(annotations))
+    await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations=dict(annotations))
 
 
 async def _ready_pods(cluster: Cluster, names: list[str], *, eni: bool = True) -> None:

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, TypeVar
 
-from resourceconsist import handler, kube, lifecycle, wire
+from resourceconsist import handler, kube, lifecycle
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
@@ -55,7 +55,7 @@ from resourceconsist.kube import KubeObject, Resource, object_key
 
 from . import config
 from .backoff import RequeueBackoff
-from .config import Mode, SLBConfigError
+from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError
 from .items import (
     Attached,
     Desired,
@@ -469,7 +469,7 @@ class SLBAdapter(ReconcileAdapter):
             state.lb_id = config.load_balancer_id(employer)
             if not state.lb_id and not state.deleting:
                 raise SLBConfigError(
-                    f"Service {key} has no {wire.SLB_LOAD_BALANCER_ID_LABEL} label naming its load balancer"
+                    f"Service {key} has no {LOAD_BALANCER_ID_LABEL} label naming its load balancer"
                 )
             if state.mode is Mode.MANAGE:
                 state.group_name = config.vserver_group_name(employer)
@@ -495,7 +495,7 @@ class SLBAdapter(ReconcileAdapter):
                 "%s %s: deleting Service without %s: treating its pods as out of the load balancer",
                 self.name,
                 state.ctx.employer_key,
-                wire.SLB_LOAD_BALANCER_ID_LABEL,
+                LOAD_BALANCER_ID_LABEL,
             )
             return set()
         try:
@@ -531,7 +531,7 @@ class SLBAdapter(ReconcileAdapter):
                 "%s %s: deleting Service without %s: its VServer group %s, if any, is left in place",
                 self.name,
                 state.ctx.employer_key,
-                wire.SLB_LOAD_BALANCER_ID_LABEL,
+                LOAD_BALANCER_ID_LABEL,
                 state.group_name,
             )
             return
