@@ -27,7 +27,7 @@ through the frame's ``employer_requeue_interval(ctx, employer)``.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import re
 import time
@@ -50,6 +50,7 @@ from resourceconsist.adapter import (
     pod_employee_statuses,
 )
 from resourceconsist.cache import CacheReader, WatchEvent
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject, Resource, object_key
 
@@ -314,7 +315,7 @@ class SLBAdapter(ReconcileAdapter):
                     f"refusing to create VServer group {item.id!r}: not this Service's group"
                 )
             try:
-                group_id = await asyncio.to_thread(self.client.create_vserver_group, state.lb_id, item.id)
+                group_id = await call_adapter(self.client.create_vserver_group, state.lb_id, item.id)
             except SLBError as err:
                 if not err.transient:
                     raise
@@ -354,10 +355,12 @@ class SLBAdapter(ReconcileAdapter):
                     f"refusing to delete VServer group {item.id!r}: not this Service's group"
                 )
             try:
-                await asyncio.to_thread(
-                    self.client.delete_vserver_group,
-                    status.vserver_group_id,
-                    load_balancer_id=status.load_balancer_id,
+                await call_adapter(
+                    functools.partial(
+                        self.client.delete_vserver_group,
+                        status.vserver_group_id,
+                        load_balancer_id=status.load_balancer_id,
+                    )
                 )
             except SLBNotFound:
                 pass  # already gone
@@ -499,7 +502,7 @@ class SLBAdapter(ReconcileAdapter):
             )
             return set()
         try:
-            health = await asyncio.to_thread(self.client.describe_health_status, state.lb_id)
+            health = await call_adapter(self.client.describe_health_status, state.lb_id)
         except SLBNotFound:
             if state.deleting:
                 return set()  # the load balancer itself is gone: nothing routes to the pods
@@ -536,7 +539,7 @@ class SLBAdapter(ReconcileAdapter):
             )
             return
         try:
-            groups = await asyncio.to_thread(self.client.describe_vserver_groups, state.lb_id)
+            groups = await call_adapter(self.client.describe_vserver_groups, state.lb_id)
         except SLBNotFound:
             if state.deleting:
                 return
@@ -560,7 +563,7 @@ class SLBAdapter(ReconcileAdapter):
         if state.group is None:
             return []
         try:
-            members = await asyncio.to_thread(self.client.describe_vserver_group_backends, state.group.id)
+            members = await call_adapter(self.client.describe_vserver_group_backends, state.group.id)
         except SLBNotFound:
             state.group = None
             return []
@@ -730,8 +733,10 @@ class SLBAdapter(ReconcileAdapter):
                 if not ops or group is None:
                     continue
                 try:
-                    await asyncio.to_thread(
-                        call, group.id, [server for _, server in ops], load_balancer_id=state.lb_id
+                    await call_adapter(
+                        functools.partial(
+                            call, group.id, [server for _, server in ops], load_balancer_id=state.lb_id
+                        )
                     )
                 except SLBError as err:
                     if not err.transient:
