@@ -185,8 +185,13 @@ async def test_observe_mode_finalizers_follow_what_ccm_put_in_the_load_balancer(
             backends=[_eni(cluster, p) for p in pods],
         )
         await async_wait_for(lambda: _guarded(cluster, pods), timeout=45, message="finalizers after CCM")
-        svc = await cluster.get(kube.SERVICE, "web")
-        assert annotation(svc, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION) == "web-0,web-1,web-2"
+
+        async def recorded() -> bool:
+            # Written right after the pods, in the same pass.
+            svc = await cluster.get(kube.SERVICE, "web")
+            return annotation(svc, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION) == "web-0,web-1,web-2"
+
+        await async_wait_for(recorded, timeout=10, message="the Service records the guarded pods")
         await async_wait_for(
             lambda: key not in adapter.backoff.waiting(), timeout=10, message="backoff reset"
         )
