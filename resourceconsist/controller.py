@@ -19,6 +19,7 @@ from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
     Predicate,
+    RateLimiter,
     ReconcileAdapter,
     ReconcileOptions,
     ReconcileWatchOptions,
@@ -32,7 +33,7 @@ from resourceconsist.orphans import GarbageCollector, GarbageConfig
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
-from resourceconsist.workqueue import RateLimiter, WorkQueue, default_controller_rate_limiter
+from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,8 @@ from typing import TYPE_CHECKING
 
 from resourceconsist import kube
 from resourceconsist.adapter import OrphanCollectOptions, OwnedItem, ReconcileContext
-from resourceconsist.cancellation import Cancellation, running_pass
+from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
 from resourceconsist.kube import KubeObject
-from resourceconsist.reconcile import call_adapter
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller

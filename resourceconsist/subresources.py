@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter, SubResourceOptions
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.orphans import BUSY
-from resourceconsist.reconcile import ReconcileError, call_adapter
+from resourceconsist.reconcile import ReconcileError
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller

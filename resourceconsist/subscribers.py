@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from resourceconsist.adapter import MaybeAwaitable
+from resourceconsist.cancellation import call_adapter
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +139,6 @@ class SubscriberBus:
         await asyncio.gather(task, return_exceptions=True)
 
     async def _deliver(self) -> None:
-        # Imported here: reconcile imports this module's users, not the other way round.
-        from resourceconsist.reconcile import call_adapter
-
         while True:
             event = await self._queue.get()
             try:
