@@ -14,8 +14,12 @@ from typing import Any
 import pytest
 
 from resourceconsist import kube, lifecycle, wire
-from resourceconsist.adapters.alibabacloudslb import MODE_ANNOTATION, SERVER_ID_ANNOTATION, SLBAdapter
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb import (
+    LOAD_BALANCER_ID_LABEL,
+    MODE_ANNOTATION,
+    SERVER_ID_ANNOTATION,
+    SLBAdapter,
+)
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, VServerGroup
 from resourceconsist.controller import Controller
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
@@ -23,6 +27,7 @@ from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
 from resourceconsist.orphans import COLLECTED_REASON, GarbageConfig, GarbageReport
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.testing.slb_emulator import SLBEmulator
 
 GROUP = "resourceconsist/{ns}/web"
 FLZ = lifecycle.lifecycle_finalizer("web")
@@ -71,9 +76,7 @@ async def _served_web(
     cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, adapter: SLBAdapter, lb: str
 ) -> VServerGroup:
     """Service web (manage mode) with ready pod web-0, served by its group; the manager stopped."""
-    await cluster.service(
-        "web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
-    )
+    await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"})
     await cluster.pod(
         "web-0", {"app": "web"}, readiness_gate=True, annotations={SERVER_ID_ANNOTATION: "eni-a"}
     )
@@ -153,9 +156,7 @@ async def test_a_recreated_service_of_the_same_name_keeps_its_group(
     adapter = SLBAdapter(slb_client, load_balancers=[lb])
     group = await _served_web(cluster, run_manager, slb, adapter, lb)
     await _delete_stripped(cluster)
-    await cluster.service(
-        "web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
-    )
+    await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"})
     async with run_manager(adapter, garbage=START_ONLY) as manager:
         report = await _report(_controller(manager))
         assert report.orphans == {} and report.collected == []
