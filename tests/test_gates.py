@@ -34,6 +34,8 @@ from resourceconsist.webhook.admission import spec_mutation
 from resourceconsist.webhook.server import WebhookServer
 from resourceconsist.wire import GateReason
 
+from .test_tutorial import tutorial_namespace
+
 #: Kubernetes' qualified name: an optional DNS-subdomain prefix, ``/``, a name of <= 63 characters.
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -567,3 +569,23 @@ async def test_gates_work_without_pod_ops_lifecycle(lc: Cluster) -> None:
         for pod in pods:
             assert (lifecycle.pod_condition(pod, gate) or {}).get("reason") == GateReason.SERVING
             assert not pod["metadata"].get("finalizers")
+
+
+async def test_the_tutorial_adapter_serves_gated_pods_and_their_rollout_completes(
+    lc: Cluster, tmp_path: Path
+) -> None:
+    tutorial = tutorial_namespace()
+    backends = tutorial["BackendsDir"](tmp_path / "backends")
+    gate = lifecycle.readiness_gate("web")
+    await lc.service("web", {"app": "web"})
+    await lc.deployment("web", 2, readiness_gates=(gate,))
+    async with _manager(lc, tutorial["FileAdapter"](backends)):
+        # Ready waits on the gate, the gate on the file: only weight before Ready ends the rollout.
+        await lc.wait_rollout("web", timeout=60)
+        pods = await lc.pods({"app": "web"})
+        content = backends.read(lc.namespace, "web")
+        assert {n: line["weight"] for n, line in content["pods"].items()} == {
+            p["metadata"]["name"]: 100 for p in pods
+        }
+        for pod in pods:
+            assert (lifecycle.pod_condition(pod, gate) or {}).get("reason") == GateReason.SERVING
