@@ -22,15 +22,20 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_frame.py
+	$(BIN)/python bench/bench_webhook.py
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,
 # so not in CI. `make chaos CHAOS_ARGS=--quick` for a short run.
 chaos: setup
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
+# ruff, then the import contracts of .importlinter (the layers, docs/concepts.md "Layers"),
+# checked on the package as it installs (the view package-view.sh makes).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	hack/package-view.sh build/importview
+	cd build/importview && PYTHONPATH=. $(abspath $(BIN))/lint-imports --config $(CURDIR)/.importlinter
 
 # mypy --strict over the package, then over the example adapter package (examples/) against the
 # package as it installs (the view typecheck.sh made).

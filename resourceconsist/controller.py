@@ -19,6 +19,7 @@ from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
     Predicate,
+    RateLimiter,
     ReconcileAdapter,
     ReconcileOptions,
     ReconcileWatchOptions,
@@ -29,7 +30,7 @@ from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
-from resourceconsist.workqueue import RateLimiter, WorkQueue, default_controller_rate_limiter
+from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +109,7 @@ class Controller:
         )
         gauge = self.metrics.unguarded_routing_pods.labels(self.name)
         self.reconciler.report_unguarded = gauge.set
+        self.reconciler.api_down = lambda: client.reachability.down
         self._workers: list[asyncio.Task[None]] = []
         #: The cancellations of the passes running now; ``stop`` cancels them.
         self._in_flight: set[Cancellation] = set()

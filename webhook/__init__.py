@@ -9,7 +9,8 @@ pod is never service-available before every load balancer that should carry it h
 - ``admission``: AdmissionReview v1 parsing and the pod mutation (through ``lifecycle``);
 - ``server``: the HTTPS server (``WebhookServer``) and the ``serve`` entry point;
 - ``bootstrap``: the self-signed CA, serving certificate, Secret and caBundle;
-- ``tls``: the TLS context that follows certificate files on disk.
+- ``tls``: the TLS context that follows certificate files on disk;
+- ``listener``: accepting connections, TLS on the first byte, deadlines and the connection cap.
 
 Deployment, the path convention and the failure-policy trade-off: ``docs/webhook.md``.
 """
@@ -30,11 +31,11 @@ from resourceconsist.webhook.bootstrap import (
     BootstrapError,
     BootstrapResult,
     WebhookCertificates,
-    aensure_webhook_certificates,
     ensure_webhook_certificates,
     service_hosts,
     webhook_namespace,
 )
+from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats
 from resourceconsist.webhook.server import (
     DEFAULT_ADAPTER_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -57,6 +58,8 @@ __all__ = [
     "BootstrapResult",
     "BootstrapSettings",
     "CertificateReloader",
+    "ConnectionLimits",
+    "ConnectionStats",
     "ControlledServiceAdapter",
     "EmployerRef",
     "InvalidAdapterName",
@@ -64,7 +67,6 @@ __all__ = [
     "WebhookCacheOptions",
     "WebhookCertificates",
     "WebhookServer",
-    "aensure_webhook_certificates",
     "ensure_webhook_certificates",
     "has_label",
     "pod_mutation",
