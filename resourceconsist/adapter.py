@@ -76,6 +76,19 @@ class Employee(BaseModel):
         """
         return True
 
+    def serves(self) -> bool:
+        """Whether the provider, holding (current item) or once it holds (expected item) this
+        item, sends the pod traffic: registered with a weight above 0, and healthy where the
+        provider reports health.
+
+        The frame sets an employer's readiness gate on a pod True only once the provider
+        confirmed an item that ``serves()`` for a lifecycle-ready pod, and False while it does
+        not (docs/zero-downtime.md). The default is ``registered()``; override it when an item
+        can be registered without traffic (weight 0, traffic off, an unhealthy backend), so a
+        pod never turns Ready on a registration that does not serve it.
+        """
+        return self.registered()
+
 
 class PodEmployeeStatuses(BaseModel):
     """Built-in statuses of a pod employee; ``extra_status`` is provider-specific."""
@@ -367,11 +380,15 @@ class SubResourceOptions(Protocol):
 
 @dataclass(frozen=True, order=True)
 class EmployerRef:
-    """One employer of a pod: enough to build its entry in ``expectedFinalizers``."""
+    """One employer of a pod: enough to build its entry in ``expectedFinalizers``, and what the
+    employer asks of the pod's spec: its readiness gate, a ``preStop`` sleep of its drain time
+    (docs/zero-downtime.md). Two refs are equal when they name the same employer."""
 
     kind: str
     namespace: str
     name: str
+    readiness_gate: bool = field(default=False, compare=False)
+    drain_seconds: int | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any], kind: str | None = None) -> EmployerRef:
@@ -392,6 +409,11 @@ class EmployerRef:
     def lifecycle_finalizer(self) -> str:
         """The lifecycle finalizer this employer puts on its pods (the entry's value)."""
         return lifecycle.lifecycle_finalizer(self.name)
+
+    @property
+    def gate(self) -> str:
+        """The readiness-gate condition type of this employer."""
+        return lifecycle.readiness_gate(self.name)
 
 
 EmployersResult = Iterable[EmployerRef] | Awaitable[Iterable[EmployerRef]]
