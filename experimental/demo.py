@@ -24,6 +24,8 @@ from resourceconsist.adapter import (
     Employer,
     Outcome,
     PodEmployeeStatuses,
+    ProviderBackend,
+    ProviderView,
     ReconcileAdapter,
     ReconcileContext,
     pod_employee_statuses,
@@ -261,6 +263,22 @@ class DemoAdapter(ReconcileAdapter):
         assert ctx.writer is not None, "the frame gives every pass a writer"
         with contextlib.suppress(kube.NotFound):  # the Service is gone: nothing to record
             ctx.writer.patch(kube.SERVICE, meta["namespace"], meta["name"], body)
+
+    def describe_provider(self, ctx: ReconcileContext, employer: KubeObject) -> ProviderView:
+        """What the fake provider holds for the Service, for ``resourceconsist explain``: the VIP
+        and each real server, serving when its traffic is on with a weight above 0."""
+        key = _key(employer)
+        vip = self.provider.vips.get(key)
+        servers = self.provider.snapshot().get(key, {})
+        backends = []
+        for pod, rs in sorted(servers.items()):
+            serving = rs.traffic_on and rs.weight > 0
+            state = "serving" if serving else ("traffic off" if not rs.traffic_on else "weight 0")
+            details = {"ip": rs.ip, "traffic_on": rs.traffic_on, "weight": rs.weight}
+            backends.append(
+                ProviderBackend(employee=pod, id=pod, serving=serving, state=state, details=details)
+            )
+        return ProviderView(employer={"vip": vip.vip, "qps": vip.qps} if vip else {}, backends=backends)
 
     # -- employer: the VIP ---------------------------------------------------------------------
 

@@ -78,6 +78,62 @@ def demo(step_timeout: float, pace: float | None) -> None:
     sys.exit(0 if ok else 1)
 
 
+@main.group()
+def explain() -> None:
+    """Why a pod is not Ready or cannot be deleted, why an employer has not converged (docs/explain.md)."""
+
+
+def _explain_options(fn: F) -> F:
+    options = [
+        click.option(
+            "--adapter",
+            "adapter_names",
+            multiple=True,
+            help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
+        ),
+        click.option(
+            "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
+        ),
+        click.option(
+            "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _explain(
+    kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+) -> None:
+    from resourceconsist.explain import ExplainError, run_explain
+
+    adapters = _build(_all_adapters().controller, adapter_names)
+    try:
+        click.echo(asyncio.run(run_explain(adapters, kind, ref, kubeconfig, output)))
+    except ExplainError as err:
+        raise click.UsageError(str(err)) from err
+
+
+@explain.command("pod")
+@click.argument("ref", metavar="NS/NAME")
+@_explain_options
+def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str) -> None:
+    """Why pod NS/NAME is not Ready, and what holds it from deletion."""
+    _explain(None, ref, adapter_names, kubeconfig, output)
+
+
+@explain.command("employer")
+@click.argument("kind")
+@click.argument("ref", metavar="NS/NAME")
+@_explain_options
+def explain_employer(
+    kind: str, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+) -> None:
+    """Why employer KIND NS/NAME (e.g. Service default/web) has not converged."""
+    _explain(kind, ref, adapter_names, kubeconfig, output)
+
+
 @main.command("adapters")
 def list_adapters() -> None:
     """List the adapters this installation knows (built-in, experimental, third-party)."""
