@@ -11,9 +11,10 @@ table on a terminal (plain tables otherwise), then tears everything down.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -21,14 +22,143 @@ from rich.table import Table
 from rich.text import Text
 
 from resourceconsist import kube, lifecycle
-from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.cache import Store, WatchEvent
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
-from resourceconsist.testing import Cluster, LocalControlPlane, finalizers
+from resourceconsist.testing import Cluster, LocalControlPlane, condition, finalizers
 
 NAMESPACE = "demo"
 SERVICE = "web"
 PODS = ("web-0", "web-1", "web-2")
+
+
+# -- a rollout seen from the load balancer's side (the demo's rollout step, bench/bench_rollout.py) --
+
+
+@dataclass
+class LoggedProvider(FakeProvider):
+    """The demo's fake provider with its own change log: after every real-server change, when it
+    took effect and which pods the employer's VIP then serves."""
+
+    changes: list[tuple[float, str, frozenset[str]]] = field(default_factory=list)
+
+    def put_rs(self, action: str, employer: str, servers: dict[str, RealServer]) -> None:
+        try:
+            super().put_rs(action, employer, servers)
+        finally:
+            self._log(employer)
+
+    def delete_rs(self, employer: str, pods: list[str]) -> None:
+        try:
+            super().delete_rs(employer, pods)
+        finally:
+            self._log(employer)
+
+    def _log(self, employer: str) -> None:
+        with self._lock:
+            self.changes.append((time.monotonic(), employer, frozenset(self.serving(employer))))
+
+
+def _running(pod: kube.KubeObject | None) -> bool:
+    """The pod's containers run and are ready (not stopped, not gone)."""
+    return pod is not None and condition(pod, "ContainersReady") == "True"
+
+
+@dataclass
+class RolloutStats:
+    """A rollout window judged from the provider's side."""
+
+    min_serving: int
+    seconds_below_floor: float
+    #: Pods the VIP served while their containers were stopped (or the pod was gone).
+    on_stopped_pods: set[str]
+    seconds_on_stopped: float
+    samples: int
+
+
+@dataclass
+class RolloutWatch:
+    """Records, at every instant of a rollout, which pods one employer's VIP serves and whether
+    each runs: the provider's change log against the pods' watch events, exactly, and a sample
+    of both every ``interval`` seconds from a thread of its own as a second witness."""
+
+    provider: LoggedProvider
+    employer: str
+    pods: Store
+    interval: float = 0.01
+    pod_log: list[tuple[float, str, bool]] = field(default_factory=list)
+    samples: list[tuple[float, int, frozenset[str]]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def namespace(self) -> str:
+        return self.employer.partition("/")[0]
+
+    def on_pod(self, event: WatchEvent) -> None:
+        """An informer handler: log each pod's running state as it changes."""
+        name = event.obj["metadata"]["name"]
+        self.pod_log.append((time.monotonic(), name, event.type != "DELETED" and _running(event.obj)))
+
+    def running(self, pod: str) -> bool:
+        return _running(self.pods.get(f"{self.namespace}/{pod}"))
+
+    def serving(self) -> set[str]:
+        return self.provider.serving(self.employer)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._sample, name="rollout-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.interval):
+            serving = self.serving()
+            stopped = frozenset(p for p in serving if not self.running(p))
+            self.samples.append((time.monotonic(), len(serving), stopped))
+
+    def stats(self, start: float, end: float, floor: int) -> RolloutStats:
+        """Judge [start, end]: fewest serving backends, time below ``floor``, backends on stopped
+        pods, from the merged timelines (exact) and the samples (the witness)."""
+        changes = [
+            (t, 0, served) for t, employer, served in self.provider.changes if employer == self.employer
+        ]
+        pods = [(t, 1, (name, up)) for t, name, up in self.pod_log]
+        serving: frozenset[str] = frozenset()
+        running: dict[str, bool] = {}
+        least, below, stopped_time = 1 << 30, 0.0, 0.0
+        on_stopped: set[str] = set()
+        timeline: list[tuple[float, int, object]] = sorted([*changes, *pods], key=lambda e: (e[0], e[1]))
+        timeline.append((end, 2, None))
+        last = start
+        for t, kind, what in timeline:
+            if t > start:
+                span = min(t, end) - last
+                if span > 0:
+                    bad = {p for p in serving if not running.get(p, False)}
+                    least = min(least, len(serving))
+                    below += span if len(serving) < floor else 0.0
+                    stopped_time += span if bad else 0.0
+                    on_stopped |= bad
+                last = max(last, min(t, end))
+            if t > end:
+                break
+            if kind == 0:
+                assert isinstance(what, frozenset)
+                serving = what
+            elif kind == 1:
+                assert isinstance(what, tuple)
+                running[what[0]] = what[1]
+        window = [(n, bad) for t, n, bad in self.samples if start <= t <= end]
+        for n, bad in window:
+            least = min(least, n)
+            on_stopped |= bad
+        return RolloutStats(least if least != 1 << 30 else 0, below, on_stopped, stopped_time, len(window))
 
 
 @dataclass
