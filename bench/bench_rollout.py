@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import time
 from typing import Any
 
@@ -31,14 +30,14 @@ from resourceconsist import kube, lifecycle, wire
 from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
-from resourceconsist.showcase import LoggedProvider, RolloutWatch
+from resourceconsist.showcase import LoggedProvider, RolloutWatch, drain_seconds
 from resourceconsist.testing import Cluster, LocalCluster, async_wait_for
 
 SERVICE = "web"
 
 
 async def run(
-    client: KubeClient, namespace: str, gates: bool, replicas: int, latency: float
+    client: KubeClient, namespace: str, gates: bool, replicas: int, latency: float, pre_stop: int
 ) -> dict[str, Any]:
     await asyncio.to_thread(client.create, kube.NAMESPACE, None, {"metadata": {"name": namespace}})
     cluster = Cluster(client, namespace)
@@ -50,7 +49,6 @@ async def run(
     informer = manager.informers.informer(kube.POD)
     watch = RolloutWatch(provider, key, informer.store)
     informer.add_handler(watch.on_pod)
-    drain = math.ceil(latency) + 2
     try:
         annotations = {wire.READINESS_GATE_ANNOTATION: "true"} if gates else {}
         await cluster.service(SERVICE, annotations=annotations)
@@ -58,8 +56,8 @@ async def run(
             SERVICE,
             replicas,
             readiness_gates=(lifecycle.readiness_gate(SERVICE),) if gates else (),
-            pre_stop_seconds=drain if gates else None,
-            termination_grace_seconds=drain + 30,
+            pre_stop_seconds=pre_stop if gates else None,
+            termination_grace_seconds=pre_stop + 30,
         )
 
         async def settled() -> bool:
@@ -81,6 +79,7 @@ async def run(
         return {
             "gates": "on" if gates else "off",
             "min serving": stats.min_serving,
+            "min on running pods": stats.min_useful,
             "s below floor": round(stats.seconds_below_floor, 2),
             "on stopped pods": len(stats.on_stopped_pods),
             "s on stopped": round(stats.seconds_on_stopped, 2),
@@ -97,11 +96,19 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency", type=float, default=2.0, help="seconds each real-server call takes")
     parser.add_argument("--replicas", type=int, default=10)
+    parser.add_argument(
+        "--pre-stop",
+        type=int,
+        default=None,
+        help="gates on: preStop seconds (default: drain_seconds(latency))",
+    )
     parser.add_argument("--only", choices=["off", "on"], default=None, help="run one of the two")
     args = parser.parse_args()
+    pre_stop = drain_seconds(args.latency) if args.pre_stop is None else args.pre_stop
     print(
         f"rollout of {args.replicas} replicas, maxSurge 25%, maxUnavailable 0, provider latency "
-        f"{args.latency:g} s, floor {args.replicas} serving backends"
+        f"{args.latency:g} s, floor {args.replicas} serving backends; gates on: preStop "
+        f"{pre_stop} s"
     )
     rows: list[dict[str, Any]] = []
     with LocalCluster() as lc:
@@ -110,11 +117,8 @@ async def main() -> None:
             for gates in (False, True):
                 if args.only not in (None, "on" if gates else "off"):
                     continue
-                rows.append(
-                    await run(
-                        client, f"rollout-{'on' if gates else 'off'}", gates, args.replicas, args.latency
-                    )
-                )
+                namespace = f"rollout-{'on' if gates else 'off'}"
+                rows.append(await run(client, namespace, gates, args.replicas, args.latency, pre_stop))
         finally:
             client.close()
     columns = list(rows[0])

@@ -66,13 +66,22 @@ def main(log_level: str) -> None:
 @click.option(
     "--pace", type=float, default=None, help="Seconds to show each converged step (default: 2 on a terminal)."
 )
-def demo(step_timeout: float, pace: float | None) -> None:
+@click.option(
+    "--rollout/--no-rollout",
+    default=True,
+    show_default=True,
+    help="Also roll a gated Deployment on an embedded working cluster.",
+)
+@click.option(
+    "--latency", default=1.0, show_default=True, help="Seconds the rollout's provider takes per call."
+)
+def demo(step_timeout: float, pace: float | None, rollout: bool, latency: float) -> None:
     """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
     from resourceconsist.showcase import run_demo
     from resourceconsist.testing import ControlPlaneBinariesMissing
 
     try:
-        ok = asyncio.run(run_demo(step_timeout=step_timeout, pace=pace))
+        ok = asyncio.run(run_demo(step_timeout=step_timeout, pace=pace, rollout=rollout, latency=latency))
     except ControlPlaneBinariesMissing as err:
         raise click.ClickException(str(err)) from err
     sys.exit(0 if ok else 1)
