@@ -13,15 +13,24 @@ import asyncio
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle
+from resourceconsist import kube, lifecycle, wire
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.explain import Explainer, ExplainError, split_ref
-from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.manager import Manager
+from resourceconsist.testing import (
+    Cluster,
+    LocalCluster,
+    LocalControlPlane,
+    async_wait_for,
+    condition,
+    finalizers,
+)
 
 SERVICE = "web"
 
@@ -192,3 +201,59 @@ def test_a_reference_without_a_namespace_is_refused_with_the_form_to_use() -> No
 async def test_an_unknown_employer_kind_is_refused_with_the_forms_to_use(cluster: Cluster) -> None:
     with pytest.raises(ExplainError, match=r"Kind\.version\.group"):
         Explainer(cluster.client).resolve_kind("Nosuch")
+
+
+@pytest.fixture
+def lc(local_cluster: LocalCluster, local_cluster_namespace: str) -> Iterator[Cluster]:
+    client = KubeClient.from_kubeconfig(str(local_cluster.kubeconfig))
+    yield Cluster(client, local_cluster_namespace)
+    client.close()
+
+
+async def test_a_gated_pod_the_provider_does_not_serve_names_its_gate_employer_and_since_when(
+    lc: Cluster,
+) -> None:
+    """On the working local cluster: the provider refuses to register the pod, so the Service's
+    readiness gate stays False and the pod is not Ready although its containers run."""
+    provider = FakeProvider()
+    provider.fail_next("create_rs", times=10_000, message="backend quota exceeded")
+    adapter = DemoAdapter(provider)
+    gate = lifecycle.readiness_gate(SERVICE)
+    manager = Manager(lc.client, namespace=lc.namespace)
+    await manager.add(adapter)
+    await manager.start()
+    try:
+        await lc.service(SERVICE, annotations={wire.READINESS_GATE_ANNOTATION: "true"})
+        await lc.deployment(SERVICE, 1, readiness_gates=(gate,))
+
+        async def gated() -> KubeObject | None:
+            tried = any(kind == "Warning" for kind, _, _ in await lc.events(SERVICE))
+            pods = [p for p in await lc.pods({"app": SERVICE}) if condition(p, "ContainersReady") == "True"]
+            return pods[0] if tried and pods else None
+
+        pod = await async_wait_for(gated, timeout=60, message="a running pod the provider refused")
+        name = pod["metadata"]["name"]
+        answer = await Explainer(lc.client, [adapter]).pod(lc.namespace, name)
+    finally:
+        await manager.stop(timeout=5)
+
+    truth = await lc.get(kube.POD, name)
+    assert truth is not None
+    cond = lifecycle.pod_condition(truth, gate)
+    assert answer.ready == condition(truth, "Ready") == "False"
+    assert answer.containers_ready == "True"
+    assert [g.gate for g in answer.not_ready] == [gate]
+    found = answer.not_ready[0]
+    assert found.employer == f"Service/{lc.namespace}/{SERVICE}"
+    if cond is None:  # the frame has not written the gate: explain says so
+        assert (found.status, found.since) == ("missing", None)
+    else:
+        assert cond.get("status") != "True"
+        assert (found.status, found.reason, found.since) == (
+            cond.get("status"),
+            cond.get("reason", ""),
+            cond.get("lastTransitionTime"),
+        )
+    assert found.provider_consulted
+    assert name not in provider.snapshot().get(f"{lc.namespace}/{SERVICE}", {})
+    assert found.provider is None
