@@ -2,15 +2,19 @@
 
 It mirrors the Go original's demo: each controlled Service gets a VIP on the provider
 (``demo-remote-VIP``, QPS 100) and each selected pod a real server with traffic on and weight
-100 while the pod is lifecycle-ready, off and 0 otherwise. The provider keeps state like a
-real one, records every mutating call, and can be told to fail calls or to report failure for
-a call it carried out, so tests and people can watch the frame converge through faults.
+100 while the pod is lifecycle-ready, off and 0 otherwise (a pod carrying the frame's readiness
+gate is lifecycle-ready once its containers are, so it gets traffic before it can be Ready;
+docs/zero-downtime.md). A deleting pod's real server is removed at once (the drain). The
+provider keeps state like a real one, with an optional latency of its calls, records every
+mutating call, and can be told to fail calls or to report failure for a call it carried out, so
+tests and people can watch the frame converge through faults.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +80,10 @@ class FakeProvider:
     vips: dict[str, VipStatus] = field(default_factory=dict)
     real_servers: dict[str, dict[str, RealServer]] = field(default_factory=dict)
     calls: Counter[str] = field(default_factory=Counter)
+    #: Seconds a real-server call (create, update, delete) takes before its change is in
+    #: effect and the call returns, as a real load balancer takes seconds (2-10 s are
+    #: reported for SLB). Until then the provider routes as before the call.
+    latency: float = 0.0
     _faults: dict[str, _Fault] = field(default_factory=dict)
     _lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -119,6 +127,17 @@ class FakeProvider:
     def snapshot(self) -> dict[str, dict[str, RealServer]]:
         with self._lock:
             return {k: dict(v) for k, v in self.real_servers.items()}
+
+    def serving(self, employer: str) -> set[str]:
+        """The pods the employer's VIP sends traffic to now (traffic on, weight above 0)."""
+        with self._lock:
+            servers = self.real_servers.get(employer, {})
+            return {pod for pod, rs in servers.items() if rs.traffic_on and rs.weight > 0}
+
+    def _take_effect(self) -> None:
+        # Outside the lock: queries answer with the state before the call meanwhile.
+        if self.latency > 0:
+            time.sleep(self.latency)
 
     # -- the provider's API ----------------------------------------------------------------------
 
@@ -171,6 +190,7 @@ class FakeProvider:
 
     def put_rs(self, action: str, employer: str, servers: dict[str, RealServer]) -> None:
         fault = self._call(action)
+        self._take_effect()
         with self._lock:
             group = self.real_servers.setdefault(employer, {})
             if action == "create_rs":
@@ -182,6 +202,7 @@ class FakeProvider:
 
     def delete_rs(self, employer: str, pods: list[str]) -> None:
         fault = self._call("delete_rs")
+        self._take_effect()
         with self._lock:
             group = self.real_servers.get(employer, {})
             for pod in pods:
@@ -199,6 +220,14 @@ class DemoEmployee(Employee):
         if not isinstance(mine, PodEmployeeStatuses) or not isinstance(theirs, PodEmployeeStatuses):
             return super().equal(other)
         return self.id == other.id and mine.ip == theirs.ip and mine.extra_status == theirs.extra_status
+
+    def serves(self) -> bool:
+        """Registered with traffic on and a weight above 0 (a real server at weight 0 is held,
+        not served)."""
+        statuses = self.statuses
+        if isinstance(statuses, PodEmployeeStatuses) and isinstance(statuses.extra_status, TrafficStatus):
+            return statuses.extra_status.traffic_on and statuses.extra_status.traffic_weight > 0
+        return super().serves()
 
 
 def _key(employer: KubeObject) -> str:

@@ -74,6 +74,19 @@ class Employee(BaseModel):
         """
         return True
 
+    def serves(self) -> bool:
+        """Whether the provider, holding (current item) or once it holds (expected item) this
+        item, sends the pod traffic: registered with a weight above 0, and healthy where the
+        provider reports health.
+
+        The frame sets an employer's readiness gate on a pod True only once the provider
+        confirmed an item that ``serves()`` for a lifecycle-ready pod, and False while it does
+        not (docs/zero-downtime.md). The default is ``registered()``; override it when an item
+        can be registered without traffic (weight 0, traffic off, an unhealthy backend), so a
+        pod never turns Ready on a registration that does not serve it.
+        """
+        return self.registered()
+
 
 class PodEmployeeStatuses(BaseModel):
     """Built-in statuses of a pod employee; ``extra_status`` is provider-specific."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -52,6 +53,47 @@ def guard_finalizer(employer_name: str) -> str:
     """The guard finalizer one employer puts on a pod before registering it with the provider:
     the provider may hold a registration of the pod for this employer (docs/concepts.md)."""
     return f"{wire.GUARD_FINALIZER_PREFIX}/{_employer_hash(employer_name)}"
+
+
+#: The name part of a Kubernetes qualified name (``<prefix>/<name>``): at most 63 characters.
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_QUALIFIED_NAME_MAX = 63
+_HASH_LENGTH = 16
+
+
+def readiness_gate(employer_name: str) -> str:
+    """The pod readiness-gate condition type of one employer (docs/zero-downtime.md):
+    ``<READINESS_GATE_DOMAIN>/<employer name>``, a valid qualified name whatever the name.
+
+    A name that is not a valid name part (longer than 63 characters, e.g. a CRD employer's
+    DNS subdomain) becomes its first characters, cleaned, ``-`` and the employer hash the
+    finalizers use, so two long names never share a gate."""
+    if len(employer_name) <= _QUALIFIED_NAME_MAX and _QUALIFIED_NAME.match(employer_name):
+        return f"{wire.READINESS_GATE_DOMAIN}/{employer_name}"
+    room = _QUALIFIED_NAME_MAX - _HASH_LENGTH - 1
+    head = re.sub(r"[^-A-Za-z0-9_.]", "-", employer_name)[:room].strip("-_.")
+    digest = _employer_hash(employer_name)
+    return (
+        f"{wire.READINESS_GATE_DOMAIN}/{head}-{digest}" if head else f"{wire.READINESS_GATE_DOMAIN}/{digest}"
+    )
+
+
+def is_readiness_gate(condition_type: str) -> bool:
+    """Whether a condition type is one of the frame's readiness gates (of any employer)."""
+    return condition_type.startswith(wire.READINESS_GATE_DOMAIN + "/")
+
+
+def readiness_gates(pod: Pod) -> list[str]:
+    """The condition types of a pod's ``spec.readinessGates``."""
+    return [str(g.get("conditionType", "")) for g in (pod.get("spec") or {}).get("readinessGates") or []]
+
+
+def pod_condition(pod: Pod, condition_type: str) -> Mapping[str, Any] | None:
+    """The pod's condition of that type, None when it has none."""
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == condition_type:
+            return condition  # type: ignore[no-any-return]
+    return None
 
 
 def expected_finalizer_key(kind: str, namespace: str, name: str) -> str:
@@ -140,17 +182,25 @@ def is_deleting(obj: Pod) -> bool:
 
 
 def is_lifecycle_ready(pod: Pod) -> bool:
-    """Not deleting, condition Ready True, and ``pod.kusionstack.io/service-ready`` True if present."""
+    """Not deleting, ``pod.kusionstack.io/service-ready`` True if present, and ready: condition
+    ``Ready`` True, or, for a pod carrying one of the frame's readiness gates, ``ContainersReady``
+    True and every *other* readiness gate True.
+
+    ``Ready`` waits on the frame's gates, which wait on the provider serving the pod: a gated pod
+    must be registered, with the weight of a ready pod, before it can be Ready
+    (docs/zero-downtime.md, "The circle")."""
     if is_deleting(pod):
         return False
-    ready = False
-    for condition in pod.get("status", {}).get("conditions") or []:
-        kind, status = condition.get("type"), condition.get("status")
-        if kind == "Ready":
-            ready = status == "True"
-        elif kind == wire.SERVICE_READY_CONDITION and status != "True":
-            return False
-    return ready
+    status: dict[str, str] = {}
+    for condition in (pod.get("status") or {}).get("conditions") or []:
+        status[str(condition.get("type"))] = str(condition.get("status"))
+    if status.get(wire.SERVICE_READY_CONDITION, "True") != "True":
+        return False
+    gates = readiness_gates(pod)
+    if any(is_readiness_gate(g) for g in gates):
+        others = [g for g in gates if not is_readiness_gate(g)]
+        return status.get("ContainersReady") == "True" and all(status.get(g) == "True" for g in others)
+    return status.get("Ready") == "True"
 
 
 def json_pointer_escape(segment: str) -> str:

@@ -12,6 +12,8 @@ Each step is one method of ``Reconciler``:
    ``_plan_after_calls`` then adds the lifecycle finalizer where the provider confirmed it
    serves a ready pod, and releases both only where it confirmed it holds nothing.
    ``_write``                 write each planned pod once, then the employer's record annotations.
+   ``_update_gates``          set this employer's readiness gate on the pods that carry it, from
+   what the provider confirmed (docs/zero-downtime.md).
 6. ``_release_clean_finalizer`` deleting and clean: drop the clean finalizer.
 7. statuses after success, error conditions after failure (in ``reconcile``).
 8. failed items without an error: requeue after the adapter's interval, or a rate-limited retry.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import datetime
 import functools
 import inspect
 import logging
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Final, TypeVar
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
@@ -128,6 +131,15 @@ class _Pass:
     current_by_id: dict[str, Any] = field(default_factory=dict)
     employer_results: CUDResults[Employer] = field(default_factory=CUDResults)
     employee_results: CUDResults[Employee] = field(default_factory=CUDResults)
+    #: Readiness gates: whether the employee sync ran to its end, the names it employs, the
+    #: pods the provider confirmed it serves, those whose outcome is unknown, and when the
+    #: fail-safe wants the employer looked at again.
+    employees_synced: bool = False
+    employed: set[str] = field(default_factory=set)
+    serving: set[str] = field(default_factory=set)
+    unknown: set[str] = field(default_factory=set)
+    gate_recheck: float | None = None
+    gate_failures: dict[str, BaseException] = field(default_factory=dict)
 
 
 class _Verdict(IntEnum):
@@ -252,6 +264,8 @@ class Reconciler:
             self.memos.pop(key, None)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
+            if self.employees_are_pods:
+                await self._release_gates_of_gone_employer(namespace, name)
             return Result()
         follows = self._follows_lifecycle()
         entry: EmployerEntry | None = None
@@ -295,13 +309,35 @@ class Reconciler:
 
     async def _steps(self, p: _Pass) -> Result:
         try:
-            await self._plan_expected_finalizers(p)
-            await self._sync_employer(p)
-            await self._sync_employees(p)
-        finally:
-            # Pod entries planned before a failed step still land: a pod must list the
-            # finalizers it needs even while the provider is failing.
-            await self._write(p)
+            try:
+                await self._plan_expected_finalizers(p)
+                await self._sync_employer(p)
+                await self._sync_employees(p)
+            finally:
+                # Pod entries planned before a failed step still land: a pod must list the
+                # finalizers it needs even while the provider is failing.
+                await self._write(p)
+        except Exception:
+            # The fail-safe of the readiness gates exists for a failing provider: it still runs.
+            await self._update_gates(p)
+            raise
+        await self._update_gates(p)
+        if p.gate_failures:
+            name, err = sorted(p.gate_failures.items())[0]
+            raise await self._fail(
+                p,
+                EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"update readiness gates failed: pod {name}: {err}"
+                + (f" (and {len(p.gate_failures) - 1} more pods)" if len(p.gate_failures) > 1 else ""),
+            )
+        result = await self._finish(p)
+        if p.gate_recheck is not None and (
+            result.requeue_after is None or p.gate_recheck < result.requeue_after
+        ):
+            result.requeue_after = p.gate_recheck
+        return result
+
+    async def _finish(self, p: _Pass) -> Result:
         await self._release_clean_finalizer(p)
         if isinstance(self.adapter, StatusRecordOptions):
             try:
@@ -461,6 +497,14 @@ class Reconciler:
         p.employee_results = results
         if p.follows_lifecycle:
             self._plan_after_calls(p, results)
+        if self.employees_are_pods:
+            verdicts, serves = self._judge(p, results)
+            p.serving = {n for n in serves if verdicts.get(n) is _Verdict.SERVED}
+            p.unknown = {n for n, v in verdicts.items() if v is _Verdict.UNKNOWN}
+            expected: list[list[Employee]] = [results.succ_created, results.fail_created]
+            expected += [results.succ_updated, results.fail_updated, results.unchanged]
+            p.employed = {i.name for items in expected for i in items if i.name}
+            p.employees_synced = True
 
     # -- the guard ----------------------------------------------------------------------------------------
 
@@ -554,30 +598,39 @@ class Reconciler:
             )
         return blocked
 
-    def _plan_after_calls(self, p: _Pass, results: CUDResults[Employee]) -> None:
-        """Plan each pod's guard and lifecycle finalizer from what the provider confirmed."""
+    def _judge(self, p: _Pass, results: CUDResults[Employee]) -> tuple[dict[str, _Verdict], set[str]]:
+        """Each pod's verdict from what the provider confirmed, and the pods a confirmed item
+        ``serves()`` (for the readiness gates)."""
         verdicts: dict[str, _Verdict] = {}
+        serves: set[str] = set()
 
         def judge(name: str, verdict: _Verdict) -> None:
             if name:
                 verdicts[name] = max(verdicts.get(name, _Verdict.IDLE), verdict)
 
-        def confirmed(item: Employee, registered: bool) -> _Verdict:
-            if not registered:
+        def confirmed(item: Employee, held: Employee) -> _Verdict:
+            if not held.registered():
                 return _Verdict.IDLE
             ready = isinstance(item.statuses, PodEmployeeStatuses) and item.statuses.lifecycle_ready
+            if ready and held.serves():
+                serves.add(item.name)
             return _Verdict.SERVED if ready else _Verdict.ROUTING
 
         for item in [*results.succ_created, *results.succ_updated]:
-            judge(item.name, confirmed(item, item.registered()))
+            judge(item.name, confirmed(item, item))
         for item in results.unchanged:
             # The provider's own item says whether it holds a registration.
             held = p.current_by_id.get(item.id)
-            judge(item.name, confirmed(item, (held if held is not None else item).registered()))
+            judge(item.name, confirmed(item, held if held is not None else item))
         for item in results.succ_deleted:
             judge(item.name, _Verdict.IDLE)
         for item in [*results.fail_created, *results.fail_updated, *results.fail_deleted]:
             judge(item.name, _Verdict.UNKNOWN)
+        return verdicts, serves
+
+    def _plan_after_calls(self, p: _Pass, results: CUDResults[Employee]) -> None:
+        """Plan each pod's guard and lifecycle finalizer from what the provider confirmed."""
+        verdicts, _ = self._judge(p, results)
         # Pods carrying our finalizers that the provider holds nothing for: release them,
         # whatever removed their backends (delete_employer, a person, the provider).
         for name in p.carriers:
@@ -644,6 +697,146 @@ class Reconciler:
                 p,
                 EventReason.SYNC_EMPLOYEES_FAILED,
                 f"sync employees failed: ensureLifecycleFinalizer failed, err: pod {name}: {err}",
+            )
+
+    # -- readiness gates (docs/zero-downtime.md) ------------------------------------------------------------
+
+    def _gated_pods(self, namespace: str, gate: str) -> list[tuple[str, KubeObject]]:
+        """(employee name, pod) of the cached pods whose ``spec.readinessGates`` holds ``gate``.
+
+        A scan of the namespace's cached pods (in memory): a pod the employer stopped selecting
+        keeps its gate, and only such a scan finds it."""
+        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+            return [
+                (f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}", pod)
+                for cluster, (_, reader) in sorted(self.clusters.items())
+                for pod in reader.list(kube.POD, namespace)
+                if gate in lifecycle.readiness_gates(pod)
+            ]
+        return [
+            (pod["metadata"]["name"], pod)
+            for pod in self.reader.list(kube.POD, namespace)
+            if gate in lifecycle.readiness_gates(pod)
+        ]
+
+    def _describe_employer(self, employer: KubeObject) -> str:
+        kind = employer.get("kind") or self.employer_resource.kind
+        return f"{kind} {kube.object_key(employer)}"
+
+    async def _employed(self, p: _Pass) -> set[str] | None:
+        """The pods this employer employs: those the adapter expects to hold, and those it
+        selects; None when the pass could not tell."""
+        if not p.employees_synced:
+            return None
+        try:
+            selected = await self._selected_names(p)
+        except Exception as err:
+            log.info("%s %s: readiness gates: selected pods unknown: %s", self.name, p.key, err)
+            return None
+        return p.employed | set(selected)
+
+    async def _update_gates(self, p: _Pass) -> None:
+        """Set this employer's readiness gate on every live pod that carries it: True once the
+        provider confirmed it serves the pod, False while it does not, True when the employer is
+        deleting or no longer employs the pod, and True after the employer's fail-safe timeout
+        (with a Warning Event on the pod). Only changed conditions are written."""
+        if not self.employees_are_pods:
+            return
+        meta = p.employer["metadata"]
+        namespace = str(meta.get("namespace") or "")
+        gate = lifecycle.readiness_gate(meta["name"])
+        pods = [(n, pod) for n, pod in self._gated_pods(namespace, gate) if not lifecycle.is_deleting(pod)]
+        if not pods:
+            return
+        try:
+            timeout = None if p.deleting else gates.gate_timeout(p.employer)
+        except gates.InvalidAnnotation as err:
+            await self.recorder.event(
+                p.employer,
+                "Warning",
+                EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"{err}; the fail-safe is off",
+            )
+            timeout = None
+        employed = await self._employed(p)
+        who = self._describe_employer(p.employer)
+        now = datetime.datetime.now(datetime.UTC)
+        changes: list[tuple[str, KubeObject, gates.GateState]] = []
+        for name, pod in pods:
+            serving: bool | None = None
+            if p.employees_synced and name not in p.unknown:
+                serving = name in p.serving
+            decision = gates.decide(
+                pod,
+                gate,
+                employer=who,
+                employer_deleting=p.deleting,
+                employed=None if employed is None else name in employed,
+                serving=serving,
+                timeout=timeout,
+                now=now,
+            )
+            if decision.recheck_after is not None:
+                # A second more than the time left: the next pass finds the timeout run out.
+                recheck = decision.recheck_after + 1.0
+                p.gate_recheck = recheck if p.gate_recheck is None else min(p.gate_recheck, recheck)
+            if decision.want is not None and not decision.want.matches(lifecycle.pod_condition(pod, gate)):
+                changes.append((name, pod, decision.want))
+        p.gate_failures = await self._write_gates(namespace, gate, changes, now)
+
+    async def _write_gates(
+        self,
+        namespace: str,
+        gate: str,
+        changes: Sequence[tuple[str, KubeObject, gates.GateState]],
+        now: datetime.datetime,
+    ) -> dict[str, BaseException]:
+        """Write each changed gate condition (status subresource); the failures by pod."""
+        limit = asyncio.Semaphore(8)
+        failures: dict[str, BaseException] = {}
+
+        async def one(name: str, pod: KubeObject, want: gates.GateState) -> None:
+            where = self._locate(name)
+            body = gates.condition_patch(pod, gate, want, now)
+            write = functools.partial(where.client.patch, patch_type="strategic", subresource="status")
+            async with limit:
+                try:
+                    await call_adapter(write, kube.POD, namespace, where.name, body)
+                except kube.NotFound:
+                    return  # the pod is gone: nothing left to gate
+                except Exception as err:
+                    failures[name] = err
+                    return
+            log.info("%s: pod %s: readiness gate %s %s (%s)", self.name, name, gate, want.status, want.reason)
+            if want.reason is wire.GateReason.TIMEOUT:
+                await self.recorder.event(
+                    {**pod, "apiVersion": "v1", "kind": "Pod"}, "Warning", want.reason, want.message
+                )
+
+        await asyncio.gather(*(one(n, pod, want) for n, pod, want in changes))
+        return failures
+
+    async def _release_gates_of_gone_employer(self, namespace: str, name: str) -> None:
+        """The employer is gone: its gate goes True on every pod still waiting on it, so no pod
+        stays un-Ready for ever (docs/zero-downtime.md)."""
+        gate = lifecycle.readiness_gate(name)
+        want = gates.GateState(
+            True,
+            wire.GateReason.EMPLOYER_DELETED,
+            f"{self.employer_resource.kind} {namespace}/{name} is deleted",
+        )
+        changes = [
+            (n, pod, want)
+            for n, pod in self._gated_pods(namespace, gate)
+            if not lifecycle.is_deleting(pod)
+            and (lifecycle.pod_condition(pod, gate) or {}).get("status") != "True"
+        ]
+        failures = await self._write_gates(namespace, gate, changes, datetime.datetime.now(datetime.UTC))
+        if failures:
+            pod, err = sorted(failures.items())[0]
+            raise ReconcileError(
+                EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"update readiness gates of deleted {namespace}/{name} failed: pod {pod}: {err}",
             )
 
     def _final_finalizers(self, p: _Pass, name: str) -> list[str]:

@@ -44,6 +44,23 @@ LIFECYCLE_FINALIZER_RECORDED_ANNOTATION: Final = (
 #: Pod readiness gate and condition type of PodOpsLifecycle.
 SERVICE_READY_CONDITION: Final = "pod.kusionstack.io/service-ready"
 
+#: Domain of the pod readiness gates the frame owns: one condition type per employer,
+#: ``<domain>/<employer name>`` (a hashed form for names that do not fit a qualified name),
+#: made by ``lifecycle.readiness_gate`` (docs/zero-downtime.md).
+READINESS_GATE_DOMAIN: Final = "readiness.resource-consist.kusionstack.io"
+#: Namespace label that lets the webhook change the pod specs of the namespace (readiness
+#: gates, preStop hooks); the employers' annotations below say which changes.
+READINESS_GATE_INJECT_LABEL: Final = "resource-consist.kusionstack.io/readiness-gate-inject"
+READINESS_GATE_INJECT_VALUE: Final = "enabled"
+#: Employer annotation, ``"true"``: the webhook gives the pods it selects its readiness gate.
+READINESS_GATE_ANNOTATION: Final = "resource-consist.kusionstack.io/readiness-gate"
+#: Employer annotation: the fail-safe, off when absent. After this long (``"90"``, ``"90s"``,
+#: ``"5m"``) without the provider serving a pod that is otherwise ready, the gate goes True.
+READINESS_GATE_TIMEOUT_ANNOTATION: Final = "resource-consist.kusionstack.io/readiness-gate-timeout"
+#: Employer annotation: seconds the load balancer needs to let a pod go; the webhook gives the
+#: pods it selects a ``preStop`` sleep that long.
+DRAIN_SECONDS_ANNOTATION: Final = "resource-consist.kusionstack.io/drain-seconds"
+
 #: Separator of a multi-cluster employee name: ``<pod name>#<cluster name>``.
 MULTI_CLUSTER_SEPARATOR: Final = "#"
 
@@ -64,6 +81,16 @@ MUTATING_WEBHOOK_CONFIGURATION: Final = "resourceconsist-manager-mutating"
 VALIDATING_WEBHOOK_CONFIGURATION: Final = "resourceconsist-manager-validating"
 
 
+class GateReason(StrEnum):
+    """Reasons of the readiness-gate conditions the frame writes on pods (docs/zero-downtime.md)."""
+
+    SERVING = "ProviderServing"  # True: the provider confirmed it serves the pod
+    NOT_SERVING = "ProviderNotServing"  # False: it does not (yet, or any more)
+    EMPLOYER_DELETED = "EmployerDeleted"  # True: the employer is deleted
+    NOT_SELECTED = "NotSelected"  # True: the employer no longer employs the pod
+    TIMEOUT = "ReadinessGateTimeout"  # True: the fail-safe's timeout ran out (also a Warning Event)
+
+
 class EventReason(StrEnum):
     """Reasons of the Events the frame records on an employer (Warning unless noted)."""
 
@@ -80,3 +107,6 @@ class EventReason(StrEnum):
     CLEAN_EMPLOYER_CLEAN_FINALIZER_SUCCEED = "CleanEmployerCleanFinalizerSucceed"  # Normal
     RECORD_STATUSES_FAILED = "RecordStatusesFailed"
     RECORD_ERROR_CONDITIONS_FAILED = "RecordErrorConditionsFailed"
+    #: Beyond Go: a readiness-gate condition could not be written, or an annotation of the
+    #: zero-downtime options is unreadable (docs/zero-downtime.md).
+    UPDATE_READINESS_GATES_FAILED = "UpdateReadinessGatesFailed"

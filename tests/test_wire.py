@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from resourceconsist import lifecycle, wire
-from resourceconsist.wire import EventReason
+from resourceconsist.wire import EventReason, GateReason
 
 PINNED: dict[str, Any] = {
     "CONTROL_LABEL": "kusionstack.io/control",
@@ -32,6 +32,12 @@ PINNED: dict[str, Any] = {
     ),
     "SERVICE_READY_CONDITION": "pod.kusionstack.io/service-ready",
     "MULTI_CLUSTER_SEPARATOR": "#",
+    "READINESS_GATE_DOMAIN": "readiness.resource-consist.kusionstack.io",
+    "READINESS_GATE_INJECT_LABEL": "resource-consist.kusionstack.io/readiness-gate-inject",
+    "READINESS_GATE_INJECT_VALUE": "enabled",
+    "READINESS_GATE_ANNOTATION": "resource-consist.kusionstack.io/readiness-gate",
+    "READINESS_GATE_TIMEOUT_ANNOTATION": "resource-consist.kusionstack.io/readiness-gate-timeout",
+    "DRAIN_SECONDS_ANNOTATION": "resource-consist.kusionstack.io/drain-seconds",
     "SLB_LOAD_BALANCER_ID_LABEL": "service.k8s.alibaba/loadbalancer-id",
     "SLB_ACCESS_KEY_ENV": "ALIYUN_SLB_AK_KEY",
     "SLB_ACCESS_SECRET_ENV": "ALIYUN_SLB_AK_SECRET",
@@ -58,6 +64,16 @@ EVENT_REASONS: dict[str, str] = {
     "CLEAN_EMPLOYER_CLEAN_FINALIZER_SUCCEED": "CleanEmployerCleanFinalizerSucceed",
     "RECORD_STATUSES_FAILED": "RecordStatusesFailed",
     "RECORD_ERROR_CONDITIONS_FAILED": "RecordErrorConditionsFailed",
+    "UPDATE_READINESS_GATES_FAILED": "UpdateReadinessGatesFailed",
+}
+
+#: Reasons of the readiness-gate conditions on pods (docs/wire-contract.md).
+GATE_REASONS: dict[str, str] = {
+    "SERVING": "ProviderServing",
+    "NOT_SERVING": "ProviderNotServing",
+    "EMPLOYER_DELETED": "EmployerDeleted",
+    "NOT_SELECTED": "NotSelected",
+    "TIMEOUT": "ReadinessGateTimeout",
 }
 
 
@@ -86,7 +102,11 @@ def test_event_reason_is_byte_identical(member: str, value: str) -> None:
 
 def test_event_reasons_are_exactly_the_contract_set() -> None:
     assert {reason.name: reason.value for reason in EventReason} == EVENT_REASONS
-    assert len(set(EVENT_REASONS.values())) == 13
+    assert len(set(EVENT_REASONS.values())) == 14
+
+
+def test_gate_reasons_are_exactly_the_contract_set() -> None:
+    assert {reason.name: reason.value for reason in GateReason} == GATE_REASONS
 
 
 def test_old_clean_finalizer_for_an_employer() -> None:
@@ -109,3 +129,11 @@ def test_multi_cluster_employee_name_format() -> None:
 
 def test_guard_finalizer_is_our_prefix_and_the_lifecycle_hash() -> None:
     assert lifecycle.guard_finalizer("demo-svc") == "guard.resource-consist.kusionstack.io/ccccca6af890783e"
+
+
+def test_readiness_gate_is_our_domain_and_the_name_or_a_hashed_form() -> None:
+    assert lifecycle.readiness_gate("demo-svc") == "readiness.resource-consist.kusionstack.io/demo-svc"
+    long = "a" * 64
+    digest = hashlib.md5(long.encode()).hexdigest()[8:24]
+    assert lifecycle.readiness_gate(long) == f"readiness.resource-consist.kusionstack.io/{'a' * 46}-{digest}"
+    assert lifecycle.readiness_gate("b" * 63) == "readiness.resource-consist.kusionstack.io/" + "b" * 63

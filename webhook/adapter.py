@@ -14,19 +14,28 @@ adapters side by side.
 ``ControlledServiceAdapter`` is the built-in adapter for the common case: the employers are the
 Services in the pod's namespace whose selector selects the pod and that carry
 ``kusionstack.io/control: "true"``, optionally narrowed by a predicate.
+
+An ``EmployerRef`` may also ask for changes of the pod's spec (docs/zero-downtime.md): the
+employer's readiness gate (``readiness_gate``) and a ``preStop`` sleep of the employer's drain
+time (``drain_seconds``). ``ControlledServiceAdapter`` asks for them when the pod's Namespace
+carries the label ``resource-consist.kusionstack.io/readiness-gate-inject: enabled`` and the
+Service the matching annotation.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol, runtime_checkable
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.cache import CacheReader
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject, Resource
+
+log = logging.getLogger("resourceconsist.webhook")
 
 #: Prefix of every adapter's URL path: ``/mutating-<adapter name>``.
 PATH_PREFIX: Final = "/mutating-"
@@ -56,11 +65,15 @@ def webhook_path(name: str) -> str:
 
 @dataclass(frozen=True, order=True)
 class EmployerRef:
-    """One employer of a pod: enough to build its entry in ``expectedFinalizers``."""
+    """One employer of a pod: enough to build its entry in ``expectedFinalizers``, and what the
+    employer asks of the pod's spec: its readiness gate, a ``preStop`` sleep of its drain time.
+    Two refs are equal when they name the same employer."""
 
     kind: str
     namespace: str
     name: str
+    readiness_gate: bool = field(default=False, compare=False)
+    drain_seconds: int | None = field(default=None, compare=False)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any], kind: str | None = None) -> EmployerRef:
@@ -81,6 +94,11 @@ class EmployerRef:
     def lifecycle_finalizer(self) -> str:
         """The lifecycle finalizer this employer puts on its pods (the entry's value)."""
         return lifecycle.lifecycle_finalizer(self.name)
+
+    @property
+    def gate(self) -> str:
+        """The readiness-gate condition type of this employer."""
+        return lifecycle.readiness_gate(self.name)
 
 
 EmployersResult = Iterable[EmployerRef] | Awaitable[Iterable[EmployerRef]]
@@ -135,13 +153,32 @@ def has_label(key: str, value: str | None = None) -> ServicePredicate:
     return predicate
 
 
+def injection_enabled(namespace: KubeObject | None) -> bool:
+    """Whether the Namespace lets the webhook change its pods' specs (readiness gates, preStop)."""
+    labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(wire.READINESS_GATE_INJECT_LABEL) == wire.READINESS_GATE_INJECT_VALUE
+
+
+def spec_options(service: KubeObject) -> tuple[bool, int | None]:
+    """What a Service's annotations ask of the pods it selects: (a readiness gate, drain seconds).
+
+    An unreadable drain time is logged and ignored: a pod is never refused for it."""
+    try:
+        drain = gates.drain_seconds(service)
+    except gates.InvalidAnnotation as err:
+        log.warning("Service %s: %s; no preStop hook is injected", kube.object_key(service), err)
+        drain = None
+    return gates.gates_enabled(service), drain
+
+
 class ControlledServiceAdapter:
     """Employers = the Services that select the pod and carry ``kusionstack.io/control: "true"``.
 
     ``predicate`` narrows them further (e.g. the SLB adapter keeps Services that name a load
     balancer). Services being deleted are skipped: they will not put their lifecycle finalizer
     on a new pod, so an entry for them would only hold the pod back until the controller
-    removed it again.
+    removed it again. In a Namespace labelled for injection, each Service's annotations say
+    whether its readiness gate and a ``preStop`` sleep go into the pod (docs/zero-downtime.md).
     """
 
     def __init__(self, name: str, *, predicate: ServicePredicate | None = None) -> None:
@@ -153,10 +190,12 @@ class ControlledServiceAdapter:
         return self._name
 
     def get_cached_resources(self) -> Sequence[Resource]:
-        return (kube.SERVICE,)
+        return (kube.SERVICE, kube.NAMESPACE)
 
     def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> list[EmployerRef]:
         employers: list[EmployerRef] = []
+        namespace = str(employee.get("metadata", {}).get("namespace") or "")
+        inject = injection_enabled(reader.get(kube.NAMESPACE, None, namespace)) if namespace else False
         for service in reader.services_selecting(employee):
             labels = service.get("metadata", {}).get("labels") or {}
             if labels.get(wire.CONTROL_LABEL) != wire.CONTROL_LABEL_VALUE:
@@ -165,7 +204,11 @@ class ControlledServiceAdapter:
                 continue
             if self._predicate is not None and not self._predicate(service):
                 continue
-            employers.append(EmployerRef.of(service, kind=kube.SERVICE.kind))
+            ref = EmployerRef.of(service, kind=kube.SERVICE.kind)
+            if inject:
+                gate, drain = spec_options(service)
+                ref = EmployerRef(ref.kind, ref.namespace, ref.name, gate, drain)
+            employers.append(ref)
         return sorted(employers)
 
     def __repr__(self) -> str:

@@ -4,7 +4,9 @@ Pure code, no I/O: parsing and validating the review the API server sends (pydan
 that the pod in it has the shape the mutation reads, building the answer (allowed with a
 JSONPatch, allowed untouched, or denied with a ``metav1.Status``), and ``pod_mutation``, which
 computes the patch from the employers through ``resourceconsist.lifecycle`` only, so the
-webhook and the controller write byte-identical annotation values.
+webhook and the controller write byte-identical annotation values. The same patch carries what
+the employers ask of the pod's spec (docs/zero-downtime.md): their readiness gates, and a
+``preStop`` sleep of the longest drain time in every container without a preStop hook.
 """
 
 from __future__ import annotations
@@ -105,18 +107,64 @@ def validate_pod(obj: Mapping[str, Any] | None) -> None:
         raise ValueError(f"request.object is not a valid Pod: {_describe(err, '')}") from None
 
 
+#: The grace period Kubernetes gives a pod that names none.
+DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30
+
+
 def pod_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict[str, Any]]:
     """The JSONPatch that merges the employers' entries into the pod's ``available-conditions``
-    annotation, keeping the entries already there; empty when nothing changes.
+    annotation, keeping the entries already there, and adds what they ask of the spec
+    (``spec_mutation``); empty when nothing changes.
 
     Raises ``lifecycle.MalformedAvailableConditions`` when there are entries to add and the
     existing annotation cannot be read (merging into it would destroy it).
     """
+    employers = list(employers)
     entries = {e.expected_finalizer_key: e.lifecycle_finalizer for e in employers}
     if not entries:
         return []
     value = lifecycle.updated_available_conditions(pod, add=entries)
-    return [] if value is None else lifecycle.admission_patch(pod, value)
+    patch = [] if value is None else lifecycle.admission_patch(pod, value)
+    return patch + spec_mutation(pod, employers)
+
+
+def spec_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict[str, Any]]:
+    """JSON-patch operations for the spec: each gating employer's readiness gate (kept when
+    present), and, when an employer names a drain time, a ``preStop`` sleep of the longest one in
+    every container that has no preStop hook of its own, with the grace period raised by as
+    much, so the containers keep their own shutdown time after the sleep."""
+    spec = pod.get("spec") or {}
+    ops: list[dict[str, Any]] = []
+    have = set(lifecycle.readiness_gates(pod))
+    wanted = [g for g in dict.fromkeys(e.gate for e in employers if e.readiness_gate) if g not in have]
+    if wanted:
+        if spec.get("readinessGates") is None:
+            ops.append(
+                {"op": "add", "path": "/spec/readinessGates", "value": [{"conditionType": g} for g in wanted]}
+            )
+        else:
+            ops += [
+                {"op": "add", "path": "/spec/readinessGates/-", "value": {"conditionType": g}} for g in wanted
+            ]
+    drain = max((e.drain_seconds for e in employers if e.drain_seconds), default=0)
+    if drain <= 0:
+        return ops
+    hook = {"sleep": {"seconds": drain}}
+    injected = False
+    for i, container in enumerate(spec.get("containers") or []):
+        hooks = container.get("lifecycle")
+        if hooks is None:
+            ops.append({"op": "add", "path": f"/spec/containers/{i}/lifecycle", "value": {"preStop": hook}})
+            injected = True
+        elif hooks.get("preStop") is None:
+            ops.append({"op": "add", "path": f"/spec/containers/{i}/lifecycle/preStop", "value": hook})
+            injected = True
+    if injected:
+        grace = spec.get("terminationGracePeriodSeconds")
+        base = DEFAULT_TERMINATION_GRACE_SECONDS if grace is None else int(grace)
+        op = "add" if grace is None else "replace"
+        ops.append({"op": op, "path": "/spec/terminationGracePeriodSeconds", "value": base + drain})
+    return ops
 
 
 @dataclass(frozen=True)
