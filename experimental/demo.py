@@ -299,9 +299,10 @@ class DemoAdapter(ReconcileAdapter):
         key = _key(employer)
         vip = self.provider.vips.get(key)
         servers = self.provider.snapshot().get(key, {})
+        served = self.provider.serving(key)
         backends = []
         for pod, rs in sorted(servers.items()):
-            serving = rs.traffic_on and rs.weight > 0
+            serving = pod in served
             state = "serving" if serving else ("traffic off" if not rs.traffic_on else "weight 0")
             details = {"ip": rs.ip, "traffic_on": rs.traffic_on, "weight": rs.weight}
             backends.append(

@@ -199,13 +199,6 @@ class SnapshotReader:
         return [p for p in self._listed(kube.POD, namespace) if finalizer in lifecycle.get_finalizers(p)]
 
 
-def _condition(pod: KubeObject, condition_type: str) -> Mapping[str, Any] | None:
-    for cond in (pod.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == condition_type:
-            return dict(cond)
-    return None
-
-
 def _ref(resource: Resource, namespace: str, name: str) -> str:
     return f"{resource.kind}/{namespace}/{name}"
 
@@ -275,6 +268,7 @@ class Explainer:
                     ProviderBackend(
                         employee=e.name,
                         id=e.id,
+                        serving=e.serves(),
                         state="registered" if e.registered() else "not registered",
                         details={"statuses": _plain(e.statuses)},
                     )
@@ -322,12 +316,12 @@ class Explainer:
             answer.exists = False
             return answer
         status = pod.get("status") or {}
-        ready = _condition(pod, "Ready") or {}
+        ready = lifecycle.pod_condition(pod, "Ready") or {}
         answer.phase = str(status.get("phase") or "")
         answer.ready = ready.get("status")
         answer.ready_since = ready.get("lastTransitionTime")
         answer.ready_reason = str(ready.get("reason") or "")
-        answer.containers_ready = (_condition(pod, "ContainersReady") or {}).get("status")
+        answer.containers_ready = (lifecycle.pod_condition(pod, "ContainersReady") or {}).get("status")
         answer.deleting = lifecycle.is_deleting(pod)
         answer.deletion_timestamp = pod["metadata"].get("deletionTimestamp")
         by_hash = self._employers_by_hash(namespace, pod)
@@ -345,7 +339,7 @@ class Explainer:
             for resource, employer in owners
         }
         for gate in lifecycle.readiness_gates(pod):
-            cond = _condition(pod, gate)
+            cond = lifecycle.pod_condition(pod, gate)
             if cond is not None and cond.get("status") == "True":
                 continue
             item = GateAnswer(
@@ -444,7 +438,7 @@ class Explainer:
         for pod_name in sorted(pods):
             pod = pods[pod_name]
             finalizers = lifecycle.get_finalizers(pod)
-            cond = _condition(pod, gate) if gate in lifecycle.readiness_gates(pod) else None
+            cond = lifecycle.pod_condition(pod, gate) if gate in lifecycle.readiness_gates(pod) else None
             state = PodState(
                 name=pod_name,
                 gate=None

@@ -179,9 +179,9 @@ class RolloutWatch:
                 assert isinstance(what, tuple)
                 running[what[0]] = what[1]
         window = [(n, bad) for t, n, bad in self.samples if start <= t <= end]
-        for n, bad in window:
-            least, useful = min(least, n), min(useful, n - len(bad))
-            on_stopped |= bad
+        for n, sampled in window:
+            least, useful = min(least, n), min(useful, n - len(sampled))
+            on_stopped |= sampled
         return RolloutStats(
             least if least != none else 0,
             useful if useful != none else 0,
