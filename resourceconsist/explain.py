@@ -92,6 +92,8 @@ class PodExplanation(BaseModel):
     deletion_timestamp: str | None = None
     not_ready: list[GateAnswer] = Field(default_factory=list)
     finalizers: list[FinalizerAnswer] = Field(default_factory=list)
+    #: Employers whose provider serves the pod while its containers are not ready (traffic fails).
+    served_while_stopped: list[str] = Field(default_factory=list)
     #: Adapters whose provider was consulted.
     adapters: list[str] = Field(default_factory=list)
 
@@ -374,8 +376,10 @@ class Explainer:
                         backend = view.backend(name)
                         if backend is not None:
                             item_f.provider.append(backend)
-            item_f.pending = _finalizer_pending(item_f, self._names())
+            item_f.pending = _finalizer_pending(item_f)
             answer.finalizers.append(item_f)
+            if answer.containers_ready == "False" and any(b.serving for b in item_f.provider):
+                answer.served_while_stopped = sorted({*answer.served_while_stopped, *item_f.employers})
         return answer
 
     def _names(self) -> list[str]:
@@ -528,7 +532,7 @@ class Explainer:
         return events[-RECENT_WARNINGS:]
 
 
-def _finalizer_pending(answer: FinalizerAnswer, adapters: Sequence[str]) -> str:
+def _finalizer_pending(answer: FinalizerAnswer) -> str:
     """What must happen before this finalizer goes, in words."""
     if answer.role == "other":
         return "not ours: the controller that added it removes it"
@@ -545,17 +549,18 @@ def _finalizer_pending(answer: FinalizerAnswer, adapters: Sequence[str]) -> str:
     if answer.provider:
         held = "; ".join(_backend_words(b) for b in answer.provider)
         return f"the provider still holds {held}: the controller deregisters it, then removes the finalizer"
-    return "the provider holds no backend of the pod: the controller's next pass removes it (is it running?)"
+    return (
+        "the provider holds no backend of the pod: the controller removes it once a pass confirms "
+        "that (a failing create keeps it: see explain employer; is the controller running?)"
+    )
 
 
 def _backend_words(backend: ProviderBackend) -> str:
-    words = f"backend {backend.id}"
-    if backend.state:
-        words += f" ({backend.state}"
-        words += f" since {backend.since})" if backend.since else ")"
-    if backend.serving is not None:
-        words += ", serving" if backend.serving else ", not serving"
-    return words
+    state = backend.state
+    if backend.serving is not None and state not in ("serving", "not serving"):
+        state = ", ".join(w for w in (state, "serving" if backend.serving else "not serving") if w)
+    since = f" since {backend.since}" if backend.since else ""
+    return f"backend {backend.id} ({state or 'held'}{since})"
 
 
 # -- readable lines ------------------------------------------------------------------------------
@@ -572,6 +577,11 @@ def pod_lines(answer: PodExplanation) -> list[str]:
         f"{ref}: Ready {answer.ready or 'unknown'}{since}{reason}; phase {answer.phase or 'unknown'}, "
         f"ContainersReady {answer.containers_ready or 'unknown'}"
     ]
+    if answer.served_while_stopped:
+        lines.append(
+            f"  ! the provider of {', '.join(answer.served_while_stopped)} serves this pod but its "
+            "containers are not ready: that traffic fails (docs/zero-downtime.md)"
+        )
     if answer.ready != "True":
         if answer.containers_ready != "True":
             lines.append("  containers are not ready (the kubelet's part)")
@@ -593,7 +603,8 @@ def pod_lines(answer: PodExplanation) -> list[str]:
             lines.append(line)
     if answer.deleting:
         lines.append(
-            f"  deleting since {answer.deletion_timestamp}; held by {len(answer.finalizers)} finalizer(s)"
+            f"  deleting (grace period ends {answer.deletion_timestamp}); "
+            f"held by {len(answer.finalizers)} finalizer(s)"
         )
     elif answer.finalizers:
         lines.append("  finalizers (they hold the pod once it is deleted):")
@@ -628,7 +639,10 @@ def employer_lines(answer: EmployerExplanation) -> list[str]:
     if answer.unguarded:
         lines.append(f"  registered without this employer's finalizer: {', '.join(answer.unguarded)}")
     if answer.to_release:
-        lines.append(f"  finalizers to release (provider holds nothing): {', '.join(answer.to_release)}")
+        lines.append(
+            "  carry its finalizers without a backend (released once a pass confirms the provider "
+            f"holds none): {', '.join(answer.to_release)}"
+        )
     for pod in answer.pods:
         parts = [
             f"gate {pod.gate}" if pod.gate else "",

@@ -72,6 +72,7 @@ async def test_a_pod_held_by_the_lifecycle_finalizer_names_its_employer_and_the_
             return lifecycle.is_deleting(await cluster.get(kube.POD, "web-1") or {})
 
         await async_wait_for(deleting, timeout=10)
+        await cluster.set_condition("web-1", "ContainersReady", False)  # its containers stopped
         answer = await Explainer(cluster.client, [DemoAdapter(provider)]).pod(cluster.namespace, "web-1")
 
     truth = await cluster.get(kube.POD, "web-1")
@@ -90,6 +91,9 @@ async def test_a_pod_held_by_the_lifecycle_finalizer_names_its_employer_and_the_
         assert [b.employee for b in f.provider] == ["web-1"]
         assert f.provider[0].serving == (server.traffic_on and server.weight > 0)
         assert f.provider[0].details["weight"] == server.weight
+    # The provider still routes to the pod whose containers stopped: explain says so.
+    assert server.traffic_on and server.weight > 0
+    assert answer.served_while_stopped == [f"Service/{cluster.namespace}/{SERVICE}"]
 
 
 async def test_a_pod_held_by_a_finalizer_of_an_employer_gone_says_no_employer_has_its_hash(
