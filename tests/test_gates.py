@@ -31,8 +31,10 @@ from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
 from resourceconsist.webhook.admission import spec_mutation
-from resourceconsist.webhook.server import WebhookServer
+from resourceconsist.webhook.server import AdmissionDecision, WebhookServer
 from resourceconsist.wire import GateReason
+
+from .test_tutorial import tutorial_namespace
 
 #: Kubernetes' qualified name: an optional DNS-subdomain prefix, ``/``, a name of <= 63 characters.
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -260,9 +262,11 @@ async def _manager(lc: Cluster, *adapters: Any) -> AsyncIterator[Manager]:
 
 
 @contextlib.asynccontextmanager
-async def _webhook(cluster: LocalCluster, lc: Cluster, tmp_path: Path) -> AsyncIterator[WebhookServer]:
+async def _webhook(
+    cluster: LocalCluster, lc: Cluster, tmp_path: Path, decisions: list[AdmissionDecision] | None = None
+) -> AsyncIterator[WebhookServer]:
     """The real webhook (``ControlledServiceAdapter``), called by the real API server for the
-    controlled pods of the test's namespace."""
+    controlled pods of the test's namespace; ``decisions`` collects its answers."""
     cert, key = cluster.webhook_certificate()
     cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
     shutil.copy(cert, cert_file)
@@ -275,6 +279,7 @@ async def _webhook(cluster: LocalCluster, lc: Cluster, tmp_path: Path) -> AsyncI
         key_file=key_file,
         host="127.0.0.1",
         port=0,
+        observer=None if decisions is None else decisions.append,
     )
     await server.start()
     name = f"rc-gates-{lc.namespace}"
@@ -371,13 +376,7 @@ def _live(pods: list[KubeObject]) -> list[KubeObject]:
 
 
 async def _opt_in(lc: Cluster, service_annotations: dict[str, str]) -> None:
-    await lc.call(
-        lc.client.patch,
-        kube.NAMESPACE,
-        None,
-        lc.namespace,
-        {"metadata": {"labels": {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}}},
-    )
+    await _label_namespace(lc)
     await lc.service("web", {"app": "web"}, annotations=service_annotations)
 
 
@@ -387,16 +386,65 @@ async def _webhook_sees(server: WebhookServer, lc: Cluster) -> None:
     def seen() -> bool:
         ns = server.reader.get(kube.NAMESPACE, None, lc.namespace)
         svc = server.reader.get(kube.SERVICE, lc.namespace, "web")
-        return (
-            bool(svc)
-            and lifecycle.get_annotations(svc).get(wire.READINESS_GATE_ANNOTATION) == "true"
-            and (
-                ((ns or {}).get("metadata", {}).get("labels") or {}).get(wire.READINESS_GATE_INJECT_LABEL)
-                == wire.READINESS_GATE_INJECT_VALUE
-            )
-        )
+        return bool(svc) and gates.gates_enabled(svc) and _labelled(ns)
 
     await async_wait_for(seen, timeout=30, message="the webhook's caches to see the opt-in")
+
+
+async def test_the_webhook_gates_only_in_opted_in_namespaces_for_opted_in_employers(
+    local_cluster: LocalCluster, lc: Cluster, tmp_path: Path
+) -> None:
+    await lc.service("gated", {"role": "probe"}, annotations={wire.READINESS_GATE_ANNOTATION: "true"})
+    await lc.service("drained", {"role": "probe"}, annotations={wire.DRAIN_SECONDS_ANNOTATION: "7"})
+    await lc.service("plain", {"role": "probe"})
+    decisions: list[AdmissionDecision] = []
+    probes = iter(range(1000))
+
+    async def admitted() -> KubeObject | None:
+        """A pod created through the webhook (the API server reads new configurations late)."""
+        name = f"probe-{next(probes)}"
+        body = {
+            "metadata": {"name": name, "labels": {"role": "probe", **CONTROLLED}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        pod = await lc.call(lc.client.create, kube.POD, lc.namespace, body)
+        return pod if any(d.name == name for d in decisions) else None
+
+    async with _webhook(local_cluster, lc, tmp_path, decisions) as server:
+        await async_wait_for(
+            lambda: len(server.reader.list(kube.SERVICE, lc.namespace)) == 3, timeout=30, message="Services"
+        )
+        before = await async_wait_for(admitted, timeout=30, interval=0.2, message="the webhook called")
+        # Entries, but no spec change: the namespace has not opted in.
+        assert len(lifecycle.expected_finalizers(before)) == 3
+        assert lifecycle.readiness_gates(before) == []
+        assert "lifecycle" not in before["spec"]["containers"][0]
+        await _label_namespace(lc)
+        await async_wait_for(
+            lambda: _labelled(server.reader.get(kube.NAMESPACE, None, lc.namespace)),
+            timeout=30,
+            message="the webhook's cache to see the label",
+        )
+        after = await async_wait_for(admitted, timeout=30, interval=0.2, message="the webhook called")
+        # Only the employer that asked for a gate gave one; only the one that named a drain time a hook.
+        assert lifecycle.readiness_gates(after) == [lifecycle.readiness_gate("gated")]
+        assert after["spec"]["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 7}}}
+        assert after["spec"]["terminationGracePeriodSeconds"] == 30 + 7
+
+
+def _labelled(namespace: KubeObject | None) -> bool:
+    labels = ((namespace or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(wire.READINESS_GATE_INJECT_LABEL) == wire.READINESS_GATE_INJECT_VALUE
+
+
+async def _label_namespace(lc: Cluster) -> None:
+    await lc.call(
+        lc.client.patch,
+        kube.NAMESPACE,
+        None,
+        lc.namespace,
+        {"metadata": {"labels": {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}}},
+    )
 
 
 REPLICAS = 4
@@ -567,3 +615,23 @@ async def test_gates_work_without_pod_ops_lifecycle(lc: Cluster) -> None:
         for pod in pods:
             assert (lifecycle.pod_condition(pod, gate) or {}).get("reason") == GateReason.SERVING
             assert not pod["metadata"].get("finalizers")
+
+
+async def test_the_tutorial_adapter_serves_gated_pods_and_their_rollout_completes(
+    lc: Cluster, tmp_path: Path
+) -> None:
+    tutorial = tutorial_namespace()
+    backends = tutorial["BackendsDir"](tmp_path / "backends")
+    gate = lifecycle.readiness_gate("web")
+    await lc.service("web", {"app": "web"})
+    await lc.deployment("web", 2, readiness_gates=(gate,))
+    async with _manager(lc, tutorial["FileAdapter"](backends)):
+        # Ready waits on the gate, the gate on the file: only weight before Ready ends the rollout.
+        await lc.wait_rollout("web", timeout=60)
+        pods = await lc.pods({"app": "web"})
+        content = backends.read(lc.namespace, "web")
+        assert {n: line["weight"] for n, line in content["pods"].items()} == {
+            p["metadata"]["name"]: 100 for p in pods
+        }
+        for pod in pods:
+            assert (lifecycle.pod_condition(pod, gate) or {}).get("reason") == GateReason.SERVING
