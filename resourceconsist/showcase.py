@@ -73,10 +73,13 @@ class LoggedProvider(FakeProvider):
 
 
 def drain_seconds(latency: float) -> int:
-    """The preStop a gated rollout gives its pods when each provider call takes ``latency``: a
-    pass of the employer may be creating and updating (a call each) before it deletes the
-    leaving pod's backend (a third), plus a second of slack."""
-    return math.ceil(3 * latency) + 1
+    """The preStop a gated rollout gives its pods when each provider call takes ``latency``.
+
+    The frame runs one pass of an employer at a time, each calling create, update, then delete:
+    a leaving pod's backend may wait for the pass in flight (three calls) and then for the
+    creates and updates of its own pass before its delete (three more), so six calls, plus a
+    second of slack. bench/bench_rollout.py measured 3 calls + 1 s too short at 2 s a call."""
+    return math.ceil(6 * latency) + 1
 
 
 def _running(pod: kube.KubeObject | None) -> bool:
