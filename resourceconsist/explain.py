@@ -584,7 +584,11 @@ def pod_lines(answer: PodExplanation) -> list[str]:
         )
     if answer.ready != "True":
         if answer.containers_ready != "True":
-            lines.append("  containers are not ready (the kubelet's part)")
+            lines.append(
+                "  containers stopped (the pod is deleting)"
+                if answer.deleting
+                else "  containers are not ready yet (the kubelet's part)"
+            )
         for gate in answer.not_ready:
             owner = gate.employer or "not a resourceconsist gate"
             line = f"  gate {gate.gate} = {gate.status}"
