@@ -22,6 +22,7 @@ test: setup
 
 bench: setup
 	$(BIN)/python bench/bench_frame.py
+	$(BIN)/python bench/bench_webhook.py
 	$(BIN)/python bench/bench_rollout.py
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,

@@ -731,6 +731,7 @@ class Run:
                 ("provider faults", self.phase_faults),
                 ("leader kills", self.phase_leader),
                 ("SIGTERM", self.phase_sigterm),
+                ("SIGTERM, hung provider", self.phase_hung_sigterm),
             ]
             for title, body in phases:
                 result = PhaseResult(title, "")
@@ -847,6 +848,22 @@ class Run:
             self.controllers.wait_ready(self.controllers.start())
         slowest = f", slowest exit {max(exits):.1f}s" if exits else ""
         result.what = f"{len(exits)} SIGTERM ({busy} amid provider calls){slowest}"
+
+    def phase_hung_sigterm(self, result: PhaseResult) -> None:
+        """SIGTERM while every SLB answer takes 20 s: the process must exit within
+        --shutdown-timeout + 2 s and leave nothing half-written (the counts after convergence)."""
+        exits: list[float] = []
+        for _ in range(self.settings.sigterms):
+            name = self._single()
+            self.emulator.admin.set_faults(latency_seconds=20.0)
+            time.sleep(self.rng.uniform(0.5, 2.0))  # the driver keeps a pass waiting on the provider
+            exits.append(self.controllers.terminate(name))
+            self.emulator.admin.clear_faults()
+            self.controllers.wait_ready(self.controllers.start())
+        limit = SHUTDOWN_TIMEOUT + 2.0
+        over = sum(took > limit for took in exits)
+        slowest = f"slowest exit {max(exits):.1f}s" if exits else "none"
+        result.what = f"{len(exits)} SIGTERM, SLB answering after 20 s: {slowest}, {over} over {limit:g}s"
 
     # -- convergence and scoring --
 

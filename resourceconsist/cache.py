@@ -15,6 +15,7 @@ import builtins
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -234,14 +235,18 @@ class Informer:
             raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
 
     def stop(self, timeout: float = 5.0) -> None:
+        self.signal_stop()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def signal_stop(self) -> None:
+        """Tell the informer thread to end (it is a daemon: nothing waits for it unless joined)."""
         self._stop.set()
         if self._resync_handle is not None:
             self._resync_handle.cancel()
         watch = self._watch
         if watch is not None:
             watch.close()
-        if self._thread is not None:
-            self._thread.join(timeout)
 
     # -- the informer thread -----------------------------------------------------------------
 
@@ -396,12 +401,16 @@ class InformerFactory:
         with self._lock:
             return all(i.has_synced for i in self._informers.values())
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop every informer, waiting up to ``timeout`` in all (not each) for their threads."""
         with self._lock:
             informers = list(self._informers.values())
             self._informers.clear()
         for informer in informers:
-            informer.stop()
+            informer.signal_stop()
+        deadline = time.monotonic() + timeout
+        for informer in informers:
+            informer.stop(max(0.0, deadline - time.monotonic()))
 
     def reader(self) -> CacheReader:
         return CacheReader(self)

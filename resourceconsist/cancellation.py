@@ -13,9 +13,9 @@ after a stop: the frame abandons it (docs/concepts.md, "Stopping within the shut
 
 from __future__ import annotations
 
+import collections
 import contextvars
 import itertools
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -121,45 +121,49 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
         self._max_workers = max_workers
         self._name = name
         self._idle_seconds = idle_seconds
-        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._guard = threading.Lock()
+        # Everything below is guarded by one condition: the queued calls, the workers, and how
+        # many of them wait for a call right now (so a submit knows whether one will take it).
+        self._cond = threading.Condition()
+        self._calls: collections.deque[tuple[Future[Any], Callable[[], Any]]] = collections.deque()
         self._workers: set[threading.Thread] = set()
-        self._idle = 0
+        self._waiting = 0
         self._closed = False
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
-        with self._guard:
+        with self._cond:
             if self._closed:
                 raise RuntimeError("cannot schedule new calls after shutdown")
-            self._calls.put((future, lambda: fn(*args, **kwargs)))
-            if self._idle > 0:
-                self._idle -= 1
+            self._calls.append((future, lambda: fn(*args, **kwargs)))
+            if self._waiting >= len(self._calls):
+                self._cond.notify()
             elif len(self._workers) < self._max_workers:
                 thread = threading.Thread(
                     target=self._work, name=f"{self._name}-{next(self._ids)}", daemon=True
                 )
                 self._workers.add(thread)
                 thread.start()
+            # else: every worker is busy; the first one to finish takes it.
         return future
 
-    def _work(self) -> None:
+    def _next(self) -> tuple[Future[Any], Callable[[], Any]] | None:
+        """The next call to run; None when this worker should leave (idle too long, or closed)."""
         me = threading.current_thread()
-        while True:
-            try:
-                item = self._calls.get(timeout=self._idle_seconds)
-            except queue.Empty:
-                with self._guard:
-                    # Leave only if no call was handed to this idle worker meanwhile.
-                    if self._calls.empty():
-                        self._idle -= 1
-                        self._workers.discard(me)
-                        return
-                continue
-            if item is None:
-                with self._guard:
+        with self._cond:
+            while not self._calls:
+                if self._closed:
                     self._workers.discard(me)
-                return
+                    return None
+                self._waiting += 1
+                woken = self._cond.wait(self._idle_seconds)
+                self._waiting -= 1
+                if not woken and not self._calls:
+                    self._workers.discard(me)
+                    return None
+            return self._calls.popleft()
+
+    def _work(self) -> None:
+        while (item := self._next()) is not None:
             future, call = item
             if future.set_running_or_notify_cancel():
                 try:
@@ -168,22 +172,14 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
                     future.set_exception(err)
                 else:
                     future.set_result(result)
-            with self._guard:
-                self._idle += 1
+            del item, future, call  # drop the result before waiting for the next call
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls and cancel queued ones; running calls are abandoned, never awaited."""
-        with self._guard:
-            if self._closed:
-                return
+        with self._cond:
             self._closed = True
-            workers = len(self._workers)
-        while True:
-            try:
-                item = self._calls.get_nowait()
-            except queue.Empty:
-                break
-            if item is not None:
-                item[0].cancel()
-        for _ in range(workers):
-            self._calls.put(None)
+            queued = list(self._calls)
+            self._calls.clear()
+            self._cond.notify_all()
+        for future, _ in queued:
+            future.cancel()

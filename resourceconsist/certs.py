@@ -75,6 +75,10 @@ def make_ca(common_name: str) -> KeyPair:
             ),
             critical=True,
         )
+        # Key identifiers: Python 3.13's default TLS verification (VERIFY_X509_STRICT) refuses
+        # chains without them.
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
     return KeyPair(cert.public_bytes(serialization.Encoding.PEM), _key_pem(key))
@@ -111,6 +115,10 @@ def make_signed(
         .not_valid_after(now + _VALIDITY)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
     )
     if hosts:
         alt_names: list[x509.GeneralName] = []

@@ -18,7 +18,9 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import click
 
@@ -27,6 +29,7 @@ from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combi
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter
+    from resourceconsist.kube import KubeClient
     from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable
 
@@ -154,6 +157,138 @@ def list_adapters() -> None:
         click.echo(f"{name}\t{kinds}{flag}\t{entry.description}")
 
 
+# -- common mistakes: one line saying what is wrong and what to do, exit code 2 -------------------
+
+_KUBECONFIG_HELP = "Kubeconfig path; default: $KUBECONFIG, else ~/.kube/config, else the in-cluster config."
+_DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+class _HostPort(click.ParamType):  # type: ignore[type-arg]
+    """``host:port`` (``[v6]:port`` too; an empty host means every interface)."""
+
+    name = "HOST:PORT"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int]:
+        if isinstance(value, tuple):
+            return value
+        host, sep, port = str(value).rpartition(":")
+        if not sep or not port.isdigit() or int(port) > 65535:
+            self.fail(f"{value!r} is not HOST:PORT; give e.g. 0.0.0.0:8081 or 127.0.0.1:8081", param, ctx)
+        return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _check_webhook_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme != "https" or not parts.hostname:
+        raise click.BadParameter(
+            f"{value!r} is not an https:// URL with a host; give e.g. https://127.0.0.1:9443", ctx, param
+        )
+    return value
+
+
+def _webhook_settings(
+    port: int,
+    host: str | None,
+    cert_dir: str,
+    service: str,
+    bootstrap: bool,
+    cert_hosts: tuple[str, ...],
+    url: str | None,
+) -> _WebhookSettings:
+    if url is not None and not bootstrap:
+        raise click.UsageError(
+            "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
+        )
+    return _WebhookSettings(port, host, cert_dir, service, bootstrap, tuple(cert_hosts), url)
+
+
+def _kube_client(kubeconfig: str | None) -> KubeClient:
+    """The client for --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else in-cluster."""
+    import yaml
+    from kubernetes.config.config_exception import ConfigException
+
+    from resourceconsist.kube import KubeClient
+
+    source = "--kubeconfig"
+    if kubeconfig is None:
+        default = Path(_DEFAULT_KUBECONFIG).expanduser()
+        if os.environ.get("KUBECONFIG"):
+            kubeconfig, source = os.environ["KUBECONFIG"], "$KUBECONFIG"
+        elif default.is_file():
+            kubeconfig, source = str(default), _DEFAULT_KUBECONFIG
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return KubeClient.in_cluster()
+        else:
+            raise click.UsageError(
+                f"no kubeconfig: $KUBECONFIG is not set, {default} does not exist and this is not a pod "
+                "in a cluster; pass --kubeconfig PATH or set $KUBECONFIG"
+            )
+    paths = [path for path in kubeconfig.split(os.pathsep) if path]
+    existing = [path for path in paths if Path(path).expanduser().is_file()]
+    if not existing:
+        raise click.UsageError(
+            f"kubeconfig {' and '.join(paths) or repr(kubeconfig)} (from {source}) does not exist; "
+            "pass an existing file with --kubeconfig or set $KUBECONFIG"
+        )
+    for path in existing:
+        try:
+            loaded = yaml.safe_load(Path(path).expanduser().read_bytes())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise click.UsageError(
+                f"kubeconfig {path} (from {source}) is not valid YAML{where}; "
+                "pass a kubeconfig file with --kubeconfig or set $KUBECONFIG"
+            ) from err
+        except OSError as err:
+            raise click.UsageError(
+                f"kubeconfig {path} (from {source}) cannot be read: {err.strerror}"
+            ) from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise click.UsageError(
+                f"kubeconfig {path} (from {source}) is YAML but not a kubeconfig (no clusters, users, "
+                "contexts); pass a kubeconfig file with --kubeconfig or set $KUBECONFIG"
+            )
+    try:
+        return KubeClient.from_kubeconfig(kubeconfig)
+    except ConfigException as err:
+        raise click.UsageError(
+            f"kubeconfig {kubeconfig} (from {source}) is not usable: {err}; "
+            "pass a complete kubeconfig with --kubeconfig or set $KUBECONFIG"
+        ) from err
+
+
+def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings) -> None:
+    """What the webhook needs before it starts: the namespace of its certificate Secret (when
+    it bootstraps), or the certificate files (when it does not)."""
+    from resourceconsist import kube, wire
+    from resourceconsist.webhook import webhook_namespace
+    from resourceconsist.webhook.bootstrap import TLS_CERT_FILE, TLS_KEY_FILE
+
+    if not settings.bootstrap:
+        cert_dir = Path(settings.cert_dir)
+        missing = [name for name in (TLS_CERT_FILE, TLS_KEY_FILE) if not (cert_dir / name).is_file()]
+        if missing:
+            raise click.UsageError(
+                f"--no-bootstrap-certs: no {' or '.join(missing)} in {cert_dir}; put the serving "
+                "certificate there (--cert-dir), or drop --no-bootstrap-certs to make one"
+            )
+        return
+    namespace = webhook_namespace()
+    try:
+        client.get(kube.NAMESPACE, None, namespace)
+    except kube.NotFound as err:
+        raise click.UsageError(
+            f"namespace {namespace} does not exist (the webhook keeps its certificate Secret "
+            f"{wire.WEBHOOK_CERT_SECRET} there); set POD_NAMESPACE to an existing namespace or "
+            f"create {namespace}"
+        ) from err
+
+
 def _webhook_options(fn: F) -> F:
     """Options shared by ``run --webhook`` and ``webhook``."""
     options = [
@@ -178,6 +313,19 @@ def _webhook_options(fn: F) -> F:
             default=True,
             show_default=True,
             help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
+        ),
+        click.option(
+            "--webhook-cert-host",
+            "webhook_cert_hosts",
+            multiple=True,
+            help="Extra DNS name or IP for the bootstrapped certificate (repeatable).",
+        ),
+        click.option(
+            "--webhook-url",
+            default=None,
+            callback=_check_webhook_url,
+            help="Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
+            "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
         ),
     ]
     for option in reversed(options):
@@ -219,20 +367,19 @@ class _WebhookSettings:
     cert_dir: str
     service: str
     bootstrap: bool
+    cert_hosts: tuple[str, ...] = ()
+    url: str | None = None
 
 
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
-@click.option(
-    "--kubeconfig",
-    default=None,
-    help="Kubeconfig path; default: in-cluster, else $KUBECONFIG or ~/.kube/config.",
-)
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
 @click.option("--namespace", default=None, help="Watch only this namespace (default: all).")
 @click.option(
     "--health-address",
     default="0.0.0.0:8081",
     show_default=True,
+    type=_HostPort(),
     help="host:port of /healthz /readyz /metrics.",
 )
 @click.option("--resync-seconds", default=0.0, show_default=True, help="Periodic full resync (0: off).")
@@ -260,7 +407,7 @@ def run(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
     namespace: str | None,
-    health_address: str,
+    health_address: tuple[str, int],
     resync_seconds: float,
     shutdown_timeout: float,
     with_webhook: bool,
@@ -275,14 +422,23 @@ def run(
     cert_dir: str,
     webhook_service: str,
     bootstrap_certs: bool,
+    webhook_cert_hosts: tuple[str, ...],
+    webhook_url: str | None,
 ) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
     registry = _all_adapters()
     adapters = _build(registry.controller, adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    settings = _WebhookSettings(webhook_port, webhook_host, cert_dir, webhook_service, bootstrap_certs)
-    host, _, port = health_address.rpartition(":")
-    health = (host or "0.0.0.0", int(port))
+    settings = _webhook_settings(
+        webhook_port,
+        webhook_host,
+        cert_dir,
+        webhook_service,
+        bootstrap_certs,
+        webhook_cert_hosts,
+        webhook_url,
+    )
+    health = health_address
     election = None
     if leader_elect:
         from resourceconsist import wire
@@ -320,7 +476,7 @@ def run(
 @click.option(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
-@click.option("--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config.")
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
 @_webhook_options
 def webhook(
     adapter_names: Sequence[str],
@@ -330,11 +486,25 @@ def webhook(
     cert_dir: str,
     webhook_service: str,
     bootstrap_certs: bool,
+    webhook_cert_hosts: tuple[str, ...],
+    webhook_url: str | None,
 ) -> None:
-    """Serve the named adapters' admission webhooks (no controllers)."""
+    """Serve the named adapters' admission webhooks (no controllers).
+
+    Kubeconfig: --kubeconfig, else $KUBECONFIG (it wins over ~/.kube/config), else
+    ~/.kube/config, else the in-cluster config when neither exists.
+    """
     registry = _all_adapters()
     webhooks = _build(registry.webhook, adapter_names)
-    settings = _WebhookSettings(webhook_port, webhook_host, cert_dir, webhook_service, bootstrap_certs)
+    settings = _webhook_settings(
+        webhook_port,
+        webhook_host,
+        cert_dir,
+        webhook_service,
+        bootstrap_certs,
+        webhook_cert_hosts,
+        webhook_url,
+    )
     asyncio.run(_run([], webhooks, settings, kubeconfig, None, None, 0.0, 30.0, None))
 
 
@@ -360,10 +530,11 @@ async def _run(
     shutdown_timeout: float,
     election: LeaderElectionConfig | None,
 ) -> None:
-    from resourceconsist.kube import KubeClient
     from resourceconsist.manager import Manager
 
-    client = KubeClient.auto(kubeconfig)
+    client = _kube_client(kubeconfig)
+    if webhooks:
+        _check_webhook_prerequisites(client, webhook_settings)
     manager = Manager(
         client,
         namespace=namespace,
@@ -404,6 +575,8 @@ def _webhook_runnable(manager: Manager, webhooks: Sequence[Any], settings: _Webh
                 bootstrap=settings.bootstrap,
                 service_name=settings.service,
                 informers=manager.informers,
+                extra_hosts=settings.cert_hosts,
+                webhook_url=settings.url,
             )
         )
 

@@ -108,6 +108,7 @@ class Controller:
         )
         gauge = self.metrics.unguarded_routing_pods.labels(self.name)
         self.reconciler.report_unguarded = gauge.set
+        self.reconciler.api_down = lambda: client.reachability.down
         self._workers: list[asyncio.Task[None]] = []
         #: The cancellations of the passes running now; ``stop`` cancels them.
         self._in_flight: set[Cancellation] = set()

@@ -189,6 +189,39 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+def patch_with_precondition(
+    get_or_none: Callable[[Resource, str | None, str], KubeObject | None],
+    patch: Callable[[Resource, str | None, str, Any], KubeObject],
+    res: Resource,
+    namespace: str | None,
+    name: str,
+    change: Callable[[KubeObject], dict[str, Any] | None],
+    current: KubeObject | None = None,
+    attempts: int = 8,
+    on_conflict: Callable[[], None] = lambda: None,
+) -> tuple[KubeObject | None, bool]:
+    """The optimistic-concurrency loop of ``KubeClient.patch_optimistic`` over any get/patch pair
+    (an in-memory fake of the API server in unit tests uses the same loop)."""
+    obj = current if current is not None else get_or_none(res, namespace, name)
+    for _ in range(attempts):
+        if obj is None:
+            return None, False
+        body = change(obj)
+        if body is None:
+            return obj, False
+        body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        try:
+            return patch(res, namespace, name, body), True
+        except NotFound:
+            return None, False
+        except Conflict:
+            on_conflict()
+            obj = get_or_none(res, namespace, name)
+    raise Conflict(
+        409, "Conflict", f"still conflicting after {attempts} attempts", "PATCH", res.path(namespace, name)
+    )
+
+
 def object_key(obj: Mapping[str, Any]) -> str:
     """``namespace/name`` (or ``name`` for cluster-scoped objects), client-go's cache key."""
     meta = obj.get("metadata", {})
@@ -416,28 +449,13 @@ class KubeClient:
         when nothing needs writing. Starts from ``current`` (e.g. a cached copy) when given.
         Returns (the object as it now is, or None when it is gone; whether a write happened).
         """
-        obj = current if current is not None else self.get_or_none(res, namespace, name)
-        for _ in range(attempts):
-            if obj is None:
-                return None, False
-            body = change(obj)
-            if body is None:
-                return obj, False
-            body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
-            try:
-                return self.patch(res, namespace, name, body), True
-            except NotFound:
-                return None, False
-            except Conflict:
-                with self._counter_lock:
-                    self.conflicts[res.plural] += 1
-                obj = self.get_or_none(res, namespace, name)
-        raise Conflict(
-            409,
-            "Conflict",
-            f"still conflicting after {attempts} attempts",
-            "PATCH",
-            res.path(namespace, name),
+
+        def conflicted() -> None:
+            with self._counter_lock:
+                self.conflicts[res.plural] += 1
+
+        return patch_with_precondition(
+            self.get_or_none, self.patch, res, namespace, name, change, current, attempts, conflicted
         )
 
     # -- awaitable twins ----------------------------------------------------------------------

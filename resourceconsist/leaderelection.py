@@ -42,6 +42,8 @@ def _parse(value: str | None) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+#: Seconds a stopping leader spends at most on releasing its Lease.
+RELEASE_TIMEOUT = 1.0
 DEFAULT_LEASE_DURATION = 15.0
 DEFAULT_RENEW_DEADLINE = 10.0
 DEFAULT_RETRY_PERIOD = 2.0
@@ -155,7 +157,14 @@ class LeaderElector:
             while not stop.is_set():
                 self.attempts += 1
                 try:
-                    won = await asyncio.to_thread(self._try_acquire_or_renew)
+                    # An attempt that outlives the renew deadline counts as failed (its thread is
+                    # abandoned), so a hung API server cannot keep a leader from stepping down.
+                    won = await asyncio.wait_for(
+                        asyncio.to_thread(self._try_acquire_or_renew), timeout=c.renew_deadline
+                    )
+                except TimeoutError:
+                    log.warning("lease %s/%s: no answer within %gs", c.namespace, c.name, c.renew_deadline)
+                    won = False
                 except Exception as err:
                     # An unreachable API server is logged once per outage by the client.
                     quiet = kube.is_unreachable(err) or self.client.reachability.down
@@ -185,6 +194,8 @@ class LeaderElector:
                 self.leading = False
                 await on_stopped_leading()
                 try:
-                    await asyncio.to_thread(self._release)
+                    # Bounded: a stop must not wait on an API server that does not answer; an
+                    # unreleased lease only makes the standby wait for it to expire.
+                    await asyncio.wait_for(asyncio.to_thread(self._release), timeout=RELEASE_TIMEOUT)
                 except Exception as err:
-                    log.warning("could not release lease %s/%s: %s", c.namespace, c.name, err)
+                    log.warning("could not release lease %s/%s: %r", c.namespace, c.name, err)

@@ -115,6 +115,10 @@ class Manager:
         self.runnables.append(runnable)
 
     def _on_cluster(self, name: str, member: MemberCluster | None) -> None:
+        if member is None:
+            self.metrics.unwatch_cluster(name)
+        else:
+            self.metrics.watch_cluster(member.client, member.informers, name)
         for controller in self.controllers.values():
             if member is None:
                 controller.remove_member_cluster(name)

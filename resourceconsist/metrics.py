@@ -112,6 +112,9 @@ class Metrics:
         """Export ``client``'s 409 conflicts and ``informers``' re-lists (read at scrape time)."""
         self._kube.sources.append((cluster, client, informers))
 
+    def unwatch_cluster(self, cluster: str) -> None:
+        self._kube.sources = [source for source in self._kube.sources if source[0] != cluster]
+
     @contextmanager
     def bound(self, controller: str) -> Iterator[None]:
         """Provider calls made inside (threads started inside included) count for ``controller``."""

@@ -184,6 +184,8 @@ class Reconciler:
         self.unguarded: dict[str, int] = {}
         #: Per employer key: the adapter's ``ReconcileContext.memo``, dropped with the employer.
         self.memos: dict[str, dict[str, Any]] = {}
+        #: Whether the main cluster's API server is known to be unreachable (set by the controller).
+        self.api_down: Callable[[], bool] = lambda: False
         #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
         self.report_unguarded: Callable[[int], None] = lambda total: None
 
@@ -251,7 +253,10 @@ class Reconciler:
     # -- events ---------------------------------------------------------------------------------
 
     async def _fail(self, p: _Pass, reason: EventReason, message: str) -> ReconcileError:
-        log.warning("%s %s: %s", self.name, p.key, message)
+        # While the API server is down the client has said so once; a line per failed pass
+        # would repeat it (docs/concepts.md, "What an operator sees under faults").
+        level = logging.DEBUG if self.api_down() else logging.WARNING
+        log.log(level, "%s %s: %s", self.name, p.key, message)
         await self.recorder.event(p.employer, "Warning", reason, message)
         return ReconcileError(reason, message)
 

@@ -178,3 +178,98 @@ def test_run_alibabacloudslb_never_echoes_a_partial_secret() -> None:
     assert done.returncode != 0
     assert wire.SLB_ACCESS_KEY_ENV in done.stderr
     assert "s3cr3t-value-that-must-not-leak" not in done.stdout + done.stderr
+
+
+# -- common mistakes: one line naming the cause and the fix, exit code 2, no traceback ----------
+
+
+def _env(**changes: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "KUBERNETES_SERVICE_HOST")}
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env
+
+
+def _error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The one ``Error:`` line of a usage error; fails on a traceback or another exit code."""
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 2, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if line.startswith("Error:")]
+    return line
+
+
+def test_a_missing_kubeconfig_path_is_named_with_the_options_that_set_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope" / "config"
+    line = _error_line(_cli("webhook", "--adapter", "demo", "--kubeconfig", str(missing), env=_env()))
+    assert f"kubeconfig {missing} (from --kubeconfig) does not exist" in line
+    assert "--kubeconfig" in line and "$KUBECONFIG" in line
+
+
+def test_a_missing_kubeconfig_from_the_environment_names_kubeconfig(tmp_path: Path) -> None:
+    missing = tmp_path / "gone"
+    line = _error_line(_cli("webhook", "--adapter", "demo", env=_env(KUBECONFIG=str(missing))))
+    assert f"kubeconfig {missing} (from $KUBECONFIG) does not exist" in line
+
+
+def test_no_kubeconfig_at_all_says_where_it_looked(tmp_path: Path) -> None:
+    line = _error_line(_cli("run", "--adapter", "demo", env=_env(HOME=str(tmp_path))))
+    assert "no kubeconfig" in line
+    assert str(tmp_path / ".kube" / "config") in line
+    assert "--kubeconfig" in line and "$KUBECONFIG" in line
+
+
+def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Path) -> None:
+    garbage = tmp_path / "config"
+    garbage.write_text("apiVersion: v1\nclusters: [\n  {name: : :\n")
+    line = _error_line(_cli("webhook", "--adapter", "demo", "--kubeconfig", str(garbage), env=_env()))
+    assert f"kubeconfig {garbage} (from --kubeconfig) is not valid YAML at line" in line
+    not_a_kubeconfig = tmp_path / "list"
+    not_a_kubeconfig.write_text("- just\n- a list\n")
+    line = _error_line(
+        _cli("webhook", "--adapter", "demo", "--kubeconfig", str(not_a_kubeconfig), env=_env())
+    )
+    assert "is YAML but not a kubeconfig" in line
+
+
+def test_a_health_address_that_is_not_host_port_is_refused(tmp_path: Path) -> None:
+    line = _error_line(_cli("run", "--adapter", "demo", "--health-address", "not-an-address", env=_env()))
+    assert "--health-address" in line
+    assert "'not-an-address' is not HOST:PORT" in line and "127.0.0.1:8081" in line
+
+
+def test_run_webhook_in_a_namespace_that_does_not_exist_hints_pod_namespace(
+    control_plane: Any, tmp_path: Path
+) -> None:
+    args = ["run", "--adapter", "demo", "--webhook", "--kubeconfig", str(control_plane.kubeconfig)]
+    args += ["--cert-dir", str(tmp_path), "--health-address", "127.0.0.1:0", "--webhook-port", "0"]
+    line = _error_line(_cli(*args, timeout=60, env=_env(POD_NAMESPACE="no-such-namespace-rc")))
+    assert "namespace no-such-namespace-rc does not exist" in line
+    assert "POD_NAMESPACE" in line
+
+
+def test_webhook_without_bootstrap_and_an_empty_cert_dir_names_the_missing_files(
+    control_plane: Any, tmp_path: Path
+) -> None:
+    args = ["webhook", "--adapter", "demo", "--no-bootstrap-certs", "--cert-dir", str(tmp_path)]
+    line = _error_line(_cli(*args, "--kubeconfig", str(control_plane.kubeconfig), timeout=60, env=_env()))
+    assert f"no tls.crt or tls.key in {tmp_path}" in line
+    assert "--no-bootstrap-certs" in line
+
+
+def test_a_webhook_url_that_is_not_https_is_refused() -> None:
+    line = _error_line(
+        _cli("webhook", "--adapter", "demo", "--webhook-url", "http://127.0.0.1:9443", env=_env())
+    )
+    assert "'http://127.0.0.1:9443' is not an https:// URL" in line
+
+
+def test_webhook_help_states_the_real_kubeconfig_precedence() -> None:
+    done = _cli("webhook", "--help", timeout=60)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())
+    assert (
+        "$KUBECONFIG (it wins over ~/.kube/config), else ~/.kube/config, else the in-cluster config" in text
+    )

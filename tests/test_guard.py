@@ -160,6 +160,14 @@ def _routes(provider: FakeProvider) -> Callable[[str], bool]:
     return routes
 
 
+def _routing_already(provider: FakeProvider, cluster: Cluster, pod: str) -> None:
+    """The provider holds the Service's VIP and routes to ``pod`` at weight 100, as a crashed
+    controller could have left it."""
+    skey = f"{cluster.namespace}/svc"
+    provider.real_servers[skey] = {pod: RealServer(cluster.ip_of(pod), True, 100)}
+    provider.vips[skey] = VipStatus(vip=DEMO_VIP, qps=DEMO_QPS)
+
+
 async def _finalizers_of(cluster: Cluster, pod: str) -> list[str]:
     return finalizers(await cluster.get(kube.POD, pod))
 
@@ -275,8 +283,7 @@ async def test_a_registration_found_without_its_guard_is_guarded_first(
     await cluster.pod("pod-1", {"app": "svc"})
     await cluster.set_status("pod-1", ready=False)
     # A crash between a call and its write left the provider routing to an unguarded pod.
-    provider.real_servers[skey] = {"pod-1": RealServer(cluster.ip_of("pod-1"), True, 100)}
-    provider.vips[skey] = VipStatus(vip=DEMO_VIP, qps=DEMO_QPS)
+    _routing_already(provider, cluster, "pod-1")
     provider.fail_next("update_rs", times=1000)  # traffic cannot be turned off for now
     async with run_manager(DemoAdapter(provider)) as manager:
 
@@ -428,8 +435,7 @@ async def test_the_unguarded_gauge_shows_a_routed_pod_that_cannot_be_guarded(
     # Someone else's finalizer keeps the deleting pod; nothing can be added to it any more.
     await cluster.patch(kube.POD, "pod-1", {"metadata": {"finalizers": ["example.com/hold"]}})
     await cluster.delete(kube.POD, "pod-1")
-    provider.real_servers[skey] = {"pod-1": RealServer(cluster.ip_of("pod-1"), True, 100)}
-    provider.vips[skey] = VipStatus(vip=DEMO_VIP, qps=DEMO_QPS)
+    _routing_already(provider, cluster, "pod-1")
     provider.fail_next("delete_rs", times=1000)
     async with run_manager(DemoAdapter(provider)) as manager:
 

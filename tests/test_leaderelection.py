@@ -168,6 +168,7 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
         assert elector is not None
         await async_wait_for(lambda: elector.attempts >= 3, timeout=20, message="the standby campaigning")
         assert not standby.leading
+        assert standby.metrics.registry.get_sample_value("resourceconsist_leader") == 0
 
         leader.kill()
         await asyncio.to_thread(leader.wait)
@@ -183,6 +184,7 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
         taken = await cluster.get(kube.LEASE, "crash-leader")
         assert taken is not None
         assert taken["spec"]["holderIdentity"] == "standby"
+        assert standby.metrics.registry.get_sample_value("resourceconsist_leader") == 1
     finally:
         if leader.poll() is None:
             leader.kill()

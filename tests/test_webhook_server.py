@@ -547,3 +547,103 @@ async def test_replaced_certificate_files_are_served_to_new_connections(
     # And the API server's kind of client keeps working across the rotation.
     async with aiohttp.ClientSession() as session:
         await _good_request_succeeds(session, webhook)
+
+
+# -- fuzzing -----------------------------------------------------------------------------------
+
+
+def _mutations(seed: int, count: int) -> list[bytes]:
+    """``count`` random mutations of a valid AdmissionReview (seeded, so a failure replays):
+    values swapped for other types, keys dropped or added, the JSON truncated or bytes flipped."""
+    import random
+
+    rng = random.Random(seed)
+    odd_values: list[Any] = [
+        None,
+        0,
+        -1,
+        2**70,
+        1.5,
+        True,
+        "",
+        "x" * 10_000,
+        "\u0000\ud7ff",
+        [],
+        [None],
+        {},
+        {"a": {"b": {"c": []}}},
+    ]
+
+    def paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        found = [prefix]
+        if isinstance(node, dict):
+            for key, value in node.items():
+                found += paths(value, (*prefix, key))
+        elif isinstance(node, list):
+            for index, value in enumerate(node):
+                found += paths(value, (*prefix, index))
+        return found
+
+    bodies: list[bytes] = []
+    for _ in range(count):
+        review = _review_body(_pod("p", {"app": "x"}, {"note": "n"}))
+        review["request"]["oldObject"] = _pod("old", {})
+        target = rng.choice(paths(review)[1:])
+        parent: Any = review
+        for step in target[:-1]:
+            parent = parent[step]
+        action = rng.randrange(5)
+        if action == 0:
+            parent[target[-1]] = rng.choice(odd_values)
+        elif action == 1 and isinstance(parent, dict):
+            del parent[target[-1]]
+        elif action == 2 and isinstance(parent, dict):
+            parent[rng.choice(["extra", "", "kind", "uid", "metadata"])] = rng.choice(odd_values)
+        raw = json.dumps(review).encode()
+        if action == 3:
+            raw = raw[: rng.randrange(len(raw))]
+        elif action == 4:
+            flipped = bytearray(raw)
+            for _ in range(rng.randint(1, 8)):
+                flipped[rng.randrange(len(flipped))] = rng.randrange(256)
+            raw = bytes(flipped)
+        bodies.append(raw)
+    return bodies
+
+
+def _no_op_or_refusal(status: int, answer: Any, what: str) -> None:
+    """A 400 Status, or a 200 review that allows without a patch or denies with code 400."""
+    assert status in (200, 400), (what, status, answer)
+    if status == 400:
+        assert answer["kind"] == "Status" and answer["code"] == 400, what
+        return
+    response = answer["response"]
+    if response["allowed"]:
+        assert "patch" not in response, what
+    else:
+        assert response["status"]["code"] == 400, (what, response)
+
+
+async def test_fuzzed_reviews_get_400s_or_no_op_answers_and_the_server_keeps_serving(
+    webhook: Webhook,
+) -> None:
+    valid = _review_body()
+    named: list[tuple[str, bytes]] = [
+        ("garbage", bytes(range(256)) * 4),
+        ("empty", b""),
+        ("10 MB", b'{"apiVersion":"admission.k8s.io/v1","pad":"' + b"x" * (10 * 1024 * 1024) + b'"}'),
+        ("wrong apiVersion", json.dumps({**valid, "apiVersion": "admission.k8s.io/v2"}).encode()),
+        ("missing request", json.dumps({k: v for k, v in valid.items() if k != "request"}).encode()),
+        ("wrong kind", json.dumps({**valid, "kind": "Pod"}).encode()),
+        ("JSON null", b"null"),
+        ("JSON list", b"[1,2,3]"),
+    ]
+    named += [(f"mutation {i} (seed 12)", body) for i, body in enumerate(_mutations(12, 300))]
+    async with aiohttp.ClientSession() as session:
+        for start in range(0, len(named), 25):
+            for what, body in named[start : start + 25]:
+                # /mutating-generic: no Service selects anything in namespace "ns", so a review
+                # that is valid after all is allowed without a patch.
+                status, answer = await _post(session, webhook, "/mutating-generic", body)
+                _no_op_or_refusal(status, answer, what)
+            await _good_request_succeeds(session, webhook)

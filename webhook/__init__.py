@@ -9,7 +9,8 @@ pod is never service-available before every load balancer that should carry it h
 - ``admission``: AdmissionReview v1 parsing and the pod mutation (through ``lifecycle``);
 - ``server``: the HTTPS server (``WebhookServer``) and the ``serve`` entry point;
 - ``bootstrap``: the self-signed CA, serving certificate, Secret and caBundle;
-- ``tls``: the TLS context that follows certificate files on disk.
+- ``tls``: the TLS context that follows certificate files on disk;
+- ``listener``: accepting connections, TLS on the first byte, deadlines and the connection cap.
 
 Deployment, the path convention and the failure-policy trade-off: ``docs/webhook.md``.
 """
@@ -35,6 +36,7 @@ from resourceconsist.webhook.bootstrap import (
     service_hosts,
     webhook_namespace,
 )
+from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats
 from resourceconsist.webhook.server import (
     DEFAULT_ADAPTER_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
@@ -57,6 +59,8 @@ __all__ = [
     "BootstrapResult",
     "BootstrapSettings",
     "CertificateReloader",
+    "ConnectionLimits",
+    "ConnectionStats",
     "ControlledServiceAdapter",
     "EmployerRef",
     "InvalidAdapterName",

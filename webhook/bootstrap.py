@@ -18,6 +18,10 @@ every replica through one Secret, trusted by the API server through the configur
    the server's certificate reloader picks them up.
 
 The blocking function runs in a worker thread when awaited through ``aensure_webhook_certificates``.
+
+Outside the cluster (a laptop, CI), ``register_url_webhooks`` writes the mutating configuration
+with ``clientConfig.url`` entries pointing at the local server instead of the Service
+(docs/webhook.md, "Running the webhook outside the cluster").
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from resourceconsist import certs, kube, wire
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import Conflict, KubeClient, KubeObject, Resource
+from resourceconsist.webhook.adapter import webhook_path
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +327,75 @@ def ensure_ca_bundle(
         else:
             raise BootstrapError(f"{resource.kind} {name} kept changing under us ({_ATTEMPTS} attempts)")
     return tuple(written)
+
+
+def url_webhook_entry(adapter_name: str, base_url: str, ca_bundle: str) -> dict[str, Any]:
+    """The webhook entry for one adapter reached at ``base_url`` (``https://host:port``): the
+    same rules and policies as ``config/webhook/webhook.yaml``, with a URL instead of a Service."""
+    return {
+        "name": f"{adapter_name}.pods.resourceconsist.kusionstack.io",
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": {"url": base_url.rstrip("/") + webhook_path(adapter_name), "caBundle": ca_bundle},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ],
+        "objectSelector": {"matchLabels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
+        "matchPolicy": "Equivalent",
+        "reinvocationPolicy": "IfNeeded",
+        "sideEffects": "None",
+        "failurePolicy": "Fail",
+        "timeoutSeconds": 10,
+    }
+
+
+def register_url_webhooks(
+    client: KubeClient,
+    base_url: str,
+    adapter_names: Sequence[str],
+    ca_bundle: str,
+    *,
+    name: str = wire.MUTATING_WEBHOOK_CONFIGURATION,
+) -> bool:
+    """Create or update the MutatingWebhookConfiguration ``name`` so that it holds exactly one
+    URL entry per adapter; True when it was written (nothing is written when it matches)."""
+    webhooks = [url_webhook_entry(adapter, base_url, ca_bundle) for adapter in sorted(adapter_names)]
+    resource = kube.MUTATING_WEBHOOK_CONFIGURATION
+    for _ in range(_ATTEMPTS):
+        current = client.get_or_none(resource, None, name)
+        body: KubeObject = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": name, "labels": dict(_MANAGED_BY)},
+            "webhooks": webhooks,
+        }
+        try:
+            if current is None:
+                client.create(resource, None, body)
+            elif _url_entries(current) == _url_entries(body):
+                return False
+            else:
+                body["metadata"]["resourceVersion"] = _rv(current)
+                client.replace(resource, None, name, body)
+        except Conflict:  # created or changed by someone else meanwhile: look again
+            continue
+        log.info("MutatingWebhookConfiguration %s points at %s", name, base_url)
+        return True
+    raise BootstrapError(f"MutatingWebhookConfiguration {name} kept changing under us ({_ATTEMPTS} attempts)")
+
+
+def _url_entries(config: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    entries = []
+    for webhook in config.get("webhooks") or []:
+        client_config = webhook.get("clientConfig") or {}
+        url, ca_bundle = client_config.get("url"), client_config.get("caBundle")
+        entries.append((str(webhook.get("name")), str(url), str(ca_bundle)))
+    return entries
 
 
 # -- files ---------------------------------------------------------------------------------

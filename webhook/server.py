@@ -15,8 +15,13 @@ answers ``admission.k8s.io/v1`` AdmissionReviews:
   ``adapter_timeout`` and by the API server's own ``?timeout=`` for the call, whichever is
   shorter, so the server answers before the API server gives up.
 
+Connections come through ``listener.Listener``: TLS starts on the client's first byte, and the
+handshake, the request headers, the body and idle keep-alive each have a deadline, with a cap on
+open connections (``ConnectionLimits``; docs/webhook.md, "Connections and memory").
+
 It runs on the caller's event loop (the manager's), alongside controllers; ``serve`` is the
-entry point that bootstraps certificates first. ``/healthz`` answers while the loop serves;
+entry point that bootstraps certificates first (and, with ``webhook_url``, registers a
+URL-based configuration for a server outside the cluster). ``/healthz`` answers while the loop serves;
 ``/readyz`` once a certificate is loaded and the adapters' caches are synced.
 """
 
@@ -35,8 +40,10 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.kube import KubeClient, KubeObject
@@ -65,7 +72,9 @@ from resourceconsist.webhook.bootstrap import (
     TLS_KEY_FILE,
     BootstrapResult,
     aensure_webhook_certificates,
+    register_url_webhooks,
 )
+from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats, Listener, listening_sockets
 from resourceconsist.webhook.tls import CertificateReloader
 
 log = logging.getLogger("resourceconsist.webhook")
@@ -116,6 +125,9 @@ class BootstrapSettings:
     namespace: str | None = None
     extra_hosts: tuple[str, ...] = ()
     interval: float | None = 600.0
+    #: Register a URL-based MutatingWebhookConfiguration pointing here (``https://host:port``),
+    #: for a server outside the cluster (docs/webhook.md); its host must be in ``extra_hosts``.
+    webhook_url: str | None = None
 
 
 Observer = Callable[[AdmissionDecision], None]
@@ -169,6 +181,8 @@ class WebhookServer:
         bootstrap: BootstrapSettings | None = None,
         own_informers: bool = False,
         observer: Observer | None = None,
+        limits: ConnectionLimits | None = None,
+        backlog: int = 1024,
     ) -> None:
         if cert_file is None or key_file is None:
             if bootstrap is None:
@@ -186,10 +200,13 @@ class WebhookServer:
         self.shutdown_timeout = shutdown_timeout
         self.bootstrap = bootstrap
         self.observer = observer
+        self.limits = limits if limits is not None else ConnectionLimits()
+        self.backlog = backlog
         self.last_bootstrap: BootstrapResult | None = None
         self.bad_requests = 0
         self._tls = CertificateReloader(cert_file, key_file, interval=cert_reload_interval)
         self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
         self._bootstrap_task: asyncio.Task[None] | None = None
         for adapter in adapters:
             self.add_adapter(adapter)
@@ -238,12 +255,33 @@ class WebhookServer:
     def running(self) -> bool:
         return self._runner is not None
 
+    @property
+    def connections(self) -> ConnectionStats:
+        """What the listener did so far (accepted, timed out, open)."""
+        if self._listener is None:
+            return ConnectionStats()
+        return self._listener.stats
+
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes)
+        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._track_phase])
         app.router.add_post(PATH_PREFIX + "{name}", self._admit)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         return app
+
+    @web.middleware
+    async def _track_phase(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # The headers are in once a handler runs: the connection's header deadline ends here,
+        # and its idle deadline starts when the answer is given (webhook/listener.py).
+        listener = self._listener
+        guard = listener.guards.get(request.protocol) if listener is not None else None
+        if guard is not None:
+            guard.request_started()
+        try:
+            return await handler(request)
+        finally:
+            if guard is not None:
+                guard.request_finished()
 
     async def start(self) -> None:
         """Bootstrap certificates (if configured), load the certificate, start listening."""
@@ -255,19 +293,32 @@ class WebhookServer:
         self._tls.start()  # follow the files from now on
         if self._own_informers:
             self._informers.start(asyncio.get_running_loop())
-        runner = web.AppRunner(self._app(), access_log=None, shutdown_timeout=self.shutdown_timeout)
+        runner = web.AppRunner(
+            self._app(),
+            access_log=None,
+            shutdown_timeout=self.shutdown_timeout,
+            # aiohttp's own idle timer is only a backstop: the listener's fires first and counts.
+            keepalive_timeout=self.limits.idle_timeout + 1.0,
+        )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self.port, ssl_context=self._tls.listener_context)
-            await site.start()
+            server = runner.server
+            assert server is not None  # set by setup()
+            listener = Listener(
+                listening_sockets(self.host, self.port, self.backlog),
+                server,
+                self._tls.listener_context,
+                self.limits,
+            )
         except BaseException:
             await runner.cleanup()
             await self._tls.stop()
             if self._own_informers:
                 await asyncio.to_thread(self._informers.stop)
             raise
-        self._runner = runner
-        self.port = int(runner.addresses[0][1])
+        listener.start()
+        self._runner, self._listener = runner, listener
+        self.port = listener.port
         if self.bootstrap is not None and self.bootstrap.interval:
             self._bootstrap_task = asyncio.get_running_loop().create_task(
                 self._bootstrap_loop(self.bootstrap.interval), name="webhook-cert-bootstrap"
@@ -281,6 +332,9 @@ class WebhookServer:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            await listener.stop()
         runner, self._runner = self._runner, None
         if runner is not None:
             await runner.cleanup()
@@ -308,6 +362,14 @@ class WebhookServer:
             namespace=settings.namespace,
             extra_hosts=settings.extra_hosts,
         )
+        if settings.webhook_url is not None:
+            await asyncio.to_thread(
+                register_url_webhooks,
+                settings.client,
+                settings.webhook_url,
+                sorted(self._adapters),
+                self.last_bootstrap.certificates.ca_bundle,
+            )
         return self.last_bootstrap
 
     async def _bootstrap_loop(self, interval: float) -> None:
@@ -386,9 +448,25 @@ class WebhookServer:
         if request.content_length is not None and request.content_length > self.max_body_bytes:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
         try:
-            body = await request.read()
+            async with asyncio.timeout(self.limits.body_timeout):
+                body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
+        except TimeoutError:
+            self.connections.body_timeouts += 1
+            log.info(
+                "webhook %s: closing the connection from %s: no complete body within %.0fs",
+                request.path,
+                request.remote,
+                self.limits.body_timeout,
+            )
+            return _abort(request)
+        except ConnectionError:
+            # The client went away mid-body: its business, not a server error.
+            log.info(
+                "webhook %s: the client %s disconnected while sending the body", request.path, request.remote
+            )
+            return _abort(request)
         try:
             review = parse_review(body)
         except BadReview as err:
@@ -543,6 +621,13 @@ def _error_text(err: BaseException) -> str:
     return f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__
 
 
+def _abort(request: web.Request) -> web.Response:
+    """Drop the connection of a request whose body will not arrive; the answer is never sent."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=HTTPStatus.REQUEST_TIMEOUT)
+
+
 def _compact(obj: Any) -> str:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
@@ -563,6 +648,8 @@ async def serve(
     cert_reload_interval: float = 2.0,
     bootstrap_interval: float | None = 600.0,
     observer: Observer | None = None,
+    webhook_url: str | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> WebhookServer:
     """Start the webhook on the running event loop and return the started server.
 
@@ -572,16 +659,28 @@ async def serve(
     must already hold ``tls.crt`` and ``tls.key`` (e.g. from cert-manager). Either way the files
     are reloaded when they change. Pass the manager's ``informers`` to share its caches;
     otherwise the server runs its own. Call ``await server.stop()`` to shut it down.
+
+    ``webhook_url`` (with ``bootstrap``) registers the adapters in a URL-based
+    MutatingWebhookConfiguration pointing at that address, and adds its host to the
+    certificate: the way to run the webhook outside the cluster (docs/webhook.md).
     """
     directory = Path(cert_dir)
+    hosts = tuple(extra_hosts)
+    if webhook_url is not None:
+        if not bootstrap:
+            raise ValueError("webhook_url needs bootstrap: the configuration carries the bootstrapped CA")
+        url_host = urlsplit(webhook_url).hostname
+        if url_host:
+            hosts = (*hosts, url_host)
     settings = (
         BootstrapSettings(
             client,
             directory,
             service_name=service_name,
             namespace=namespace,
-            extra_hosts=tuple(extra_hosts),
+            extra_hosts=hosts,
             interval=bootstrap_interval,
+            webhook_url=webhook_url,
         )
         if bootstrap
         else None
@@ -598,6 +697,7 @@ async def serve(
         cert_reload_interval=cert_reload_interval,
         bootstrap=settings,
         observer=observer,
+        limits=limits,
     )
     await server.start()
     return server

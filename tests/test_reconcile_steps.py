@@ -1,0 +1,273 @@
+"""Unit tests of the reconcile steps' logic against in-memory fakes of the frame's small I/O
+protocols (resourceconsist.interfaces): fast, and exact about the order of writes and calls.
+
+The fakes stand in for the API server only as far as the steps use it (merge patches of
+metadata with a resourceVersion precondition, deletion held by finalizers); what the frame
+does against the real kube-apiserver is claimed by tests/test_guard.py and
+tests/test_go_scenarios.py, which stay the authority.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.errors import PermanentError, steering
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
+from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.labels import map_selects
+from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
+
+NS = "ns"
+G, L = lifecycle.guard_finalizer("svc"), lifecycle.lifecycle_finalizer("svc")
+ENTRY = lifecycle.expected_finalizer_key("Service", NS, "svc")
+
+
+class FakeApi:
+    """In-memory objects behind ObjectReader and ObjectWriter; records every write."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], KubeObject] = {}
+        self.writes: list[tuple[str, dict[str, Any]]] = []
+        self.rv = 0
+        self.refuse: set[str] = set()  # names whose writes always conflict
+
+    def put(self, res: Resource, obj: KubeObject) -> None:
+        self.rv += 1
+        obj.setdefault("metadata", {})["resourceVersion"] = str(self.rv)
+        obj["metadata"].setdefault("namespace", NS)
+        self.objects[(res.plural, NS, obj["metadata"]["name"])] = obj
+
+    # -- ObjectReader ----------------------------------------------------------------------------
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        found = self.objects.get((resource.plural, namespace or NS, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        label_selector: Mapping[str, Any] | None = None,
+    ) -> list[KubeObject]:
+        return [
+            copy.deepcopy(o)
+            for (plural, _, _), o in sorted(self.objects.items())
+            if plural == resource.plural
+        ]
+
+    def pods_selected_by(self, service: KubeObject) -> list[KubeObject]:
+        selector = service.get("spec", {}).get("selector")
+        return [p for p in self.list(kube.POD) if map_selects(selector, p["metadata"].get("labels") or {})]
+
+    def pods_with_finalizer(self, namespace: str, finalizer: str) -> list[KubeObject]:
+        return [p for p in self.list(kube.POD) if finalizer in (p["metadata"].get("finalizers") or [])]
+
+    # -- ObjectWriter ----------------------------------------------------------------------------
+
+    def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        return self.get(res, namespace, name)
+
+    def patch(self, res: Resource, namespace: str | None, name: str, body: Any, **_: Any) -> KubeObject:
+        key = (res.plural, namespace or NS, name)
+        obj = self.objects.get(key)
+        if obj is None:
+            raise kube.ApiError.of(404, "NotFound", name)
+        meta = body.get("metadata", {})
+        if (
+            name in self.refuse
+            or meta.get("resourceVersion", obj["metadata"]["resourceVersion"])
+            != (obj["metadata"]["resourceVersion"])
+        ):
+            raise kube.ApiError.of(409, "Conflict", name)
+        obj = copy.deepcopy(obj)
+        for field, value in meta.items():
+            if field == "annotations":
+                obj["metadata"].setdefault("annotations", {}).update(value)
+            elif field != "resourceVersion":
+                obj["metadata"][field] = value
+        self.writes.append((name, copy.deepcopy(meta)))
+        if obj["metadata"].get("deletionTimestamp") and not obj["metadata"].get("finalizers"):
+            del self.objects[key]  # the API server lets a released deleting object go
+            return obj
+        self.put(res, obj)
+        return copy.deepcopy(obj)
+
+    def patch_optimistic(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[KubeObject], dict[str, Any] | None],
+        *,
+        current: KubeObject | None = None,
+        attempts: int = 8,
+    ) -> tuple[KubeObject | None, bool]:
+        return kube.patch_with_precondition(
+            self.get, self.patch, res, namespace, name, change, current, attempts
+        )
+
+
+class Events:
+    def __init__(self) -> None:
+        self.recorded: list[tuple[str, str, str]] = []
+
+    async def event(self, obj: KubeObject, type_: Any, reason: str, message: str) -> None:
+        self.recorded.append((type_, reason, message))
+
+
+class Watching(DemoAdapter):
+    """Demo adapter that notes each pod's finalizers (from the fake API) at each mutating call."""
+
+    def __init__(self, api: FakeApi, provider: FakeProvider) -> None:
+        super().__init__(provider, record_expected_finalizers=False)
+        self.api = api
+        self.seen: list[tuple[str, str, list[str]]] = []
+
+    def _note(self, call: str, items: list[Employee]) -> None:
+        for item in items:
+            pod = self.api.get(kube.POD, NS, item.name) or {"metadata": {}}
+            self.seen.append((call, item.name, list(pod["metadata"].get("finalizers") or [])))
+
+    def create_employees(self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]) -> Any:
+        self._note("create", to_create)
+        return super().create_employees(ctx, employer, to_create)
+
+    def update_employees(self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]) -> Any:
+        self._note("update", to_update)
+        return super().update_employees(ctx, employer, to_update)
+
+
+def _service(api: FakeApi, *, deleting: bool = False) -> None:
+    meta: dict[str, Any] = {
+        "name": "svc",
+        "finalizers": [wire.CLEAN_FINALIZER],
+        "labels": {wire.CONTROL_LABEL: "true"},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    api.put(kube.SERVICE, {"kind": "Service", "metadata": meta, "spec": {"selector": {"app": "web"}}})
+
+
+def _pod(api: FakeApi, name: str, *, ready: bool, finalizers: list[str] | None = None) -> None:
+    status = {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": str(ready)}]}
+    meta = {"name": name, "labels": {"app": "web"}, "finalizers": finalizers or []}
+    api.put(kube.POD, {"metadata": meta, "status": status})
+
+
+def _reconciler(api: FakeApi, adapter: DemoAdapter, events: Events | None = None) -> Reconciler:
+    return Reconciler(adapter, api, api, events or Events(), kube.SERVICE, kube.POD)
+
+
+def _finalizers(api: FakeApi, name: str) -> list[str]:
+    return list((api.get(kube.POD, NS, name) or {"metadata": {}})["metadata"].get("finalizers") or [])
+
+
+async def test_a_new_employer_gets_its_clean_finalizer_and_nothing_else_happens() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    api.put(
+        kube.SERVICE, {"kind": "Service", "metadata": {"name": "svc"}, "spec": {"selector": {"app": "web"}}}
+    )
+    _pod(api, "web-0", ready=True)
+    await _reconciler(api, DemoAdapter(provider)).reconcile(f"{NS}/svc")
+    assert (api.get(kube.SERVICE, NS, "svc") or {})["metadata"]["finalizers"] == [wire.CLEAN_FINALIZER]
+    assert provider.mutating_calls() == 0
+    assert _finalizers(api, "web-0") == []
+
+
+async def test_the_guard_and_the_entry_go_on_in_one_write_before_the_call_then_swap_after() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    adapter = Watching(api, provider)
+    await _reconciler(api, adapter).reconcile(f"{NS}/svc")
+    assert adapter.seen == [("create", "web-0", [G])], "guarded before the provider was called"
+    writes = [{k: v for k, v in w.items() if k != "resourceVersion"} for n, w in api.writes if n == "web-0"]
+    entry = lifecycle.render_available_conditions({ENTRY: L})
+    assert writes == [
+        {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: entry}, "finalizers": [G]},
+        {"finalizers": [L]},
+    ]
+
+
+async def test_a_call_that_reports_failure_leaves_the_guard_and_adds_no_lifecycle_finalizer() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    provider.report_failure_after_doing("create_rs")
+    with pytest.raises(ReconcileError, match="syncCreate failed"):
+        await _reconciler(api, DemoAdapter(provider)).reconcile(f"{NS}/svc")
+    assert provider.snapshot()[f"{NS}/svc"]["web-0"].traffic_on, "the provider did route"
+    assert _finalizers(api, "web-0") == [G]
+
+
+async def test_a_pod_that_cannot_be_guarded_is_not_registered() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    _pod(api, "web-1", ready=True)
+    api.refuse.add("web-1")  # every write to web-1 conflicts
+    adapter = Watching(api, provider)
+    with pytest.raises(ReconcileError):  # the entry of web-1 could not be written
+        await _reconciler(api, adapter).reconcile(f"{NS}/svc")
+    assert [name for _, name, _ in adapter.seen] == ["web-0"]
+    assert "web-1" not in provider.snapshot()[f"{NS}/svc"]
+
+
+async def test_a_not_ready_pod_is_held_by_the_guard_not_by_the_lifecycle_finalizer() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True, finalizers=[L])
+    provider.put_rs("create_rs", f"{NS}/svc", {"web-0": RealServer("10.0.0.1", True, 100)})
+    _pod(api, "web-0", ready=False, finalizers=[L])
+    await _reconciler(api, DemoAdapter(provider)).reconcile(f"{NS}/svc")
+    assert not provider.snapshot()[f"{NS}/svc"]["web-0"].traffic_on
+    assert _finalizers(api, "web-0") == [G], "registered at weight 0: held, not served"
+
+
+async def test_deleting_an_employer_whose_backends_went_with_it_releases_every_guarded_pod() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api, deleting=True)
+    _pod(api, "web-0", ready=True, finalizers=[L, "example.com/keep"])
+    _pod(api, "web-1", ready=False, finalizers=[G])
+    await _reconciler(api, DemoAdapter(provider, record_expected_finalizers=False)).reconcile(f"{NS}/svc")
+    assert _finalizers(api, "web-0") == ["example.com/keep"]
+    assert _finalizers(api, "web-1") == []
+    assert api.get(kube.SERVICE, NS, "svc") is None, "clean finalizer released, the Service went"
+
+
+async def test_a_permanent_error_reaches_the_controller_through_the_cause_chain() -> None:
+    class Broken(DemoAdapter):
+        def get_current_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+            raise PermanentError("no such load balancer")
+
+    api, events = FakeApi(), Events()
+    _service(api)
+    with pytest.raises(ReconcileError) as failed:
+        await _reconciler(api, Broken(FakeProvider()), events).reconcile(f"{NS}/svc")
+    assert isinstance(steering(failed.value), PermanentError)
+    assert (
+        "Warning",
+        "GetCurrentEmployeesFailed",
+        "get current employees failed: no such load balancer",
+    ) in (events.recorded)
+
+
+async def test_items_failed_without_an_error_end_the_pass_as_sync_failed() -> None:
+    class Slow(DemoAdapter):
+        def create_employees(
+            self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+        ) -> Any:
+            return [], to_create
+
+    api = FakeApi()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    with pytest.raises(SyncFailedExist):
+        await _reconciler(api, Slow(FakeProvider())).reconcile(f"{NS}/svc")
+    assert _finalizers(api, "web-0") == [G], "unknown outcome: the guard stays"
