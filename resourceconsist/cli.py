@@ -118,13 +118,29 @@ def _explain_options(fn: F) -> F:
 def _explain(
     kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
 ) -> None:
-    from resourceconsist.explain import ExplainError, run_explain
+    from resourceconsist.explain import ExplainError, run_explain, split_ref
+    from resourceconsist.kube import ApiError, is_unreachable
 
-    adapters = _build(_all_adapters().controller, adapter_names)
     try:
-        click.echo(asyncio.run(run_explain(adapters, kind, ref, kubeconfig, output)))
+        split_ref(ref)
     except ExplainError as err:
         raise click.UsageError(str(err)) from err
+    adapters = _build(_all_adapters().controller, adapter_names)
+    client = _kube_client(kubeconfig)
+    try:
+        click.echo(asyncio.run(run_explain(client, adapters, kind, ref, output)))
+    except ExplainError as err:
+        raise click.UsageError(str(err)) from err
+    except ApiError as err:
+        raise click.ClickException(f"the API server refused a read: {err}") from err
+    except Exception as err:
+        if not is_unreachable(err):
+            raise
+        raise click.ClickException(
+            f"cannot reach the API server ({err}); check --kubeconfig and that the cluster is up"
+        ) from err
+    finally:
+        client.close()
 
 
 @explain.command("pod")

@@ -677,18 +677,14 @@ def split_ref(ref: str) -> tuple[str, str]:
 
 
 async def run_explain(
-    adapters: Sequence[ReconcileAdapter], kind: str | None, ref: str, kubeconfig: str | None, output: str
+    client: KubeClient, adapters: Sequence[ReconcileAdapter], kind: str | None, ref: str, output: str
 ) -> str:
     """``resourceconsist explain``: the pod's (``kind`` None) or the employer's answer, as
     readable lines or JSON."""
     namespace, name = split_ref(ref)
-    client = KubeClient.auto(kubeconfig)
-    try:
-        explainer = Explainer(client, adapters)
-        if kind is None:
-            pod = await explainer.pod(namespace, name)
-            return pod.model_dump_json(indent=2) if output == "json" else "\n".join(pod_lines(pod))
-        employer = await explainer.employer(explainer.resolve_kind(kind), namespace, name)
-        return employer.model_dump_json(indent=2) if output == "json" else "\n".join(employer_lines(employer))
-    finally:
-        client.close()
+    explainer = Explainer(client, adapters)
+    if kind is None:
+        pod = await explainer.pod(namespace, name)
+        return pod.model_dump_json(indent=2) if output == "json" else "\n".join(pod_lines(pod))
+    employer = await explainer.employer(explainer.resolve_kind(kind), namespace, name)
+    return employer.model_dump_json(indent=2) if output == "json" else "\n".join(employer_lines(employer))
