@@ -30,9 +30,13 @@ bench: setup
 chaos: setup
 	$(BIN)/python bench/chaos.py $(CHAOS_ARGS)
 
+# ruff, then the import contracts of .importlinter (the layers, docs/concepts.md "Layers"),
+# checked on the package as it installs (the view package-view.sh makes).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	hack/package-view.sh build/importview
+	cd build/importview && PYTHONPATH=. $(abspath $(BIN))/lint-imports --config $(CURDIR)/.importlinter
 
 # mypy --strict over the package, then over the example adapter package (examples/) against the
 # package as it installs (the view typecheck.sh made).

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from resourceconsist.adapter import ReconcileAdapter
+from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
 from resourceconsist.registry import AdapterRegistry
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def _alibabacloudslb_controller(environ: Mapping[str, str]) -> ReconcileAdapter:
     return controller_from_env(environ)
 
 
-def _alibabacloudslb_webhook(environ: Mapping[str, str]) -> object:
+def _alibabacloudslb_webhook(environ: Mapping[str, str]) -> WebhookAdapter:
     from resourceconsist.adapters.alibabacloudslb import webhook_from_env
 
     return webhook_from_env(environ)

@@ -1,7 +1,7 @@
 """Chaos benchmark of the guard (issue 8): does a pod ever leave while a load balancer routes to it?
 
 Runs, as separate processes, a real control plane (``LocalControlPlane``), the SLB emulator
-served over real HTTPS (``emulator_server``) and the controller (``resourceconsist run --adapter
+served over real HTTPS (``slb_emulator_server``) and the controller (``resourceconsist run --adapter
 alibabacloudslb``, manage mode). A driver plays kubectl and kubelet: 3 Services over overlapping
 subsets of ~60 pods, flipping readiness, adding and deleting pods, deleting and re-creating a
 Service, every ~0.15 s. Phases: calm (no faults, to show the instrument reads 0 when nothing
@@ -49,11 +49,12 @@ from typing import Any
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapters.alibabacloudslb import config as slb
-from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.labels import map_selects
 from resourceconsist.testing import LocalControlPlane
 from resourceconsist.testing.controlplane import _die_with_parent as die_with_parent
+from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
 
 NAMESPACE = "chaos"
 SERVICES = ("svc-0", "svc-1", "svc-2")
@@ -162,7 +163,7 @@ class Emulator:
 
     def __init__(self, workdir: Path, seed: int) -> None:
         lbs = [arg for i in range(len(SERVICES)) for arg in ("--load-balancer", f"lb-chaos-{i}")]
-        argv = [sys.executable, "-m", "resourceconsist.adapters.alibabacloudslb.emulator_server"]
+        argv = [sys.executable, "-m", "resourceconsist.testing.slb_emulator_server"]
         self.process = Process(
             "slb-emulator",
             [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs],
@@ -299,7 +300,7 @@ class Driver:
                 "name": name,
                 "labels": {
                     wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE,
-                    wire.SLB_LOAD_BALANCER_ID_LABEL: f"lb-chaos-{index}",
+                    LOAD_BALANCER_ID_LABEL: f"lb-chaos-{index}",
                 },
                 "annotations": {slb.MODE_ANNOTATION: "manage"},
             },

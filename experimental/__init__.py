@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from resourceconsist.adapter import ReconcileAdapter
+from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
 from resourceconsist.registry import AdapterRegistry
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def _demo(environ: Mapping[str, str]) -> ReconcileAdapter:
     return DemoAdapter()
 
 
-def _demo_webhook(environ: Mapping[str, str]) -> object:
+def _demo_webhook(environ: Mapping[str, str]) -> WebhookAdapter:
     from resourceconsist.webhook import ControlledServiceAdapter
 
     return ControlledServiceAdapter("demo")

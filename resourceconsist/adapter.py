@@ -5,6 +5,9 @@ Go adapter ports line by line. The optional capabilities are separate protocols 
 detects on the adapter (the Go type assertions); when one is absent, the frame uses the
 defaults documented in docs/reference/adapter.md. Employer and employee items are pydantic models.
 
+``WebhookAdapter`` (with ``EmployerRef``) is what the admission webhook asks of an adapter: the
+employers of a pod being created (docs/webhook.md).
+
 Every adapter method may be a plain function or a coroutine; the frame awaits coroutines on
 its event loop and runs plain (possibly blocking) functions in worker threads.
 """
@@ -12,7 +15,7 @@ its event loop and runs plain (possibly blocking) functions in worker threads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
@@ -25,7 +28,6 @@ from resourceconsist.kube import KubeObject, Resource
 if TYPE_CHECKING:
     from resourceconsist.cache import CacheReader, WatchEvent
     from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
-    from resourceconsist.workqueue import RateLimiter
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -342,8 +344,82 @@ class ProviderDescribeOptions(Protocol):
     ) -> MaybeAwaitable[ProviderView]: ...
 
 
+class RateLimiter(Protocol):
+    """How long to wait before retrying ``item`` (client-go's ``RateLimiter``); the workqueue's
+    (``resourceconsist.workqueue``) implement it."""
+
+    def when(self, item: str) -> float: ...
+
+    def forget(self, item: str) -> None: ...
+
+    def num_requeues(self, item: str) -> int: ...
+
+
 @runtime_checkable
 class MultiClusterOptions(Protocol):
     """Employer in the main (federation) cluster; employees there (True) or in member clusters."""
 
     def employee_fed(self) -> bool: ...
+
+
+# -- the webhook adapter API (served by resourceconsist.webhook; docs/webhook.md) -----------------
+
+
+@dataclass(frozen=True, order=True)
+class EmployerRef:
+    """One employer of a pod: enough to build its entry in ``expectedFinalizers``, and what the
+    employer asks of the pod's spec: its readiness gate, a ``preStop`` sleep of its drain time
+    (docs/zero-downtime.md). Two refs are equal when they name the same employer."""
+
+    kind: str
+    namespace: str
+    name: str
+    readiness_gate: bool = field(default=False, compare=False)
+    drain_seconds: int | None = field(default=None, compare=False)
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], kind: str | None = None) -> EmployerRef:
+        """From a Kubernetes object; ``kind`` overrides ``obj["kind"]``, which LIST items and
+        some caches leave out."""
+        found = kind or obj.get("kind")
+        if not found:
+            raise ValueError("the employer object has no kind; pass kind=")
+        meta = obj.get("metadata", {})
+        return cls(str(found), str(meta.get("namespace") or ""), str(meta["name"]))
+
+    @property
+    def expected_finalizer_key(self) -> str:
+        """``<Kind>/<namespace>/<name>``, the key of this employer's entry."""
+        return lifecycle.expected_finalizer_key(self.kind, self.namespace, self.name)
+
+    @property
+    def lifecycle_finalizer(self) -> str:
+        """The lifecycle finalizer this employer puts on its pods (the entry's value)."""
+        return lifecycle.lifecycle_finalizer(self.name)
+
+    @property
+    def gate(self) -> str:
+        """The readiness-gate condition type of this employer."""
+        return lifecycle.readiness_gate(self.name)
+
+
+EmployersResult = Iterable[EmployerRef] | Awaitable[Iterable[EmployerRef]]
+
+
+@runtime_checkable
+class WebhookAdapter(Protocol):
+    """What the admission webhook (``resourceconsist.webhook``) asks of an adapter that follows
+    PodOpsLifecycle: the employers of a pod that is being created.
+
+    ``get_employers_by_employee`` may be a plain function or a coroutine function. Plain ones
+    run in a worker thread, so they may block (e.g. on a provider API); coroutines run on the
+    event loop and must not. Either way the call is bounded by the server's adapter timeout.
+    ``employee`` is the pod being created, with ``metadata.namespace`` filled from the
+    request (a pod created without one in its body has none yet); its name may be empty when
+    the pod uses ``generateName``. ``reader`` serves lookups from the informer caches.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> EmployersResult: ...

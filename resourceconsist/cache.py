@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from resourceconsist import kube
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Gone, KubeClient, KubeObject, Resource, WatchStream, object_key
 from resourceconsist.labels import label_selector_selects, map_selects
 
@@ -421,6 +422,19 @@ class InformerFactory:
             return builtins.list(self._informers.values())
 
 
+class CacheNotSynced(ResourceConsistError, TimeoutError):
+    """A read of a cache whose first list is not in yet, made where it cannot wait for it."""
+
+
+def _on_event_loop() -> bool:
+    """Whether the calling thread runs an asyncio event loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 class CacheReader:
     """Read-only, cache-backed lookups for adapters and handlers (never a LIST per call)."""
 
@@ -433,8 +447,20 @@ class CacheReader:
 
     def _store(self, resource: Resource) -> Store:
         informer = self._factory.informer(resource)
-        if not informer.has_synced and not informer._synced.wait(60):
-            raise TimeoutError(f"cache of {resource.plural} is not synced")
+        if informer.has_synced:
+            return informer.store
+        if _on_event_loop():
+            # Waiting here would block the loop (resourceconsist.cancellation: nothing on the loop
+            # waits on a threading primitive). The controller and the webhook start their workers
+            # only after wait_synced, so this is a read of a kind nobody waited for.
+            raise CacheNotSynced(
+                f"the cache of {resource.plural} has not synced yet and this read runs on the event "
+                f"loop, where it must not wait: await the informer's wait_synced() first (a "
+                f"controller does so for the kinds its watch options name), or read from a plain "
+                f"adapter method, which runs in a worker thread and may wait"
+            )
+        if not informer._synced.wait(60):
+            raise CacheNotSynced(f"the cache of {resource.plural} did not sync within 60s")
         return informer.store
 
     def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:

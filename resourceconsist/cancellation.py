@@ -9,19 +9,38 @@ for the pass (worker threads included: ``asyncio.to_thread`` copies context vari
 ``DaemonThreadExecutor`` runs blocking adapter calls in daemon threads. A request already sent
 cannot be taken back, but the thread waiting for its answer must not keep the process alive
 after a stop: the frame abandons it (docs/concepts.md, "Stopping within the shutdown timeout").
+
+One rule for sync and async (docs/concepts.md, "The runtime"):
+
+- Every blocking operation has one, synchronous, form: the kube client, the provider clients,
+  a plain adapter method. No module keeps an ``a*`` twin of it.
+- Async code that needs one calls it through ``call_adapter``, the one "call this whether it is
+  sync or async" helper: a coroutine function is awaited on the loop, a plain function runs in
+  an ``ADAPTER_THREADS`` daemon thread in a copy of the caller's context (so it sees
+  ``current_cancellation()``), and an awaitable it returns is awaited. Adapter methods, provider
+  clients and the testing kit go through it.
+- The frame's own API-server calls (pod writes, Events, leader election, stopping informers) use
+  ``asyncio.to_thread``: the loop's default executor, which the manager makes a daemon pool of
+  its own. A provider that hangs fills ``ADAPTER_THREADS`` only, never the pool that renews the
+  leader lease and writes pods.
+- Nothing that runs on the event loop waits on a threading primitive (``Event.wait``, a lock,
+  ``time.sleep``); where such a wait is the only way, it raises instead of blocking the loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import contextvars
+import functools
+import inspect
 import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from resourceconsist.errors import ResourceConsistError
 
@@ -183,3 +202,26 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
             self._cond.notify_all()
         for future, _ in queued:
             future.cancel()
+
+
+#: Where plain (blocking) calls run: daemon threads, so that a call stuck in a hung provider is
+#: abandoned on stop instead of holding the process open (docs/concepts.md, "Stopping within the
+#: shutdown timeout").
+ADAPTER_THREADS: Final = DaemonThreadExecutor(name="resourceconsist-adapter")
+
+
+async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await a coroutine function on the loop; run a plain one in a worker thread, never on the loop.
+
+    The thread runs in a copy of the caller's context, so it sees the pass's
+    ``current_cancellation()``; cancelling the awaiting task abandons the thread's call. An
+    awaitable that a plain function returns is awaited too.
+    """
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, fn, *args))
+    if inspect.isawaitable(result):
+        return await result
+    return result

@@ -28,7 +28,7 @@ from resourceconsist import leaderelection
 from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combined
 
 if TYPE_CHECKING:
-    from resourceconsist.adapter import ReconcileAdapter
+    from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.kube import KubeClient
     from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable
@@ -537,7 +537,7 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
 
 async def _run(
     adapters: Sequence[ReconcileAdapter],
-    webhooks: Sequence[Any],
+    webhooks: Sequence[WebhookAdapter],
     webhook_settings: _WebhookSettings,
     kubeconfig: str | None,
     namespace: str | None,
@@ -573,7 +573,9 @@ async def _run(
         client.close()
 
 
-def _webhook_runnable(manager: Manager, webhooks: Sequence[Any], settings: _WebhookSettings) -> Runnable:
+def _webhook_runnable(
+    manager: Manager, webhooks: Sequence[WebhookAdapter], settings: _WebhookSettings
+) -> Runnable:
     """The webhook server as a manager runnable sharing the manager's informer caches."""
     from resourceconsist.manager import Runnable
     from resourceconsist.webhook import serve

@@ -19,6 +19,7 @@ from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
     Predicate,
+    RateLimiter,
     ReconcileAdapter,
     ReconcileOptions,
     ReconcileWatchOptions,
@@ -29,7 +30,7 @@ from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
-from resourceconsist.workqueue import RateLimiter, WorkQueue, default_controller_rate_limiter
+from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,6 @@ counted per verb so tests and metrics can prove steady state makes no writes.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import threading
@@ -457,14 +456,6 @@ class KubeClient:
         return patch_with_precondition(
             self.get_or_none, self.patch, res, namespace, name, change, current, attempts, conflicted
         )
-
-    # -- awaitable twins ----------------------------------------------------------------------
-
-    async def aget_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
-        return await asyncio.to_thread(self.get_or_none, res, namespace, name)
-
-    async def acreate(self, res: Resource, namespace: str | None, body: Mapping[str, Any]) -> KubeObject:
-        return await asyncio.to_thread(self.create, res, namespace, body)
 
 
 class WatchStream:

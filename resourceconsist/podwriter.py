@@ -155,6 +155,24 @@ class PodWriter:
             self._intents = {n: i for n, i in self._intents.items() if n not in only}
         result = PodWriteResult()
         gate = asyncio.Semaphore(_PARALLEL_WRITES)
+        # A pod whose cached copy already matches its plan needs no write: settle it here, on
+        # the loop, instead of a thread hop per pod (a steady-state pass plans every selected
+        # pod). A lagging cache only means the write below re-reads on conflict, as before.
+        for name, intent in list(intents.items()):
+            try:
+                where = self._resolve(name)
+                cached = where.reader.get(kube.POD, self.namespace, where.name)
+                if cached is None:
+                    continue
+                body, deferred = self._patch_for(cached, intent, self.entry)
+            except Exception:
+                continue  # an unknown cluster, a malformed annotation: the write path reports it
+            if body is None:
+                del intents[name]
+                result.done.add(name)
+                result.finalizers[name] = lifecycle.get_finalizers(cached)
+                if deferred:
+                    result.deferred.add(name)
 
         async def one(name: str, intent: PodIntent) -> None:
             async with gate:

@@ -25,15 +25,13 @@ invariant these steps keep is written down in docs/concepts.md, "The guard".
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import datetime
 import functools
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.adapter import (
@@ -50,7 +48,7 @@ from resourceconsist.adapter import (
     ReconcileRequeueOptions,
     StatusRecordOptions,
 )
-from resourceconsist.cancellation import DaemonThreadExecutor, current_cancellation
+from resourceconsist.cancellation import call_adapter, current_cancellation
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
@@ -60,28 +58,6 @@ from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-#: Where plain (blocking) adapter methods run: daemon threads, so that a call stuck in a hung
-#: provider is abandoned on stop instead of holding the process open (docs/concepts.md,
-#: "Stopping within the shutdown timeout").
-ADAPTER_THREADS: Final = DaemonThreadExecutor(name="resourceconsist-adapter")
-
-
-async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
-    """Await a coroutine method on the loop; run a plain one in a worker thread, never on the loop.
-
-    The thread runs in a copy of the caller's context, so it sees the pass's
-    ``current_cancellation()``; cancelling the awaiting task abandons the thread's call.
-    """
-    if inspect.iscoroutinefunction(fn):
-        return await fn(*args)
-    context = contextvars.copy_context()
-    loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, fn, *args))
-    if inspect.isawaitable(result):
-        return await result
-    return result
 
 
 @dataclass

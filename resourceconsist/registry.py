@@ -15,9 +15,9 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from resourceconsist.adapter import ReconcileAdapter
+from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
 from resourceconsist.errors import ResourceConsistError
 
 if TYPE_CHECKING:
@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "resourceconsist.adapters"
 
 ControllerFactory = Callable[[Mapping[str, str]], ReconcileAdapter]
-#: Builds a webhook adapter (``resourceconsist.webhook`` API) from the environment.
-WebhookFactory = Callable[[Mapping[str, str]], Any]
+#: Builds a webhook adapter (served by ``resourceconsist.webhook``) from the environment.
+WebhookFactory = Callable[[Mapping[str, str]], WebhookAdapter]
 
 
 class UnknownAdapterError(ResourceConsistError, LookupError):
@@ -87,7 +87,7 @@ class AdapterRegistry:
             raise UnknownAdapterError(f"adapter {name!r} has no controller (it only serves a webhook)")
         return entry.controller(os.environ if environ is None else environ)
 
-    def webhook(self, name: str, environ: Mapping[str, str] | None = None) -> Any:
+    def webhook(self, name: str, environ: Mapping[str, str] | None = None) -> WebhookAdapter:
         entry = self.entry(name)
         if entry.webhook is None:
             raise UnknownAdapterError(f"adapter {name!r} has no webhook adapter")

@@ -1,5 +1,6 @@
 """The wire contract: every name resourceconsist shares with KusionStack ResourceConsist (Go),
-PodOpsLifecycle and Alibaba Cloud, in one place.
+and PodOpsLifecycle, in one place. Names one adapter shares with its provider live in that
+adapter (the SLB adapter's label and environment variables: ``adapters/alibabacloudslb``).
 
 These strings are read and written by other controllers; changing one breaks a running cluster.
 ``tests/test_wire.py`` pins each of them byte for byte; docs/wire-contract.md documents them,
@@ -63,13 +64,6 @@ DRAIN_SECONDS_ANNOTATION: Final = "resource-consist.kusionstack.io/drain-seconds
 
 #: Separator of a multi-cluster employee name: ``<pod name>#<cluster name>``.
 MULTI_CLUSTER_SEPARATOR: Final = "#"
-
-#: Alibaba Cloud SLB adapter: Service label holding the load balancer id.
-SLB_LOAD_BALANCER_ID_LABEL: Final = "service.k8s.alibaba/loadbalancer-id"
-#: Alibaba Cloud SLB adapter: credential environment variables (the Go adapter's names).
-SLB_ACCESS_KEY_ENV: Final = "ALIYUN_SLB_AK_KEY"
-SLB_ACCESS_SECRET_ENV: Final = "ALIYUN_SLB_AK_SECRET"
-SLB_ENDPOINT_ENV: Final = "ALIYUN_SLB_ENDPOINT"
 
 #: Webhook certificates: the Secret (in ``$POD_NAMESPACE``), its keys, and the configurations
 #: whose caBundle the bootstrap fills.

@@ -19,17 +19,9 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
 
-
-class RateLimiter(Protocol):
-    """How long to wait before retrying ``item`` (client-go's ``RateLimiter``)."""
-
-    def when(self, item: str) -> float: ...
-
-    def forget(self, item: str) -> None: ...
-
-    def num_requeues(self, item: str) -> int: ...
+# The protocol is part of the adapter API (an adapter may bring its own limiter).
+from resourceconsist.adapter import RateLimiter
 
 
 class ItemExponentialFailureRateLimiter:

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from resourceconsist import kube, wire
+from resourceconsist.adapters.alibabacloudslb.credentials import SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV
 from resourceconsist.testing import Cluster, finalizers, wait_for
 
 
@@ -168,15 +169,15 @@ def test_a_third_party_adapter_registered_by_entry_point_is_found(tmp_path: Path
 def test_run_alibabacloudslb_without_credentials_names_the_variables() -> None:
     done = _cli("run", "--adapter", "alibabacloudslb", timeout=60, env=_without_cloud_credentials())
     assert done.returncode != 0
-    for variable in (wire.SLB_ACCESS_KEY_ENV, wire.SLB_ACCESS_SECRET_ENV):
+    for variable in (SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV):
         assert variable in done.stderr, done.stderr
 
 
 def test_run_alibabacloudslb_never_echoes_a_partial_secret() -> None:
-    env = {**_without_cloud_credentials(), wire.SLB_ACCESS_SECRET_ENV: "s3cr3t-value-that-must-not-leak"}
+    env = {**_without_cloud_credentials(), SLB_ACCESS_SECRET_ENV: "s3cr3t-value-that-must-not-leak"}
     done = _cli("run", "--adapter", "alibabacloudslb", timeout=60, env=env)
     assert done.returncode != 0
-    assert wire.SLB_ACCESS_KEY_ENV in done.stderr
+    assert SLB_ACCESS_KEY_ENV in done.stderr
     assert "s3cr3t-value-that-must-not-leak" not in done.stdout + done.stderr
 
 

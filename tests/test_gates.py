@@ -586,9 +586,9 @@ async def test_a_deleted_pod_is_drained_before_its_containers_stop_and_kept_unti
             # ... and the pod goes only once the provider holds nothing for it.
             await async_wait_for(lambda: _gone(lc, victim), timeout=30, message="the pod released")
             assert victim not in provider.snapshot().get(key, {})
+            await async_wait_for(lambda: victim in watch.gone, timeout=10, message="the deletion seen")
         finally:
             watch.close()
-        assert victim in watch.gone
         assert watch.violations == []
 
 

@@ -23,15 +23,16 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.adapters.alibabacloudslb import MODE_ANNOTATION, SERVER_ID_ANNOTATION, SLBAdapter
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, SLBError
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
+from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tMetricsKeyId9X1"
 SECRET = "Metrics/Secret+Value=3W"
@@ -78,7 +79,7 @@ async def test_metrics_show_provider_calls_retries_errors_conflicts_and_leadersh
         # Each of the next three reads of the group list is throttled, then succeeds.
         slb.fail_next("DescribeVServerGroups", times=3, code="Throttling")
         await cluster.service(
-            "web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
+            "web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
         )
         await cluster.pod(
             "web-0", {"app": "web"}, readiness_gate=True, annotations={SERVER_ID_ANNOTATION: "eni-1"}

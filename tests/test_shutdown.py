@@ -28,10 +28,15 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from resourceconsist import kube, wire
+from resourceconsist import kube
 from resourceconsist.adapter import Employer, ReconcileContext
-from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.credentials import (
+    SLB_ACCESS_KEY_ENV,
+    SLB_ACCESS_SECRET_ENV,
+    SLB_ENDPOINT_ENV,
+    SLBCredentials,
+)
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     RetryPolicy,
     SLBCancelled,
@@ -48,6 +53,7 @@ from resourceconsist.cancellation import (
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeObject
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, wait_for
+from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tShutdownKeyId42"
 SECRET = "Shutdown/Secret+Value=7Q"
@@ -200,7 +206,7 @@ def test_one_slb_operation_ends_by_its_own_deadline(slb: SLBEmulator) -> None:
 _RUNNER = textwrap.dedent(
     """
     import sys
-    from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+    from resourceconsist.testing.slb_emulator import SLBEmulator
     from resourceconsist.cli import main
 
     slb = SLBEmulator(access_key_id=sys.argv[1], access_key_secret=sys.argv[2]).start()
@@ -226,9 +232,9 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
     script.write_text(_RUNNER)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))},
-        wire.SLB_ACCESS_KEY_ENV: KEY_ID,
-        wire.SLB_ACCESS_SECRET_ENV: SECRET,
-        wire.SLB_ENDPOINT_ENV: "slb.cn-hangzhou.aliyuncs.com",
+        SLB_ACCESS_KEY_ENV: KEY_ID,
+        SLB_ACCESS_SECRET_ENV: SECRET,
+        SLB_ENDPOINT_ENV: "slb.cn-hangzhou.aliyuncs.com",
     }
     process = await asyncio.to_thread(
         subprocess.Popen,
@@ -267,7 +273,7 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
     )
     reader.start()
     try:
-        await cluster.service("web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: "lb-hung"})
+        await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: "lb-hung"})
         await cluster.pod("web-0", {"app": "web"})
         await cluster.set_status("web-0")
 

@@ -30,7 +30,7 @@ from resourceconsist.adapters.alibabacloudslb import (
     SLBAdapter,
     vserver_group_name,
 )
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     MUTATING_ACTIONS,
     BackendServer,
@@ -38,6 +38,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
 )
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
+from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tAdapterKeyId7Q2"
 SECRET = "Adapter/Secret+Value=9Zq"
@@ -90,7 +91,7 @@ def adapter(slb: SLBEmulator) -> Iterator[SLBAdapter]:
 async def _slb_service(cluster: Cluster, lb: str, *, manage: bool, **annotations: str) -> None:
     if manage:
         annotations[MODE_ANNOTATION] = "manage"
-    await cluster.service("web", labels={wire.SLB_LOAD_BALANCER_ID_LABEL: lb}, annotations=dict(annotations))
+    await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations=dict(annotations))
 
 
 async def _ready_pods(cluster: Cluster, names: list[str], *, eni: bool = True) -> None:
@@ -184,8 +185,13 @@ async def test_observe_mode_finalizers_follow_what_ccm_put_in_the_load_balancer(
             backends=[_eni(cluster, p) for p in pods],
         )
         await async_wait_for(lambda: _guarded(cluster, pods), timeout=45, message="finalizers after CCM")
-        svc = await cluster.get(kube.SERVICE, "web")
-        assert annotation(svc, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION) == "web-0,web-1,web-2"
+
+        async def recorded() -> bool:
+            # Written right after the pods, in the same pass.
+            svc = await cluster.get(kube.SERVICE, "web")
+            return annotation(svc, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION) == "web-0,web-1,web-2"
+
+        await async_wait_for(recorded, timeout=10, message="the Service records the guarded pods")
         await async_wait_for(
             lambda: key not in adapter.backoff.waiting(), timeout=10, message="backoff reset"
         )

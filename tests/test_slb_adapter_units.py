@@ -19,9 +19,15 @@ from resourceconsist.adapters.alibabacloudslb import (
     config,
     vserver_group_name,
 )
-from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.credentials import (
+    SLB_ACCESS_KEY_ENV,
+    SLB_ACCESS_SECRET_ENV,
+    SLB_ENDPOINT_ENV,
+)
 from resourceconsist.adapters.alibabacloudslb.items import Attached, Desired, ManagedEmployee
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient
+from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.webhook import ControlledServiceAdapter
 
 
@@ -39,7 +45,7 @@ def _service(name: str = "web", namespace: str = "ns", **annotations: str) -> di
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "labels": {wire.CONTROL_LABEL: "true", wire.SLB_LOAD_BALANCER_ID_LABEL: "lb-1"},
+            "labels": {wire.CONTROL_LABEL: "true", LOAD_BALANCER_ID_LABEL: "lb-1"},
             "annotations": annotations,
         },
         "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 8080}]},
@@ -203,9 +209,9 @@ def test_registered_factories_need_credentials_for_the_controller_only() -> None
     with pytest.raises(MissingCredentials, match="ALIYUN_SLB_AK_KEY"):
         registry.controller("alibabacloudslb", {})
     env = {
-        wire.SLB_ACCESS_KEY_ENV: "LTAI5tUnitKeyId",
-        wire.SLB_ACCESS_SECRET_ENV: "unit-secret-value",
-        wire.SLB_ENDPOINT_ENV: "slb.cn-shanghai.aliyuncs.com",
+        SLB_ACCESS_KEY_ENV: "LTAI5tUnitKeyId",
+        SLB_ACCESS_SECRET_ENV: "unit-secret-value",
+        SLB_ENDPOINT_ENV: "slb.cn-shanghai.aliyuncs.com",
     }
     adapter = registry.controller("alibabacloudslb", env)
     assert isinstance(adapter, SLBAdapter)

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
-from resourceconsist.adapters.alibabacloudslb.emulator_server import AdminError, EmulatorAdmin
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, RetryPolicy, SLBClient, SLBError
+from resourceconsist.testing.slb_emulator_server import AdminError, EmulatorAdmin
 
 LB = "lb-served-1"
 ADD = "AddVServerGroupBackendServers"
@@ -29,7 +29,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         [
             sys.executable,
             "-m",
-            "resourceconsist.adapters.alibabacloudslb.emulator_server",
+            "resourceconsist.testing.slb_emulator_server",
             "--dir",
             str(workdir),
             "--load-balancer",
@@ -231,7 +231,7 @@ def test_served_emulator_exits_on_sigterm(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "resourceconsist.adapters.alibabacloudslb.emulator_server",
+            "resourceconsist.testing.slb_emulator_server",
             "--dir",
             str(tmp_path),
         ],

@@ -20,6 +20,8 @@ from kubernetes import client as k8s
 
 from resourceconsist import certs, kube, lifecycle, wire
 from resourceconsist.adapters.alibabacloudslb import webhook_adapter as slb_webhook_adapter
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 from resourceconsist.webhook import (
@@ -406,7 +408,9 @@ async def test_manifest_bootstrap_and_serve_admit_a_real_pod_with_least_privileg
             "clientConfig": {"url": f"https://127.0.0.1:{server.port}{path}"},
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
         }
-        await kc.acreate(kube.MUTATING_WEBHOOK_CONFIGURATION, None, {**config, "webhooks": [local]})
+        await call_adapter(
+            kc.create, kube.MUTATING_WEBHOOK_CONFIGURATION, None, {**config, "webhooks": [local]}
+        )
         try:
             # The periodic re-check (run now) puts the caBundle into the new configuration.
             result = await server.run_bootstrap()
@@ -414,13 +418,14 @@ async def test_manifest_bootstrap_and_serve_admit_a_real_pod_with_least_privileg
             assert result.patched_configurations == (wire.MUTATING_WEBHOOK_CONFIGURATION,)
 
             labels = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE, "app": "shop"}
-            await kc.acreate(
+            await call_adapter(
+                kc.create,
                 kube.SERVICE,
                 namespace,
                 {
                     "metadata": {
                         "name": "shop",
-                        "labels": {**labels, wire.SLB_LOAD_BALANCER_ID_LABEL: "lb-1"},
+                        "labels": {**labels, LOAD_BALANCER_ID_LABEL: "lb-1"},
                     },
                     "spec": {"selector": {"app": "shop"}, "ports": [{"port": 80}]},
                 },
@@ -429,7 +434,8 @@ async def test_manifest_bootstrap_and_serve_admit_a_real_pod_with_least_privileg
 
             async def admitted() -> KubeObject | None:
                 name = f"shop-{next(pods)}"
-                pod = await kc.acreate(
+                pod = await call_adapter(
+                    kc.create,
                     kube.POD,
                     namespace,
                     {

@@ -23,7 +23,9 @@ from kubernetes import client as k8s
 
 from resourceconsist import certs, kube, lifecycle, wire
 from resourceconsist.adapters.alibabacloudslb import webhook_adapter as slb_webhook_adapter
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.cache import CacheReader, InformerFactory
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 from resourceconsist.webhook import (
@@ -170,7 +172,7 @@ async def _install(
         probe = f"probe-{next(probes)}"
         # An adapter that denies makes the create fail; the recorded decision proves the call.
         with contextlib.suppress(ApiError):
-            await kc.acreate(kube.POD, namespace, _pod(probe, {**CONTROLLED, "probe": "yes"}))
+            await call_adapter(kc.create, kube.POD, namespace, _pod(probe, {**CONTROLLED, "probe": "yes"}))
         return bool(webhook.seen(probe))
 
     try:
@@ -189,7 +191,7 @@ async def test_apiserver_calls_us_and_pods_arrive_with_their_employers_entries(
         _service("uncontrolled", {"app": "web"}, {}),
         _service("other", {"app": "db"}, CONTROLLED),
     ):
-        await kc.acreate(kube.SERVICE, namespace, svc)
+        await call_adapter(kc.create, kube.SERVICE, namespace, svc)
     reader = webhook.server.reader
     labels = {**CONTROLLED, "app": "web", "track": "canary"}
     await async_wait_for(
@@ -199,7 +201,7 @@ async def test_apiserver_calls_us_and_pods_arrive_with_their_employers_entries(
     )
     async with _install(control_plane, kc, webhook, namespace, "/mutating-generic"):
         # Two controlled Services select it: both entries, nothing for the others.
-        created = await kc.acreate(kube.POD, namespace, _pod("web-0", labels))
+        created = await call_adapter(kc.create, kube.POD, namespace, _pod("web-0", labels))
         entries = lifecycle.expected_finalizers(created)
         assert entries == {
             f"Service/{namespace}/web": lifecycle.lifecycle_finalizer("web"),
@@ -219,7 +221,7 @@ async def test_apiserver_calls_us_and_pods_arrive_with_their_employers_entries(
                 "note": "kept",
             },
         )
-        created = await kc.acreate(kube.POD, namespace, submitted)
+        created = await call_adapter(kc.create, kube.POD, namespace, submitted)
         stored = created["metadata"]["annotations"]
         expected = lifecycle.updated_available_conditions(
             submitted,
@@ -230,15 +232,20 @@ async def test_apiserver_calls_us_and_pods_arrive_with_their_employers_entries(
         assert stored["note"] == "kept"
 
         # generateName: the pod has no name yet when we see it; the entries still arrive.
-        generated = await kc.acreate(
-            kube.POD, namespace, {**_pod("", labels), "metadata": {"generateName": "gen-", "labels": labels}}
+        generated = await call_adapter(
+            kc.create,
+            kube.POD,
+            namespace,
+            {**_pod("", labels), "metadata": {"generateName": "gen-", "labels": labels}},
         )
         assert len(lifecycle.expected_finalizers(generated)) == 2
         assert webhook.seen("gen-*")
 
         # Without the control label the API server does not send the pod to us at all.
         # (Create returns after admission, so a call would already be recorded.)
-        plain = await kc.acreate(kube.POD, namespace, _pod("plain", {"app": "web", "track": "canary"}))
+        plain = await call_adapter(
+            kc.create, kube.POD, namespace, _pod("plain", {"app": "web", "track": "canary"})
+        )
         assert webhook.seen("plain") == []
         assert wire.AVAILABLE_CONDITIONS_ANNOTATION not in (plain["metadata"].get("annotations") or {})
 
@@ -252,19 +259,20 @@ async def test_apiserver_calls_us_and_pods_arrive_with_their_employers_entries(
         assert wire.AVAILABLE_CONDITIONS_ANNOTATION not in (dry["metadata"].get("annotations") or {})
         (dry_decision,) = webhook.seen("dry")
         assert dry_decision.dry_run and dry_decision.allowed and not dry_decision.patch
-        assert await kc.aget_or_none(kube.POD, namespace, "dry") is None
+        assert await call_adapter(kc.get_or_none, kube.POD, namespace, "dry") is None
 
 
 async def test_the_slb_adapter_keeps_services_that_name_a_load_balancer(
     kc: KubeClient, webhook: Webhook, namespace: str
 ) -> None:
-    with_lb = {**CONTROLLED, wire.SLB_LOAD_BALANCER_ID_LABEL: "lb-1"}
-    await kc.acreate(kube.SERVICE, namespace, _service("slb", {"app": "a"}, with_lb))
-    await kc.acreate(kube.SERVICE, namespace, _service("plain", {"app": "a"}, CONTROLLED))
-    await kc.acreate(
+    with_lb = {**CONTROLLED, LOAD_BALANCER_ID_LABEL: "lb-1"}
+    await call_adapter(kc.create, kube.SERVICE, namespace, _service("slb", {"app": "a"}, with_lb))
+    await call_adapter(kc.create, kube.SERVICE, namespace, _service("plain", {"app": "a"}, CONTROLLED))
+    await call_adapter(
+        kc.create,
         kube.SERVICE,
         namespace,
-        _service("uncontrolled-slb", {"app": "a"}, {wire.SLB_LOAD_BALANCER_ID_LABEL: "x"}),
+        _service("uncontrolled-slb", {"app": "a"}, {LOAD_BALANCER_ID_LABEL: "x"}),
     )
     reader = webhook.server.reader
     pod = {"metadata": {"namespace": namespace, "labels": {"app": "a"}}}
@@ -285,7 +293,7 @@ async def test_an_adapter_error_denies_the_pod_with_the_cause(
 ) -> None:
     async with _install(control_plane, kc, webhook, namespace, "/mutating-broken"):
         with pytest.raises(ApiError) as err:
-            await kc.acreate(kube.POD, namespace, _pod("victim", CONTROLLED))
+            await call_adapter(kc.create, kube.POD, namespace, _pod("victim", CONTROLLED))
         assert "provider unreachable" in err.value.message
         assert "webhook adapter broken failed" in err.value.message
         (decision,) = webhook.seen("victim")

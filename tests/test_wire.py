@@ -8,11 +8,14 @@ purpose: do not derive them from ``resourceconsist.wire``.
 from __future__ import annotations
 
 import hashlib
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 from resourceconsist import lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import config as slb_config
+from resourceconsist.adapters.alibabacloudslb import credentials as slb_credentials
 from resourceconsist.wire import EventReason, GateReason
 
 PINNED: dict[str, Any] = {
@@ -38,16 +41,20 @@ PINNED: dict[str, Any] = {
     "READINESS_GATE_ANNOTATION": "resource-consist.kusionstack.io/readiness-gate",
     "READINESS_GATE_TIMEOUT_ANNOTATION": "resource-consist.kusionstack.io/readiness-gate-timeout",
     "DRAIN_SECONDS_ANNOTATION": "resource-consist.kusionstack.io/drain-seconds",
-    "SLB_LOAD_BALANCER_ID_LABEL": "service.k8s.alibaba/loadbalancer-id",
-    "SLB_ACCESS_KEY_ENV": "ALIYUN_SLB_AK_KEY",
-    "SLB_ACCESS_SECRET_ENV": "ALIYUN_SLB_AK_SECRET",
-    "SLB_ENDPOINT_ENV": "ALIYUN_SLB_ENDPOINT",
     "POD_NAMESPACE_ENV": "POD_NAMESPACE",
     "DEFAULT_NAMESPACE": "resourceconsist",
     "WEBHOOK_CERT_SECRET": "resourceconsist-webhook-certs",
     "WEBHOOK_CERT_KEYS": ("ca.key", "ca.crt", "tls.key", "tls.crt"),
     "MUTATING_WEBHOOK_CONFIGURATION": "resourceconsist-manager-mutating",
     "VALIDATING_WEBHOOK_CONFIGURATION": "resourceconsist-manager-validating",
+}
+
+#: Names the SLB adapter shares with the Go adapter and Alibaba Cloud, pinned where they live.
+SLB_PINNED: dict[tuple[ModuleType, str], str] = {
+    (slb_config, "LOAD_BALANCER_ID_LABEL"): "service.k8s.alibaba/loadbalancer-id",
+    (slb_credentials, "SLB_ACCESS_KEY_ENV"): "ALIYUN_SLB_AK_KEY",
+    (slb_credentials, "SLB_ACCESS_SECRET_ENV"): "ALIYUN_SLB_AK_SECRET",
+    (slb_credentials, "SLB_ENDPOINT_ENV"): "ALIYUN_SLB_ENDPOINT",
 }
 
 EVENT_REASONS: dict[str, str] = {
@@ -84,6 +91,17 @@ def test_constant_is_byte_identical(name: str, value: Any) -> None:
     assert actual == value
     if isinstance(value, str):
         assert actual.encode("utf-8") == value.encode("utf-8")
+
+
+@pytest.mark.parametrize(
+    ("module", "name", "value"),
+    [(module, name, value) for (module, name), value in SLB_PINNED.items()],
+    ids=[f"{module.__name__.rsplit('.', 1)[-1]}.{name}" for module, name in SLB_PINNED],
+)
+def test_slb_adapter_wire_name_is_byte_identical(module: ModuleType, name: str, value: str) -> None:
+    actual = getattr(module, name)
+    assert type(actual) is str
+    assert actual.encode("utf-8") == value.encode("utf-8")
 
 
 def test_every_public_constant_of_wire_is_pinned_here() -> None:

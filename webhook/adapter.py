@@ -1,10 +1,13 @@
-"""The WebhookAdapter API: how an adapter tells the admission webhook who employs a new pod.
+"""The webhook side of the adapter API: the path convention and the built-in adapter.
 
 A webhook adapter has a ``name`` and answers ``get_employers_by_employee(pod, reader)`` with the
 employers of a pod that is being created, as ``EmployerRef`` (kind, namespace, name). The
 webhook turns each into an ``expectedFinalizers`` entry of the pod's
 ``pod.kusionstack.io/available-conditions`` annotation through ``resourceconsist.lifecycle``,
 the same functions the controller uses.
+
+``WebhookAdapter`` and ``EmployerRef`` live in ``resourceconsist.adapter`` (the adapter API the
+frame types against, e.g. the registry's webhook factories) and are re-exported here.
 
 Path convention: the adapter named ``<name>`` is served at ``/mutating-<name>``
 (``webhook_path``). Names are DNS-1123 labels (lowercase letters, digits, ``-``), so the path
@@ -26,16 +29,33 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Final, Protocol, runtime_checkable
+from collections.abc import Callable, Sequence
+from typing import Final, Protocol, runtime_checkable
 
 from resourceconsist import gates, kube, lifecycle, wire
+from resourceconsist.adapter import EmployerRef, EmployersResult, WebhookAdapter
 from resourceconsist.cache import CacheReader
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject, Resource
 
 log = logging.getLogger("resourceconsist.webhook")
+
+__all__ = [
+    "PATH_PREFIX",
+    "ControlledServiceAdapter",
+    "EmployerRef",
+    "EmployersResult",
+    "InvalidAdapterName",
+    "ServicePredicate",
+    "WebhookAdapter",
+    "WebhookCacheOptions",
+    "cached_resources",
+    "has_label",
+    "injection_enabled",
+    "spec_options",
+    "validate_adapter_name",
+    "webhook_path",
+]
 
 #: Prefix of every adapter's URL path: ``/mutating-<adapter name>``.
 PATH_PREFIX: Final = "/mutating-"
@@ -61,65 +81,6 @@ def validate_adapter_name(name: str) -> str:
 def webhook_path(name: str) -> str:
     """The URL path the server registers for the adapter named ``name``."""
     return PATH_PREFIX + validate_adapter_name(name)
-
-
-@dataclass(frozen=True, order=True)
-class EmployerRef:
-    """One employer of a pod: enough to build its entry in ``expectedFinalizers``, and what the
-    employer asks of the pod's spec: its readiness gate, a ``preStop`` sleep of its drain time.
-    Two refs are equal when they name the same employer."""
-
-    kind: str
-    namespace: str
-    name: str
-    readiness_gate: bool = field(default=False, compare=False)
-    drain_seconds: int | None = field(default=None, compare=False)
-
-    @classmethod
-    def of(cls, obj: Mapping[str, Any], kind: str | None = None) -> EmployerRef:
-        """From a Kubernetes object; ``kind`` overrides ``obj["kind"]``, which LIST items and
-        some caches leave out."""
-        found = kind or obj.get("kind")
-        if not found:
-            raise ValueError("the employer object has no kind; pass kind=")
-        meta = obj.get("metadata", {})
-        return cls(str(found), str(meta.get("namespace") or ""), str(meta["name"]))
-
-    @property
-    def expected_finalizer_key(self) -> str:
-        """``<Kind>/<namespace>/<name>``, the key of this employer's entry."""
-        return lifecycle.expected_finalizer_key(self.kind, self.namespace, self.name)
-
-    @property
-    def lifecycle_finalizer(self) -> str:
-        """The lifecycle finalizer this employer puts on its pods (the entry's value)."""
-        return lifecycle.lifecycle_finalizer(self.name)
-
-    @property
-    def gate(self) -> str:
-        """The readiness-gate condition type of this employer."""
-        return lifecycle.readiness_gate(self.name)
-
-
-EmployersResult = Iterable[EmployerRef] | Awaitable[Iterable[EmployerRef]]
-
-
-@runtime_checkable
-class WebhookAdapter(Protocol):
-    """What the webhook asks of an adapter that follows PodOpsLifecycle.
-
-    ``get_employers_by_employee`` may be a plain function or a coroutine function. Plain ones
-    run in a worker thread, so they may block (e.g. on a provider API); coroutines run on the
-    event loop and must not. Either way the call is bounded by the server's adapter timeout.
-    ``employee`` is the pod being created, with ``metadata.namespace`` filled from the
-    request (a pod created without one in its body has none yet); its name may be empty when
-    the pod uses ``generateName``. ``reader`` serves lookups from the informer caches.
-    """
-
-    @property
-    def name(self) -> str: ...
-
-    def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> EmployersResult: ...
 
 
 @runtime_checkable

@@ -17,7 +17,8 @@ every replica through one Secret, trusted by the API server through the configur
 5. Write ``tls.crt``/``tls.key`` into the cert dir (atomically, and only when they differ), where
    the server's certificate reloader picks them up.
 
-The blocking function runs in a worker thread when awaited through ``aensure_webhook_certificates``.
+The function blocks; async callers run it through ``cancellation.call_adapter`` (the one rule for
+sync and async: ``resourceconsist.cancellation``).
 
 Outside the cluster (a laptop, CI), ``register_url_webhooks`` writes the mutating configuration
 with ``clientConfig.url`` entries pointing at the local server instead of the Service
@@ -26,7 +27,6 @@ with ``clientConfig.url`` entries pointing at the local server instead of the Se
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import datetime
@@ -463,25 +463,3 @@ def ensure_webhook_certificates(
         "written" if wrote else "unchanged",
     )
     return BootstrapResult(found, action, rv, patched, cert_file, key_file, wrote)
-
-
-async def aensure_webhook_certificates(
-    client: KubeClient,
-    *,
-    cert_dir: Path | str,
-    service_name: str = DEFAULT_SERVICE_NAME,
-    namespace: str | None = None,
-    extra_hosts: Sequence[str] = (),
-    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
-) -> BootstrapResult:
-    """``ensure_webhook_certificates`` off the event loop."""
-    return await asyncio.to_thread(
-        lambda: ensure_webhook_certificates(
-            client,
-            cert_dir=cert_dir,
-            service_name=service_name,
-            namespace=namespace,
-            extra_hosts=extra_hosts,
-            renew_before=renew_before,
-        )
-    )

@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import inspect
+import functools
 import json
 import logging
 import re
@@ -46,6 +46,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from resourceconsist.cache import CacheReader, InformerFactory
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.lifecycle import MalformedAvailableConditions
 from resourceconsist.webhook.adapter import (
@@ -71,7 +72,7 @@ from resourceconsist.webhook.bootstrap import (
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     BootstrapResult,
-    aensure_webhook_certificates,
+    ensure_webhook_certificates,
     register_url_webhooks,
 )
 from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats, Listener, listening_sockets
@@ -355,12 +356,15 @@ class WebhookServer:
         settings = self.bootstrap
         if settings is None:
             raise RuntimeError("this server has no bootstrap settings")
-        self.last_bootstrap = await aensure_webhook_certificates(
-            settings.client,
-            cert_dir=settings.cert_dir,
-            service_name=settings.service_name,
-            namespace=settings.namespace,
-            extra_hosts=settings.extra_hosts,
+        self.last_bootstrap = await call_adapter(
+            functools.partial(
+                ensure_webhook_certificates,
+                settings.client,
+                cert_dir=settings.cert_dir,
+                service_name=settings.service_name,
+                namespace=settings.namespace,
+                extra_hosts=settings.extra_hosts,
+            )
         )
         if settings.webhook_url is not None:
             await asyncio.to_thread(
@@ -589,17 +593,10 @@ class WebhookServer:
         reader = self._reader
         async with asyncio.timeout(limit) as scope:
             try:
-                if inspect.iscoroutinefunction(method):
-                    result: Any = await method(employee, reader)
-                else:
-
-                    def call() -> Any:
-                        found = method(employee, reader)
-                        return found if inspect.isawaitable(found) else list(found)
-
-                    result = await asyncio.to_thread(call)
-                    if inspect.isawaitable(result):
-                        result = await result
+                result: Any = await call_adapter(method, employee, reader)
+                if not isinstance(result, list | tuple):
+                    # A lazy iterable (a generator) may block while it yields: drain it off the loop.
+                    result = await call_adapter(list, result)
             except TimeoutError as err:
                 if scope.expired():
                     raise

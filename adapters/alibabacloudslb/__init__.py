@@ -4,7 +4,8 @@ Service selects, in observe mode (CCM owns the load balancer) or manage mode (we
 ``adapter`` holds ``SLBAdapter`` and its item planning, ``items`` the employer/employee models,
 ``config`` the labels and annotations read on Services and pods, ``backoff`` the per-Service
 requeue backoff, ``credentials`` the access key and endpoint, ``slbclient`` the SLB API through the
-real Alibaba Cloud SDK, and ``emulator`` a stateful fake of that API for tests. The registry
+real Alibaba Cloud SDK; a stateful fake of that API for tests is in the testing kit
+(``resourceconsist.testing.slb_emulator``, installed with the ``testing`` extra). The registry
 factories are ``controller_from_env`` and ``webhook_from_env``; usage: ``docs/alibabacloudslb.md``.
 """
 
@@ -13,13 +14,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from resourceconsist import wire
-
 from .adapter import CONTROLLER_NAME, BackendResolver, SLBAdapter, Unresolved, annotated_backend
 from .backoff import RequeueBackoff
 from .config import (
     BACKEND_TYPE_ANNOTATION,
     DRAIN_ANNOTATION,
+    LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
     PORT_ANNOTATION,
     SERVER_ID_ANNOTATION,
@@ -38,6 +38,7 @@ __all__ = [
     "BACKEND_TYPE_ANNOTATION",
     "CONTROLLER_NAME",
     "DRAIN_ANNOTATION",
+    "LOAD_BALANCER_ID_LABEL",
     "MODE_ANNOTATION",
     "PORT_ANNOTATION",
     "SERVER_ID_ANNOTATION",
@@ -78,9 +79,7 @@ def webhook_adapter() -> ControlledServiceAdapter:
     ``service.k8s.alibaba/loadbalancer-id`` (the Services the SLB controller manages)."""
     from resourceconsist.webhook import ControlledServiceAdapter, has_label
 
-    return ControlledServiceAdapter(
-        WEBHOOK_ADAPTER_NAME, predicate=has_label(wire.SLB_LOAD_BALANCER_ID_LABEL)
-    )
+    return ControlledServiceAdapter(WEBHOOK_ADAPTER_NAME, predicate=has_label(LOAD_BALANCER_ID_LABEL))
 
 
 def webhook_from_env(environ: Mapping[str, str]) -> ControlledServiceAdapter:

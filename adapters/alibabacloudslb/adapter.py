@@ -27,7 +27,7 @@ through the frame's ``employer_requeue_interval(ctx, employer)``.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import re
 import time
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final, TypeVar
 
-from resourceconsist import handler, kube, lifecycle, wire
+from resourceconsist import handler, kube, lifecycle
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
@@ -50,12 +50,13 @@ from resourceconsist.adapter import (
     pod_employee_statuses,
 )
 from resourceconsist.cache import CacheReader, WatchEvent
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject, Resource, object_key
 
 from . import config
 from .backoff import RequeueBackoff
-from .config import Mode, SLBConfigError
+from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError
 from .items import (
     Attached,
     Desired,
@@ -314,7 +315,7 @@ class SLBAdapter(ReconcileAdapter):
                     f"refusing to create VServer group {item.id!r}: not this Service's group"
                 )
             try:
-                group_id = await asyncio.to_thread(self.client.create_vserver_group, state.lb_id, item.id)
+                group_id = await call_adapter(self.client.create_vserver_group, state.lb_id, item.id)
             except SLBError as err:
                 if not err.transient:
                     raise
@@ -354,10 +355,12 @@ class SLBAdapter(ReconcileAdapter):
                     f"refusing to delete VServer group {item.id!r}: not this Service's group"
                 )
             try:
-                await asyncio.to_thread(
-                    self.client.delete_vserver_group,
-                    status.vserver_group_id,
-                    load_balancer_id=status.load_balancer_id,
+                await call_adapter(
+                    functools.partial(
+                        self.client.delete_vserver_group,
+                        status.vserver_group_id,
+                        load_balancer_id=status.load_balancer_id,
+                    )
                 )
             except SLBNotFound:
                 pass  # already gone
@@ -469,7 +472,7 @@ class SLBAdapter(ReconcileAdapter):
             state.lb_id = config.load_balancer_id(employer)
             if not state.lb_id and not state.deleting:
                 raise SLBConfigError(
-                    f"Service {key} has no {wire.SLB_LOAD_BALANCER_ID_LABEL} label naming its load balancer"
+                    f"Service {key} has no {LOAD_BALANCER_ID_LABEL} label naming its load balancer"
                 )
             if state.mode is Mode.MANAGE:
                 state.group_name = config.vserver_group_name(employer)
@@ -495,11 +498,11 @@ class SLBAdapter(ReconcileAdapter):
                 "%s %s: deleting Service without %s: treating its pods as out of the load balancer",
                 self.name,
                 state.ctx.employer_key,
-                wire.SLB_LOAD_BALANCER_ID_LABEL,
+                LOAD_BALANCER_ID_LABEL,
             )
             return set()
         try:
-            health = await asyncio.to_thread(self.client.describe_health_status, state.lb_id)
+            health = await call_adapter(self.client.describe_health_status, state.lb_id)
         except SLBNotFound:
             if state.deleting:
                 return set()  # the load balancer itself is gone: nothing routes to the pods
@@ -531,12 +534,12 @@ class SLBAdapter(ReconcileAdapter):
                 "%s %s: deleting Service without %s: its VServer group %s, if any, is left in place",
                 self.name,
                 state.ctx.employer_key,
-                wire.SLB_LOAD_BALANCER_ID_LABEL,
+                LOAD_BALANCER_ID_LABEL,
                 state.group_name,
             )
             return
         try:
-            groups = await asyncio.to_thread(self.client.describe_vserver_groups, state.lb_id)
+            groups = await call_adapter(self.client.describe_vserver_groups, state.lb_id)
         except SLBNotFound:
             if state.deleting:
                 return
@@ -560,7 +563,7 @@ class SLBAdapter(ReconcileAdapter):
         if state.group is None:
             return []
         try:
-            members = await asyncio.to_thread(self.client.describe_vserver_group_backends, state.group.id)
+            members = await call_adapter(self.client.describe_vserver_group_backends, state.group.id)
         except SLBNotFound:
             state.group = None
             return []
@@ -730,8 +733,10 @@ class SLBAdapter(ReconcileAdapter):
                 if not ops or group is None:
                     continue
                 try:
-                    await asyncio.to_thread(
-                        call, group.id, [server for _, server in ops], load_balancer_id=state.lb_id
+                    await call_adapter(
+                        functools.partial(
+                            call, group.id, [server for _, server in ops], load_balancer_id=state.lb_id
+                        )
                     )
                 except SLBError as err:
                     if not err.transient:

@@ -1,7 +1,7 @@
 """What the SLB adapter reads on Services and pods: label and annotation names, and their parsing.
 
-The label naming the load balancer (``service.k8s.alibaba/loadbalancer-id``) is shared with the Go
-adapter and Alibaba's cloud controller manager, so it lives in ``resourceconsist.wire``. The
+The label naming the load balancer (``LOAD_BALANCER_ID_LABEL``) is shared with the Go adapter and
+Alibaba's cloud controller manager: a wire name, pinned by tests/test_wire.py. The
 annotations here belong to this adapter alone (manage mode has no Go counterpart); they share the
 ``resource-consist.kusionstack.io/`` domain of the frame's own employer annotations.
 
@@ -21,6 +21,8 @@ from resourceconsist.kube import KubeObject
 
 from .slbclient import BackendServerType
 
+#: Service label holding the id of the load balancer (the Go adapter's and the CCM's name).
+LOAD_BALANCER_ID_LABEL: Final = "service.k8s.alibaba/loadbalancer-id"
 #: Service annotation choosing the mode: ``observe`` (default, the Go adapter's behaviour) or
 #: ``manage`` (this adapter owns one VServer group of the load balancer).
 MODE_ANNOTATION: Final = "resource-consist.kusionstack.io/slb-mode"
@@ -81,7 +83,7 @@ def _annotation(obj: KubeObject, name: str) -> str | None:
 
 def load_balancer_id(service: KubeObject) -> str:
     """The load balancer named by the Service's label; empty when the label is absent."""
-    return str((_meta(service).get("labels") or {}).get(wire.SLB_LOAD_BALANCER_ID_LABEL, "")).strip()
+    return str((_meta(service).get("labels") or {}).get(LOAD_BALANCER_ID_LABEL, "")).strip()
 
 
 def is_slb_service(service: KubeObject | None) -> bool:

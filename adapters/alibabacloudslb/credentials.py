@@ -16,8 +16,11 @@ from typing import Final, Self
 from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.wire import SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV, SLB_ENDPOINT_ENV
 
+#: The Go adapter's credential variables (wire names, pinned by tests/test_wire.py).
+SLB_ACCESS_KEY_ENV: Final = "ALIYUN_SLB_AK_KEY"
+SLB_ACCESS_SECRET_ENV: Final = "ALIYUN_SLB_AK_SECRET"
+SLB_ENDPOINT_ENV: Final = "ALIYUN_SLB_ENDPOINT"
 #: Alibaba Cloud's standard credential variables, used when the SLB-specific pair is not set.
 STANDARD_ACCESS_KEY_ENV: Final = "ALIBABA_CLOUD_ACCESS_KEY_ID"
 STANDARD_ACCESS_SECRET_ENV: Final = "ALIBABA_CLOUD_ACCESS_KEY_SECRET"

@@ -10,6 +10,10 @@ where Deployments roll out on simulated nodes::
         api = cp.api_client()
     with LocalCluster(nodes=3) as cluster:
         api = cluster.api_client()
+
+``slb_emulator`` (a stateful fake of the Alibaba Cloud SLB API) and ``slb_emulator_server`` (the
+same served as its own process) need the ``testing`` extra: ``pip install
+'resourceconsist[testing]'``. They are not imported here, so the rest of the kit works without it.
 """
 
 from resourceconsist.testing.cluster import Cluster, annotation, condition, finalizers

@@ -10,13 +10,14 @@ Every call runs in a worker thread, so a controller on the test's event loop kee
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from resourceconsist import kube, wire
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.testing.wait import async_wait_for
 
@@ -38,7 +39,8 @@ class Cluster:
 
     async def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking client call in a worker thread: ``await cluster.call(client.get, ...)``."""
-        return await asyncio.to_thread(fn, *args, **kwargs)
+        result: T = await call_adapter(functools.partial(fn, *args, **kwargs))
+        return result
 
     async def service(
         self,

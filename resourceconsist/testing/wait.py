@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
@@ -20,8 +21,29 @@ class WaitTimeout(AssertionError):
     """The awaited condition did not hold before the deadline."""
 
 
-def _timeout(message: str, timeout: float, last: object) -> WaitTimeout:
-    return WaitTimeout(f"timed out after {timeout:.1f}s waiting for {message}; last seen: {last!r}")
+class _Poll:
+    """What both waits share: the deadline, what an attempt saw, and the error at the end."""
+
+    def __init__(self, timeout: float, message: str, ignore: tuple[type[BaseException], ...]) -> None:
+        self.timeout = timeout
+        self.message = message
+        self.ignore = ignore
+        self.deadline = time.monotonic() + timeout
+        self.last: object = None
+
+    @contextmanager
+    def attempt(self) -> Iterator[None]:
+        """One call of the condition; an exception of the ``ignore`` types counts as "not yet"."""
+        try:
+            yield
+        except self.ignore as err:
+            self.last = err
+
+    def give_up_if_late(self) -> None:
+        if time.monotonic() >= self.deadline:
+            raise WaitTimeout(
+                f"timed out after {self.timeout:.1f}s waiting for {self.message}; last seen: {self.last!r}"
+            )
 
 
 def wait_for(
@@ -35,19 +57,16 @@ def wait_for(
     """Call ``condition`` until it returns a truthy value; return that value.
 
     Exceptions of the types in ``ignore`` count as "not yet" (e.g. a 404 before an object exists).
+    It sleeps between attempts, so it is for code off the event loop; coroutines use
+    ``async_wait_for`` (resourceconsist.cancellation: nothing on the loop waits on a thread).
     """
-    deadline = time.monotonic() + timeout
-    last: object = None
+    poll = _Poll(timeout, message, ignore)
     while True:
-        try:
-            value = condition()
+        with poll.attempt():
+            poll.last = value = condition()
             if value:
                 return value
-            last = value
-        except ignore as err:
-            last = err
-        if time.monotonic() >= deadline:
-            raise _timeout(message, timeout, last)
+        poll.give_up_if_late()
         time.sleep(interval)
 
 
@@ -82,17 +101,12 @@ async def async_wait_for(
     ignore: tuple[type[BaseException], ...] = (),
 ) -> Any:
     """``wait_for`` for coroutines: ``condition`` may be a plain or an async function."""
-    deadline = time.monotonic() + timeout
-    last: object = None
+    poll = _Poll(timeout, message, ignore)
     while True:
-        try:
+        with poll.attempt():
             result = condition()
-            value = await result if inspect.isawaitable(result) else result
+            poll.last = value = await result if inspect.isawaitable(result) else result
             if value:
                 return value
-            last = value
-        except ignore as err:
-            last = err
-        if time.monotonic() >= deadline:
-            raise _timeout(message, timeout, last)
+        poll.give_up_if_late()
         await asyncio.sleep(interval)

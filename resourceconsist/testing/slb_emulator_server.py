@@ -1,6 +1,6 @@
 """The SLB emulator served as its own process: the SDK's real HTTPS path plus an admin HTTP API.
 
-``SLBEmulator`` (emulator.py) is the one state machine; this module puts two loopback HTTP
+``SLBEmulator`` (slb_emulator.py) is the one state machine; this module puts two loopback HTTP
 servers around it, so that provider state outlives the controllers that talk to it:
 
 * the SLB endpoint, HTTPS with a certificate from a CA made at start (its PEM is written to the
@@ -9,7 +9,7 @@ servers around it, so that provider state outlives the controllers that talk to 
 * the admin API, plain HTTP, to create load balancers, set faults (rates per kind for reads
   and/or writes, latency, hang), and read the state and the timestamped backend history.
 
-Run it as ``python -m resourceconsist.adapters.alibabacloudslb.emulator_server --port 0``; it
+Run it as ``python -m resourceconsist.testing.slb_emulator_server --port 0``; it
 prints one JSON line (endpoint, admin URL, CA bundle, region, key pair) once it listens and serves
 until SIGTERM. ``EmulatorAdmin`` is a client of the admin API. Usage: docs/chaos.md.
 """
@@ -34,9 +34,8 @@ from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
 from resourceconsist import certs
-
-from .emulator import FAULT_KINDS, READ_ACTIONS, SLBEmulator
-from .slbclient import MUTATING_ACTIONS
+from resourceconsist.adapters.alibabacloudslb.slbclient import MUTATING_ACTIONS
+from resourceconsist.testing.slb_emulator import FAULT_KINDS, READ_ACTIONS, SLBEmulator
 
 __all__ = ["ACTION_SCOPES", "AdminError", "EmulatorAdmin", "EmulatorServer", "main"]
 
@@ -404,7 +403,7 @@ class EmulatorAdmin:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m resourceconsist.adapters.alibabacloudslb.emulator_server",
+        prog="python -m resourceconsist.testing.slb_emulator_server",
         description="Serve the SLB emulator over HTTPS (SDK) plus an admin HTTP API, on loopback.",
     )
     parser.add_argument(

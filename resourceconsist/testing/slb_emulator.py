@@ -16,8 +16,8 @@ what happened: every call with its action and parameters (signature fields and t
 left out), what was executed, how often each server was added, and a wall-clock history of every
 backend change (added, re-weighted, removed).
 
-The same state machine is served over real HTTPS as its own process by ``emulator_server``
-(``python -m resourceconsist.adapters.alibabacloudslb.emulator_server``), with an admin HTTP API
+The same state machine is served over real HTTPS as its own process by ``slb_emulator_server``
+(``python -m resourceconsist.testing.slb_emulator_server``), with an admin HTTP API
 for the same steering and reading; see docs/chaos.md.
 
     with SLBEmulator() as slb:
@@ -48,11 +48,18 @@ from datetime import UTC, datetime
 from typing import Any, Final, Literal, Self
 from urllib.parse import parse_qsl, quote, urlsplit
 
-import responses
 from pydantic import SecretStr
 
-from .credentials import SLBCredentials
-from .slbclient import (
+try:
+    import responses
+except ModuleNotFoundError as err:  # pragma: no cover - exercised by tests/test_production_imports.py
+    raise ModuleNotFoundError(
+        "the SLB emulator needs the testing extra: pip install 'resourceconsist[testing]'",
+        name=err.name,
+    ) from err
+
+from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
+from resourceconsist.adapters.alibabacloudslb.slbclient import (
     API_VERSION,
     MAX_BACKENDS_PER_CALL,
     MUTATING_ACTIONS,
