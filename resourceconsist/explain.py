@@ -28,12 +28,12 @@ from resourceconsist.adapter import (
     ReconcileAdapter,
     ReconcileContext,
 )
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.controller import watch_spec
 from resourceconsist.diff import diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.labels import label_selector_selects, map_selects
-from resourceconsist.reconcile import call_adapter
 
 #: How many of an employer's latest Warning Events explain shows.
 RECENT_WARNINGS = 5
