@@ -24,9 +24,10 @@ stopped, *s on stopped* for how long in all; *rollout s* until the Deployment is
 
 Measured on 2 shared cores (2026-11-22, 10 replicas, preStop of ``drain_seconds``):
 
-    latency 2 s   gates off: min on running pods 0, 12.3 s below floor, 10 pods served
-                  after they stopped (14.3 s); rollout 3.8 s, provider settled 15.1 s
-                  gates on (preStop 13 s): min 10, 0 s below, 0 on stopped; rollout 14.9 s
+    latency 2 s   gates off: min on running pods 0, 9.9-12.3 s below floor, 10 pods served
+                  after they stopped (11.9-14.3 s); rollout 2.8-3.8 s, provider settled 12-15 s
+                  gates on (preStop 13 s): min 10, 0 s below, 0 on stopped; rollout 14.9-15.3 s
+                  (two runs each)
     latency 5 s   gates off: min 0, 14.7 s below floor, 10 on stopped (19.7 s); rollout 3.1 s
                   gates on (preStop 31 s): min 10, 0 s below, 0 on stopped; rollout 36.4 s
     latency 2 s, gates on, preStop 7 s (3 calls + 1 s): min 10, 0 s below, but 9 pods served
