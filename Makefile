@@ -23,6 +23,7 @@ test: setup
 bench: setup
 	$(BIN)/python bench/bench_frame.py
 	$(BIN)/python bench/bench_webhook.py
+	$(BIN)/python bench/bench_rollout.py
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,
 # so not in CI. `make chaos CHAOS_ARGS=--quick` for a short run.

@@ -29,6 +29,8 @@ from resourceconsist.adapter import (
     Outcome,
     OwnedItem,
     PodEmployeeStatuses,
+    ProviderBackend,
+    ProviderView,
     ReconcileAdapter,
     ReconcileContext,
     pod_employee_statuses,
@@ -304,6 +306,23 @@ class DemoAdapter(ReconcileAdapter):
         """Every VIP and real-server set the provider holds: all of them are this adapter's
         (docs/lifecycle-hooks.md, "Orphans")."""
         return [OwnedItem(owner=key, id=f"vip {key}") for key in self.provider.employers()]
+
+    def describe_provider(self, ctx: ReconcileContext, employer: KubeObject) -> ProviderView:
+        """What the fake provider holds for the Service, for ``resourceconsist explain``: the VIP
+        and each real server, serving when its traffic is on with a weight above 0."""
+        key = _key(employer)
+        vip = self.provider.vips.get(key)
+        servers = self.provider.snapshot().get(key, {})
+        served = self.provider.serving(key)
+        backends = []
+        for pod, rs in sorted(servers.items()):
+            serving = pod in served
+            state = "serving" if serving else ("traffic off" if not rs.traffic_on else "weight 0")
+            details = {"ip": rs.ip, "traffic_on": rs.traffic_on, "weight": rs.weight}
+            backends.append(
+                ProviderBackend(employee=pod, id=pod, serving=serving, state=state, details=details)
+            )
+        return ProviderView(employer={"vip": vip.vip, "qps": vip.qps} if vip else {}, backends=backends)
 
     # -- employer: the VIP ---------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from resourceconsist import lifecycle
 from resourceconsist.cancellation import Cancellation
@@ -307,6 +307,41 @@ class EmployerRequeueOptions(Protocol):
     controller catches up). Preferred over ``ReconcileRequeueOptions`` when both are present."""
 
     def employer_requeue_interval(self, ctx: ReconcileContext, employer: KubeObject) -> float: ...
+
+
+class ProviderBackend(BaseModel):
+    """What the provider holds for one employee, in the provider's words (``resourceconsist
+    explain``, docs/explain.md)."""
+
+    #: The employee's name (the pod's, ``<pod>#<cluster>`` in a member cluster).
+    employee: str
+    id: str
+    #: Whether the provider routes traffic to it now; None when the provider cannot tell.
+    serving: bool | None = None
+    #: The provider's own word for its state, e.g. ``serving``, ``registering``, ``weight 0``.
+    state: str = ""
+    #: When it entered that state (ISO 8601, UTC), if the provider knows.
+    since: str | None = None
+    #: Provider-specific facts a person may want (weight, health, address, ...).
+    details: dict[str, Any] = Field(default_factory=dict)
+
+
+class ProviderView(BaseModel):
+    """What the provider holds for one employer: its own resource and the employees' backends."""
+
+    employer: dict[str, Any] = Field(default_factory=dict)
+    backends: list[ProviderBackend] = Field(default_factory=list)
+
+
+@runtime_checkable
+class ProviderDescribeOptions(Protocol):
+    """Describe what the provider holds for an employer, for ``resourceconsist explain``.
+    Default: explain reads ``get_current_employer``/``get_current_employee`` and cannot say
+    whether a registered backend serves. It must not change the provider."""
+
+    def describe_provider(
+        self, ctx: ReconcileContext, employer: KubeObject
+    ) -> MaybeAwaitable[ProviderView]: ...
 
 
 class RateLimiter(Protocol):

@@ -69,16 +69,97 @@ def main(log_level: str) -> None:
 @click.option(
     "--pace", type=float, default=None, help="Seconds to show each converged step (default: 2 on a terminal)."
 )
-def demo(step_timeout: float, pace: float | None) -> None:
+@click.option(
+    "--rollout/--no-rollout",
+    default=True,
+    show_default=True,
+    help="Also roll a gated Deployment on an embedded working cluster.",
+)
+@click.option(
+    "--latency", default=1.0, show_default=True, help="Seconds the rollout's provider takes per call."
+)
+def demo(step_timeout: float, pace: float | None, rollout: bool, latency: float) -> None:
     """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
     from resourceconsist.showcase import run_demo
     from resourceconsist.testing import ControlPlaneBinariesMissing
 
     try:
-        ok = asyncio.run(run_demo(step_timeout=step_timeout, pace=pace))
+        ok = asyncio.run(run_demo(step_timeout=step_timeout, pace=pace, rollout=rollout, latency=latency))
     except ControlPlaneBinariesMissing as err:
         raise click.ClickException(str(err)) from err
     sys.exit(0 if ok else 1)
+
+
+@main.group()
+def explain() -> None:
+    """Why a pod is not Ready or cannot be deleted, why an employer has not converged (docs/explain.md)."""
+
+
+def _explain_options(fn: F) -> F:
+    options = [
+        click.option(
+            "--adapter",
+            "adapter_names",
+            multiple=True,
+            help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
+        ),
+        click.option(
+            "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
+        ),
+        click.option(
+            "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
+        ),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _explain(
+    kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+) -> None:
+    from resourceconsist.explain import ExplainError, run_explain, split_ref
+    from resourceconsist.kube import ApiError, is_unreachable
+
+    try:
+        split_ref(ref)
+    except ExplainError as err:
+        raise click.UsageError(str(err)) from err
+    adapters = _build(_all_adapters().controller, adapter_names)
+    client = _kube_client(kubeconfig)
+    try:
+        click.echo(asyncio.run(run_explain(client, adapters, kind, ref, output)))
+    except ExplainError as err:
+        raise click.UsageError(str(err)) from err
+    except ApiError as err:
+        raise click.ClickException(f"the API server refused a read: {err}") from err
+    except Exception as err:
+        if not is_unreachable(err):
+            raise
+        raise click.ClickException(
+            f"cannot reach the API server ({err}); check --kubeconfig and that the cluster is up"
+        ) from err
+    finally:
+        client.close()
+
+
+@explain.command("pod")
+@click.argument("ref", metavar="NS/NAME")
+@_explain_options
+def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str) -> None:
+    """Why pod NS/NAME is not Ready, and what holds it from deletion."""
+    _explain(None, ref, adapter_names, kubeconfig, output)
+
+
+@explain.command("employer")
+@click.argument("kind")
+@click.argument("ref", metavar="NS/NAME")
+@_explain_options
+def explain_employer(
+    kind: str, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+) -> None:
+    """Why employer KIND NS/NAME (e.g. Service default/web) has not converged."""
+    _explain(kind, ref, adapter_names, kubeconfig, output)
 
 
 @main.command("adapters")

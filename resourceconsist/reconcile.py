@@ -199,17 +199,21 @@ class Reconciler:
             self.adapter.need_record_expected_finalizer_condition()
         )
 
-    async def _selected_names(self, p: _Pass) -> list[str]:
-        if p.selected is None:
+    async def _selected_names(self, p: _Pass, *, fresh: bool = False) -> list[str]:
+        """The employees the employer selects, read once per pass (``fresh``: read again, for
+        decisions about pods that may have reached the cache since)."""
+        if p.selected is None or fresh:
             if isinstance(self.adapter, ReconcileLifecycleOptions):
-                p.selected = list(
+                selected = list(
                     await call_adapter(self.adapter.get_selected_employee_names, p.ctx, p.employer)
                 )
             elif self.employer_resource == kube.SERVICE:
-                pods = self.reader.pods_selected_by(p.employer)
-                p.selected = [pod["metadata"]["name"] for pod in pods]
+                selected = [pod["metadata"]["name"] for pod in self.reader.pods_selected_by(p.employer)]
             else:
-                p.selected = []
+                selected = []
+            if p.selected is None:
+                p.selected = selected
+            return selected
         return p.selected
 
     def _locate(self, employee_name: str) -> PodLocation:
@@ -785,11 +789,15 @@ class Reconciler:
 
     async def _employed(self, p: _Pass) -> set[str] | None:
         """The pods this employer employs: those the adapter expects to hold, and those it
-        selects; None when the pass could not tell."""
+        selects; None when the pass could not tell.
+
+        The selection is read afresh, after the caller listed the gated pods: a pod created
+        during the pass is in the cache by then, so it is never taken for one the employer
+        stopped selecting (which would open its gate before the provider serves it)."""
         if not p.employees_synced:
             return None
         try:
-            selected = await self._selected_names(p)
+            selected = await self._selected_names(p, fresh=True)
         except Exception as err:
             log.info("%s %s: readiness gates: selected pods unknown: %s", self.name, p.key, err)
             return None

@@ -39,9 +39,10 @@ def test_demo_runs_to_completion_and_shows_convergence() -> None:
     done = _cli("demo")
     assert done.returncode == 0, done.stdout + done.stderr
     steps = [line for line in done.stdout.splitlines() if line.startswith("converged: ")]
-    assert len(steps) == 6, done.stdout
+    assert len(steps) == 8, done.stdout  # 6 on the control plane, 2 of the rolling update
     assert "demo converged" in done.stdout
     assert "real server" in done.stdout  # the provider's table was shown
+    assert "serving backends" in done.stdout  # and the rollout's, from the provider's side
 
 
 def test_run_with_an_unknown_adapter_lists_the_known_names() -> None:

@@ -36,6 +36,7 @@ class FakeApi:
         self.writes: list[tuple[str, dict[str, Any]]] = []
         self.rv = 0
         self.refuse: set[str] = set()  # names whose writes always conflict
+        self.status_writes: list[tuple[str, Any]] = []
 
     def put(self, res: Resource, obj: KubeObject) -> None:
         self.rv += 1
@@ -73,11 +74,23 @@ class FakeApi:
     def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
         return self.get(res, namespace, name)
 
-    def patch(self, res: Resource, namespace: str | None, name: str, body: Any, **_: Any) -> KubeObject:
+    def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        subresource: str | None = None,
+        **_: Any,
+    ) -> KubeObject:
         key = (res.plural, namespace or NS, name)
         obj = self.objects.get(key)
         if obj is None:
             raise kube.ApiError.of(404, "NotFound", name)
+        if subresource == "status":
+            self.status_writes.append((name, copy.deepcopy(body)))
+            return copy.deepcopy(obj)
         meta = body.get("metadata", {})
         if (
             name in self.refuse
@@ -271,3 +284,38 @@ async def test_items_failed_without_an_error_end_the_pass_as_sync_failed() -> No
     with pytest.raises(SyncFailedExist):
         await _reconciler(api, Slow(FakeProvider())).reconcile(f"{NS}/svc")
     assert _finalizers(api, "web-0") == [G], "unknown outcome: the guard stays"
+
+
+async def test_a_gated_pod_that_reaches_the_cache_during_the_pass_keeps_its_gate_closed() -> None:
+    """The selection read at the start of a pass does not know a pod created during it; the
+    gate decision must not take that pod for one the employer stopped selecting."""
+    gate = lifecycle.readiness_gate("svc")
+
+    class Arriving(DemoAdapter):
+        def create_employees(
+            self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+        ) -> Any:
+            # A new pod of the Service's rollout appears while the provider is being called.
+            api.put(
+                kube.POD,
+                {
+                    "metadata": {"name": "web-new", "labels": {"app": "web"}},
+                    "spec": {"readinessGates": [{"conditionType": gate}]},
+                    "status": {
+                        "podIP": "10.0.0.9",
+                        "conditions": [{"type": "ContainersReady", "status": "True"}],
+                    },
+                },
+            )
+            return super().create_employees(ctx, employer, to_create)
+
+    api = FakeApi()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    await _reconciler(api, Arriving(FakeProvider(), record_expected_finalizers=False)).reconcile(f"{NS}/svc")
+    for name, body in api.status_writes:
+        for condition in body.get("status", {}).get("conditions", []):
+            if name == "web-new" and condition.get("type") == gate:
+                assert condition["status"] != "True", (
+                    f"gate opened before the provider serves it: {condition}"
+                )

@@ -1,0 +1,690 @@
+"""``resourceconsist explain``: why a pod is not Ready or cannot be deleted, and why an employer
+has not converged, read from the live cluster and the adapter's view of the provider
+(docs/explain.md).
+
+Explain only reads: the API server (each kind of the namespace listed once, a snapshot) and the
+provider, through the adapter's ``get_*`` methods and its optional ``describe_provider``
+(``adapter.ProviderDescribeOptions``). The answers are pydantic models, so ``--output json``
+and the readable lines say the same thing.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+from pydantic_core import to_jsonable_python
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapter import (
+    Employee,
+    Employer,
+    ProviderBackend,
+    ProviderDescribeOptions,
+    ProviderView,
+    ReconcileAdapter,
+    ReconcileContext,
+)
+from resourceconsist.cancellation import call_adapter
+from resourceconsist.controller import watch_spec
+from resourceconsist.diff import diff
+from resourceconsist.errors import ResourceConsistError
+from resourceconsist.kube import KubeClient, KubeObject, Resource
+from resourceconsist.labels import label_selector_selects, map_selects
+
+#: How many of an employer's latest Warning Events explain shows.
+RECENT_WARNINGS = 5
+_SERVICE_NAMES = {"service", "services", "svc"}
+
+
+class ExplainError(ResourceConsistError):
+    """Explain cannot answer (bad argument, unknown kind); the message says what to do."""
+
+
+# -- answers ------------------------------------------------------------------------------------
+
+
+class GateAnswer(BaseModel):
+    """A readiness gate of the pod that is not True."""
+
+    gate: str
+    #: The condition's status: ``False``, ``Unknown``, or ``missing`` (no condition yet).
+    status: str
+    reason: str = ""
+    message: str = ""
+    #: The condition's lastTransitionTime: since when it has been so.
+    since: str | None = None
+    #: ``Kind/namespace/name`` of the employer owning the gate; None for a gate not ours.
+    employer: str | None = None
+    #: What the provider holds for this pod for that employer (None: nothing, or not consulted).
+    provider: ProviderBackend | None = None
+    provider_consulted: bool = False
+
+
+class FinalizerAnswer(BaseModel):
+    """A finalizer of the pod: whose it is and what it waits for."""
+
+    finalizer: str
+    role: Literal["guard", "lifecycle", "other"]
+    #: ``Kind/namespace/name`` of the employers whose finalizer hash it is (none found: [] ).
+    employers: list[str] = Field(default_factory=list)
+    #: What the provider still holds for this pod for those employers.
+    provider: list[ProviderBackend] = Field(default_factory=list)
+    provider_consulted: bool = False
+    #: In words: what must happen before it goes.
+    pending: str = ""
+
+
+class PodExplanation(BaseModel):
+    kind: Literal["Pod"] = "Pod"
+    namespace: str
+    name: str
+    exists: bool = True
+    phase: str = ""
+    ready: str | None = None
+    ready_since: str | None = None
+    ready_reason: str = ""
+    containers_ready: str | None = None
+    deleting: bool = False
+    deletion_timestamp: str | None = None
+    not_ready: list[GateAnswer] = Field(default_factory=list)
+    finalizers: list[FinalizerAnswer] = Field(default_factory=list)
+    #: Employers whose provider serves the pod while its containers are not ready (traffic fails).
+    served_while_stopped: list[str] = Field(default_factory=list)
+    #: Adapters whose provider was consulted.
+    adapters: list[str] = Field(default_factory=list)
+
+
+class ItemChange(BaseModel):
+    """One difference between what the provider should hold and what it holds."""
+
+    action: Literal["create", "update", "delete"]
+    id: str
+    name: str = ""
+    expected: Any = None
+    current: Any = None
+
+
+class EventAnswer(BaseModel):
+    type: str
+    reason: str
+    message: str
+    count: int = 1
+    last: str | None = None
+
+
+class PodState(BaseModel):
+    """A pod the employer selects or holds: its gate, finalizers and backend."""
+
+    name: str
+    gate: str | None = None
+    has_guard: bool = False
+    has_lifecycle_finalizer: bool = False
+    deleting: bool = False
+    provider: ProviderBackend | None = None
+
+
+class EmployerExplanation(BaseModel):
+    kind: str
+    namespace: str
+    name: str
+    exists: bool = True
+    deleting: bool = False
+    finalizers: list[str] = Field(default_factory=list)
+    controller: str | None = None
+    provider_consulted: bool = False
+    #: None when no adapter was consulted (nothing to compare with).
+    converged: bool | None = None
+    employer_changes: list[ItemChange] = Field(default_factory=list)
+    employee_changes: list[ItemChange] = Field(default_factory=list)
+    #: Pods the provider holds a registration of without this employer's guard or lifecycle finalizer.
+    unguarded: list[str] = Field(default_factory=list)
+    #: Pods carrying this employer's finalizers that the provider holds nothing for (to release).
+    to_release: list[str] = Field(default_factory=list)
+    #: A provider read that failed, in the adapter's words.
+    provider_error: str | None = None
+    pods: list[PodState] = Field(default_factory=list)
+    warnings: list[EventAnswer] = Field(default_factory=list)
+    provider: ProviderView | None = None
+
+
+# -- reading the cluster --------------------------------------------------------------------------
+
+
+def _with_kind(obj: KubeObject, resource: Resource) -> KubeObject:
+    obj.setdefault("kind", resource.kind)
+    obj.setdefault("apiVersion", resource.api_version)
+    return obj
+
+
+@dataclass
+class SnapshotReader:
+    """An ``ObjectReader`` straight from the API server for one-off reads: each kind of a
+    namespace is listed once, so every answer of one explain sees the same moment."""
+
+    client: KubeClient
+    _lists: dict[tuple[Resource, str | None], builtins.list[KubeObject]] = field(default_factory=dict)
+
+    def _listed(self, resource: Resource, namespace: str | None) -> builtins.list[KubeObject]:
+        key = (resource, namespace if resource.namespaced else None)
+        if key not in self._lists:
+            items = self.client.list(resource, key[1]).get("items") or []
+            self._lists[key] = [_with_kind(item, resource) for item in items]
+        return self._lists[key]
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        for obj in self._listed(resource, namespace):
+            if obj["metadata"]["name"] == name:
+                return obj
+        return None
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        label_selector: Mapping[str, Any] | None = None,
+    ) -> builtins.list[KubeObject]:
+        items = self._listed(resource, namespace)
+        if label_selector is None:
+            return list(items)
+        return [o for o in items if label_selector_selects(label_selector, o["metadata"].get("labels"))]
+
+    def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
+        selector = (service.get("spec") or {}).get("selector")
+        pods = self._listed(kube.POD, service["metadata"].get("namespace"))
+        return [p for p in pods if map_selects(selector, p["metadata"].get("labels"))]
+
+    def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
+        return [p for p in self._listed(kube.POD, namespace) if finalizer in lifecycle.get_finalizers(p)]
+
+
+def _ref(resource: Resource, namespace: str, name: str) -> str:
+    return f"{resource.kind}/{namespace}/{name}"
+
+
+def _plain(value: Any) -> Any:
+    """An item's statuses as JSON-able data (pydantic models as their fields)."""
+    return to_jsonable_python(value, fallback=str)
+
+
+@dataclass
+class _Consulted:
+    """One adapter's provider view of one employer."""
+
+    adapter: ReconcileAdapter
+    view: ProviderView | None
+    error: str | None = None
+
+    def backend(self, pod: str) -> ProviderBackend | None:
+        if self.view is None:
+            return None
+        return next((b for b in self.view.backends if b.employee == pod), None)
+
+
+class Explainer:
+    """Answers explain's questions for one cluster and the given adapters (none: Kubernetes only)."""
+
+    def __init__(self, client: KubeClient, adapters: Sequence[ReconcileAdapter] = ()) -> None:
+        self.client = client
+        self.adapters = list(adapters)
+        self.reader = SnapshotReader(client)
+
+    # -- shared pieces ----------------------------------------------------------------------------
+
+    def _adapters_for(self, resource: Resource) -> list[ReconcileAdapter]:
+        return [a for a in self.adapters if watch_spec(a).employer == resource]
+
+    def _employer_resources(self) -> list[Resource]:
+        found = [kube.SERVICE]
+        for adapter in self.adapters:
+            resource = watch_spec(adapter).employer
+            if resource not in found:
+                found.append(resource)
+        return found
+
+    def _context(self, adapter: ReconcileAdapter, employer: KubeObject) -> ReconcileContext:
+        return ReconcileContext(
+            reader=self.reader,
+            controller=adapter.get_controller_name(),
+            employer_key=kube.object_key(employer),
+        )
+
+    async def _provider_view(self, adapter: ReconcileAdapter, employer: KubeObject) -> _Consulted:
+        """The provider's side for one employer: the adapter's description, else its current items."""
+        ctx = self._context(adapter, employer)
+        try:
+            if isinstance(adapter, ProviderDescribeOptions):
+                return _Consulted(adapter, await call_adapter(adapter.describe_provider, ctx, employer))
+            employers: list[Employer] = await call_adapter(adapter.get_current_employer, ctx, employer)
+            employees: list[Employee] = await call_adapter(adapter.get_current_employee, ctx, employer)
+        except Exception as err:
+            return _Consulted(adapter, None, f"{adapter.get_controller_name()}: {err}")
+        return _Consulted(
+            adapter,
+            ProviderView(
+                employer={e.id: _plain(e.statuses) for e in employers},
+                backends=[
+                    ProviderBackend(
+                        employee=e.name,
+                        id=e.id,
+                        serving=e.serves(),
+                        state="registered" if e.registered() else "not registered",
+                        details={"statuses": _plain(e.statuses)},
+                    )
+                    for e in employees
+                ],
+            ),
+        )
+
+    def _employers_by_hash(self, namespace: str, pod: KubeObject) -> dict[str, list[tuple[Resource, str]]]:
+        """Employer candidates of the namespace by the hash their finalizers carry: live employers
+        of every kind the adapters use, and the names the pod's ``expectedFinalizers`` keys give
+        (an employer already gone still names its finalizer)."""
+        candidates: dict[tuple[str, str], Resource] = {}
+        for resource in self._employer_resources():
+            for obj in self.reader.list(resource, namespace):
+                candidates[(resource.kind, obj["metadata"]["name"])] = resource
+        try:
+            entries = lifecycle.expected_finalizers(pod)
+        except lifecycle.MalformedAvailableConditions:
+            entries = {}
+        for key in entries:
+            kind, _, rest = key.partition("/")
+            name = rest.partition("/")[2]
+            if kind and name and (kind, name) not in candidates:
+                candidates[(kind, name)] = Resource("", "", kind, "", True)
+        by_hash: dict[str, list[tuple[Resource, str]]] = {}
+        for (_, name), resource in sorted(candidates.items()):
+            digest = lifecycle.lifecycle_finalizer(name).rpartition("/")[2]
+            by_hash.setdefault(digest, []).append((resource, name))
+        return by_hash
+
+    async def _consult(self, resource: Resource, namespace: str, name: str) -> list[_Consulted]:
+        employer = self.reader.get(resource, namespace, name) if resource.plural else None
+        if employer is None:
+            return []
+        return [await self._provider_view(a, employer) for a in self._adapters_for(resource)]
+
+    # -- pods ---------------------------------------------------------------------------------------
+
+    async def pod(self, namespace: str, name: str) -> PodExplanation:
+        """Why the pod is not Ready (gates, employers, provider, since when) and what holds it."""
+        pod = self.reader.get(kube.POD, namespace, name)
+        answer = PodExplanation(namespace=namespace, name=name, adapters=self._names())
+        if pod is None:
+            answer.exists = False
+            return answer
+        status = pod.get("status") or {}
+        ready = lifecycle.pod_condition(pod, "Ready") or {}
+        answer.phase = str(status.get("phase") or "")
+        answer.ready = ready.get("status")
+        answer.ready_since = ready.get("lastTransitionTime")
+        answer.ready_reason = str(ready.get("reason") or "")
+        answer.containers_ready = (lifecycle.pod_condition(pod, "ContainersReady") or {}).get("status")
+        answer.deleting = lifecycle.is_deleting(pod)
+        answer.deletion_timestamp = pod["metadata"].get("deletionTimestamp")
+        by_hash = self._employers_by_hash(namespace, pod)
+        consulted: dict[tuple[str, str], list[_Consulted]] = {}
+
+        async def views(resource: Resource, employer: str) -> list[_Consulted]:
+            key = (resource.kind, employer)
+            if key not in consulted:
+                consulted[key] = await self._consult(resource, namespace, employer)
+            return consulted[key]
+
+        gate_owners = {
+            lifecycle.readiness_gate(employer): (resource, employer)
+            for owners in by_hash.values()
+            for resource, employer in owners
+        }
+        for gate in lifecycle.readiness_gates(pod):
+            cond = lifecycle.pod_condition(pod, gate)
+            if cond is not None and cond.get("status") == "True":
+                continue
+            item = GateAnswer(
+                gate=gate,
+                status=str(cond.get("status")) if cond is not None else "missing",
+                reason=str((cond or {}).get("reason") or ""),
+                message=str((cond or {}).get("message") or ""),
+                since=(cond or {}).get("lastTransitionTime"),
+            )
+            owner = gate_owners.get(gate)
+            if owner is not None:
+                item.employer = _ref(owner[0], namespace, owner[1])
+                for view in await views(*owner):
+                    item.provider_consulted = item.provider_consulted or view.view is not None
+                    item.provider = item.provider or view.backend(name)
+            answer.not_ready.append(item)
+        for finalizer in lifecycle.get_finalizers(pod):
+            prefix, _, digest = finalizer.rpartition("/")
+            role: Literal["guard", "lifecycle", "other"] = (
+                "guard"
+                if prefix == wire.GUARD_FINALIZER_PREFIX
+                else "lifecycle"
+                if prefix == wire.LIFECYCLE_FINALIZER_PREFIX
+                else "other"
+            )
+            item_f = FinalizerAnswer(finalizer=finalizer, role=role)
+            if role != "other":
+                for resource, employer in by_hash.get(digest, []):
+                    item_f.employers.append(_ref(resource, namespace, employer))
+                    for view in await views(resource, employer):
+                        item_f.provider_consulted = item_f.provider_consulted or view.view is not None
+                        backend = view.backend(name)
+                        if backend is not None:
+                            item_f.provider.append(backend)
+            item_f.pending = _finalizer_pending(item_f)
+            answer.finalizers.append(item_f)
+            if answer.containers_ready == "False" and any(b.serving for b in item_f.provider):
+                answer.served_while_stopped = sorted({*answer.served_while_stopped, *item_f.employers})
+        return answer
+
+    def _names(self) -> list[str]:
+        return [a.get_controller_name() for a in self.adapters]
+
+    # -- employers ----------------------------------------------------------------------------------
+
+    def resolve_kind(self, kind: str) -> Resource:
+        """The employer kind a person typed: ``Service``/``svc``, a kind an adapter employs
+        (``Kind`` or its plural, any case), or ``Kind.version.group`` found by discovery."""
+        wanted = kind.lower()
+        if wanted in _SERVICE_NAMES:
+            return kube.SERVICE
+        for resource in self._employer_resources():
+            if wanted in (resource.kind.lower(), resource.plural.lower()):
+                return resource
+        name, _, api = kind.partition(".")
+        version, _, group = api.partition(".")
+        if name and version:
+            try:
+                return self.client.resource(f"{group}/{version}" if group else version, name)
+            except (LookupError, kube.ApiError):
+                pass
+        raise ExplainError(
+            f"unknown employer kind {kind!r}: use Service, a kind an --adapter employs, "
+            "or Kind.version.group (e.g. Gateway.v1.gateway.networking.k8s.io)"
+        )
+
+    async def employer(self, resource: Resource, namespace: str, name: str) -> EmployerExplanation:
+        """Why the employer has not converged: what the provider lacks or holds too much, pods
+        guarded wrongly, recent Warning Events."""
+        answer = EmployerExplanation(kind=resource.kind, namespace=namespace, name=name)
+        employer = self.reader.get(resource, namespace, name)
+        answer.warnings = self._warnings(resource, namespace, name)
+        if employer is None:
+            answer.exists = False
+            return answer
+        answer.deleting = lifecycle.is_deleting(employer)
+        answer.finalizers = lifecycle.get_finalizers(employer)
+        guard = lifecycle.guard_finalizer(name)
+        held = lifecycle.lifecycle_finalizer(name)
+        gate = lifecycle.readiness_gate(name)
+        pods: dict[str, KubeObject] = {
+            p["metadata"]["name"]: p for p in self.reader.pods_selected_by(employer)
+        }
+        for finalizer in (guard, held):
+            for pod in self.reader.pods_with_finalizer(namespace, finalizer):
+                pods[pod["metadata"]["name"]] = pod
+        adapters = self._adapters_for(resource)
+        view: _Consulted | None = None
+        if adapters:
+            adapter = adapters[0]
+            answer.controller = adapter.get_controller_name()
+            view = await self._provider_view(adapter, employer)
+            answer.provider = view.view
+            answer.provider_error = view.error
+            answer.provider_consulted = view.view is not None
+            if view.view is not None:
+                await self._changes(adapter, employer, answer)
+        for pod_name in sorted(pods):
+            pod = pods[pod_name]
+            finalizers = lifecycle.get_finalizers(pod)
+            cond = lifecycle.pod_condition(pod, gate) if gate in lifecycle.readiness_gates(pod) else None
+            state = PodState(
+                name=pod_name,
+                gate=None
+                if gate not in lifecycle.readiness_gates(pod)
+                else str((cond or {}).get("status", "missing")),
+                has_guard=guard in finalizers,
+                has_lifecycle_finalizer=held in finalizers,
+                deleting=lifecycle.is_deleting(pod),
+                provider=view.backend(pod_name) if view is not None else None,
+            )
+            answer.pods.append(state)
+        if view is not None and view.view is not None:
+            names = {b.employee for b in view.view.backends if b.state != "not registered"}
+            answer.unguarded = sorted(
+                n for n in names if n in pods and not ({guard, held} & set(lifecycle.get_finalizers(pods[n])))
+            )
+            answer.to_release = sorted(
+                p.name
+                for p in answer.pods
+                if (p.has_guard or p.has_lifecycle_finalizer) and p.name not in names
+            )
+            answer.converged = not (
+                answer.employer_changes or answer.employee_changes or answer.unguarded or answer.to_release
+            )
+        return answer
+
+    async def _changes(
+        self, adapter: ReconcileAdapter, employer: KubeObject, answer: EmployerExplanation
+    ) -> None:
+        """The diff the controller's next pass would act on, expected vs current, both sides."""
+        ctx = self._context(adapter, employer)
+        try:
+            for side, expected_fn, current_fn in (
+                ("employer", adapter.get_expected_employer, adapter.get_current_employer),
+                ("employee", adapter.get_expected_employee, adapter.get_current_employee),
+            ):
+                expected = await call_adapter(expected_fn, ctx, employer)
+                current = await call_adapter(current_fn, ctx, employer)
+                planned = diff(expected, current)
+                by_id = {c.id: c for c in current}
+                changes = [
+                    ItemChange(
+                        action="create", id=i.id, name=getattr(i, "name", ""), expected=_plain(i.statuses)
+                    )
+                    for i in planned.to_create
+                ]
+                changes += [
+                    ItemChange(
+                        action="update",
+                        id=i.id,
+                        name=getattr(i, "name", ""),
+                        expected=_plain(i.statuses),
+                        current=_plain(by_id[i.id].statuses),
+                    )
+                    for i in planned.to_update
+                ]
+                changes += [
+                    ItemChange(
+                        action="delete", id=i.id, name=getattr(i, "name", ""), current=_plain(i.statuses)
+                    )
+                    for i in planned.to_delete
+                ]
+                if side == "employer":
+                    answer.employer_changes = changes
+                else:
+                    answer.employee_changes = changes
+        except Exception as err:
+            answer.provider_error = f"{adapter.get_controller_name()}: {err}"
+
+    def _warnings(self, resource: Resource, namespace: str, name: str) -> list[EventAnswer]:
+        listing = self.client.list(
+            kube.EVENT,
+            namespace,
+            field_selector=f"involvedObject.name={name},involvedObject.kind={resource.kind},type=Warning",
+        )
+        events = [
+            EventAnswer(
+                type=e.get("type", ""),
+                reason=e.get("reason", ""),
+                message=e.get("message", ""),
+                count=int(e.get("count") or 1),
+                last=e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp"),
+            )
+            for e in listing.get("items") or []
+        ]
+        events.sort(key=lambda e: e.last or "")
+        return events[-RECENT_WARNINGS:]
+
+
+def _finalizer_pending(answer: FinalizerAnswer) -> str:
+    """What must happen before this finalizer goes, in words."""
+    if answer.role == "other":
+        return "not ours: the controller that added it removes it"
+    if not answer.employers:
+        return (
+            "no employer of the namespace has this hash (gone?): "
+            "remove it by hand once no provider routes to the pod"
+        )
+    if not answer.provider_consulted:
+        return (
+            "provider not consulted (pass --adapter NAME): "
+            "the controller removes it once the provider holds no backend of the pod"
+        )
+    if answer.provider:
+        held = "; ".join(_backend_words(b) for b in answer.provider)
+        return f"the provider still holds {held}: the controller deregisters it, then removes the finalizer"
+    return (
+        "the provider holds no backend of the pod: the controller removes it once a pass confirms "
+        "that (a failing create keeps it: see explain employer; is the controller running?)"
+    )
+
+
+def _backend_words(backend: ProviderBackend) -> str:
+    state = backend.state
+    if backend.serving is not None and state not in ("serving", "not serving"):
+        state = ", ".join(w for w in (state, "serving" if backend.serving else "not serving") if w)
+    since = f" since {backend.since}" if backend.since else ""
+    return f"backend {backend.id} ({state or 'held'}{since})"
+
+
+# -- readable lines ------------------------------------------------------------------------------
+
+
+def pod_lines(answer: PodExplanation) -> list[str]:
+    """The pod's answer in a few readable lines."""
+    ref = f"pod {answer.namespace}/{answer.name}"
+    if not answer.exists:
+        return [f"{ref}: not found"]
+    since = f" since {answer.ready_since}" if answer.ready_since else ""
+    reason = f" ({answer.ready_reason})" if answer.ready_reason else ""
+    lines = [
+        f"{ref}: Ready {answer.ready or 'unknown'}{since}{reason}; phase {answer.phase or 'unknown'}, "
+        f"ContainersReady {answer.containers_ready or 'unknown'}"
+    ]
+    if answer.served_while_stopped:
+        lines.append(
+            f"  ! the provider of {', '.join(answer.served_while_stopped)} serves this pod but its "
+            "containers are not ready: that traffic fails (docs/zero-downtime.md)"
+        )
+    if answer.ready != "True":
+        if answer.containers_ready != "True":
+            lines.append(
+                "  containers stopped (the pod is deleting)"
+                if answer.deleting
+                else "  containers are not ready yet (the kubelet's part)"
+            )
+        for gate in answer.not_ready:
+            owner = gate.employer or "not a resourceconsist gate"
+            line = f"  gate {gate.gate} = {gate.status}"
+            if gate.reason or gate.message:
+                line += f" ({': '.join(x for x in (gate.reason, gate.message) if x)})"
+            if gate.since:
+                line += f" since {gate.since}"
+            line += f"; employer {owner}"
+            if gate.employer is not None:
+                if gate.provider is not None:
+                    line += f"; provider: {_backend_words(gate.provider)}"
+                elif gate.provider_consulted:
+                    line += "; provider: holds no backend of this pod"
+                else:
+                    line += "; provider: not consulted (pass --adapter NAME)"
+            lines.append(line)
+    if answer.deleting:
+        lines.append(
+            f"  deleting (grace period ends {answer.deletion_timestamp}); "
+            f"held by {len(answer.finalizers)} finalizer(s)"
+        )
+    elif answer.finalizers:
+        lines.append("  finalizers (they hold the pod once it is deleted):")
+    for f in answer.finalizers:
+        owners = ", ".join(f.employers) or "unknown employer"
+        who = f"{f.role} finalizer of {owners}" if f.role != "other" else "not resourceconsist's"
+        lines.append(f"  {f.finalizer} [{who}]: {f.pending}")
+    return lines
+
+
+def employer_lines(answer: EmployerExplanation) -> list[str]:
+    """The employer's answer in a few readable lines."""
+    ref = f"{answer.kind} {answer.namespace}/{answer.name}"
+    if not answer.exists:
+        lines = [f"{ref}: not found"]
+    elif answer.converged is None:
+        why = answer.provider_error or "no --adapter NAME given for this kind"
+        lines = [f"{ref}: provider not consulted ({why}); Kubernetes side only"]
+    else:
+        state = "converged" if answer.converged else "NOT converged"
+        lines = [
+            f"{ref}: {state} (controller {answer.controller})" + (", deleting" if answer.deleting else "")
+        ]
+    if answer.provider_error and answer.converged is not None:
+        lines.append(f"  provider read failed: {answer.provider_error}")
+    for what, changes in (("employer", answer.employer_changes), ("employee", answer.employee_changes)):
+        for c in changes:
+            detail = {"create": f"want {c.expected}", "delete": f"holds {c.current}"}.get(
+                c.action, f"want {c.expected}, holds {c.current}"
+            )
+            lines.append(f"  {what} {c.id}: to {c.action} ({detail})")
+    if answer.unguarded:
+        lines.append(f"  registered without this employer's finalizer: {', '.join(answer.unguarded)}")
+    if answer.to_release:
+        lines.append(
+            "  carry its finalizers without a backend (released once a pass confirms the provider "
+            f"holds none): {', '.join(answer.to_release)}"
+        )
+    for pod in answer.pods:
+        parts = [
+            f"gate {pod.gate}" if pod.gate else "",
+            "guard" if pod.has_guard else "",
+            "lifecycle finalizer" if pod.has_lifecycle_finalizer else "",
+            "deleting" if pod.deleting else "",
+        ]
+        backend = (
+            _backend_words(pod.provider)
+            if pod.provider
+            else ("no backend" if answer.provider_consulted else "")
+        )
+        lines.append(f"  pod {pod.name}: " + ", ".join(p for p in [*parts, backend] if p))
+    for e in answer.warnings:
+        lines.append(f"  Warning {e.reason} x{e.count} (last {e.last}): {e.message}")
+    return lines
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """``NS/NAME`` as (namespace, name); a clear error for anything else."""
+    namespace, sep, name = ref.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ExplainError(f"{ref!r} is not NAMESPACE/NAME: write it as e.g. default/web")
+    return namespace, name
+
+
+async def run_explain(
+    client: KubeClient, adapters: Sequence[ReconcileAdapter], kind: str | None, ref: str, output: str
+) -> str:
+    """``resourceconsist explain``: the pod's (``kind`` None) or the employer's answer, as
+    readable lines or JSON."""
+    namespace, name = split_ref(ref)
+    explainer = Explainer(client, adapters)
+    if kind is None:
+        pod = await explainer.pod(namespace, name)
+        return pod.model_dump_json(indent=2) if output == "json" else "\n".join(pod_lines(pod))
+    employer = await explainer.employer(explainer.resolve_kind(kind), namespace, name)
+    return employer.model_dump_json(indent=2) if output == "json" else "\n".join(employer_lines(employer))
