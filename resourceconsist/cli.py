@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from resourceconsist.kube import KubeClient
     from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable
+    from resourceconsist.orphans import GarbageConfig
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -417,6 +418,15 @@ class _WebhookSettings:
 @click.option(
     "--leader-election-id", default="resourceconsist-manager", show_default=True, help="Name of the Lease."
 )
+@click.option(
+    "--garbage-interval",
+    default=600.0,
+    show_default=True,
+    help="Seconds between passes collecting provider items whose employer is gone "
+    "(docs/lifecycle-hooks.md); 0: at start-up only.",
+)
+@click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items.")
+@click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect.")
 @_leader_timing_options
 @_webhook_options
 def run(
@@ -430,6 +440,9 @@ def run(
     leader_elect: bool,
     leader_election_namespace: str | None,
     leader_election_id: str,
+    garbage_interval: float,
+    no_garbage: bool,
+    garbage_dry_run: bool,
     lease_duration: float,
     renew_deadline: float,
     retry_period: float,
@@ -453,6 +466,13 @@ def run(
         bootstrap_certs,
         webhook_cert_hosts,
         webhook_url,
+    )
+    from resourceconsist.orphans import GarbageConfig
+
+    if garbage_interval < 0:
+        raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
+    garbage = GarbageConfig(
+        enabled=not no_garbage, interval=garbage_interval or None, dry_run=garbage_dry_run
     )
     health = health_address
     election = None
@@ -484,6 +504,7 @@ def run(
             resync_seconds,
             shutdown_timeout,
             election,
+            garbage,
         )
     )
 
@@ -545,6 +566,7 @@ async def _run(
     resync_seconds: float,
     shutdown_timeout: float,
     election: LeaderElectionConfig | None,
+    garbage: GarbageConfig | None = None,
 ) -> None:
     from resourceconsist.manager import Manager
 
@@ -558,6 +580,7 @@ async def _run(
         health_address=health,
         shutdown_timeout=shutdown_timeout,
         leader_election=election,
+        garbage=garbage,
     )
     for adapter in adapters:
         await manager.add(adapter)

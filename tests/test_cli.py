@@ -241,6 +241,11 @@ def test_a_health_address_that_is_not_host_port_is_refused(tmp_path: Path) -> No
     assert "'not-an-address' is not HOST:PORT" in line and "127.0.0.1:8081" in line
 
 
+def test_a_negative_garbage_interval_is_refused(tmp_path: Path) -> None:
+    line = _error_line(_cli("run", "--adapter", "demo", "--garbage-interval", "-5", env=_env()))
+    assert "--garbage-interval" in line and "0 (start-up only)" in line
+
+
 def test_run_webhook_in_a_namespace_that_does_not_exist_hints_pod_namespace(
     control_plane: Any, tmp_path: Path
 ) -> None:
