@@ -71,3 +71,14 @@ def test_the_manager_deployment_runs_flags_the_cli_knows() -> None:
     service = next(d for d in _documents() if d["kind"] == "Service")
     assert service["spec"]["ports"][0]["targetPort"] in ports
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_the_kustomize_image_override_names_the_manager_image_and_it_runs_as_non_root() -> None:
+    images = yaml.safe_load((CONFIG / "kustomization.yaml").read_text())["images"]
+    deployment = next(d for d in _documents() if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert container["image"].split(":")[0] in {image["name"] for image in images}
+    # The Containerfile's user (uid 65532); the Pod refuses to start as root.
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532}
+    assert re.search(r"^USER 65532(:65532)?$", (CONFIG.parent / "Containerfile").read_text(), re.M)
