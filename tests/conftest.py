@@ -16,7 +16,16 @@ from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane
 
 #: Fixtures that start (or stand on) the session's real control plane.
-CONTROL_PLANE_FIXTURES = frozenset({"control_plane", "kube_api", "namespace"})
+CONTROL_PLANE_FIXTURES = frozenset(
+    {
+        "control_plane",
+        "kube_api",
+        "namespace",
+        "local_cluster",
+        "local_cluster_api",
+        "local_cluster_namespace",
+    }
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -258,6 +258,7 @@ def test_wait_for_returns_the_value_or_names_what_it_waited_for() -> None:
         wait_for(lambda: False, timeout=0.2, interval=0.01, message="the impossible")
 
 
+@pytest.mark.controlplane
 async def test_a_running_controller_recovers_its_watches_across_an_apiserver_restart() -> None:
     """restart_apiserver() keeps the port and etcd; the manager's informers re-list and watch
     again by themselves, so a change made after the restart is acted on without a restart."""

@@ -319,6 +319,7 @@ def test_missing_cluster_binaries_are_named(tmp_path: Path, monkeypatch: pytest.
     assert "hack/build-controlplane.sh" in message
 
 
+@pytest.mark.controlplane
 def test_a_killed_owner_takes_the_whole_cluster_down() -> None:
     script = (
         "import time\n"
