@@ -158,10 +158,12 @@ class PodWriter:
         # A pod whose cached copy already matches its plan needs no write: settle it here, on
         # the loop, instead of a thread hop per pod (a steady-state pass plans every selected
         # pod). A lagging cache only means the write below re-reads on conflict, as before.
+        located: dict[str, tuple[PodLocation, KubeObject | None]] = {}
         for name, intent in list(intents.items()):
             try:
                 where = self._resolve(name)
                 cached = where.reader.get(kube.POD, self.namespace, where.name)
+                located[name] = (where, cached)
                 if cached is None:
                     continue
                 body, deferred = self._patch_for(cached, intent, self.entry)
@@ -177,7 +179,9 @@ class PodWriter:
         async def one(name: str, intent: PodIntent) -> None:
             async with gate:
                 try:
-                    pod, wrote, deferred = await asyncio.to_thread(self._apply, name, intent)
+                    pod, wrote, deferred = await asyncio.to_thread(
+                        self._apply, name, intent, located.get(name)
+                    )
                 except Exception as err:
                     result.failed[name] = err
                     return
@@ -191,12 +195,16 @@ class PodWriter:
         await asyncio.gather(*(one(n, i) for n, i in intents.items()))
         return result
 
-    def _apply(self, name: str, intent: PodIntent) -> tuple[KubeObject | None, bool, bool]:
+    def _apply(
+        self, name: str, intent: PodIntent, located: tuple[PodLocation, KubeObject | None] | None
+    ) -> tuple[KubeObject | None, bool, bool]:
         """Bring one pod to the intent: (the pod as it now is, or None when gone; written;
-        an entry removal deferred)."""
-        where = self._resolve(name)
+        an entry removal deferred). ``located``: where it lives and its cached copy, when
+        ``flush`` already looked them up."""
         # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
-        pod = where.reader.get(kube.POD, self.namespace, where.name)
+        where, pod = located or (self._resolve(name), None)
+        if located is None:
+            pod = where.reader.get(kube.POD, self.namespace, where.name)
         deferred = False
 
         def change(fresh: KubeObject) -> dict[str, Any] | None:

@@ -546,16 +546,17 @@ class Reconciler:
             self._guard_before_calls if p.follows_lifecycle else None,
         )
         p.employee_results = results
+        if not self.employees_are_pods:  # (following PodOpsLifecycle implies pod employees)
+            return
+        verdicts, serves = self._judge(p, results)
         if p.follows_lifecycle:
-            self._plan_after_calls(p, results)
-        if self.employees_are_pods:
-            verdicts, serves = self._judge(p, results)
-            p.serving = {n for n in serves if verdicts.get(n) is _Verdict.SERVED}
-            p.unknown = {n for n, v in verdicts.items() if v is _Verdict.UNKNOWN}
-            expected: list[list[Employee]] = [results.succ_created, results.fail_created]
-            expected += [results.succ_updated, results.fail_updated, results.unchanged]
-            p.employed = {i.name for items in expected for i in items if i.name}
-            p.employees_synced = True
+            self._plan_after_calls(p, verdicts)
+        p.serving = {n for n in serves if verdicts.get(n) is _Verdict.SERVED}
+        p.unknown = {n for n, v in verdicts.items() if v is _Verdict.UNKNOWN}
+        expected: list[list[Employee]] = [results.succ_created, results.fail_created]
+        expected += [results.succ_updated, results.fail_updated, results.unchanged]
+        p.employed = {i.name for items in expected for i in items if i.name}
+        p.employees_synced = True
 
     # -- the guard ----------------------------------------------------------------------------------------
 
@@ -612,27 +613,23 @@ class Reconciler:
         here, before anything else (docs/concepts.md, "The guard")."""
         namespace = p.writer.namespace
         p.carriers = self._find_carriers(p)
-        unguarded = 0
-        need: set[str] = set()
-        for item in current:
-            if item.name and item.registered():
-                need.add(item.name)
-                pod = self._pod(item.name, namespace)
-                if pod is not None and not self._guarded(p, lifecycle.get_finalizers(pod)):
-                    unguarded += 1
-        if self.unguarded.get(p.key) != unguarded:
-            self.unguarded[p.key] = unguarded
-            self.report_unguarded(sum(self.unguarded.values()))
+        held = {item.name for item in current if item.name and item.registered()}
         registering = {
             e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
         }
-        need |= set(registering)
+        unguarded = 0
         guarding: set[str] = set()
-        for name in sorted(need):
+        for name in sorted(held | set(registering)):
             pod = self._pod(name, namespace)
-            if pod is None or not self._guarded(p, lifecycle.get_finalizers(pod)):
-                p.writer.add_finalizer(name, p.guard_finalizer)
-                guarding.add(name)
+            if pod is not None and self._guarded(p, lifecycle.get_finalizers(pod)):
+                continue
+            if pod is not None and name in held:
+                unguarded += 1  # the provider's view and the cache: the invariant, live
+            p.writer.add_finalizer(name, p.guard_finalizer)
+            guarding.add(name)
+        if self.unguarded.get(p.key) != unguarded:
+            self.unguarded[p.key] = unguarded
+            self.report_unguarded(sum(self.unguarded.values()))
         # Additions go out now; removals wait for the calls (an entry stays while its
         # lifecycle finalizer does).
         adding = p.writer.adding()
@@ -642,16 +639,11 @@ class Reconciler:
         for name in sorted(guarding):
             if self._guarded(p, p.written.finalizers.get(name, [])) and (p.key, name) not in self._told:
                 self._tell(p.key, name, "pod_guarded")
-        blocked: set[str] = set()
-        for name, item_id in registering.items():
-            finalizers = p.written.finalizers.get(name)
-            if finalizers is None:
-                pod = (
-                    None if name in p.written.done or name in p.written.failed else self._pod(name, namespace)
-                )
-                finalizers = lifecycle.get_finalizers(pod) if pod is not None else []
-            if not self._guarded(p, finalizers):
-                blocked.add(item_id)
+        blocked = {
+            item_id
+            for name, item_id in registering.items()
+            if name in p.written.failed or not self._still_carries(p, name)
+        }
         if blocked:
             log.info(
                 "%s %s: not registering %d employees whose pods could not be guarded yet",
@@ -691,9 +683,9 @@ class Reconciler:
             judge(item.name, _Verdict.UNKNOWN)
         return verdicts, serves
 
-    def _plan_after_calls(self, p: _Pass, results: CUDResults[Employee]) -> None:
+    def _plan_after_calls(self, p: _Pass, judged: dict[str, _Verdict]) -> None:
         """Plan each pod's guard and lifecycle finalizer from what the provider confirmed."""
-        verdicts, _ = self._judge(p, results)
+        verdicts = dict(judged)
         # Pods carrying our finalizers that the provider holds nothing for: release them,
         # whatever removed their backends (delete_employer, a person, the provider).
         for name in p.carriers:
