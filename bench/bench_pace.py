@@ -1,0 +1,575 @@
+"""Pace, cost and scale of a controller in its own process, each figure beside a baseline.
+
+One local control plane per run; S Services x P pods (default 1 x 1000) exist, not ready, when
+the controller starts in its OWN process (ours: ``python -m resourceconsist run --adapter demo``;
+with ``--go``, the Go original built by hack/build-go-original.sh, at its default client QPS and
+unthrottled), so its CPU seconds (/proc/PID/stat) and peak RSS (VmHWM) are its own. A driver
+with 16 concurrent clients, never slowed, then:
+
+1. patches every pod Ready: seconds until all pods carry their Service's lifecycle finalizer
+   (total convergence), of which after the driver's last readiness patch returned, and the
+   controller's pod writes per pod (the API server's ``apiserver_request_total`` less the
+   driver's own writes);
+2. takes readiness from 100 pods: seconds until their lifecycle finalizers are gone, and the
+   controller's CPU seconds for it;
+3. leaves things be for 30 s (10 s with ``--quick``) while touching each Service three times
+   (an annotation no adapter reads, so passes run): the controller's writes, which must be 0.
+
+Baselines on the same API server, in this process: the raw PATCH rate of 16 threads (the
+physical limit: seconds for N writes, and the driver's CPU per write), the Go frame's write
+pattern for new pods replayed (bench_frame's ``_go_pattern_baseline``), and the peak RSS of a
+process that only imports what ``run`` imports. docs/benchmarks.md explains every figure.
+
+Run: ``python bench/bench_pace.py`` (``make bench``); ``--go`` adds the Go original beside ours,
+``--rounds 3`` takes medians of interleaved rounds, ``--scale`` prints the curve at 1k, 3k and
+10k pods (one Service, 1000 x 10 and 100 x 100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench_frame import _go_pattern_baseline, _writes
+from prometheus_client.parser import text_string_to_metric_families
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.kube import KubeClient
+from resourceconsist.testing import Cluster, LocalControlPlane, finalizers
+from resourceconsist.testing.controlplane import free_port
+
+CLIENTS = 16
+FLIPS = 100
+WRITE_VERBS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: The resources a controller of ours or the original writes (the API server writes Leases itself).
+CONTROLLER_RESOURCES = frozenset({"pods", "services", "events"})
+GO_BINARY = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "resourceconsist/goorig-v0.0.7/goorig"
+)
+#: What ``resourceconsist run --adapter demo`` imports before it reconciles anything.
+IMPORT_BASELINE = (
+    "import resourceconsist.cli, resourceconsist.manager, resourceconsist.experimental.demo, "
+    "resourceconsist.adapters, kubernetes.client"
+)
+
+
+# -- the controller under test, in its own process ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A controller to measure: a label and how to start it for a kubeconfig and namespace."""
+
+    label: str
+    argv: Callable[[Path, str], list[str]]
+
+
+def ours() -> Kind:
+    def argv(kubeconfig: Path, ns: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "resourceconsist",
+            "--log-level",
+            "warning",
+            "run",
+            "--adapter",
+            "demo",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--namespace",
+            ns,
+            "--health-address",
+            f"127.0.0.1:{free_port()}",
+        ]
+
+    return Kind("ours", argv)
+
+
+def go(binary: Path, qps: float) -> Kind:
+    label = f"Go, {qps:g} QPS" if qps > 0 else "Go, no throttle"
+    return Kind(
+        label, lambda kc, ns: [str(binary), "--kubeconfig", str(kc), "--namespace", ns, "--qps", str(qps)]
+    )
+
+
+class Process:
+    """A started controller: its CPU seconds and peak RSS as the kernel counts them."""
+
+    def __init__(self, argv: list[str], log: Path) -> None:
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(argv, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        # utime and stime, fields 14 and 15 of proc(5), counted from the 3rd after the name.
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def peak_rss_mb(self) -> float:
+        return _vm_hwm_mb(Path(f"/proc/{self.proc.pid}/status").read_text())
+
+    def check(self) -> None:
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"the controller exited with {self.proc.returncode}; see {self._log.name}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+def _vm_hwm_mb(status: str) -> float:
+    line = next(x for x in status.splitlines() if x.startswith("VmHWM:"))
+    return int(line.split()[1]) / 1024
+
+
+def import_baseline_mb() -> float:
+    """Peak RSS of a Python process that imports what ``run`` imports and does nothing else."""
+    code = f"{IMPORT_BASELINE}; print(open('/proc/self/status').read())"
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return _vm_hwm_mb(out)
+
+
+# -- what the API server counts ---------------------------------------------------------------
+
+
+def api_writes(cp: LocalControlPlane) -> dict[str, float]:
+    """Write requests the API server served so far, by resource (all subresources, all codes)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(cp.raw_get("/metrics")):
+        if family.name != "apiserver_request":
+            continue
+        for sample in family.samples:
+            if sample.name == "apiserver_request_total" and sample.labels.get("verb") in WRITE_VERBS:
+                resource = sample.labels.get("resource", "")
+                counts[resource] = counts.get(resource, 0.0) + sample.value
+    return counts
+
+
+@dataclass
+class WriteMeter:
+    """The controller's writes: what the API server served less what the driver sent."""
+
+    cp: LocalControlPlane
+    driver: KubeClient
+    _mark: tuple[dict[str, float], dict[str, int]] = field(default_factory=lambda: ({}, {}))
+
+    def _driver(self) -> dict[str, int]:
+        return {r: _writes(self.driver, r) for r in CONTROLLER_RESOURCES}
+
+    def mark(self) -> None:
+        self._mark = (api_writes(self.cp), self._driver())
+
+    def since(self, resources: frozenset[str] = CONTROLLER_RESOURCES) -> int:
+        api, drv = api_writes(self.cp), self._driver()
+        return round(
+            sum(api.get(r, 0) - self._mark[0].get(r, 0) - (drv[r] - self._mark[1][r]) for r in resources)
+        )
+
+
+# -- the cluster as the driver sees it --------------------------------------------------------
+
+
+class PodWatch:
+    """Every pod of the namespace, from a watch: which carry their lifecycle finalizer, and when
+    a condition first held (the time of the event that made it true)."""
+
+    def __init__(self, client: KubeClient, ns: str) -> None:
+        self.client, self.ns = client, ns
+        self.guarded: dict[str, bool] = {}
+        self.count = 0
+        self.last_event = time.monotonic()
+        self._cond = threading.Condition()
+        self._stream: Any = None
+        self._stopped = False
+        listing = client.list(kube.POD, ns)
+        for pod in listing["items"]:
+            self._apply(pod)
+        self._rv = listing["metadata"]["resourceVersion"]
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _apply(self, pod: kube.KubeObject) -> None:
+        name = pod["metadata"]["name"]
+        svc = pod["metadata"]["labels"]["app"]
+        now = lifecycle.lifecycle_finalizer(svc) in finalizers(pod)
+        self.count += int(now) - int(self.guarded.get(name, False))
+        self.guarded[name] = now
+
+    def _run(self) -> None:
+        while not self._stopped:
+            try:
+                self._stream = self.client.watch(kube.POD, self.ns, self._rv, timeout_seconds=120)
+                for event in self._stream:
+                    obj = event["object"]
+                    self._rv = obj["metadata"]["resourceVersion"]
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        with self._cond:
+                            self._apply(obj)
+                            self.last_event = time.monotonic()
+                            self._cond.notify_all()
+            except Exception:
+                if self._stopped:
+                    return
+                time.sleep(0.1)
+
+    def when(self, holds: Callable[[PodWatch], bool], timeout: float, what: str) -> float:
+        """Wait until ``holds(self)``; return the monotonic time of the event that made it true."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not holds(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"{what}: not within {timeout:.0f} s ({self.count} pods guarded)")
+                self._cond.wait(left)
+            return self.last_event
+
+    def quiet(self, seconds: float, timeout: float, proc: Process) -> None:
+        """Wait until no pod changed for ``seconds`` (the controller has nothing left to write)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() - self.last_event < seconds:
+            proc.check()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"pods still changing after {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._stream is not None:
+            self._stream.close()
+
+
+def _pool_map(fn: Callable[[str], Any], names: list[str]) -> float:
+    """Run ``fn`` over ``names`` from CLIENTS threads as fast as the API server answers; the
+    driver threads' own CPU seconds in all."""
+    cpu: list[float] = []
+
+    def timed(chunk: list[str]) -> None:
+        started = time.thread_time()
+        for name in chunk:
+            fn(name)
+        cpu.append(time.thread_time() - started)
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        list(pool.map(timed, [names[i::CLIENTS] for i in range(CLIENTS)]))
+    return sum(cpu)
+
+
+def populate(client: KubeClient, ns: str, services: int, pods: int) -> list[str]:
+    """S controlled Services svc-NNN, each selecting P pods svc-NNN-J with an IP, not Ready."""
+    cluster = Cluster(client, ns)
+    client.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
+    for i in range(services):
+        body = {
+            "metadata": {"name": f"svc-{i:03d}", "labels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
+            "spec": {"selector": {"app": f"svc-{i:03d}"}, "ports": [{"port": 80}]},
+        }
+        client.create(kube.SERVICE, ns, body)
+    names = [f"svc-{i:03d}-{j}" for i in range(services) for j in range(pods)]
+
+    def make(name: str) -> None:
+        body = {
+            "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        client.create(kube.POD, ns, body)
+        set_ready(client, cluster, name, False)
+
+    _pool_map(make, names)
+    return names
+
+
+def set_ready(client: KubeClient, cluster: Cluster, name: str, ready: bool) -> None:
+    ip = cluster.ip_of(name)
+    conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
+    body = {"status": {"podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
+    client.patch(kube.POD, cluster.namespace, name, body, subresource="status")
+
+
+# -- one run ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Shape:
+    services: int
+    pods: int  # per Service
+
+    @property
+    def total(self) -> int:
+        return self.services * self.pods
+
+    def __str__(self) -> str:
+        return f"{self.services} x {self.pods}" if self.services > 1 else f"{self.pods} pods"
+
+
+def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir: Path) -> dict[str, float]:
+    """One controller on a fresh control plane: the figures of the module docstring, and the
+    baselines measured on the same API server once the controller is gone."""
+    ns = "bench-pace"
+    n = shape.total
+    timeout = max(300.0, n / 5)
+    with LocalControlPlane() as cp, contextlib.ExitStack() as stack:
+        driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        stack.callback(driver.close)
+        cluster = Cluster(driver, ns)
+        names = populate(driver, ns, shape.services, shape.pods)
+        watch = PodWatch(driver, ns)
+        stack.callback(watch.stop)
+        meter = WriteMeter(cp, driver)
+        proc = Process(kind.argv(cp.kubeconfig, ns), workdir / f"{kind.label.replace(' ', '_')}.log")
+        stack.callback(proc.stop)
+        f: dict[str, float] = {}
+
+        # Start-up: every Service takes its clean finalizer, the pods stop changing.
+        def started() -> bool:
+            proc.check()
+            svcs = driver.list(kube.SERVICE, ns)["items"]
+            return all(wire.CLEAN_FINALIZER in finalizers(s) for s in svcs)
+
+        _until(started, timeout, "the controller takes every Service")
+        watch.quiet(2.0, timeout, proc)
+
+        # 1. All pods become Ready.
+        meter.mark()
+        started_at = time.monotonic()
+        _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
+        last_change = time.monotonic()
+        guarded_at = watch.when(lambda w: w.count == n, timeout, "all pods guarded")
+        f["converge_s"] = guarded_at - started_at
+        f["after_last_s"] = max(0.0, guarded_at - last_change)
+        f["ramp_s"] = last_change - started_at
+        watch.quiet(1.0, timeout, proc)
+        f["pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
+
+        # 2. 100 pods lose readiness.
+        flipped = names[:: max(1, n // FLIPS)][:FLIPS]
+        meter.mark()
+        cpu = proc.cpu_seconds()
+        started_at = time.monotonic()
+        _pool_map(lambda name: set_ready(driver, cluster, name, False), flipped)
+        gone_at = watch.when(
+            lambda w: not any(w.guarded[p] for p in flipped), timeout, "flipped pods unguarded"
+        )
+        f["flip_s"] = gone_at - started_at
+        watch.quiet(1.0, timeout, proc)
+        f["flip_cpu_s"] = proc.cpu_seconds() - cpu
+        f["flip_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / len(flipped)
+
+        # 3. Steady state: nothing changes but an annotation no adapter reads.
+        meter.mark()
+        for touch in range(3):
+            for i in range(shape.services):
+                body = {"metadata": {"annotations": {"bench/touch": str(touch)}}}
+                driver.patch(kube.SERVICE, ns, f"svc-{i:03d}", body)
+            time.sleep(steady / 3)
+        proc.check()
+        f["steady_writes"] = meter.since()
+        f["cpu_s"] = proc.cpu_seconds()
+        f["rss_mb"] = proc.peak_rss_mb()
+        proc.stop()
+        watch.stop()
+
+        # Baselines on this API server: the raw PATCH rate (capped at 2000 writes) ...
+        sample = names[:2000]
+        started_at = time.monotonic()
+        driver_cpu = _pool_map(
+            lambda name: driver.patch(kube.POD, ns, name, {"metadata": {"annotations": {"bench/raw": "1"}}}),
+            sample,
+        )
+        f["raw_patch_per_s"] = len(sample) / (time.monotonic() - started_at)
+        f["raw_cpu_per_write_ms"] = driver_cpu / len(sample) * 1000
+        # ... and the Go frame's write pattern for as many new pods.
+        if go_pattern:
+            go_names = populate(driver, "bench-go", shape.services, shape.pods)
+            seconds, writes = _go_pattern_baseline(driver, "bench-go", go_names)
+            f["go_pattern_s"], f["go_pattern_writes_per_pod"] = seconds, writes / n
+    return f
+
+
+def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def rounds(
+    kinds: list[Kind], shape: Shape, n: int, steady: float, workdir: Path
+) -> dict[str, dict[str, float]]:
+    """``n`` interleaved rounds of every kind; the median of each figure."""
+    runs: dict[str, list[dict[str, float]]] = {k.label: [] for k in kinds}
+    for r in range(n):
+        for kind in kinds:
+            print(f"  round {r + 1}/{n}: {kind.label}, {shape} ...", file=sys.stderr, flush=True)
+            runs[kind.label].append(run_once(kind, shape, steady, go_pattern=True, workdir=workdir))
+    return {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
+
+
+# -- printing -----------------------------------------------------------------------------------
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_pace(shape: Shape, figures: dict[str, dict[str, float]], baseline_rss: float) -> None:
+    n = shape.total
+    main = figures["ours"]
+    limit_n = n / main["raw_patch_per_s"]
+    limit_flips = FLIPS / main["raw_patch_per_s"]
+    print(f"\npace at {shape} (one controller process, 16 driver clients); {_load()}")
+    print(
+        f"baselines on the same API server: raw PATCH {main['raw_patch_per_s']:.0f}/s from 16 threads "
+        f"({limit_n:.2f} s for {n} writes, {main['raw_cpu_per_write_ms']:.2f} ms driver CPU per write); "
+        f"Go write pattern replayed: {main['go_pattern_s']:.2f} s, "
+        f"{main['go_pattern_writes_per_pod']:.2f} writes per pod; import-only peak RSS {baseline_rss:.0f} MB"
+    )
+    rows: list[tuple[str, str, str, Callable[[dict[str, float]], str]]] = [
+        (
+            "pods Ready -> all guarded by the lifecycle finalizer",
+            "converge_s",
+            "s",
+            lambda f: _x(f["converge_s"], limit_n, "PATCH limit"),
+        ),
+        (
+            "of which after the last readiness change",
+            "after_last_s",
+            "s",
+            lambda f: _x(f["after_last_s"], limit_n, "PATCH limit"),
+        ),
+        (
+            f"{FLIPS} pods lose readiness -> finalizers gone",
+            "flip_s",
+            "s",
+            lambda f: _x(f["flip_s"], limit_flips, "PATCH limit"),
+        ),
+        (
+            "pod writes per pod",
+            "pod_writes_per_pod",
+            "",
+            lambda f: _x(f["pod_writes_per_pod"], f["go_pattern_writes_per_pod"], "Go pattern"),
+        ),
+        (
+            f"CPU for those {FLIPS} flips",
+            "flip_cpu_s",
+            "s",
+            lambda f: _x(
+                f["flip_cpu_s"], FLIPS * f["raw_cpu_per_write_ms"] / 1000, "driver CPU for as many writes"
+            ),
+        ),
+        (
+            "CPU, whole process",
+            "cpu_s",
+            "s",
+            lambda f: _x(f["cpu_s"], n * f["raw_cpu_per_write_ms"] / 1000, "driver CPU for N writes"),
+        ),
+        ("peak RSS", "rss_mb", "MB", lambda f: _x(f["rss_mb"], baseline_rss, "import-only")),
+        ("steady state writes", "steady_writes", "", lambda f: "target 0"),
+    ]
+    labels = list(figures)
+    head = f"{'figure':54} " + " ".join(f"{label:>18}" for label in labels)
+    if len(labels) > 1:
+        head += "   ratios ours/Go"
+    print(head)
+    for title, key, unit, ratio in rows:
+        cells = " ".join(f"{_fmt(figures[label][key], unit):>18}" for label in labels)
+        extra = "   " + ", ".join(
+            f"{main[key] / figures[label][key]:.2f}" if figures[label][key] else "-" for label in labels[1:]
+        )
+        print(f"{title:54} {cells}{extra if len(labels) > 1 else ''}   [ours {ratio(main)}]")
+
+
+def print_scale(results: list[tuple[Shape, dict[str, float]]], baseline_rss: float) -> None:
+    print(f"\nscale, ours, one controller process; {_load()}")
+    print(
+        f"{'shape':>14} {'pods':>6} {'converge s':>11} {'ms/pod':>7} {'x limit':>8} "
+        f"{'CPU s':>7} {'ms/pod':>7} {'RSS MB':>7} {'KB/pod':>7} {'steady writes':>14}"
+    )
+    for shape, f in results:
+        n = shape.total
+        print(
+            f"{shape!s:>14} {n:>6} {f['converge_s']:>11.2f} {f['converge_s'] / n * 1000:>7.2f} "
+            f"{f['converge_s'] / (n / f['raw_patch_per_s']):>8.2f} {f['cpu_s']:>7.2f} "
+            f"{f['cpu_s'] / n * 1000:>7.2f} {f['rss_mb']:>7.0f} "
+            f"{(f['rss_mb'] - baseline_rss) * 1024 / n:>7.1f} {f['steady_writes']:>14.0f}"
+        )
+
+
+def _fmt(value: float, unit: str) -> str:
+    return f"{value:.2f} {unit}".strip() if unit else f"{value:.2f}"
+
+
+def _x(value: float, baseline: float, what: str) -> str:
+    return f"{value / baseline:.2f}x {what}" if baseline else f"- ({what} 0)"
+
+
+@contextlib.contextmanager
+def _workdir() -> Iterator[Path]:
+    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-pace-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=True)
+    yield path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pods", type=int, default=1000, help="pods behind the one Service of the pace run")
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; figures are medians")
+    parser.add_argument("--quick", action="store_true", help="10 s of steady state instead of 30 s")
+    parser.add_argument(
+        "--go", action="store_true", help="also run the Go original (hack/build-go-original.sh)"
+    )
+    parser.add_argument("--go-binary", type=Path, default=GO_BINARY)
+    parser.add_argument(
+        "--go-qps", type=float, default=20.0, help="the Go original's client QPS (default 20)"
+    )
+    parser.add_argument("--scale", action="store_true", help="the scale curve at 1k, 3k, 10k pods")
+    parser.add_argument(
+        "--scale-shapes",
+        default="1x250,1x500,1x1000",
+        help="SERVICESxPODS,... for the curve without --scale (default a quick one)",
+    )
+    parser.add_argument("--no-pace", action="store_true", help="only the scale curve")
+    args = parser.parse_args()
+    if args.pods < FLIPS:
+        parser.error(f"--pods must be at least {FLIPS} (the flip test takes readiness from {FLIPS} pods)")
+    kinds = [ours()]
+    if args.go:
+        if not args.go_binary.is_file():
+            parser.error(f"no Go original at {args.go_binary}: run hack/build-go-original.sh first")
+        kinds += [go(args.go_binary, args.go_qps), go(args.go_binary, 0)]
+    shapes = "1x1000,1x3000,1x10000,1000x10,100x100" if args.scale else args.scale_shapes
+    try:
+        scale = [Shape(*(int(x) for x in s.split("x"))) for s in shapes.split(",")]
+    except (TypeError, ValueError):
+        parser.error(f"--scale-shapes takes SERVICESxPODS,... (e.g. 1x1000,100x10), not {shapes!r}")
+    steady = 10.0 if args.quick else 30.0
+    baseline_rss = import_baseline_mb()
+    with _workdir() as workdir:
+        if not args.no_pace:
+            shape = Shape(1, args.pods)
+            print_pace(shape, rounds(kinds, shape, args.rounds, steady, workdir), baseline_rss)
+        results = []
+        for shape in scale:
+            print(f"  scale: {shape} ...", file=sys.stderr, flush=True)
+            results.append((shape, run_once(ours(), shape, steady, go_pattern=False, workdir=workdir)))
+        print_scale(results, baseline_rss)
+
+
+if __name__ == "__main__":
+    main()
