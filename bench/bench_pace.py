@@ -33,9 +33,10 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -331,18 +332,23 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
         watch = PodWatch(driver, ns)
         stack.callback(watch.stop)
         meter = WriteMeter(cp, driver)
+        meter.mark()
+        spawned = time.monotonic()
         proc = Process(kind.argv(cp.kubeconfig, ns), workdir / f"{kind.label.replace(' ', '_')}.log")
         stack.callback(proc.stop)
         f: dict[str, float] = {}
 
-        # Start-up: every Service takes its clean finalizer, the pods stop changing.
+        # Start-up: every Service takes its clean finalizer, the (not ready) pods stop changing.
         def started() -> bool:
             proc.check()
             svcs = driver.list(kube.SERVICE, ns)["items"]
             return all(wire.CLEAN_FINALIZER in finalizers(s) for s in svcs)
 
         _until(started, timeout, "the controller takes every Service")
+        took_services = time.monotonic()
         watch.quiet(2.0, timeout, proc)
+        f["startup_s"] = max(watch.last_event, took_services) - spawned
+        f["startup_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
 
         # 1. All pods become Ready.
         meter.mark()
@@ -428,102 +434,98 @@ def _load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def print_pace(shape: Shape, figures: dict[str, dict[str, float]], baseline_rss: float) -> None:
-    n = shape.total
-    main = figures["ours"]
-    limit_n = n / main["raw_patch_per_s"]
-    limit_flips = FLIPS / main["raw_patch_per_s"]
-    print(f"\npace at {shape} (one controller process, 16 driver clients); {_load()}")
-    print(
-        f"baselines on the same API server: raw PATCH {main['raw_patch_per_s']:.0f}/s from 16 threads "
-        f"({limit_n:.2f} s for {n} writes, {main['raw_cpu_per_write_ms']:.2f} ms driver CPU per write); "
-        f"Go write pattern replayed: {main['go_pattern_s']:.2f} s, "
-        f"{main['go_pattern_writes_per_pod']:.2f} writes per pod; import-only peak RSS {baseline_rss:.0f} MB"
-    )
-    rows: list[tuple[str, str, str, Callable[[dict[str, float]], str]]] = [
-        (
-            "pods Ready -> all guarded by the lifecycle finalizer",
-            "converge_s",
-            "s",
-            lambda f: _x(f["converge_s"], limit_n, "PATCH limit"),
+@dataclass(frozen=True)
+class Row:
+    """A printed figure: its title, key, unit, and the baseline it is divided by (with a name)."""
+
+    title: str
+    key: str
+    unit: str
+    baseline: Callable[[dict[str, float]], float] | None = None
+    against: str = ""
+
+
+def pace_rows(n: int) -> list[Row]:
+    def limit(writes: int) -> Callable[[dict[str, float]], float]:
+        return lambda f: writes / f["raw_patch_per_s"]
+
+    def driver_cpu(writes: int) -> Callable[[dict[str, float]], float]:
+        return lambda f: writes * f["raw_cpu_per_write_ms"] / 1000
+
+    return [
+        Row("start-up: not-ready pods taken in", "startup_s", "s"),
+        Row("  pod writes per pod at start-up", "startup_pod_writes_per_pod", "", lambda f: 1.0, "one write"),
+        Row(
+            "pods Ready -> all guarded by the lifecycle finalizer", "converge_s", "s", limit(n), "PATCH limit"
         ),
-        (
-            "of which after the last readiness change",
-            "after_last_s",
-            "s",
-            lambda f: _x(f["after_last_s"], limit_n, "PATCH limit"),
-        ),
-        (
-            f"{FLIPS} pods lose readiness -> finalizers gone",
-            "flip_s",
-            "s",
-            lambda f: _x(f["flip_s"], limit_flips, "PATCH limit"),
-        ),
-        (
-            "pod writes per pod",
+        Row("  the driver's readiness ramp itself", "ramp_s", "s", limit(n), "PATCH limit"),
+        Row("  of which after the last readiness change", "after_last_s", "s", limit(n), "PATCH limit"),
+        Row(f"{FLIPS} pods lose readiness -> finalizers gone", "flip_s", "s", limit(FLIPS), "PATCH limit"),
+        Row(
+            "pod writes per pod (becoming Ready)",
             "pod_writes_per_pod",
             "",
-            lambda f: _x(f["pod_writes_per_pod"], f["go_pattern_writes_per_pod"], "Go pattern"),
+            lambda f: f["go_pattern_writes_per_pod"],
+            "Go pattern",
         ),
-        (
-            f"CPU for those {FLIPS} flips",
-            "flip_cpu_s",
-            "s",
-            lambda f: _x(
-                f["flip_cpu_s"], FLIPS * f["raw_cpu_per_write_ms"] / 1000, "driver CPU for as many writes"
-            ),
+        Row(
+            "  per flipped pod (losing readiness)", "flip_pod_writes_per_pod", "", lambda f: 1.0, "one write"
         ),
-        (
-            "CPU, whole process",
-            "cpu_s",
-            "s",
-            lambda f: _x(f["cpu_s"], n * f["raw_cpu_per_write_ms"] / 1000, "driver CPU for N writes"),
+        Row("  Go write pattern for new pods, same server", "go_pattern_writes_per_pod", ""),
+        Row(
+            f"CPU for those {FLIPS} flips", "flip_cpu_s", "s", driver_cpu(FLIPS), "driver CPU, as many writes"
         ),
-        ("peak RSS", "rss_mb", "MB", lambda f: _x(f["rss_mb"], baseline_rss, "import-only")),
-        ("steady state writes", "steady_writes", "", lambda f: "target 0"),
+        Row("CPU, whole process", "cpu_s", "s", driver_cpu(n), "driver CPU, N writes"),
+        Row("peak RSS", "rss_mb", "MB", lambda f: f["import_rss_mb"], "imports only"),
+        Row("steady state writes", "steady_writes", "", None, "target 0"),
     ]
-    labels = list(figures)
-    head = f"{'figure':54} " + " ".join(f"{label:>18}" for label in labels)
-    if len(labels) > 1:
-        head += "   ratios ours/Go"
-    print(head)
-    for title, key, unit, ratio in rows:
-        cells = " ".join(f"{_fmt(figures[label][key], unit):>18}" for label in labels)
-        extra = "   " + ", ".join(
-            f"{main[key] / figures[label][key]:.2f}" if figures[label][key] else "-" for label in labels[1:]
-        )
-        print(f"{title:54} {cells}{extra if len(labels) > 1 else ''}   [ours {ratio(main)}]")
 
 
-def print_scale(results: list[tuple[Shape, dict[str, float]]], baseline_rss: float) -> None:
-    print(f"\nscale, ours, one controller process; {_load()}")
+def print_pace(shape: Shape, figures: dict[str, dict[str, float]]) -> None:
+    main = figures["ours"]
+    print(f"\npace at {shape} (one controller process, {CLIENTS} driver clients); {_load()}")
     print(
-        f"{'shape':>14} {'pods':>6} {'converge s':>11} {'ms/pod':>7} {'x limit':>8} "
-        f"{'CPU s':>7} {'ms/pod':>7} {'RSS MB':>7} {'KB/pod':>7} {'steady writes':>14}"
+        f"baselines on the same API server: raw PATCH {main['raw_patch_per_s']:.0f}/s from {CLIENTS} threads "
+        f"({main['raw_cpu_per_write_ms']:.2f} ms driver CPU per write); Go write pattern for new pods "
+        f"replayed: {main['go_pattern_s']:.2f} s; a process importing what `run` imports: "
+        f"{main['import_rss_mb']:.0f} MB peak RSS"
     )
-    for shape, f in results:
+    labels = list(figures)
+    go_labels = labels[1:]
+    head = f"{'figure':52} " + " ".join(f"{label:>16}" for label in labels)
+    head += "".join(f" {'ours/' + label.split(',')[1].strip():>14}" for label in go_labels)
+    print(head + "   ours against its baseline")
+    for row in pace_rows(shape.total):
+        cells = " ".join(f"{_fmt(figures[label][row.key], row.unit):>16}" for label in labels)
+        for label in go_labels:
+            theirs = figures[label][row.key]
+            cells += f" {main[row.key] / theirs:>14.2f}" if theirs else f" {'-':>14}"
+        against = row.against
+        if row.baseline is not None:
+            base = row.baseline(main)
+            against = f"{main[row.key] / base:.2f}x {row.against}" if base else f"- ({row.against} 0)"
+        print(f"{row.title:52} {cells}   {against}")
+
+
+def print_scale(results: list[tuple[str, Shape, dict[str, float]]]) -> None:
+    print(f"\nscale, one controller process each; {_load()}")
+    print(
+        f"{'controller':>16} {'shape':>12} {'pods':>6} {'converge s':>10} {'ms/pod':>7} {'x limit':>8} "
+        f"{'CPU s':>7} {'ms/pod':>7} {'RSS MB':>7} {'KB/pod':>7} {'steady writes':>13}"
+    )
+    for label, shape, f in results:
         n = shape.total
+        # RSS per pod: above what the imports alone take (ours; the Go binary has no such baseline).
+        per_pod = f"{(f['rss_mb'] - f['import_rss_mb']) * 1024 / n:.1f}" if label == "ours" else "-"
         print(
-            f"{shape!s:>14} {n:>6} {f['converge_s']:>11.2f} {f['converge_s'] / n * 1000:>7.2f} "
+            f"{label:>16} {shape!s:>12} {n:>6} {f['converge_s']:>10.2f} {f['converge_s'] / n * 1000:>7.2f} "
             f"{f['converge_s'] / (n / f['raw_patch_per_s']):>8.2f} {f['cpu_s']:>7.2f} "
-            f"{f['cpu_s'] / n * 1000:>7.2f} {f['rss_mb']:>7.0f} "
-            f"{(f['rss_mb'] - baseline_rss) * 1024 / n:>7.1f} {f['steady_writes']:>14.0f}"
+            f"{f['cpu_s'] / n * 1000:>7.2f} {f['rss_mb']:>7.0f} {per_pod:>7} {f['steady_writes']:>13.0f}"
         )
 
 
 def _fmt(value: float, unit: str) -> str:
     return f"{value:.2f} {unit}".strip() if unit else f"{value:.2f}"
-
-
-def _x(value: float, baseline: float, what: str) -> str:
-    return f"{value / baseline:.2f}x {what}" if baseline else f"- ({what} 0)"
-
-
-@contextlib.contextmanager
-def _workdir() -> Iterator[Path]:
-    path = Path(os.environ.get("TMPDIR", "/tmp")) / f"bench-pace-{os.getpid()}"
-    path.mkdir(parents=True, exist_ok=True)
-    yield path
 
 
 def main() -> None:
@@ -560,15 +562,23 @@ def main() -> None:
         parser.error(f"--scale-shapes takes SERVICESxPODS,... (e.g. 1x1000,100x10), not {shapes!r}")
     steady = 10.0 if args.quick else 30.0
     baseline_rss = import_baseline_mb()
-    with _workdir() as workdir:
-        if not args.no_pace:
-            shape = Shape(1, args.pods)
-            print_pace(shape, rounds(kinds, shape, args.rounds, steady, workdir), baseline_rss)
-        results = []
+    workdir = Path(tempfile.mkdtemp(prefix="bench-pace-"))
+    print(f"  controller logs in {workdir}", file=sys.stderr)
+    if not args.no_pace:
+        shape = Shape(1, args.pods)
+        figures = rounds(kinds, shape, args.rounds, steady, workdir)
+        for f in figures.values():
+            f["import_rss_mb"] = baseline_rss
+        print_pace(shape, figures)
+    results = []
+    # The throttled Go original is bound by its QPS (writes / QPS), so the curve leaves it out.
+    for kind in [k for k in kinds if "QPS" not in k.label]:
         for shape in scale:
-            print(f"  scale: {shape} ...", file=sys.stderr, flush=True)
-            results.append((shape, run_once(ours(), shape, steady, go_pattern=False, workdir=workdir)))
-        print_scale(results, baseline_rss)
+            print(f"  scale: {kind.label}, {shape} ...", file=sys.stderr, flush=True)
+            f = run_once(kind, shape, steady, go_pattern=False, workdir=workdir)
+            f["import_rss_mb"] = baseline_rss
+            results.append((kind.label, shape, f))
+    print_scale(results)
 
 
 if __name__ == "__main__":
