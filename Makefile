@@ -20,10 +20,14 @@ demo: setup
 test: setup
 	$(BIN)/pytest
 
+# bench_pace.py: the controller in its own process (docs/benchmarks.md), 1000 pods and a quick
+# scale curve; PACE_ARGS="--go --rounds 3" adds the Go original (hack/build-go-original.sh),
+# PACE_ARGS=--scale the curve to 10k pods (about half an hour).
 bench: setup
 	$(BIN)/python bench/bench_frame.py
 	$(BIN)/python bench/bench_webhook.py
 	$(BIN)/python bench/bench_rollout.py
+	$(BIN)/python bench/bench_pace.py $(PACE_ARGS)
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,
 # so not in CI. `make chaos CHAOS_ARGS=--quick` for a short run.

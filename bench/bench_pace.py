@@ -194,6 +194,8 @@ class PodWatch:
         self.client, self.ns = client, ns
         self.guarded: dict[str, bool] = {}
         self.count = 0
+        #: Pods whose expected-finalizer annotation names their Service (docs/wire-contract.md).
+        self.entered: set[str] = set()
         self.last_event = time.monotonic()
         self._cond = threading.Condition()
         self._stream: Any = None
@@ -211,6 +213,10 @@ class PodWatch:
         now = lifecycle.lifecycle_finalizer(svc) in finalizers(pod)
         self.count += int(now) - int(self.guarded.get(name, False))
         self.guarded[name] = now
+        if lifecycle.expected_finalizers(pod):
+            self.entered.add(name)
+        else:
+            self.entered.discard(name)
 
     def _run(self) -> None:
         while not self._stopped:
@@ -338,16 +344,17 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
         stack.callback(proc.stop)
         f: dict[str, float] = {}
 
-        # Start-up: every Service takes its clean finalizer, the (not ready) pods stop changing.
+        # Start-up: every Service takes its clean finalizer, every (not ready) pod its expected
+        # finalizer (both record them), then the pods stop changing.
         def started() -> bool:
             proc.check()
             svcs = driver.list(kube.SERVICE, ns)["items"]
             return all(wire.CLEAN_FINALIZER in finalizers(s) for s in svcs)
 
         _until(started, timeout, "the controller takes every Service")
-        took_services = time.monotonic()
+        entered_at = watch.when(lambda w: len(w.entered) == n, timeout, "every pod's expected finalizer")
         watch.quiet(2.0, timeout, proc)
-        f["startup_s"] = max(watch.last_event, took_services) - spawned
+        f["startup_s"] = max(watch.last_event, entered_at) - spawned
         f["startup_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
 
         # 1. All pods become Ready.
