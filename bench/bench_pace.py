@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import subprocess
@@ -431,6 +432,7 @@ def rounds(
         for kind in kinds:
             print(f"  round {r + 1}/{n}: {kind.label}, {shape} ...", file=sys.stderr, flush=True)
             runs[kind.label].append(run_once(kind, shape, steady, go_pattern=True, workdir=workdir))
+            (workdir / "rounds.json").write_text(json.dumps(runs, indent=1))
     return {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
 
 
@@ -585,6 +587,7 @@ def main() -> None:
             f = run_once(kind, shape, steady, go_pattern=False, workdir=workdir)
             f["import_rss_mb"] = baseline_rss
             results.append((kind.label, shape, f))
+            (workdir / "scale.json").write_text(json.dumps([(k, str(s), r) for k, s, r in results], indent=1))
     print_scale(results)
 
 
