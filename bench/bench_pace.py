@@ -556,6 +556,12 @@ def main() -> None:
         help="SERVICESxPODS,... for the curve without --scale (default a quick one)",
     )
     parser.add_argument("--no-pace", action="store_true", help="only the scale curve")
+    parser.add_argument(
+        "--curve-of",
+        choices=("all", "ours", "go"),
+        default="all",
+        help="whose scale curve to run (go: the unthrottled Go original alone; needs --go)",
+    )
     args = parser.parse_args()
     if args.pods < FLIPS:
         parser.error(f"--pods must be at least {FLIPS} (the flip test takes readiness from {FLIPS} pods)")
@@ -581,7 +587,10 @@ def main() -> None:
         print_pace(shape, figures)
     results = []
     # The throttled Go original is bound by its QPS (writes / QPS), so the curve leaves it out.
-    for kind in [k for k in kinds if "QPS" not in k.label]:
+    curve = [k for k in kinds if "QPS" not in k.label]
+    if args.curve_of != "all":
+        curve = [k for k in curve if (k.label == "ours") == (args.curve_of == "ours")]
+    for kind in curve:
         for shape in scale:
             print(f"  scale: {kind.label}, {shape} ...", file=sys.stderr, flush=True)
             f = run_once(kind, shape, steady, go_pattern=False, workdir=workdir)
