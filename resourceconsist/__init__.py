@@ -4,6 +4,9 @@ The public API, importable from the package itself::
 
     from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
 
+A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions`` and
+``GarbageOptions``); the webhook's are ``resourceconsist.webhook.WebhookOptions``.
+
 Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
 not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for the testing kit,
 ``resourceconsist.wire`` for the wire contract: docs/wire-contract.md).
@@ -38,11 +41,11 @@ if TYPE_CHECKING:
     )
     from resourceconsist.cache import CacheReader, WatchEvent
     from resourceconsist.controller import Controller
-    from resourceconsist.errors import PermanentError, ResourceConsistError, RetryAfter
+    from resourceconsist.errors import InvalidOptions, PermanentError, ResourceConsistError, RetryAfter
     from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
-    from resourceconsist.leaderelection import LeaderElectionConfig
-    from resourceconsist.manager import Manager, Runnable, add_to_manager
-    from resourceconsist.orphans import GarbageConfig
+    from resourceconsist.leaderelection import LeaderElectionOptions
+    from resourceconsist.manager import Manager, ManagerKeywords, ManagerOptions, Runnable, add_to_manager
+    from resourceconsist.orphans import GarbageOptions
     from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
 #: Each public name and the module that holds it.
@@ -73,14 +76,19 @@ _HOMES: dict[str, str] = {
     ),
     **dict.fromkeys(("CacheReader", "WatchEvent"), "resourceconsist.cache"),
     "Controller": "resourceconsist.controller",
-    **dict.fromkeys(("PermanentError", "ResourceConsistError", "RetryAfter"), "resourceconsist.errors"),
+    **dict.fromkeys(
+        ("InvalidOptions", "PermanentError", "ResourceConsistError", "RetryAfter"), "resourceconsist.errors"
+    ),
     **dict.fromkeys(
         ("ApiError", "Conflict", "Gone", "KubeClient", "KubeObject", "NotFound", "Resource"),
         "resourceconsist.kube",
     ),
-    "LeaderElectionConfig": "resourceconsist.leaderelection",
-    **dict.fromkeys(("Manager", "Runnable", "add_to_manager"), "resourceconsist.manager"),
-    "GarbageConfig": "resourceconsist.orphans",
+    "LeaderElectionOptions": "resourceconsist.leaderelection",
+    **dict.fromkeys(
+        ("Manager", "ManagerKeywords", "ManagerOptions", "Runnable", "add_to_manager"),
+        "resourceconsist.manager",
+    ),
+    "GarbageOptions": "resourceconsist.orphans",
     **dict.fromkeys(("LifecycleEvent", "LifecycleSubscriber"), "resourceconsist.subscribers"),
 }
 
@@ -94,14 +102,17 @@ __all__ = [
     "Employer",
     "EmployerRequeueOptions",
     "ExpectedFinalizerRecordOptions",
-    "GarbageConfig",
+    "GarbageOptions",
     "Gone",
+    "InvalidOptions",
     "KubeClient",
     "KubeObject",
-    "LeaderElectionConfig",
+    "LeaderElectionOptions",
     "LifecycleEvent",
     "LifecycleSubscriber",
     "Manager",
+    "ManagerKeywords",
+    "ManagerOptions",
     "MultiClusterOptions",
     "NotFound",
     "OrphanCollectOptions",

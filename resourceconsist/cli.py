@@ -12,27 +12,29 @@ Bad input exits non-zero with a message that says what is wrong and what to do.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 import click
 
-from resourceconsist import leaderelection
+from resourceconsist.errors import InvalidOptions
+from resourceconsist.leaderelection import LeaderElectionOptions
+from resourceconsist.manager import ManagerOptions
+from resourceconsist.orphans import GarbageOptions
 from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combined
+from resourceconsist.webhook import BootstrapOptions, WebhookOptions
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.kube import KubeClient
-    from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable
-    from resourceconsist.orphans import GarbageConfig
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -196,31 +198,24 @@ class _HostPort(click.ParamType):  # type: ignore[type-arg]
         return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _check_webhook_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is None:
-        return None
-    parts = urlsplit(value)
-    if parts.scheme != "https" or not parts.hostname:
-        raise click.BadParameter(
-            f"{value!r} is not an https:// URL with a host; give e.g. https://127.0.0.1:9443", ctx, param
-        )
-    return value
+def _default(options: type[Any], name: str) -> Any:
+    """The default of field ``name`` of an options dataclass: the flags take their defaults from
+    the options (and ``--help`` shows them), so each default lives in one place."""
+    (found,) = [f for f in dataclasses.fields(options) if f.name == name]
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
 
 
-def _webhook_settings(
-    port: int,
-    host: str | None,
-    cert_dir: str,
-    service: str,
-    bootstrap: bool,
-    cert_hosts: tuple[str, ...],
-    url: str | None,
-) -> _WebhookSettings:
-    if url is not None and not bootstrap:
-        raise click.UsageError(
-            "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
-        )
-    return _WebhookSettings(port, host, cert_dir, service, bootstrap, tuple(cert_hosts), url)
+@contextlib.contextmanager
+def _flags(**flag_of: str) -> Iterator[None]:
+    """Building options inside: an ``InvalidOptions`` becomes a usage error (exit code 2) that
+    names the flags of the fields at fault (``flag_of`` maps a field to its flag)."""
+    try:
+        yield
+    except InvalidOptions as err:
+        flags = [flag_of[name] for name in err.fields if name in flag_of]
+        raise click.UsageError(f"{err}; adjust {'/'.join(flags)}" if flags else str(err)) from err
 
 
 def _kube_client(kubeconfig: str | None) -> KubeClient:
@@ -279,15 +274,14 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
         ) from err
 
 
-def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings) -> None:
+def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) -> None:
     """What the webhook needs before it starts: the namespace of its certificate Secret (when
     it bootstraps), or the certificate files (when it does not)."""
     from resourceconsist import kube, wire
-    from resourceconsist.webhook import webhook_namespace
     from resourceconsist.webhook.bootstrap import TLS_CERT_FILE, TLS_KEY_FILE
 
-    if not settings.bootstrap:
-        cert_dir = Path(settings.cert_dir)
+    if options.bootstrap is None:
+        cert_dir = options.cert_dir
         missing = [name for name in (TLS_CERT_FILE, TLS_KEY_FILE) if not (cert_dir / name).is_file()]
         if missing:
             raise click.UsageError(
@@ -295,7 +289,7 @@ def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings)
                 "certificate there (--cert-dir), or drop --no-bootstrap-certs to make one"
             )
         return
-    namespace = webhook_namespace()
+    namespace = kube.pod_namespace(options.bootstrap.namespace)
     try:
         client.get(kube.NAMESPACE, None, namespace)
     except kube.NotFound as err:
@@ -306,28 +300,32 @@ def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings)
         ) from err
 
 
-def _webhook_options(fn: F) -> F:
-    """Options shared by ``run --webhook`` and ``webhook``."""
+def _webhook_flags(fn: F) -> F:
+    """Flags shared by ``run --webhook`` and ``webhook``: ``WebhookOptions`` and its
+    ``BootstrapOptions`` (docs/reference/options.md)."""
     options = [
         click.option(
-            "--webhook-port", default=9443, show_default=True, help="HTTPS port of the admission webhook."
+            "--webhook-port",
+            default=_default(WebhookOptions, "port"),
+            show_default=True,
+            help="HTTPS port of the admission webhook.",
         ),
         click.option("--webhook-host", default=None, help="Address to bind (default: all)."),
         click.option(
             "--cert-dir",
-            default="/tmp/k8s-webhook-server/serving-certs",
+            default=str(_default(WebhookOptions, "cert_dir")),
             show_default=True,
             help="Where tls.crt/tls.key are written (bootstrap) or read.",
         ),
         click.option(
             "--webhook-service",
-            default="resourceconsist-manager",
+            default=_default(BootstrapOptions, "service_name"),
             show_default=True,
             help="Service fronting the webhook.",
         ),
         click.option(
             "--bootstrap-certs/--no-bootstrap-certs",
-            default=True,
+            default=_default(WebhookOptions, "bootstrap") is not None,
             show_default=True,
             help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
         ),
@@ -340,7 +338,6 @@ def _webhook_options(fn: F) -> F:
         click.option(
             "--webhook-url",
             default=None,
-            callback=_check_webhook_url,
             help="Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
             "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
         ),
@@ -350,24 +347,68 @@ def _webhook_options(fn: F) -> F:
     return fn
 
 
-def _leader_timing_options(fn: F) -> F:
-    """``run``'s leader-election timings (docs/concepts.md, "Leader election timings")."""
+def _webhook_options(
+    port: int,
+    host: str | None,
+    cert_dir: str,
+    service: str,
+    bootstrap: bool,
+    cert_hosts: tuple[str, ...],
+    url: str | None,
+) -> WebhookOptions:
+    """The ``WebhookOptions`` the webhook flags say."""
+    if url is not None and not bootstrap:
+        raise click.UsageError(
+            "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
+        )
+    with _flags(
+        port="--webhook-port",
+        service_name="--webhook-service",
+        extra_hosts="--webhook-cert-host",
+        webhook_url="--webhook-url",
+    ):
+        return WebhookOptions(
+            host=host,
+            port=port,
+            cert_dir=Path(cert_dir),
+            bootstrap=BootstrapOptions(service_name=service, extra_hosts=cert_hosts, webhook_url=url)
+            if bootstrap
+            else None,
+        )
+
+
+def _leader_election_flags(fn: F) -> F:
+    """``run``'s ``LeaderElectionOptions`` (docs/concepts.md, "Leader election timings")."""
     options = [
         click.option(
+            "--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease."
+        ),
+        click.option(
+            "--leader-election-namespace",
+            default=_default(LeaderElectionOptions, "namespace"),
+            help="Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
+        ),
+        click.option(
+            "--leader-election-id",
+            default=_default(LeaderElectionOptions, "name"),
+            show_default=True,
+            help="Name of the Lease.",
+        ),
+        click.option(
             "--lease-duration",
-            default=leaderelection.DEFAULT_LEASE_DURATION,
+            default=_default(LeaderElectionOptions, "lease_duration"),
             show_default=True,
             help="Seconds a standby waits after the leader's last renewal before taking over.",
         ),
         click.option(
             "--renew-deadline",
-            default=leaderelection.DEFAULT_RENEW_DEADLINE,
+            default=_default(LeaderElectionOptions, "renew_deadline"),
             show_default=True,
             help="Seconds the leader tries to renew before stepping down (< --lease-duration).",
         ),
         click.option(
             "--retry-period",
-            default=leaderelection.DEFAULT_RETRY_PERIOD,
+            default=_default(LeaderElectionOptions, "retry_period"),
             show_default=True,
             help="Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
         ),
@@ -377,72 +418,67 @@ def _leader_timing_options(fn: F) -> F:
     return fn
 
 
-@dataclass(frozen=True)
-class _WebhookSettings:
-    port: int
-    host: str | None
-    cert_dir: str
-    service: str
-    bootstrap: bool
-    cert_hosts: tuple[str, ...] = ()
-    url: str | None = None
+#: The CLI serves health and metrics by default (the manifests probe it); a ``Manager`` built in
+#: Python does not (``ManagerOptions.health_address`` is None).
+_HEALTH_ADDRESS = "0.0.0.0:8081"
 
 
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
-@click.option("--namespace", default=None, help="Watch only this namespace (default: all).")
+@click.option(
+    "--namespace",
+    default=_default(ManagerOptions, "namespace"),
+    help="Watch only this namespace (default: all).",
+)
 @click.option(
     "--health-address",
-    default="0.0.0.0:8081",
+    default=_HEALTH_ADDRESS,
     show_default=True,
     type=_HostPort(),
     help="host:port of /healthz /readyz /metrics.",
 )
-@click.option("--resync-seconds", default=0.0, show_default=True, help="Periodic full resync (0: off).")
+@click.option(
+    "--resync-seconds",
+    type=float,
+    default=_default(ManagerOptions, "resync_period"),
+    show_default="off",
+    help="Seconds between full resyncs of the caches (0: off).",
+)
 @click.option(
     "--shutdown-timeout",
-    default=30.0,
+    default=_default(ManagerOptions, "shutdown_timeout"),
     show_default=True,
     help="Seconds in-flight reconciles get on shutdown.",
 )
 @click.option(
     "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
 )
-@click.option("--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease.")
-@click.option(
-    "--leader-election-namespace",
-    default=None,
-    help="Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
-)
-@click.option(
-    "--leader-election-id", default="resourceconsist-manager", show_default=True, help="Name of the Lease."
-)
 @click.option(
     "--garbage-interval",
-    default=600.0,
+    default=_default(GarbageOptions, "interval"),
     show_default=True,
     help="Seconds between passes collecting provider items whose employer is gone "
     "(docs/lifecycle-hooks.md); 0: at start-up only.",
 )
 @click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items.")
 @click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect.")
-@_leader_timing_options
-@_webhook_options
+@_leader_election_flags
+@_webhook_flags
 def run(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
     namespace: str | None,
     health_address: tuple[str, int],
-    resync_seconds: float,
+    resync_seconds: float | None,
     shutdown_timeout: float,
     with_webhook: bool,
-    leader_elect: bool,
-    leader_election_namespace: str | None,
-    leader_election_id: str,
     garbage_interval: float,
     no_garbage: bool,
     garbage_dry_run: bool,
+    leader_elect: bool,
+    leader_election_namespace: str | None,
+    leader_election_id: str,
     lease_duration: float,
     renew_deadline: float,
     retry_period: float,
@@ -455,10 +491,7 @@ def run(
     webhook_url: str | None,
 ) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
-    registry = _all_adapters()
-    adapters = _build(registry.controller, adapter_names)
-    webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    settings = _webhook_settings(
+    webhook_options = _webhook_options(
         webhook_port,
         webhook_host,
         cert_dir,
@@ -467,46 +500,44 @@ def run(
         webhook_cert_hosts,
         webhook_url,
     )
-    from resourceconsist.orphans import GarbageConfig
-
     if garbage_interval < 0:
         raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
-    garbage = GarbageConfig(
-        enabled=not no_garbage, interval=garbage_interval or None, dry_run=garbage_dry_run
-    )
-    health = health_address
     election = None
     if leader_elect:
-        from resourceconsist import wire
-        from resourceconsist.leaderelection import LeaderElectionConfig
-
-        lease_namespace = (
-            leader_election_namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
-        )
-        try:
-            election = LeaderElectionConfig(
-                namespace=lease_namespace,
+        with _flags(
+            namespace="--leader-election-namespace",
+            name="--leader-election-id",
+            lease_duration="--lease-duration",
+            renew_deadline="--renew-deadline",
+            retry_period="--retry-period",
+        ):
+            election = LeaderElectionOptions(
                 name=leader_election_id,
+                namespace=leader_election_namespace,
                 lease_duration=lease_duration,
                 renew_deadline=renew_deadline,
                 retry_period=retry_period,
             )
-        except ValueError as err:
-            raise click.UsageError(f"{err}; adjust --lease-duration/--renew-deadline/--retry-period") from err
-    asyncio.run(
-        _run(
-            adapters,
-            webhooks,
-            settings,
-            kubeconfig,
-            namespace,
-            health,
-            resync_seconds,
-            shutdown_timeout,
-            election,
-            garbage,
+    with _flags(
+        resync_period="--resync-seconds",
+        shutdown_timeout="--shutdown-timeout",
+        health_address="--health-address",
+        interval="--garbage-interval",
+    ):
+        manager_options = ManagerOptions(
+            namespace=namespace,
+            resync_period=resync_seconds or None,
+            health_address=health_address,
+            shutdown_timeout=shutdown_timeout,
+            leader_election=election,
+            garbage=GarbageOptions(
+                enabled=not no_garbage, interval=garbage_interval or None, dry_run=garbage_dry_run
+            ),
         )
-    )
+    registry = _all_adapters()
+    adapters = _build(registry.controller, adapter_names)
+    webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
+    asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
 
 
 @main.command()
@@ -514,7 +545,7 @@ def run(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
-@_webhook_options
+@_webhook_flags
 def webhook(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
@@ -531,9 +562,7 @@ def webhook(
     Kubeconfig: --kubeconfig, else $KUBECONFIG (it wins over ~/.kube/config), else
     ~/.kube/config, else the in-cluster config when neither exists.
     """
-    registry = _all_adapters()
-    webhooks = _build(registry.webhook, adapter_names)
-    settings = _webhook_settings(
+    options = _webhook_options(
         webhook_port,
         webhook_host,
         cert_dir,
@@ -542,7 +571,9 @@ def webhook(
         webhook_cert_hosts,
         webhook_url,
     )
-    asyncio.run(_run([], webhooks, settings, kubeconfig, None, None, 0.0, 30.0, None))
+    webhooks = _build(_all_adapters().webhook, adapter_names)
+    # The webhook rides on a manager without controllers: its informers, its graceful stop.
+    asyncio.run(_run(kubeconfig, [], webhooks, ManagerOptions(), options))
 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
@@ -557,35 +588,22 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
 
 
 async def _run(
+    kubeconfig: str | None,
     adapters: Sequence[ReconcileAdapter],
     webhooks: Sequence[WebhookAdapter],
-    webhook_settings: _WebhookSettings,
-    kubeconfig: str | None,
-    namespace: str | None,
-    health: tuple[str, int] | None,
-    resync_seconds: float,
-    shutdown_timeout: float,
-    election: LeaderElectionConfig | None,
-    garbage: GarbageConfig | None = None,
+    manager_options: ManagerOptions,
+    webhook_options: WebhookOptions,
 ) -> None:
     from resourceconsist.manager import Manager
 
     client = _kube_client(kubeconfig)
     if webhooks:
-        _check_webhook_prerequisites(client, webhook_settings)
-    manager = Manager(
-        client,
-        namespace=namespace,
-        resync_period=resync_seconds or None,
-        health_address=health,
-        shutdown_timeout=shutdown_timeout,
-        leader_election=election,
-        garbage=garbage,
-    )
+        _check_webhook_prerequisites(client, webhook_options)
+    manager = Manager(client, manager_options)
     for adapter in adapters:
         await manager.add(adapter)
     if webhooks:
-        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_settings))
+        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -597,29 +615,16 @@ async def _run(
 
 
 def _webhook_runnable(
-    manager: Manager, webhooks: Sequence[WebhookAdapter], settings: _WebhookSettings
+    manager: Manager, webhooks: Sequence[WebhookAdapter], options: WebhookOptions
 ) -> Runnable:
     """The webhook server as a manager runnable sharing the manager's informer caches."""
     from resourceconsist.manager import Runnable
-    from resourceconsist.webhook import serve
+    from resourceconsist.webhook import WebhookServer, serve
 
-    server: list[Any] = []
+    server: list[WebhookServer] = []
 
     async def start() -> None:
-        server.append(
-            await serve(
-                webhooks,
-                client=manager.client,
-                cert_dir=settings.cert_dir,
-                port=settings.port,
-                host=settings.host,
-                bootstrap=settings.bootstrap,
-                service_name=settings.service,
-                informers=manager.informers,
-                extra_hosts=settings.cert_hosts,
-                webhook_url=settings.url,
-            )
-        )
+        server.append(await serve(webhooks, options, client=manager.client, informers=manager.informers))
 
     async def stop() -> None:
         if server:

@@ -31,7 +31,7 @@ from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
 from resourceconsist.webhook.admission import spec_mutation
-from resourceconsist.webhook.server import AdmissionDecision, WebhookServer
+from resourceconsist.webhook.server import AdmissionDecision, WebhookOptions, WebhookServer
 from resourceconsist.wire import GateReason
 
 from .test_tutorial import tutorial_namespace
@@ -273,12 +273,9 @@ async def _webhook(
     shutil.copy(key, key_file)
     server = WebhookServer(
         [ControlledServiceAdapter("generic")],
+        WebhookOptions(host="127.0.0.1", port=0, cert_dir=tmp_path, bootstrap=None),
         informers=InformerFactory(lc.client),
         own_informers=True,
-        cert_file=cert_file,
-        key_file=key_file,
-        host="127.0.0.1",
-        port=0,
         observer=None if decisions is None else decisions.append,
     )
     await server.start()

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from resourceconsist import lifecycle
-from resourceconsist.orphans import GarbageConfig
+from resourceconsist.orphans import GarbageOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
@@ -68,7 +68,7 @@ async def test_the_tutorial_adapter_s_stray_file_is_collected(
     backends.write(cluster.namespace, "alive", {})
     await cluster.service("alive")
     async with run_manager(
-        tutorial["CollectingFileAdapter"](backends), garbage=GarbageConfig(interval=None)
+        tutorial["CollectingFileAdapter"](backends), garbage=GarbageOptions(interval=None)
     ) as manager:
         (controller,) = manager.controllers.values()
 

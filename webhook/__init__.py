@@ -7,8 +7,10 @@ pod is never service-available before every load balancer that should carry it h
 - ``adapter``: the WebhookAdapter API, ``EmployerRef``, the ``/mutating-<name>`` path
   convention and the built-in ``ControlledServiceAdapter``;
 - ``admission``: AdmissionReview v1 parsing and the pod mutation (through ``lifecycle``);
-- ``server``: the HTTPS server (``WebhookServer``) and the ``serve`` entry point;
-- ``bootstrap``: the self-signed CA, serving certificate, Secret and caBundle;
+- ``server``: the HTTPS server (``WebhookServer``), its ``WebhookOptions`` and the ``serve``
+  entry point;
+- ``bootstrap``: the self-signed CA, serving certificate, Secret and caBundle, and their
+  ``BootstrapOptions``;
 - ``tls``: the TLS context that follows certificate files on disk;
 - ``listener``: accepting connections, TLS on the first byte, deadlines and the connection cap.
 
@@ -29,19 +31,20 @@ from resourceconsist.webhook.admission import pod_mutation
 from resourceconsist.webhook.bootstrap import (
     DEFAULT_SERVICE_NAME,
     BootstrapError,
+    BootstrapOptions,
     BootstrapResult,
     WebhookCertificates,
     ensure_webhook_certificates,
     service_hosts,
-    webhook_namespace,
 )
 from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats
 from resourceconsist.webhook.server import (
     DEFAULT_ADAPTER_TIMEOUT,
+    DEFAULT_CERT_DIR,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_PORT,
     AdmissionDecision,
-    BootstrapSettings,
+    WebhookOptions,
     WebhookServer,
     serve,
 )
@@ -49,14 +52,15 @@ from resourceconsist.webhook.tls import CertificateReloader
 
 __all__ = [
     "DEFAULT_ADAPTER_TIMEOUT",
+    "DEFAULT_CERT_DIR",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
     "DEFAULT_SERVICE_NAME",
     "PATH_PREFIX",
     "AdmissionDecision",
     "BootstrapError",
+    "BootstrapOptions",
     "BootstrapResult",
-    "BootstrapSettings",
     "CertificateReloader",
     "ConnectionLimits",
     "ConnectionStats",
@@ -66,12 +70,12 @@ __all__ = [
     "WebhookAdapter",
     "WebhookCacheOptions",
     "WebhookCertificates",
+    "WebhookOptions",
     "WebhookServer",
     "ensure_webhook_certificates",
     "has_label",
     "pod_mutation",
     "serve",
     "service_hosts",
-    "webhook_namespace",
     "webhook_path",
 ]

@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from resourceconsist.errors import check_count, check_seconds
+
 log = logging.getLogger("resourceconsist.webhook")
 
 #: accept() errors that mean "out of resources for now", not "the listener is broken".
@@ -82,10 +84,8 @@ class ConnectionLimits:
 
     def __post_init__(self) -> None:
         for name in ("handshake_timeout", "header_timeout", "body_timeout", "idle_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, not {self.max_connections!r}")
+            check_seconds(name, getattr(self, name))
+        check_count("max_connections", self.max_connections)
 
 
 @dataclass
