@@ -18,7 +18,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -347,16 +347,9 @@ def _webhook_flags(fn: F) -> F:
     return fn
 
 
-def _webhook_options(
-    port: int,
-    host: str | None,
-    cert_dir: str,
-    service: str,
-    bootstrap: bool,
-    cert_hosts: tuple[str, ...],
-    url: str | None,
-) -> WebhookOptions:
-    """The ``WebhookOptions`` the webhook flags say."""
+def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
+    """The ``WebhookOptions`` the parsed webhook flags say (``_webhook_flags``)."""
+    url, bootstrap = flags["webhook_url"], flags["bootstrap_certs"]
     if url is not None and not bootstrap:
         raise click.UsageError(
             "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
@@ -368,10 +361,14 @@ def _webhook_options(
         webhook_url="--webhook-url",
     ):
         return WebhookOptions(
-            host=host,
-            port=port,
-            cert_dir=Path(cert_dir),
-            bootstrap=BootstrapOptions(service_name=service, extra_hosts=cert_hosts, webhook_url=url)
+            host=flags["webhook_host"],
+            port=flags["webhook_port"],
+            cert_dir=Path(flags["cert_dir"]),
+            bootstrap=BootstrapOptions(
+                service_name=flags["webhook_service"],
+                extra_hosts=flags["webhook_cert_hosts"],
+                webhook_url=url,
+            )
             if bootstrap
             else None,
         )
@@ -423,100 +420,68 @@ def _leader_election_flags(fn: F) -> F:
 _HEALTH_ADDRESS = "0.0.0.0:8081"
 
 
-@main.command()
-@click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
-@click.option(
-    "--namespace",
-    default=_default(ManagerOptions, "namespace"),
-    help="Watch only this namespace (default: all).",
-)
-@click.option(
-    "--health-address",
-    default=_HEALTH_ADDRESS,
-    show_default=True,
-    type=_HostPort(),
-    help="host:port of /healthz /readyz /metrics.",
-)
-@click.option(
-    "--resync-seconds",
-    type=float,
-    default=_default(ManagerOptions, "resync_period"),
-    show_default="off",
-    help="Seconds between full resyncs of the caches (0: off).",
-)
-@click.option(
-    "--shutdown-timeout",
-    default=_default(ManagerOptions, "shutdown_timeout"),
-    show_default=True,
-    help="Seconds in-flight reconciles get on shutdown.",
-)
-@click.option(
-    "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
-)
-@click.option(
-    "--garbage-interval",
-    default=_default(GarbageOptions, "interval"),
-    show_default=True,
-    help="Seconds between passes collecting provider items whose employer is gone "
-    "(docs/lifecycle-hooks.md); 0: at start-up only.",
-)
-@click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items.")
-@click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect.")
-@_leader_election_flags
-@_webhook_flags
-def run(
-    adapter_names: Sequence[str],
-    kubeconfig: str | None,
-    namespace: str | None,
-    health_address: tuple[str, int],
-    resync_seconds: float | None,
-    shutdown_timeout: float,
-    with_webhook: bool,
-    garbage_interval: float,
-    no_garbage: bool,
-    garbage_dry_run: bool,
-    leader_elect: bool,
-    leader_election_namespace: str | None,
-    leader_election_id: str,
-    lease_duration: float,
-    renew_deadline: float,
-    retry_period: float,
-    webhook_port: int,
-    webhook_host: str | None,
-    cert_dir: str,
-    webhook_service: str,
-    bootstrap_certs: bool,
-    webhook_cert_hosts: tuple[str, ...],
-    webhook_url: str | None,
-) -> None:
-    """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
-    webhook_options = _webhook_options(
-        webhook_port,
-        webhook_host,
-        cert_dir,
-        webhook_service,
-        bootstrap_certs,
-        webhook_cert_hosts,
-        webhook_url,
-    )
-    if garbage_interval < 0:
+def _manager_flags(fn: F) -> F:
+    """``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md)."""
+    options = [
+        click.option(
+            "--namespace",
+            default=_default(ManagerOptions, "namespace"),
+            help="Watch only this namespace (default: all).",
+        ),
+        click.option(
+            "--health-address",
+            default=_HEALTH_ADDRESS,
+            show_default=True,
+            type=_HostPort(),
+            help="host:port of /healthz /readyz /metrics.",
+        ),
+        click.option(
+            "--resync-seconds",
+            type=float,
+            default=_default(ManagerOptions, "resync_period"),
+            show_default="off",
+            help="Seconds between full resyncs of the caches (0: off).",
+        ),
+        click.option(
+            "--shutdown-timeout",
+            default=_default(ManagerOptions, "shutdown_timeout"),
+            show_default=True,
+            help="Seconds in-flight reconciles get on shutdown.",
+        ),
+        click.option(
+            "--garbage-interval",
+            default=_default(GarbageOptions, "interval"),
+            show_default=True,
+            help="Seconds between passes collecting provider items whose employer is gone "
+            "(docs/lifecycle-hooks.md); 0: at start-up only.",
+        ),
+        click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items."),
+        click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags`` and
+    ``_leader_election_flags``)."""
+    if flags["garbage_interval"] < 0:
         raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
     election = None
-    if leader_elect:
+    if flags["leader_elect"]:
         with _flags(
-            namespace="--leader-election-namespace",
             name="--leader-election-id",
             lease_duration="--lease-duration",
             renew_deadline="--renew-deadline",
             retry_period="--retry-period",
         ):
             election = LeaderElectionOptions(
-                name=leader_election_id,
-                namespace=leader_election_namespace,
-                lease_duration=lease_duration,
-                renew_deadline=renew_deadline,
-                retry_period=retry_period,
+                name=flags["leader_election_id"],
+                namespace=flags["leader_election_namespace"],
+                lease_duration=flags["lease_duration"],
+                renew_deadline=flags["renew_deadline"],
+                retry_period=flags["retry_period"],
             )
     with _flags(
         resync_period="--resync-seconds",
@@ -524,16 +489,33 @@ def run(
         health_address="--health-address",
         interval="--garbage-interval",
     ):
-        manager_options = ManagerOptions(
-            namespace=namespace,
-            resync_period=resync_seconds or None,
-            health_address=health_address,
-            shutdown_timeout=shutdown_timeout,
+        return ManagerOptions(
+            namespace=flags["namespace"],
+            resync_period=flags["resync_seconds"] or None,
+            health_address=flags["health_address"],
+            shutdown_timeout=flags["shutdown_timeout"],
             leader_election=election,
             garbage=GarbageOptions(
-                enabled=not no_garbage, interval=garbage_interval or None, dry_run=garbage_dry_run
+                enabled=not flags["no_garbage"],
+                interval=flags["garbage_interval"] or None,
+                dry_run=flags["garbage_dry_run"],
             ),
         )
+
+
+@main.command()
+@click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@click.option(
+    "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
+)
+@_manager_flags
+@_leader_election_flags
+@_webhook_flags
+def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
+    """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
+    manager_options = _manager_options(flags)
+    webhook_options = _webhook_options(flags)
     registry = _all_adapters()
     adapters = _build(registry.controller, adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
@@ -546,31 +528,13 @@ def run(
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
 @_webhook_flags
-def webhook(
-    adapter_names: Sequence[str],
-    kubeconfig: str | None,
-    webhook_port: int,
-    webhook_host: str | None,
-    cert_dir: str,
-    webhook_service: str,
-    bootstrap_certs: bool,
-    webhook_cert_hosts: tuple[str, ...],
-    webhook_url: str | None,
-) -> None:
+def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
 
     Kubeconfig: --kubeconfig, else $KUBECONFIG (it wins over ~/.kube/config), else
     ~/.kube/config, else the in-cluster config when neither exists.
     """
-    options = _webhook_options(
-        webhook_port,
-        webhook_host,
-        cert_dir,
-        webhook_service,
-        bootstrap_certs,
-        webhook_cert_hosts,
-        webhook_url,
-    )
+    options = _webhook_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, its graceful stop.
     asyncio.run(_run(kubeconfig, [], webhooks, ManagerOptions(), options))
