@@ -98,24 +98,29 @@ def explain() -> None:
     """Why a pod is not Ready or cannot be deleted, why an employer has not converged (docs/explain.md)."""
 
 
-def _explain_options(fn: F) -> F:
-    options = [
-        click.option(
-            "--adapter",
-            "adapter_names",
-            multiple=True,
-            help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
-        ),
-        click.option(
-            "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
-        ),
-        click.option(
-            "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def _flag_group(*flags: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator for several ``click.option`` decorators, in the order given."""
+
+    def decorate(fn: F) -> F:
+        for flag in reversed(flags):
+            fn = flag(fn)
+        return fn
+
+    return decorate
+
+
+_explain_options = _flag_group(
+    click.option(
+        "--adapter",
+        "adapter_names",
+        multiple=True,
+        help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
+    ),
+    click.option(
+        "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
+    ),
+    click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True),
+)
 
 
 def _explain(
@@ -207,14 +212,29 @@ def _default(options: type[Any], name: str) -> Any:
     return found.default
 
 
+#: The flag that sets each options field, ``(options class, field): flag``; ``_field_flag`` fills it.
+_FLAG_OF: dict[tuple[type[Any], str], str] = {}
+
+
+def _field_flag(
+    flag: str, options: type[Any], name: str, text: str, *names: str, **more: Any
+) -> Callable[[F], F]:
+    """The flag (help ``text``, parameter ``names``) that sets field ``name`` of ``options``;
+    its default is the field's, which ``--help`` shows, unless ``more`` gives another."""
+    _FLAG_OF[options, name] = flag
+    more.setdefault("default", _default(options, name))
+    more.setdefault("show_default", more["default"] is not None)
+    return click.option(flag, *names, help=text, **more)
+
+
 @contextlib.contextmanager
-def _flags(**flag_of: str) -> Iterator[None]:
-    """Building options inside: an ``InvalidOptions`` becomes a usage error (exit code 2) that
-    names the flags of the fields at fault (``flag_of`` maps a field to its flag)."""
+def _flags(*options: type[Any]) -> Iterator[None]:
+    """Building ``options`` inside: an ``InvalidOptions`` becomes a usage error (exit code 2) that
+    names the flags of the fields at fault."""
     try:
         yield
     except InvalidOptions as err:
-        flags = [flag_of[name] for name in err.fields if name in flag_of]
+        flags = [_FLAG_OF[o, f] for f in err.fields for o in options if (o, f) in _FLAG_OF]
         raise click.UsageError(f"{err}; adjust {'/'.join(flags)}" if flags else str(err)) from err
 
 
@@ -300,51 +320,38 @@ def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) ->
         ) from err
 
 
-def _webhook_flags(fn: F) -> F:
-    """Flags shared by ``run --webhook`` and ``webhook``: ``WebhookOptions`` and its
-    ``BootstrapOptions`` (docs/reference/options.md)."""
-    options = [
-        click.option(
-            "--webhook-port",
-            default=_default(WebhookOptions, "port"),
-            show_default=True,
-            help="HTTPS port of the admission webhook.",
-        ),
-        click.option("--webhook-host", default=None, help="Address to bind (default: all)."),
-        click.option(
-            "--cert-dir",
-            default=str(_default(WebhookOptions, "cert_dir")),
-            show_default=True,
-            help="Where tls.crt/tls.key are written (bootstrap) or read.",
-        ),
-        click.option(
-            "--webhook-service",
-            default=_default(BootstrapOptions, "service_name"),
-            show_default=True,
-            help="Service fronting the webhook.",
-        ),
-        click.option(
-            "--bootstrap-certs/--no-bootstrap-certs",
-            default=_default(WebhookOptions, "bootstrap") is not None,
-            show_default=True,
-            help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
-        ),
-        click.option(
-            "--webhook-cert-host",
-            "webhook_cert_hosts",
-            multiple=True,
-            help="Extra DNS name or IP for the bootstrapped certificate (repeatable).",
-        ),
-        click.option(
-            "--webhook-url",
-            default=None,
-            help="Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
-            "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+#: Flags shared by ``run --webhook`` and ``webhook``: ``WebhookOptions`` and its
+#: ``BootstrapOptions`` (docs/reference/options.md).
+_webhook_flags = _flag_group(
+    _field_flag("--webhook-port", WebhookOptions, "port", "HTTPS port of the admission webhook."),
+    _field_flag("--webhook-host", WebhookOptions, "host", "Address to bind (default: all)."),
+    _field_flag(
+        "--cert-dir", WebhookOptions, "cert_dir", "Where tls.crt/tls.key are written (bootstrap) or read."
+    ),
+    _field_flag("--webhook-service", BootstrapOptions, "service_name", "Service fronting the webhook."),
+    click.option(
+        "--bootstrap-certs/--no-bootstrap-certs",
+        default=_default(WebhookOptions, "bootstrap") is not None,
+        show_default=True,
+        help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
+    ),
+    _field_flag(
+        "--webhook-cert-host",
+        BootstrapOptions,
+        "extra_hosts",
+        "Extra DNS name or IP for the bootstrapped certificate (repeatable).",
+        "webhook_cert_hosts",
+        multiple=True,
+        show_default=False,
+    ),
+    _field_flag(
+        "--webhook-url",
+        BootstrapOptions,
+        "webhook_url",
+        "Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
+        "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
+    ),
+)
 
 
 def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
@@ -354,12 +361,7 @@ def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
         raise click.UsageError(
             "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
         )
-    with _flags(
-        port="--webhook-port",
-        service_name="--webhook-service",
-        extra_hosts="--webhook-cert-host",
-        webhook_url="--webhook-url",
-    ):
+    with _flags(WebhookOptions, BootstrapOptions):
         return WebhookOptions(
             host=flags["webhook_host"],
             port=flags["webhook_port"],
@@ -374,45 +376,37 @@ def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
         )
 
 
-def _leader_election_flags(fn: F) -> F:
-    """``run``'s ``LeaderElectionOptions`` (docs/concepts.md, "Leader election timings")."""
-    options = [
-        click.option(
-            "--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease."
-        ),
-        click.option(
-            "--leader-election-namespace",
-            default=_default(LeaderElectionOptions, "namespace"),
-            help="Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
-        ),
-        click.option(
-            "--leader-election-id",
-            default=_default(LeaderElectionOptions, "name"),
-            show_default=True,
-            help="Name of the Lease.",
-        ),
-        click.option(
-            "--lease-duration",
-            default=_default(LeaderElectionOptions, "lease_duration"),
-            show_default=True,
-            help="Seconds a standby waits after the leader's last renewal before taking over.",
-        ),
-        click.option(
-            "--renew-deadline",
-            default=_default(LeaderElectionOptions, "renew_deadline"),
-            show_default=True,
-            help="Seconds the leader tries to renew before stepping down (< --lease-duration).",
-        ),
-        click.option(
-            "--retry-period",
-            default=_default(LeaderElectionOptions, "retry_period"),
-            show_default=True,
-            help="Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+#: ``run``'s ``LeaderElectionOptions`` (docs/concepts.md, "Leader election timings").
+_leader_election_flags = _flag_group(
+    click.option(
+        "--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease."
+    ),
+    _field_flag(
+        "--leader-election-namespace",
+        LeaderElectionOptions,
+        "namespace",
+        "Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
+    ),
+    _field_flag("--leader-election-id", LeaderElectionOptions, "name", "Name of the Lease."),
+    _field_flag(
+        "--lease-duration",
+        LeaderElectionOptions,
+        "lease_duration",
+        "Seconds a standby waits after the leader's last renewal before taking over.",
+    ),
+    _field_flag(
+        "--renew-deadline",
+        LeaderElectionOptions,
+        "renew_deadline",
+        "Seconds the leader tries to renew before stepping down (< --lease-duration).",
+    ),
+    _field_flag(
+        "--retry-period",
+        LeaderElectionOptions,
+        "retry_period",
+        "Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
+    ),
+)
 
 
 #: The CLI serves health and metrics by default (the manifests probe it); a ``Manager`` built in
@@ -420,47 +414,41 @@ def _leader_election_flags(fn: F) -> F:
 _HEALTH_ADDRESS = "0.0.0.0:8081"
 
 
-def _manager_flags(fn: F) -> F:
-    """``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md)."""
-    options = [
-        click.option(
-            "--namespace",
-            default=_default(ManagerOptions, "namespace"),
-            help="Watch only this namespace (default: all).",
-        ),
-        click.option(
-            "--health-address",
-            default=_HEALTH_ADDRESS,
-            show_default=True,
-            type=_HostPort(),
-            help="host:port of /healthz /readyz /metrics.",
-        ),
-        click.option(
-            "--resync-seconds",
-            type=float,
-            default=_default(ManagerOptions, "resync_period"),
-            show_default="off",
-            help="Seconds between full resyncs of the caches (0: off).",
-        ),
-        click.option(
-            "--shutdown-timeout",
-            default=_default(ManagerOptions, "shutdown_timeout"),
-            show_default=True,
-            help="Seconds in-flight reconciles get on shutdown.",
-        ),
-        click.option(
-            "--garbage-interval",
-            default=_default(GarbageOptions, "interval"),
-            show_default=True,
-            help="Seconds between passes collecting provider items whose employer is gone "
-            "(docs/lifecycle-hooks.md); 0: at start-up only.",
-        ),
-        click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items."),
-        click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+#: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
+_manager_flags = _flag_group(
+    _field_flag("--namespace", ManagerOptions, "namespace", "Watch only this namespace (default: all)."),
+    _field_flag(
+        "--health-address",
+        ManagerOptions,
+        "health_address",
+        "host:port of /healthz /readyz /metrics.",
+        default=_HEALTH_ADDRESS,
+        type=_HostPort(),
+    ),
+    _field_flag(
+        "--resync-seconds",
+        ManagerOptions,
+        "resync_period",
+        "Seconds between full resyncs of the caches (0: off).",
+        type=float,
+        show_default="off",
+    ),
+    _field_flag(
+        "--shutdown-timeout",
+        ManagerOptions,
+        "shutdown_timeout",
+        "Seconds in-flight reconciles get on shutdown.",
+    ),
+    _field_flag(
+        "--garbage-interval",
+        GarbageOptions,
+        "interval",
+        "Seconds between passes collecting provider items whose employer is gone "
+        "(docs/lifecycle-hooks.md); 0: at start-up only.",
+    ),
+    click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items."),
+    click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect."),
+)
 
 
 def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -470,12 +458,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
         raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
     election = None
     if flags["leader_elect"]:
-        with _flags(
-            name="--leader-election-id",
-            lease_duration="--lease-duration",
-            renew_deadline="--renew-deadline",
-            retry_period="--retry-period",
-        ):
+        with _flags(LeaderElectionOptions):
             election = LeaderElectionOptions(
                 name=flags["leader_election_id"],
                 namespace=flags["leader_election_namespace"],
@@ -483,12 +466,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 renew_deadline=flags["renew_deadline"],
                 retry_period=flags["retry_period"],
             )
-    with _flags(
-        resync_period="--resync-seconds",
-        shutdown_timeout="--shutdown-timeout",
-        health_address="--health-address",
-        interval="--garbage-interval",
-    ):
+    with _flags(ManagerOptions, GarbageOptions):
         return ManagerOptions(
             namespace=flags["namespace"],
             resync_period=flags["resync_seconds"] or None,
