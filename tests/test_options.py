@@ -38,65 +38,34 @@ def test_a_renew_deadline_not_shorter_than_the_lease_is_refused_naming_both() ->
         LeaderElectionOptions(retry_period=0)
 
 
-@pytest.mark.parametrize(
-    ("build", "field", "message"),
-    [
-        (
-            lambda: ManagerOptions(shutdown_timeout=-1),
-            "shutdown_timeout",
-            "shutdown timeout must be 0 or more seconds (got -1)",
-        ),
-        (
-            lambda: ManagerOptions(resync_period=0),
-            "resync_period",
-            "resync period must be more than 0 seconds (got 0)",
-        ),
-        (lambda: ManagerOptions(health_address=("127.0.0.1", 70000)), "health_address", "no valid port"),
-        (lambda: GarbageOptions(interval=-5), "interval", "interval must be more than 0 seconds (got -5)"),
-        (lambda: GarbageOptions(retry=0), "retry", "retry must be more than 0 seconds (got 0)"),
-        (lambda: WebhookOptions(port=-1), "port", "port must be 0 to 65535 (got -1)"),
-        (
-            lambda: WebhookOptions(adapter_timeout=-0.5),
-            "adapter_timeout",
-            "adapter timeout must be more than 0",
-        ),
-        (
-            lambda: WebhookOptions(shutdown_timeout=-1),
-            "shutdown_timeout",
-            "shutdown timeout must be 0 or more",
-        ),
-        (
-            lambda: WebhookOptions(max_body_bytes=0),
-            "max_body_bytes",
-            "max body bytes must be at least 1 (got 0)",
-        ),
-        (lambda: BootstrapOptions(service_name=""), "service_name", "the webhook Service needs a name"),
-        (lambda: BootstrapOptions(interval=-600), "interval", "interval must be more than 0 seconds"),
-        (
-            lambda: BootstrapOptions(renew_before=datetime.timedelta(days=-1)),
-            "renew_before",
-            "renew before must not be negative",
-        ),
-        (
-            lambda: BootstrapOptions(webhook_url="http://127.0.0.1:9443"),
-            "webhook_url",
-            "'http://127.0.0.1:9443' is not an https:// URL with a host",
-        ),
-        (lambda: ConnectionLimits(idle_timeout=0), "idle_timeout", "idle timeout must be more than 0"),
-        (
-            lambda: ConnectionLimits(max_connections=0),
-            "max_connections",
-            "max connections must be at least 1",
-        ),
-    ],
-)
+#: A bad value of each kind, and what the refusal says: (options class, the value, its message).
+BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
+    (ManagerOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
+    (ManagerOptions, {"resync_period": 0}, "resync period must be more than 0 seconds (got 0)"),
+    (ManagerOptions, {"health_address": ("127.0.0.1", 70000)}, "has no valid port (0 to 65535)"),
+    (GarbageOptions, {"interval": -5}, "interval must be more than 0 seconds (got -5)"),
+    (GarbageOptions, {"retry": 0}, "retry must be more than 0 seconds (got 0)"),
+    (WebhookOptions, {"port": -1}, "port must be 0 to 65535 (got -1)"),
+    (WebhookOptions, {"adapter_timeout": -0.5}, "adapter timeout must be more than 0 seconds (got -0.5)"),
+    (WebhookOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
+    (WebhookOptions, {"max_body_bytes": 0}, "max body bytes must be at least 1 (got 0)"),
+    (BootstrapOptions, {"service_name": ""}, "the webhook Service needs a name"),
+    (BootstrapOptions, {"interval": -600}, "interval must be more than 0 seconds (got -600)"),
+    (BootstrapOptions, {"renew_before": datetime.timedelta(days=-1)}, "renew before must not be negative"),
+    (BootstrapOptions, {"webhook_url": "http://127.0.0.1:9443"}, "is not an https:// URL with a host"),
+    (ConnectionLimits, {"idle_timeout": 0}, "idle timeout must be more than 0 seconds (got 0)"),
+    (ConnectionLimits, {"max_connections": 0}, "max connections must be at least 1 (got 0)"),
+]
+
+
+@pytest.mark.parametrize(("options", "value", "message"), BAD_VALUES)
 def test_a_bad_value_is_refused_with_the_field_and_what_is_wrong(
-    build: Any, field: str, message: str
+    options: type[Any], value: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(InvalidOptions) as err:
-        build()
+        options(**value)
     assert message in str(err.value)
-    assert err.value.fields == (field,)
+    assert err.value.fields == tuple(value)
     assert isinstance(err.value, ValueError)  # what a caller that knows no InvalidOptions catches
 
 
