@@ -6,6 +6,7 @@ within ``renew_deadline`` steps down (its controllers stop) before the lease can
 the others, so two replicas never reconcile at once. Stepping down gracefully releases the
 lease so a standby takes over at once instead of after ``lease_duration``.
 Every update carries the Lease's resourceVersion: two candidates never both win.
+Which Lease and the timings: ``LeaderElectionOptions``, part of ``ManagerOptions``.
 """
 
 from __future__ import annotations
