@@ -318,7 +318,7 @@ class WebhookServer:
             server = runner.server
             assert server is not None  # set by setup()
             listener = Listener(
-                listening_sockets(options.host, options.port, options.backlog),
+                listening_sockets(options.host, self.port, options.backlog),
                 server,
                 self._tls.listener_context,
                 options.limits,
