@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from .adapter import CONTROLLER_NAME, BackendResolver, SLBAdapter, Unresolved, annotated_backend
+from .adapter import CONTROLLER_NAME, SLBAdapter
 from .backoff import RequeueBackoff
 from .config import (
     BACKEND_TYPE_ANNOTATION,
@@ -29,7 +29,9 @@ from .config import (
     vserver_group_name,
 )
 from .credentials import CredentialsError, MissingCredentials, SLBCredentials
+from .manage import Unresolved, annotated_backend
 from .slbclient import SLBClient, call_deadline_from_env
+from .strategy import BackendResolver
 
 if TYPE_CHECKING:
     from resourceconsist.webhook.adapter import ControlledServiceAdapter
