@@ -56,8 +56,7 @@ _SCRATCH_KEY: Final = "alibabacloudslb.pass"
 
 #: The strategy of each mode.
 STRATEGIES: Final[Mapping[Mode, type[ModeStrategy]]] = {
-    Mode.OBSERVE: ObserveStrategy,
-    Mode.MANAGE: ManageStrategy,
+    strategy.mode: strategy for strategy in (ObserveStrategy, ManageStrategy)
 }
 
 

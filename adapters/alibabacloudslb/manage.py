@@ -149,7 +149,7 @@ class ManageStrategy(ModeStrategy):
                         owner=owner,
                         id=f"VServer group {group.name} ({group.id}) on {lb}",
                         labels={LOAD_BALANCER_ID_LABEL: lb},
-                        annotations={config.MODE_ANNOTATION: Mode.MANAGE.value},
+                        annotations={config.MODE_ANNOTATION: cls.mode.value},
                     )
                 )
         return owned
