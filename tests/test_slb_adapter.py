@@ -7,9 +7,9 @@ never calls a mutating API. Manage mode: 45 ready pods become 45 backends in bat
 20; leaving pods are set to weight 0 before removal and keep their finalizer until removed;
 foreign groups and backends stay untouched; throttling and ambiguous failures still converge
 without a double add; a group still attached to a listener blocks the Service's deletion with a
-Warning event. A mode annotation that is neither is a Warning event and no write, until fixed: the
-next pass reads the mode again. Every test checks that no log record (captured at DEBUG) and no Event shows the
-access key id or secret.
+Warning event. A mode annotation that is neither is a Warning event and no write, until fixed:
+the next pass reads the mode again. Every test checks that no log record (captured at DEBUG) and
+no Event shows the access key id or secret.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ tests/test_slb_adapter.py)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -178,20 +178,13 @@ def test_mode_weight_port_type_and_drain_parsing() -> None:
 
 
 class PodsReader:
-    """In-memory pods behind the frame's ObjectReader protocol (resourceconsist.interfaces)."""
+    """In-memory pods, read the way the SLB adapter reads the frame's ObjectReader
+    (resourceconsist.interfaces): all pods, those a Service selects, those holding a finalizer."""
 
     def __init__(self, *pods: KubeObject) -> None:
         self.pods = list(pods)
 
-    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
-        return next((p for p in self.list(resource) if p["metadata"]["name"] == name), None)
-
-    def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        label_selector: Mapping[str, Any] | None = None,
-    ) -> list[KubeObject]:
+    def list(self, resource: Resource, *_: Any) -> list[KubeObject]:
         return list(self.pods) if resource is kube.POD else []
 
     def pods_selected_by(self, service: KubeObject) -> list[KubeObject]:

@@ -226,17 +226,17 @@ class SLBAdapter(ReconcileAdapter):
     async def create_employees(
         self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
     ) -> Outcome[Employee]:
-        return await self._checked(ctx, employer).create_employees(to_create)
+        return await self._checked(ctx, employer).change_employees("create", to_create)
 
     async def update_employees(
         self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]
     ) -> Outcome[Employee]:
-        return await self._checked(ctx, employer).update_employees(to_update)
+        return await self._checked(ctx, employer).change_employees("update", to_update)
 
     async def delete_employees(
         self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employee]
     ) -> Outcome[Employee]:
-        return await self._checked(ctx, employer).delete_employees(to_delete)
+        return await self._checked(ctx, employer).change_employees("delete", to_delete)
 
 
 def _fingerprints(kind: str, results: CUDResults[ItemT]) -> list[str]:

@@ -15,6 +15,7 @@ import functools
 import logging
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Final
 
@@ -33,10 +34,10 @@ from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
 
 from . import config
-from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError
+from .config import LOAD_BALANCER_ID_LABEL, Mode
 from .items import Attached, Desired, GroupEmployer, GroupStatus, ManagedEmployee
 from .slbclient import BackendKey, BackendServer, SLBError, SLBNotFound, VServerGroup
-from .strategy import ModeStrategy, Tools, pod_name
+from .strategy import Change, ModeStrategy, Tools, pod_name
 
 #: Where the drain clocks live in the frame's per-Service ``ctx.memo``.
 _DRAIN_KEY: Final = "alibabacloudslb.drain_since"
@@ -78,27 +79,20 @@ def annotated_backend(service: KubeObject, pod: KubeObject) -> BackendServer:
     )
 
 
+@dataclass(eq=False)
 class ManageStrategy(ModeStrategy):
     """Our VServer group is the employer; one item per relevant pod (and per orphan backend)."""
 
     mode = Mode.MANAGE
 
-    def __init__(
-        self,
-        tools: Tools,
-        ctx: ReconcileContext,
-        service: KubeObject,
-        error: SLBConfigError | None = None,
-    ) -> None:
-        self.group_name = ""
-        self.drain_seconds = 0.0
-        self.group: VServerGroup | None = None
-        self.group_read = False
-        self.expected: list[Employee] | None = None
-        self.current: list[Employee] | None = None
-        #: Our backends in the group, by the item (pod or orphan) they belong to.
-        self.attached: dict[str, tuple[BackendServer, ...]] = {}
-        super().__init__(tools, ctx, service, error)
+    group_name: str = field(default="", init=False)
+    drain_seconds: float = field(default=0.0, init=False)
+    group: VServerGroup | None = field(default=None, init=False)
+    group_read: bool = field(default=False, init=False)
+    expected: list[Employee] | None = field(default=None, init=False)
+    current: list[Employee] | None = field(default=None, init=False)
+    #: Our backends in the group, by the item (pod or orphan) they belong to.
+    attached: dict[str, tuple[BackendServer, ...]] = field(default_factory=dict, init=False)
 
     def read_settings(self) -> None:
         self.group_name = config.vserver_group_name(self.service)
@@ -233,14 +227,8 @@ class ManageStrategy(ModeStrategy):
             await self._plan()
         return list(self.current or [])
 
-    async def create_employees(self, to_create: list[Employee]) -> Outcome[Employee]:
-        return await self._converge(to_create, leaving=False)
-
-    async def update_employees(self, to_update: list[Employee]) -> Outcome[Employee]:
-        return await self._converge(to_update, leaving=False)
-
-    async def delete_employees(self, to_delete: list[Employee]) -> Outcome[Employee]:
-        return await self._converge(to_delete, leaving=True)
+    async def change_employees(self, change: Change, items: list[Employee]) -> Outcome[Employee]:
+        return await self._converge(items, leaving=change == "delete")
 
     # -- reading and planning ------------------------------------------------------------------------------
 

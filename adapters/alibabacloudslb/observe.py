@@ -10,22 +10,15 @@ listed (by pod IP), a pod that is not should not; until CCM has caught up the it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from dataclasses import dataclass
 
-from resourceconsist.adapter import (
-    Employee,
-    Employer,
-    Outcome,
-    OwnedItem,
-    PodEmployeeStatuses,
-    ReconcileContext,
-    pod_employee_statuses,
-)
+from resourceconsist.adapter import Employee, Employer, Outcome, PodEmployeeStatuses, pod_employee_statuses
 from resourceconsist.kube import KubeObject
 
 from .config import Mode
 from .items import ObservedEmployee, Traffic
-from .strategy import ModeStrategy, Tools, pod_name
+from .strategy import Change, ModeStrategy, pod_name
 
 
 def _observed(pod: KubeObject, traffic_on: Callable[[PodEmployeeStatuses], bool]) -> Employee:
@@ -34,16 +27,12 @@ def _observed(pod: KubeObject, traffic_on: Callable[[PodEmployeeStatuses], bool]
     return ObservedEmployee(id=pod_name(pod), name=pod_name(pod), statuses=statuses)
 
 
+@dataclass(eq=False)
 class ObserveStrategy(ModeStrategy):
-    """One item per pod on both sides: should it be in the load balancer, is it there."""
+    """One item per pod on both sides: should it be in the load balancer, is it there. CCM owns
+    everything on the load balancer: no employer, nothing left behind to collect."""
 
     mode = Mode.OBSERVE
-
-    @classmethod
-    async def list_owned(
-        cls, tools: Tools, ctx: ReconcileContext, load_balancers: Sequence[str]
-    ) -> list[OwnedItem]:
-        return []  # CCM owns everything on the load balancer
 
     def read_settings(self) -> None:
         """Observe mode reads no annotation of its own."""
@@ -92,18 +81,14 @@ class ObserveStrategy(ModeStrategy):
         listed = await self._listed_ips() if pods else set()
         return [_observed(pod, lambda statuses: bool(statuses.ip) and statuses.ip in listed) for pod in pods]
 
-    async def create_employees(self, to_create: list[Employee]) -> Outcome[Employee]:
-        return self._wait_for_ccm("create", to_create)
-
-    async def update_employees(self, to_update: list[Employee]) -> Outcome[Employee]:
-        return self._wait_for_ccm("update", to_update)
-
-    async def delete_employees(self, to_delete: list[Employee]) -> Outcome[Employee]:
-        # Deleting Service: a pod is released once CCM no longer lists its IP.
-        off: list[Employee] = [
-            item for item in to_delete if isinstance(item, ObservedEmployee) and not item.traffic_on
-        ]
-        return off, [item for item in to_delete if item not in off]
+    async def change_employees(self, change: Change, items: list[Employee]) -> Outcome[Employee]:
+        if change == "delete":
+            # Deleting Service: a pod is released once CCM no longer lists its IP.
+            off: list[Employee] = [
+                item for item in items if isinstance(item, ObservedEmployee) and not item.traffic_on
+            ]
+            return off, [item for item in items if item not in off]
+        return self._wait_for_ccm(change, items)
 
     # -- reading --------------------------------------------------------------------------------------
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, ClassVar, Self, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal, Self, TypeVar
 
 from resourceconsist import lifecycle
 from resourceconsist.adapter import Employee, Employer, Outcome, OwnedItem, ReconcileContext
@@ -52,6 +52,11 @@ def pod_name(obj: KubeObject) -> str:
     return str(obj["metadata"]["name"])
 
 
+#: What the frame asks a strategy to do with employee items (``create_employees`` and so on).
+Change = Literal["create", "update", "delete"]
+
+
+@dataclass(eq=False)
 class ModeStrategy(ABC):
     """One pass of one Service in one mode: its settings, what it has read, what it writes.
 
@@ -62,41 +67,36 @@ class ModeStrategy(ABC):
 
     mode: ClassVar[Mode]
 
-    def __init__(
-        self,
-        tools: Tools,
-        ctx: ReconcileContext,
-        service: KubeObject,
-        error: SLBConfigError | None = None,
-    ) -> None:
-        meta = service["metadata"]
-        self.tools = tools
-        self.ctx = ctx
-        self.service = service
+    tools: Tools = field(repr=False)
+    ctx: ReconcileContext = field(repr=False)
+    service: KubeObject = field(repr=False)
+    error: SLBConfigError | None = None
+    namespace: str = field(init=False)
+    deleting: bool = field(init=False)
+    finalizer: str = field(init=False)
+    guard: str = field(init=False)
+    lb_id: str = field(default="", init=False)
+    #: Seconds until the earliest drain ends, when a backend waits for one (caps the requeue).
+    drain_due: float | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        meta = self.service["metadata"]
         self.namespace = str(meta.get("namespace") or "")
-        self.deleting = lifecycle.is_deleting(service)
+        self.deleting = lifecycle.is_deleting(self.service)
         self.finalizer = lifecycle.lifecycle_finalizer(str(meta["name"]))
         self.guard = lifecycle.guard_finalizer(str(meta["name"]))
-        self.lb_id = ""
-        #: Seconds until the earliest drain ends, when a backend waits for one (caps the requeue).
-        self.drain_due: float | None = None
-        self.error = error
-        if error is not None:
+        if self.error is not None:
             return
         try:
-            self.lb_id = config.load_balancer_id(service)
+            self.lb_id = config.load_balancer_id(self.service)
             if not self.lb_id and not self.deleting:
                 raise SLBConfigError(
-                    f"Service {ctx.employer_key} has no {LOAD_BALANCER_ID_LABEL} label "
+                    f"Service {self.ctx.employer_key} has no {LOAD_BALANCER_ID_LABEL} label "
                     "naming its load balancer"
                 )
             self.read_settings()
         except SLBConfigError as err:
             self.error = err
-
-    @abstractmethod
-    def read_settings(self) -> None:
-        """Parse the mode's own annotations; ``SLBConfigError`` for a bad one."""
 
     def checked(self) -> Self:
         if self.error is not None:
@@ -107,13 +107,9 @@ class ModeStrategy(ABC):
         """Log ``message`` prefixed with the controller and the Service."""
         log.log(level, "%s %s: " + message, self.tools.name, self.ctx.employer_key, *args)
 
-    def selected_employee_names(self) -> list[str]:
-        """The pods the Service's selector selects."""
-        return [pod_name(pod) for pod in self.ctx.reader.pods_selected_by(self.service)]
-
     async def read_load_balancer(self, call: Callable[[str], T], without_it: str) -> T | None:
-        """``call(lb_id)``; ``None`` when a deleting Service has no load balancer (any more),
-        after logging what the pass does ``without_it``."""
+        """``call(lb_id)``, or ``None`` for a deleting Service whose load balancer is gone or
+        unknown (its label was removed: logged, with what the pass does ``without_it``)."""
         if not self.lb_id:
             self.log(logging.WARNING, "deleting Service without %s: %s", LOAD_BALANCER_ID_LABEL, without_it)
             return None
@@ -129,39 +125,55 @@ class ModeStrategy(ABC):
     def not_ours(action: str, item: Employer) -> SLBConfigError:
         return SLBConfigError(f"refusing to {action} VServer group {item.id!r}: not this Service's group")
 
-    # -- what each mode says --------------------------------------------------------------------
+    # -- what a mode may change -------------------------------------------------------------------
+
+    def selected_employee_names(self) -> list[str]:
+        """The pods the Service's selector selects (the frame strips the lifecycle finalizer from
+        recorded pods missing here)."""
+        return [pod_name(pod) for pod in self.ctx.reader.pods_selected_by(self.service)]
 
     @classmethod
-    @abstractmethod
     async def list_owned(
         cls, tools: Tools, ctx: ReconcileContext, load_balancers: Sequence[str]
     ) -> list[OwnedItem]:
         """What this mode leaves on the load balancers that the frame may collect once its
-        Service is gone (``load_balancers``: searched besides those the Services name)."""
+        Service is gone (``load_balancers``: searched besides those the Services name). A mode
+        that makes nothing leaves nothing."""
+        return []
+
+    # -- what each mode must say ------------------------------------------------------------------
 
     @abstractmethod
-    async def expected_employers(self) -> list[Employer]: ...
+    def read_settings(self) -> None:
+        """Parse the mode's own annotations into the strategy; ``SLBConfigError`` for a bad one."""
 
     @abstractmethod
-    async def current_employers(self) -> list[Employer]: ...
+    async def expected_employers(self) -> list[Employer]:
+        """What the load balancer should hold for the Service as a whole (e.g. a group)."""
 
     @abstractmethod
-    async def create_employers(self, to_create: list[Employer]) -> Outcome[Employer]: ...
+    async def current_employers(self) -> list[Employer]:
+        """What it holds now; compared with ``expected_employers`` by the frame's diff."""
 
     @abstractmethod
-    async def delete_employers(self, to_delete: list[Employer]) -> Outcome[Employer]: ...
+    async def create_employers(self, to_create: list[Employer]) -> Outcome[Employer]:
+        """Create what the diff found missing: (done, not done yet)."""
 
     @abstractmethod
-    async def expected_employees(self) -> list[Employee]: ...
+    async def delete_employers(self, to_delete: list[Employer]) -> Outcome[Employer]:
+        """Delete what the diff found unwanted; an item that is not this Service's own must be
+        refused with an error (``not_ours``), never deleted."""
 
     @abstractmethod
-    async def current_employees(self) -> list[Employee]: ...
+    async def expected_employees(self) -> list[Employee]:
+        """One item per pod (id = pod name) saying what the load balancer should hold for it;
+        ``lifecycle_ready`` on each says whether the pod should carry the lifecycle finalizer."""
 
     @abstractmethod
-    async def create_employees(self, to_create: list[Employee]) -> Outcome[Employee]: ...
+    async def current_employees(self) -> list[Employee]:
+        """One item per pod the load balancer may still route to (and per leftover of ours)."""
 
     @abstractmethod
-    async def update_employees(self, to_update: list[Employee]) -> Outcome[Employee]: ...
-
-    @abstractmethod
-    async def delete_employees(self, to_delete: list[Employee]) -> Outcome[Employee]: ...
+    async def change_employees(self, change: Change, items: list[Employee]) -> Outcome[Employee]:
+        """Carry out the diff's ``change`` for ``items``: (done, not done yet). An item not done
+        keeps its pod's finalizer as it is, and the Service is looked at again."""
