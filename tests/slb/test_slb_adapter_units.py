@@ -1,7 +1,7 @@
 """Unit tests of the SLB adapter's pure parts: the per-Service requeue backoff, the labels and
 annotations it reads, the mode strategy a Service's annotations choose, its items' equality, and
 its registration (no control plane needed; a bad mode's Warning event is claimed end to end by
-tests/test_slb_adapter.py)."""
+tests/slb/test_slb_adapter.py)."""
 
 from __future__ import annotations
 
