@@ -1,7 +1,9 @@
 """The Alibaba Cloud SLB (CLB) adapter: keeps a load balancer's backends consistent with the pods a
 Service selects, in observe mode (CCM owns the load balancer) or manage mode (we own a VServer group).
 
-``adapter`` holds ``SLBAdapter`` and its item planning, ``items`` the employer/employee models,
+``adapter`` holds ``SLBAdapter``, which makes one strategy per pass from the Service's mode
+(``strategy`` their shared base, ``observe`` and ``manage`` the two modes and their item planning;
+docs/alibabacloudslb.md, "How the adapter is built"), ``items`` the employer/employee models,
 ``config`` the labels and annotations read on Services and pods, ``backoff`` the per-Service
 requeue backoff, ``credentials`` the access key and endpoint, ``slbclient`` the SLB API through the
 real Alibaba Cloud SDK; a stateful fake of that API for tests is in the testing kit
