@@ -34,8 +34,6 @@ from resourceconsist.webhook.admission import spec_mutation
 from resourceconsist.webhook.server import AdmissionDecision, WebhookOptions, WebhookServer
 from resourceconsist.wire import GateReason
 
-from .test_tutorial import tutorial_namespace
-
 #: Kubernetes' qualified name: an optional DNS-subdomain prefix, ``/``, a name of <= 63 characters.
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -615,9 +613,8 @@ async def test_gates_work_without_pod_ops_lifecycle(lc: Cluster) -> None:
 
 
 async def test_the_tutorial_adapter_serves_gated_pods_and_their_rollout_completes(
-    lc: Cluster, tmp_path: Path
+    lc: Cluster, tmp_path: Path, tutorial: dict[str, Any]
 ) -> None:
-    tutorial = tutorial_namespace()
     backends = tutorial["BackendsDir"](tmp_path / "backends")
     gate = lifecycle.readiness_gate("web")
     await lc.service("web", {"app": "web"})

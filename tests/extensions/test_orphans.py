@@ -3,7 +3,7 @@ Service deleted with its finalizer stripped while the controller was down leaves
 group in the SLB emulator; the next start reports it in dry-run and collects it otherwise,
 releasing the pods only once the group is gone. A re-created Service of the same name keeps its
 group; an owner whose pass is queued or running, or that a live GET finds, is left alone; the
-demo adapter's items are collected the same way (the tutorial's: tests/test_tutorial.py).
+demo adapter's items are collected the same way (the tutorial's: tests/api/test_tutorial.py).
 """
 
 from __future__ import annotations

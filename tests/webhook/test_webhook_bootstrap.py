@@ -37,7 +37,7 @@ from resourceconsist.webhook import (
     service_hosts,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "config" / "webhook"
 #: Matches no object: the test configurations must never send anything anywhere.
 NEVER = {"matchLabels": {"resourceconsist.test/never": "true"}}
