@@ -14,8 +14,9 @@ not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for th
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resourceconsist.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import (
@@ -43,9 +44,8 @@ if TYPE_CHECKING:
     from resourceconsist.controller import Controller
     from resourceconsist.errors import InvalidOptions, PermanentError, ResourceConsistError, RetryAfter
     from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
-    from resourceconsist.leaderelection import LeaderElectionOptions
-    from resourceconsist.manager import Manager, ManagerKeywords, ManagerOptions, Runnable, add_to_manager
-    from resourceconsist.orphans import GarbageOptions
+    from resourceconsist.manager import Manager, Runnable, add_to_manager
+    from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerKeywords, ManagerOptions
     from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
 #: Each public name and the module that holds it.
@@ -83,12 +83,11 @@ _HOMES: dict[str, str] = {
         ("ApiError", "Conflict", "Gone", "KubeClient", "KubeObject", "NotFound", "Resource"),
         "resourceconsist.kube",
     ),
-    "LeaderElectionOptions": "resourceconsist.leaderelection",
+    **dict.fromkeys(("Manager", "Runnable", "add_to_manager"), "resourceconsist.manager"),
     **dict.fromkeys(
-        ("Manager", "ManagerKeywords", "ManagerOptions", "Runnable", "add_to_manager"),
-        "resourceconsist.manager",
+        ("GarbageOptions", "LeaderElectionOptions", "ManagerKeywords", "ManagerOptions"),
+        "resourceconsist.options",
     ),
-    "GarbageOptions": "resourceconsist.orphans",
     **dict.fromkeys(("LifecycleEvent", "LifecycleSubscriber"), "resourceconsist.subscribers"),
 }
 
@@ -138,14 +137,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'resourceconsist' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

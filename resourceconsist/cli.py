@@ -11,7 +11,6 @@ Bad input exits non-zero with a message that says what is wrong and what to do.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -25,16 +24,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from resourceconsist.errors import InvalidOptions
-from resourceconsist.leaderelection import LeaderElectionOptions
-from resourceconsist.manager import ManagerOptions
-from resourceconsist.orphans import GarbageOptions
-from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combined
-from resourceconsist.webhook import BootstrapOptions, WebhookOptions
+from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
+# Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
+# Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.kube import KubeClient
     from resourceconsist.manager import Manager, Runnable
+    from resourceconsist.registry import AdapterRegistry
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -43,6 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _all_adapters() -> AdapterRegistry:
     from resourceconsist.adapters import registry as builtin
     from resourceconsist.experimental import registry as experimental
+    from resourceconsist.registry import combined
 
     return combined(builtin, experimental)
 
@@ -83,6 +83,8 @@ def main(log_level: str) -> None:
 )
 def demo(step_timeout: float, pace: float | None, rollout: bool, latency: float) -> None:
     """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
+    import asyncio
+
     from resourceconsist.showcase import run_demo
     from resourceconsist.testing import ControlPlaneBinariesMissing
 
@@ -126,6 +128,8 @@ _explain_options = _flag_group(
 def _explain(
     kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
 ) -> None:
+    import asyncio
+
     from resourceconsist.explain import ExplainError, run_explain, split_ref
     from resourceconsist.kube import ApiError, is_unreachable
 
@@ -492,6 +496,8 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
 @_webhook_flags
 def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
+    import asyncio
+
     manager_options = _manager_options(flags)
     webhook_options = _webhook_options(flags)
     registry = _all_adapters()
@@ -512,6 +518,8 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     Kubeconfig: --kubeconfig, else $KUBECONFIG (it wins over ~/.kube/config), else
     ~/.kube/config, else the in-cluster config when neither exists.
     """
+    import asyncio
+
     options = _webhook_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, its graceful stop.
@@ -520,6 +528,8 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
     """Build every named adapter before starting anything; bad names or settings exit with a message."""
+    from resourceconsist.registry import UnknownAdapterError
+
     try:
         return [factory(name) for name in names]
     except UnknownAdapterError as err:
@@ -536,6 +546,8 @@ async def _run(
     manager_options: ManagerOptions,
     webhook_options: WebhookOptions,
 ) -> None:
+    import asyncio
+
     from resourceconsist.manager import Manager
 
     client = _kube_client(kubeconfig)

@@ -6,7 +6,8 @@ within ``renew_deadline`` steps down (its controllers stop) before the lease can
 the others, so two replicas never reconcile at once. Stepping down gracefully releases the
 lease so a standby takes over at once instead of after ``lease_duration``.
 Every update carries the Lease's resourceVersion: two candidates never both win.
-Which Lease and the timings: ``LeaderElectionOptions``, part of ``ManagerOptions``.
+Which Lease and the timings: ``LeaderElectionOptions`` (in ``resourceconsist.options``), part of
+``ManagerOptions``.
 """
 
 from __future__ import annotations
@@ -15,17 +16,13 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import os
-import socket
 import time
-import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from resourceconsist import kube
-from resourceconsist.errors import InvalidOptions, check_seconds
 from resourceconsist.kube import Conflict, KubeClient, KubeObject, NotFound
+from resourceconsist.options import LeaderElectionOptions
 
 log = logging.getLogger(__name__)
 
@@ -46,57 +43,6 @@ def _parse(value: str | None) -> datetime.datetime | None:
 
 #: Seconds a stopping leader spends at most on releasing its Lease.
 RELEASE_TIMEOUT = 1.0
-
-
-def _identity() -> str:
-    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
-
-@dataclass(frozen=True)
-class LeaderElectionOptions:
-    """Which Lease the replicas of a manager compete for, and how fast (controller-runtime's
-    ``LeaderElectionID``, ``LeaseDuration``, ``RenewDeadline``, ``RetryPeriod``).
-
-    The timings must satisfy lease duration > renew deadline > retry period > 0, else
-    ``InvalidOptions`` says which; how to choose them: docs/concepts.md, "Leader election timings".
-    """
-
-    #: Name of the Lease (``resourceconsist run --leader-election-id``).
-    name: str = "resourceconsist-manager"
-    #: Namespace of the Lease; None: the pod's own (``$POD_NAMESPACE``), else ``resourceconsist``.
-    namespace: str | None = None
-    #: This replica's name in the Lease; by default ``$POD_NAME`` (else the host name) and a
-    #: random suffix, so a restarted pod never mistakes its predecessor's lease for its own.
-    identity: str = field(default_factory=_identity)
-    #: Seconds a standby waits after the last renewal before it takes the Lease over: the
-    #: longest a crashed leader leaves the controllers unattended.
-    lease_duration: float = 15.0
-    #: Seconds the leader keeps trying to renew before it steps down; shorter than the lease,
-    #: so a leader cut off from the API server stops before anyone else may start.
-    renew_deadline: float = 10.0
-    #: Seconds between two attempts to acquire or renew.
-    retry_period: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not self.name:
-            raise InvalidOptions("the Lease needs a name", "name")
-        check_seconds("retry_period", self.retry_period)
-        if not self.renew_deadline > self.retry_period:
-            raise InvalidOptions(
-                f"renew deadline ({self.renew_deadline:g}s) must be longer than the retry period "
-                f"({self.retry_period:g}s), so the leader gets more than one try to renew before "
-                "stepping down",
-                "renew_deadline",
-                "retry_period",
-            )
-        if not self.lease_duration > self.renew_deadline:
-            raise InvalidOptions(
-                f"lease duration ({self.lease_duration:g}s) must be longer than the renew deadline "
-                f"({self.renew_deadline:g}s), so a leader that cannot renew steps down before a "
-                "standby takes over",
-                "lease_duration",
-                "renew_deadline",
-            )
 
 
 class LeaderElector:

@@ -7,8 +7,8 @@ stops taking work and waits for in-flight reconciles up to a timeout.
 (Go: ``AddToMgr`` is ``add_to_manager`` here.)
 
 Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
-``LeaderElectionOptions`` and ``GarbageOptions`` inside; ``resourceconsist run`` builds it from its
-flags (docs/reference/options.md).
+``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
+``resourceconsist run`` builds it from its flags (docs/reference/options.md).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import TypedDict, Unpack
+from dataclasses import dataclass
+from typing import Unpack
 
 from aiohttp import web
 
@@ -26,12 +26,12 @@ from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
 from resourceconsist.cancellation import DaemonThreadExecutor
 from resourceconsist.controller import Controller
-from resourceconsist.errors import InvalidOptions, ResourceConsistError, check_seconds
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient
-from resourceconsist.leaderelection import LeaderElectionOptions, LeaderElector
+from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
-from resourceconsist.orphans import GarbageOptions
+from resourceconsist.options import ManagerKeywords, ManagerOptions
 from resourceconsist.subscribers import LifecycleSubscriber
 
 log = logging.getLogger(__name__)
@@ -48,47 +48,6 @@ class Runnable:
 
 class DuplicateControllerError(ResourceConsistError, ValueError):
     """Two adapters with the same controller name."""
-
-
-@dataclass(frozen=True)
-class ManagerOptions:
-    """What a ``Manager`` watches, serves and how it stops (controller-runtime's
-    ``manager.Options``). Bad values raise ``InvalidOptions`` naming the field."""
-
-    #: Watch only this namespace (namespaced kinds); None: all namespaces.
-    namespace: str | None = None
-    #: Seconds between full resyncs of every informer cache; None: never (events only).
-    resync_period: float | None = None
-    #: ``(host, port)`` of ``/healthz``, ``/readyz`` and ``/metrics`` (port 0: any free port);
-    #: None: not served. ``resourceconsist run`` serves them on ``0.0.0.0:8081``.
-    health_address: tuple[str, int] | None = None
-    #: Seconds in-flight reconciles get to finish when the manager stops.
-    shutdown_timeout: float = 30.0
-    #: Reconcile only while holding a Lease; None: always (a single replica).
-    leader_election: LeaderElectionOptions | None = None
-    #: The orphan-collection pass of every controller (docs/lifecycle-hooks.md, "Orphans").
-    garbage: GarbageOptions = field(default_factory=GarbageOptions)
-
-    def __post_init__(self) -> None:
-        check_seconds("resync_period", self.resync_period)
-        check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
-        if self.health_address is not None:
-            host, port = self.health_address
-            if not 0 <= port <= 65535:
-                raise InvalidOptions(
-                    f"health address {host}:{port} has no valid port (0 to 65535)", "health_address"
-                )
-
-
-class ManagerKeywords(TypedDict, total=False):
-    """``ManagerOptions``' fields as keywords of ``Manager(client, **keywords)``."""
-
-    namespace: str | None
-    resync_period: float | None
-    health_address: tuple[str, int] | None
-    shutdown_timeout: float
-    leader_election: LeaderElectionOptions | None
-    garbage: GarbageOptions
 
 
 class Manager:

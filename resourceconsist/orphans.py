@@ -25,8 +25,10 @@ from typing import TYPE_CHECKING
 from resourceconsist import kube
 from resourceconsist.adapter import OrphanCollectOptions, OwnedItem, ReconcileContext
 from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
-from resourceconsist.errors import check_seconds
 from resourceconsist.kube import KubeObject
+
+# Its home is resourceconsist.options; re-exported because controller.py imports it from here.
+from resourceconsist.options import GarbageOptions as GarbageOptions  # noqa: PLC0414
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller
@@ -37,25 +39,6 @@ log = logging.getLogger(__name__)
 COLLECTED_REASON = "OrphanCollected"
 #: Why an owner is skipped while a pass of it is queued or running (tried again soon).
 BUSY = "a pass is queued or running"
-
-
-@dataclass(frozen=True)
-class GarbageOptions:
-    """When a controller looks for orphans (docs/lifecycle-hooks.md, "Orphans"); part of
-    ``ManagerOptions``."""
-
-    #: False: never look for orphans (``resourceconsist run --no-garbage``).
-    enabled: bool = True
-    #: Seconds between two passes, after the one at start-up; None: at start-up only.
-    interval: float | None = 600.0
-    #: Only report what a pass would delete (``--garbage-dry-run``).
-    dry_run: bool = False
-    #: How soon an owner whose collection is not finished (e.g. a drain) is tried again.
-    retry: float = 5.0
-
-    def __post_init__(self) -> None:
-        check_seconds("interval", self.interval)
-        check_seconds("retry", self.retry)
 
 
 @dataclass

@@ -17,10 +17,10 @@ every replica through one Secret, trusted by the API server through the configur
 5. Write ``tls.crt``/``tls.key`` into the cert dir (atomically, and only when they differ), where
    the server's certificate reloader picks them up.
 
-What it makes, for which Service, and how often a running server re-checks: ``BootstrapOptions``,
-part of ``WebhookOptions`` (docs/reference/options.md). The function blocks; async callers run it
-through ``cancellation.call_adapter`` (the one rule for
-sync and async: ``resourceconsist.cancellation``).
+What it makes, for which Service, and how often a running server re-checks: ``BootstrapOptions``
+(``options``), part of ``WebhookOptions`` (docs/reference/options.md). The function blocks; async
+callers run it through ``cancellation.call_adapter`` (the one rule for sync and async:
+``resourceconsist.cancellation``).
 
 Outside the cluster (a laptop, CI), ``register_url_webhooks`` writes the mutating configuration
 with ``clientConfig.url`` entries pointing at the local server instead of the Service
@@ -39,7 +39,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
-from urllib.parse import urlsplit
 
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -47,16 +46,13 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from resourceconsist import certs, kube, wire
-from resourceconsist.errors import InvalidOptions, ResourceConsistError, check_seconds
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import Conflict, KubeClient, KubeObject, Resource
 from resourceconsist.webhook.adapter import webhook_path
+from resourceconsist.webhook.options import DEFAULT_RENEW_BEFORE, BootstrapOptions
 
 log = logging.getLogger(__name__)
 
-#: The Service in front of the webhook (``config/webhook/service.yaml``).
-DEFAULT_SERVICE_NAME: Final = "resourceconsist-manager"
-#: Regenerate a certificate this long before it expires.
-DEFAULT_RENEW_BEFORE: Final = datetime.timedelta(days=30)
 #: Files the serving certificate is written to, in the cert dir.
 TLS_CERT_FILE: Final = "tls.crt"
 TLS_KEY_FILE: Final = "tls.key"
@@ -68,62 +64,6 @@ _MANAGED_BY = {"app.kubernetes.io/managed-by": "resourceconsist"}
 
 class BootstrapError(ResourceConsistError, RuntimeError):
     """The certificates could not be ensured (the API kept conflicting, or refused)."""
-
-
-def service_hosts(service_name: str, namespace: str) -> tuple[str, str]:
-    """The DNS names the API server uses for the webhook Service."""
-    return f"{service_name}.{namespace}.svc", f"{service_name}.{namespace}.svc.cluster.local"
-
-
-@dataclass(frozen=True)
-class BootstrapOptions:
-    """How the webhook makes and keeps its self-signed certificates (the steps above); part of
-    ``WebhookOptions``. Bad values raise ``InvalidOptions`` naming the field."""
-
-    #: The Service in front of the webhook; the serving certificate covers its two DNS names.
-    service_name: str = DEFAULT_SERVICE_NAME
-    #: Namespace of that Service and of the certificate Secret; None: the pod's own
-    #: (``$POD_NAMESPACE``), else ``resourceconsist``.
-    namespace: str | None = None
-    #: More DNS names or IPs the serving certificate covers (e.g. for a webhook the API server
-    #: reaches by URL during development).
-    extra_hosts: tuple[str, ...] = ()
-    #: Register a URL-based MutatingWebhookConfiguration pointing here (``https://host:port``),
-    #: for a server outside the cluster (docs/webhook.md); the certificate covers its host too.
-    webhook_url: str | None = None
-    #: Seconds between two re-checks by a running server, so a certificate rotated by another
-    #: replica reaches this one's files; None: at start only.
-    interval: float | None = 600.0
-    #: Regenerate a certificate this long before it expires.
-    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE
-
-    def __post_init__(self) -> None:
-        # Any iterable of names will do; kept as a tuple so the options stay hashable.
-        object.__setattr__(self, "extra_hosts", tuple(self.extra_hosts))
-        if not self.service_name:
-            raise InvalidOptions("the webhook Service needs a name", "service_name")
-        check_seconds("interval", self.interval)
-        if self.renew_before < datetime.timedelta(0):
-            raise InvalidOptions(
-                f"renew before must not be negative (got {self.renew_before})", "renew_before"
-            )
-        if self.webhook_url is not None:
-            parts = urlsplit(self.webhook_url)
-            if parts.scheme != "https" or not parts.hostname:
-                raise InvalidOptions(
-                    f"{self.webhook_url!r} is not an https:// URL with a host; give e.g. https://127.0.0.1:9443",
-                    "webhook_url",
-                )
-
-    def hosts(self, namespace: str) -> tuple[str, ...]:
-        """What the serving certificate covers: the Service's DNS names in ``namespace``, the
-        extra hosts and the host of ``webhook_url``."""
-        url_host = urlsplit(self.webhook_url).hostname if self.webhook_url else None
-        return tuple(
-            dict.fromkeys(
-                (*service_hosts(self.service_name, namespace), *self.extra_hosts, *filter(None, [url_host]))
-            )
-        )
 
 
 @dataclass(frozen=True)

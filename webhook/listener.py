@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
-from resourceconsist.errors import check_count, check_seconds
+from resourceconsist.webhook.options import ConnectionLimits
 
 log = logging.getLogger("resourceconsist.webhook")
 
@@ -68,24 +68,6 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM: Final = _libc_malloc_trim()
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """Deadlines and the connection cap of the webhook listener (seconds, connections)."""
-
-    handshake_timeout: float = 10.0
-    header_timeout: float = 10.0
-    body_timeout: float = 10.0
-    #: Longer than the API server's own idle timeout for webhook connections (90 s), so the
-    #: client closes first and never sends a request into a connection we are closing.
-    idle_timeout: float = 120.0
-    max_connections: int = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("handshake_timeout", "header_timeout", "body_timeout", "idle_timeout"):
-            check_seconds(name, getattr(self, name))
-        check_count("max_connections", self.max_connections)
 
 
 @dataclass

@@ -20,7 +20,7 @@ handshake, the request headers, the body and idle keep-alive each have a deadlin
 open connections (``ConnectionLimits``; docs/webhook.md, "Connections and memory").
 
 It runs on the caller's event loop (the manager's), alongside controllers; ``serve`` is the
-entry point that starts it. Its settings are one frozen ``WebhookOptions`` (controller-runtime's
+entry point that starts it. Its settings are one frozen ``WebhookOptions`` (``options``; controller-runtime's
 ``webhook.Options``; docs/reference/options.md): where it listens, its deadlines and limits, and
 its ``BootstrapOptions``, with which it makes its certificate first (and, with ``webhook_url``,
 registers a URL-based configuration for a server outside the cluster). ``/healthz`` answers while
@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any, Final
 
 from aiohttp import web
@@ -47,7 +46,6 @@ from aiohttp.typedefs import Handler
 
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.cancellation import call_adapter
-from resourceconsist.errors import InvalidOptions, check_count, check_seconds
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.lifecycle import MalformedAvailableConditions
 from resourceconsist.webhook.adapter import (
@@ -71,26 +69,16 @@ from resourceconsist.webhook.admission import (
 from resourceconsist.webhook.bootstrap import (
     TLS_CERT_FILE,
     TLS_KEY_FILE,
-    BootstrapOptions,
     BootstrapResult,
     ensure_webhook_certificates,
     register_url_webhooks,
 )
-from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats, Listener, listening_sockets
+from resourceconsist.webhook.listener import ConnectionStats, Listener, listening_sockets
+from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.tls import CertificateReloader
 
 log = logging.getLogger("resourceconsist.webhook")
 
-#: controller-runtime's webhook port, which the Service in config/webhook targets.
-DEFAULT_PORT: Final = 9443
-#: Bound on one adapter call; below the manifests' ``timeoutSeconds: 10`` with room for the
-#: round trip, so the API server gets our answer rather than its own timeout.
-DEFAULT_ADAPTER_TIMEOUT: Final = 5.0
-#: The API server accepts objects up to 3 MiB; a review carries the object, the old object
-#: (on UPDATE) and an envelope, so 7 MiB (controller-runtime's limit too) fits every real review.
-DEFAULT_MAX_BODY_BYTES: Final = 7 * 1024 * 1024
-#: Where the serving certificate is written or read: controller-runtime's default directory.
-DEFAULT_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
 #: Share of the API server's ``?timeout=`` the adapter may use; the rest is for the answer.
 _CALLER_TIMEOUT_SHARE: Final = 0.8
 _GO_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
@@ -114,46 +102,6 @@ class AdmissionDecision:
     patch: tuple[dict[str, Any], ...] = ()
     employers: tuple[EmployerRef, ...] = ()
     seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class WebhookOptions:
-    """Where the webhook server listens, how long it waits, and where its certificate comes
-    from (controller-runtime's ``webhook.Options``). Bad values raise ``InvalidOptions`` naming
-    the field."""
-
-    #: Address to bind; None: every interface.
-    host: str | None = None
-    #: HTTPS port; 0: any free port (``WebhookServer.port`` tells which).
-    port: int = DEFAULT_PORT
-    #: Directory of ``tls.crt`` and ``tls.key``: written by the bootstrap, else put there by
-    #: someone else (e.g. cert-manager). The server reloads them when they change.
-    cert_dir: Path = DEFAULT_CERT_DIR
-    #: Make and keep a self-signed certificate in ``cert_dir``; None: it is already there.
-    bootstrap: BootstrapOptions | None = field(default_factory=BootstrapOptions)
-    #: Seconds one adapter call may take (shortened to the API server's own ``?timeout=``).
-    adapter_timeout: float = DEFAULT_ADAPTER_TIMEOUT
-    #: Largest request body accepted, in bytes.
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    #: Seconds between two looks at the certificate files.
-    cert_reload_interval: float = 2.0
-    #: Seconds ``stop`` lets admissions in flight finish.
-    shutdown_timeout: float = 5.0
-    #: The listener's deadlines and connection cap (docs/webhook.md, "Connections and memory").
-    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
-    #: Connections the kernel queues while the listener does not accept.
-    backlog: int = 1024
-
-    def __post_init__(self) -> None:
-        # A str will do for the directory; kept as a Path.
-        object.__setattr__(self, "cert_dir", Path(self.cert_dir))
-        if not 0 <= self.port <= 65535:
-            raise InvalidOptions(f"port must be 0 to 65535 (got {self.port})", "port")
-        check_seconds("adapter_timeout", self.adapter_timeout)
-        check_seconds("cert_reload_interval", self.cert_reload_interval)
-        check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
-        check_count("max_body_bytes", self.max_body_bytes)
-        check_count("backlog", self.backlog)
 
 
 Observer = Callable[[AdmissionDecision], None]

@@ -16,9 +16,8 @@ import pytest
 from resourceconsist import cli
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.kube import KubeClient
-from resourceconsist.leaderelection import LeaderElectionOptions
-from resourceconsist.manager import Manager, ManagerOptions
-from resourceconsist.orphans import GarbageOptions
+from resourceconsist.manager import Manager
+from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
 from resourceconsist.webhook import BootstrapOptions, ConnectionLimits, WebhookOptions
 
 # -- validation ------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from resourceconsist import lifecycle
-from resourceconsist.orphans import GarbageOptions
+from resourceconsist.options import GarbageOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 

@@ -31,7 +31,8 @@ from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
 from resourceconsist.webhook.admission import spec_mutation
-from resourceconsist.webhook.server import AdmissionDecision, WebhookOptions, WebhookServer
+from resourceconsist.webhook.options import WebhookOptions
+from resourceconsist.webhook.server import AdmissionDecision, WebhookServer
 from resourceconsist.wire import GateReason
 
 #: Kubernetes' qualified name: an optional DNS-subdomain prefix, ``/``, a name of <= 63 characters.

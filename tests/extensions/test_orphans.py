@@ -25,7 +25,8 @@ from resourceconsist.controller import Controller
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
-from resourceconsist.orphans import COLLECTED_REASON, GarbageOptions, GarbageReport
+from resourceconsist.options import GarbageOptions
+from resourceconsist.orphans import COLLECTED_REASON, GarbageReport
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 

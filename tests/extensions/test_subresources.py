@@ -20,7 +20,7 @@ from resourceconsist.adapter import ReconcileContext
 from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.manager import Manager
-from resourceconsist.orphans import GarbageOptions
+from resourceconsist.options import GarbageOptions
 from resourceconsist.subresources import (
     OWNER_ANNOTATION,
     OWNER_CONTROLLER_LABEL,

@@ -13,8 +13,8 @@ import pytest
 
 from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.leaderelection import LeaderElectionOptions
 from resourceconsist.manager import Manager
+from resourceconsist.options import LeaderElectionOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for
 
 _CLI = (sys.executable, "-m", "resourceconsist")
