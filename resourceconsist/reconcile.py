@@ -31,7 +31,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.adapter import (
@@ -162,6 +162,8 @@ class Reconciler:
         self.employee_resource = employee_resource
         self.clusters = clusters if clusters is not None else {}
         self.name = adapter.get_controller_name()
+        # A runtime-checkable protocol's isinstance walks its members: once here, not per pod.
+        self._multi_cluster = isinstance(adapter, MultiClusterOptions)
         #: Per employer key: registrations the provider held without their pod's guard, as the
         #: last pass found them (the invariant, live: it should read 0; docs/concepts.md).
         self.unguarded: dict[str, int] = {}
@@ -216,9 +218,13 @@ class Reconciler:
             return selected
         return p.selected
 
+    def _in_members(self) -> bool:
+        """Pod employees live in member clusters (named ``pod#cluster``)."""
+        return self._multi_cluster and not cast(MultiClusterOptions, self.adapter).employee_fed()
+
     def _locate(self, employee_name: str) -> PodLocation:
         """Where a pod employee lives: ``pod#cluster`` in a member cluster, else the main one."""
-        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+        if self._in_members():
             pod, sep, cluster = employee_name.rpartition(wire.MULTI_CLUSTER_SEPARATOR)
             if not sep or not pod:
                 raise ValueError(f"employee name {employee_name!r} is not <pod>#<cluster>")
@@ -566,7 +572,7 @@ class Reconciler:
 
     def _locate_is_main(self) -> bool:
         """Pod employees live in the main cluster."""
-        return not (isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed())
+        return not self._in_members()
 
     @staticmethod
     def _holds_entry(pod: KubeObject, key: str) -> bool:
@@ -590,7 +596,7 @@ class Reconciler:
         lifecycle finalizer: an index lookup, not a scan."""
         namespace = str(p.employer["metadata"].get("namespace") or "")
         wanted = (p.guard_finalizer, p.lifecycle_finalizer)
-        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+        if self._in_members():
             return {
                 f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}"
                 for cluster, (_, reader) in self.clusters.items()
@@ -762,7 +768,7 @@ class Reconciler:
 
         A scan of the namespace's cached pods (in memory): a pod the employer stopped selecting
         keeps its gate, and only such a scan finds it."""
-        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+        if self._in_members():
             return [
                 (f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}", pod)
                 for cluster, (_, reader) in sorted(self.clusters.items())
