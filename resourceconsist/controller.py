@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resourceconsist import errors, handler, kube
+from resourceconsist import errors, handler, kube, wire
 from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
@@ -138,11 +138,23 @@ class Controller:
     # -- watches ------------------------------------------------------------------------------------
 
     def _subscribe(
-        self, informers: InformerFactory, resource: Resource, predicate: Predicate, to_keys: EventHandler
+        self,
+        informers: InformerFactory,
+        resource: Resource,
+        predicate: Predicate,
+        to_keys: EventHandler,
+        *,
+        employees_of: str | None = None,
     ) -> None:
+        """Queue the keys ``to_keys`` maps each event to. ``employees_of``: these are employee
+        events of that cluster ("" for the main one), named to the reconciler so the next pass
+        of each key knows what changed; otherwise employer events, which ask for a full pass
+        (``ReconcileContext.changed``)."""
         # Handlers map events to employer keys, and employers live in the main cluster, so they
         # look up through the main cache even for events from a member cluster.
         reader = self.reader
+        reconciler = self.reconciler
+        suffix = f"{wire.MULTI_CLUSTER_SEPARATOR}{employees_of}" if employees_of else ""
 
         def on_event(event: WatchEvent) -> None:
             if self.queue.shutting_down:
@@ -154,6 +166,13 @@ class Controller:
             except Exception:
                 log.exception("%s: event handler failed on %s", self.name, kube.object_key(event.obj))
                 return
+            if employees_of is None:
+                for key in keys:
+                    reconciler.employer_changed(key)
+            elif keys:
+                name = f"{event.obj.get('metadata', {}).get('name', '')}{suffix}"
+                for key in keys:
+                    reconciler.employee_changed(key, name)
             for key in keys:
                 self.queue.add(key)
 
@@ -165,7 +184,11 @@ class Controller:
         self._clusters[name] = (client, informers.reader())
         if self.employees_in_members and self._workers:
             self._subscribe(
-                informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                informers,
+                self.spec.employee,
+                self.spec.employee_predicate,
+                self.spec.employee_handler,
+                employees_of=name,
             )
 
     def remove_member_cluster(self, name: str) -> None:
@@ -191,13 +214,21 @@ class Controller:
             self.informers, self.spec.employer, self.spec.employer_predicate, self.spec.employer_handler
         )
         if self.employees_in_members:
-            for _, informers in self.member_clusters.values():
+            for cluster, (_, informers) in self.member_clusters.items():
                 self._subscribe(
-                    informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                    informers,
+                    self.spec.employee,
+                    self.spec.employee_predicate,
+                    self.spec.employee_handler,
+                    employees_of=cluster,
                 )
         else:
             self._subscribe(
-                self.informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                self.informers,
+                self.spec.employee,
+                self.spec.employee_predicate,
+                self.spec.employee_handler,
+                employees_of="",
             )
         await self.informers.wait_synced()
         self.subscribers.start()

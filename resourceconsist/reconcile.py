@@ -28,6 +28,7 @@ import asyncio
 import datetime
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -58,6 +59,9 @@ from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: The default of ``Reconciler.full_pass_every``: an employer's memo is rebuilt at least this often.
+DEFAULT_FULL_PASS_EVERY = 300.0
 
 
 @dataclass
@@ -169,6 +173,14 @@ class Reconciler:
         self.unguarded: dict[str, int] = {}
         #: Per employer key: the adapter's ``ReconcileContext.memo``, dropped with the employer.
         self.memos: dict[str, dict[str, Any]] = {}
+        #: Seconds after which an employer's next pass is a full one whatever changed
+        #: (``ReconcileContext.changed`` None; docs/concepts.md, "Work proportional to change").
+        self.full_pass_every: float = DEFAULT_FULL_PASS_EVERY
+        #: Per employer key: employee names whose events arrived since its last pass began;
+        #: None when the next pass must be a full one.
+        self._changes: dict[str, set[str] | None] = {}
+        #: Per employer key: when its last completed full pass began (monotonic seconds).
+        self._full_pass_at: dict[str, float] = {}
         #: Whether the main cluster's API server is known to be unreachable (set by the controller).
         self.api_down: Callable[[], bool] = lambda: False
         #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
@@ -234,6 +246,30 @@ class Reconciler:
             return PodLocation(client, reader, pod)
         return PodLocation(self.client, self.reader, employee_name)
 
+    # -- what changed since an employer's last pass (docs/concepts.md, "Work proportional to change") --
+
+    def employee_changed(self, key: str, name: str) -> None:
+        """An event of employee ``name`` (``pod`` or ``pod#cluster``) woke employer ``key``."""
+        pending = self._changes.setdefault(key, set())
+        if pending is not None:
+            pending.add(name)
+
+    def employer_changed(self, key: str) -> None:
+        """The employer itself changed (or anything the frame cannot name): a full pass next."""
+        self._changes[key] = None
+
+    def _take_changes(self, key: str) -> frozenset[str] | None:
+        """What the pass starting now tells the adapter in ``ReconcileContext.changed``."""
+        pending = self._changes.pop(key, set())
+        last_full = self._full_pass_at.get(key)
+        if pending is None or last_full is None or time.monotonic() - last_full >= self.full_pass_every:
+            return None
+        return frozenset(pending)
+
+    def _forget_changes(self, key: str) -> None:
+        self._changes.pop(key, None)
+        self._full_pass_at.pop(key, None)
+
     def context(self, key: str) -> ReconcileContext:
         return ReconcileContext(
             reader=self.reader,
@@ -266,6 +302,7 @@ class Reconciler:
         employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
             self.memos.pop(key, None)
+            self._forget_changes(key)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
             if self.employees_are_pods:
@@ -297,10 +334,15 @@ class Reconciler:
             p.lifecycle_finalizer = entry.lifecycle_finalizer
             p.guard_finalizer = entry.guard_finalizer
         p.stand_in = stand_in is not None
+        began = time.monotonic()
+        if not p.stand_in:
+            p.ctx.changed = self._take_changes(key)
+        completed = False
         try:
             if await self._ensure_clean_finalizer(p):
                 return Result()
             result = await self._steps(p)
+            completed = not (p.employer_results.any_failed or p.employee_results.any_failed)
         except BaseException as err:
             if not isinstance(err, asyncio.CancelledError):
                 self._tell(key, "", "employer_failing")
@@ -316,9 +358,17 @@ class Reconciler:
                         f"record error conditions failed: {record_err}",
                     )
             raise
+        finally:
+            if not p.stand_in:
+                if not completed:
+                    # Whatever the adapter kept from this pass may be wrong: rebuild it next time.
+                    self.employer_changed(key)
+                elif p.ctx.changed is None:
+                    self._full_pass_at[key] = began
         result.collected = p.collected
         if p.collected:
             self.memos.pop(key, None)
+            self._forget_changes(key)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
         if not p.deleting and result.requeue_after is None:
