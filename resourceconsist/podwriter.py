@@ -27,8 +27,8 @@ from resourceconsist.kube import KubeObject
 
 log = logging.getLogger(__name__)
 
-#: Pod writes in flight per flush: the API server takes ~16 concurrent PATCHes before one more
-#: stops adding throughput (the 1000-pod ramp of docs/concepts.md, "Cost").
+#: Pod writes in flight per flush: about what one API server takes before more concurrency stops
+#: adding throughput (docs/concepts.md, "Work proportional to change").
 PARALLEL_WRITES = 16
 
 
