@@ -360,6 +360,8 @@ class InformerFactory:
         #: Watch only this namespace (namespaced kinds); None watches all.
         self.namespace = namespace
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
+        self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
@@ -407,6 +409,7 @@ class InformerFactory:
         with self._lock:
             informers = list(self._informers.values())
             self._informers.clear()
+            self.generation += 1
         for informer in informers:
             informer.signal_stop()
         deadline = time.monotonic() + timeout
@@ -440,14 +443,21 @@ class CacheReader:
 
     def __init__(self, factory: InformerFactory) -> None:
         self._factory = factory
+        self._synced: dict[Resource, tuple[int, Store]] = {}
 
     @property
     def client(self) -> KubeClient:
         return self._factory.client
 
     def _store(self, resource: Resource) -> Store:
+        synced = self._synced.get(resource)
+        if synced is not None and synced[0] == self._factory.generation:
+            return synced[1]
         informer = self._factory.informer(resource)
         if informer.has_synced:
+            # Every read of a pass goes through here: after the first sync, one dict lookup
+            # (until the factory stops its informers).
+            self._synced[resource] = (self._factory.generation, informer.store)
             return informer.store
         if _on_event_loop():
             # Waiting here would block the loop (resourceconsist.cancellation: nothing on the loop

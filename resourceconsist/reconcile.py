@@ -534,7 +534,8 @@ class Reconciler:
                 p.expected_removes = set(recorded) - set(selected)
                 # The record names pods, not pod instances: a pod re-created under a recorded
                 # name lacks the entry, and the record alone would never give it back.
-                p.expected_adds = {n for n in selected if n not in recorded or not self._has_entry(p, n)}
+                known = set(recorded)
+                p.expected_adds = {n for n in selected if n not in known or not self._has_entry(p, n)}
         elif p.deleting:
             p.expected_removes = set(selected)
         else:
