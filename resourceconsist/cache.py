@@ -74,6 +74,16 @@ def index_by_service_selector(obj: KubeObject) -> list[str]:
     return [f"{_ns(obj)}/{key}={value}"]
 
 
+def trim(obj: KubeObject) -> KubeObject:
+    """The object as the caches keep it: without ``metadata.managedFields`` (server-side apply's
+    bookkeeping, often half a small pod's bytes), which nothing here or in an adapter reads
+    (controller-runtime's transform functions drop it the same way). Changes ``obj`` in place."""
+    meta = obj.get("metadata")
+    if meta is not None:
+        meta.pop("managedFields", None)
+    return obj
+
+
 class Store:
     """A thread-safe map of ``namespace/name`` to object with secondary indexes."""
 
@@ -283,6 +293,7 @@ class Informer:
             if not token:
                 break
         for item in items:
+            trim(item)
             # LIST items carry no kind/apiVersion; handlers and adapters expect them.
             item.setdefault("kind", self.resource.kind)
             item.setdefault("apiVersion", self.resource.api_version)
@@ -338,6 +349,7 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
+                trim(obj)
                 if kind == "DELETED":
                     old = self.store.delete(obj)
                     self._emit(WatchEvent("DELETED", obj, old))

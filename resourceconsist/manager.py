@@ -13,8 +13,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
@@ -27,6 +26,10 @@ from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.orphans import GarbageConfig
 from resourceconsist.subscribers import LifecycleSubscriber
+
+if TYPE_CHECKING:
+    # Imported where the health endpoints start: a run without them never loads aiohttp.
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +161,8 @@ class Manager:
         self.informers.start(loop)
         self.clusters.bind(loop)
         if self.health_address is not None:
+            from aiohttp import web
+
             self._health = web.AppRunner(health_app(self.metrics, self.ready), access_log=None)
             await self._health.setup()
             site = web.TCPSite(self._health, *self.health_address)
