@@ -155,6 +155,8 @@ class Controller:
         reader = self.reader
         reconciler = self.reconciler
         suffix = f"{wire.MULTI_CLUSTER_SEPARATOR}{employees_of}" if employees_of else ""
+        # The cache this cluster's pod writes are checked against (podwriter.RecentWrites).
+        written_in = self._clusters[employees_of][1] if employees_of else self.reader
 
         def on_event(event: WatchEvent) -> None:
             if self.queue.shutting_down:
@@ -170,9 +172,14 @@ class Controller:
                 for key in keys:
                     reconciler.employer_changed(key)
             elif keys:
-                name = f"{event.obj.get('metadata', {}).get('name', '')}{suffix}"
+                meta = event.obj.get("metadata", {})
+                name = f"{meta.get('name', '')}{suffix}"
                 for key in keys:
                     reconciler.employee_changed(key, name)
+                if resource == kube.POD:
+                    reconciler.recent.settle(
+                        written_in, str(meta.get("namespace") or ""), meta.get("name", "")
+                    )
             for key in keys:
                 self.queue.add(key)
 

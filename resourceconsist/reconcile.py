@@ -54,7 +54,7 @@ from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
-from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult
+from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult, RecentWrites
 from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__name__)
@@ -189,6 +189,8 @@ class Reconciler:
         #: must not block (docs/lifecycle-hooks.md, "Subscribers"). Each is told once per change.
         self.notify: Callable[[str, str, str], None] = lambda what, key, pod: None
         self._told: dict[tuple[str, str], str] = {}
+        #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
+        self.recent = RecentWrites()
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -324,7 +326,7 @@ class Reconciler:
         p = _Pass(
             employer=employer,
             ctx=self.context(key),
-            writer=PodWriter(namespace, self._locate, entry),
+            writer=PodWriter(namespace, self._locate, entry, self.recent),
             key=key,
             deleting=lifecycle.is_deleting(employer),
             follows_lifecycle=follows,
@@ -619,7 +621,7 @@ class Reconciler:
 
     def _pod(self, name: str, namespace: str) -> KubeObject | None:
         where = self._locate(name)
-        return where.reader.get(kube.POD, namespace, where.name)
+        return self.recent.get(where.reader, namespace, where.name)
 
     def _locate_is_main(self) -> bool:
         """Pod employees live in the main cluster."""
