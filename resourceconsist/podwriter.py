@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 #: Pod writes in flight per flush: about what one API server takes before more concurrency stops
 #: adding throughput (docs/concepts.md, "Work proportional to change").
-PARALLEL_WRITES = 16
+PARALLEL_WRITES = 32
 #: Written pods ``RecentWrites`` keeps at most (an entry goes once the cache catches up).
 _RECENT_LIMIT = 50_000
 
