@@ -193,6 +193,10 @@ class PodWriter:
         self.remove_finalizer(name, off)
         self._intent(name).keep_guarded = True
 
+    def planned(self, name: str) -> bool:
+        """Whether anything is planned for the pod."""
+        return name in self._intents
+
     @property
     def pending(self) -> bool:
         return bool(self._intents)

@@ -752,14 +752,31 @@ class Reconciler:
         p.verdicts = verdicts
         for name, verdict in sorted(verdicts.items()):
             if verdict is _Verdict.SERVED:
-                p.writer.swap(name, to_lifecycle=True)
+                if not self._swapped(p, name, p.lifecycle_finalizer, p.guard_finalizer):
+                    p.writer.swap(name, to_lifecycle=True)
             elif verdict is _Verdict.ROUTING:
-                p.writer.swap(name, to_lifecycle=False)
+                if not self._swapped(p, name, p.guard_finalizer, p.lifecycle_finalizer):
+                    p.writer.swap(name, to_lifecycle=False)
             elif verdict is _Verdict.IDLE and name in p.carriers:
                 p.writer.remove_finalizer(name, p.lifecycle_finalizer)
                 p.writer.remove_finalizer(name, p.guard_finalizer)
         if self._records_lifecycle_finalizers():
             p.lifecycle_record = True
+
+    def _swapped(self, p: _Pass, name: str, on: str, off: str) -> bool:
+        """The pod already holds ``on`` without ``off`` (and the entry the lifecycle finalizer
+        needs), and nothing else is planned for it: the swap would write nothing, so it is not
+        planned (a steady pass over 1000 served pods plans nothing). Anything unusual (a
+        deleting or uncached pod, a malformed annotation) goes through the writer as before."""
+        if p.writer.planned(name):
+            return False
+        pod = self._pod(name, p.writer.namespace)
+        if pod is None or lifecycle.is_deleting(pod):
+            return False
+        held = lifecycle.get_finalizers(pod)
+        if on not in held or off in held:
+            return False
+        return on != p.lifecycle_finalizer or self._holds_entry(pod, p.expected_key)
 
     # -- pod writes and the employer's record annotations ---------------------------------------------------
 
