@@ -168,6 +168,7 @@ class Controller:
             except Exception:
                 log.exception("%s: event handler failed on %s", self.name, kube.object_key(event.obj))
                 return
+            # What changed is noted before the keys are queued: a pass that starts at once sees it.
             if employees_of is None:
                 for key in keys:
                     reconciler.employer_changed(key)
@@ -176,12 +177,16 @@ class Controller:
                 name = f"{meta.get('name', '')}{suffix}"
                 for key in keys:
                     reconciler.employee_changed(key, name)
-                if resource == kube.POD:
+            for key in keys:
+                self.queue.add(key)
+            if employees_of is not None and resource == kube.POD:
+                meta = event.obj.get("metadata", {})
+                try:
                     reconciler.recent.settle(
                         written_in, str(meta.get("namespace") or ""), meta.get("name", "")
                     )
-            for key in keys:
-                self.queue.add(key)
+                except Exception:  # only a shortcut: the next pass reads the cache regardless
+                    log.debug("%s: settling %s failed", self.name, kube.object_key(event.obj), exc_info=True)
 
         self._unsubscribe.append(informers.informer(resource).add_handler(on_event))
 
