@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test bench chaos lint typecheck docs check clean
+.PHONY: setup demo test test-unit bench chaos lint typecheck docs check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,11 @@ demo: setup
 
 test: setup
 	$(BIN)/pytest
+
+# The fast part alone: every test that needs no kube-apiserver + etcd (tests/conftest.py marks
+# the others `controlplane`); `pytest tests/<area>` runs one area (README, "Tests").
+test-unit: setup
+	$(BIN)/pytest -m "not controlplane"
 
 bench: setup
 	$(BIN)/python bench/bench_frame.py

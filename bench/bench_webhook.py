@@ -64,17 +64,13 @@ def _raise_fd_limit() -> None:
 async def _serve(cert_dir: Path) -> None:
     from resourceconsist.cache import InformerFactory
     from resourceconsist.kube import KubeClient
-    from resourceconsist.webhook import WebhookServer
+    from resourceconsist.webhook import WebhookOptions, WebhookServer
 
     server = WebhookServer(
         [],
+        WebhookOptions(host="127.0.0.1", port=0, cert_dir=cert_dir, bootstrap=None, limits=LIMITS),
         # No adapters, so the informers are never started and the client never used.
         informers=InformerFactory(KubeClient(None)),
-        cert_file=cert_dir / "tls.crt",
-        key_file=cert_dir / "tls.key",
-        host="127.0.0.1",
-        port=0,
-        limits=LIMITS,
     )
     await server.start()
     loop = asyncio.get_running_loop()

@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
 from resourceconsist.registry import AdapterRegistry
 
 if TYPE_CHECKING:
+    from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.controller import Controller
     from resourceconsist.manager import Manager
 

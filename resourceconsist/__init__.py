@@ -4,6 +4,9 @@ The public API, importable from the package itself::
 
     from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
 
+A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions`` and
+``GarbageOptions``); the webhook's are ``resourceconsist.webhook.WebhookOptions``.
+
 Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
 not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for the testing kit,
 ``resourceconsist.wire`` for the wire contract: docs/wire-contract.md).
@@ -11,8 +14,9 @@ not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for th
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from resourceconsist.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import (
@@ -38,11 +42,10 @@ if TYPE_CHECKING:
     )
     from resourceconsist.cache import CacheReader, WatchEvent
     from resourceconsist.controller import Controller
-    from resourceconsist.errors import PermanentError, ResourceConsistError, RetryAfter
+    from resourceconsist.errors import InvalidOptions, PermanentError, ResourceConsistError, RetryAfter
     from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
-    from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable, add_to_manager
-    from resourceconsist.orphans import GarbageConfig
+    from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerKeywords, ManagerOptions
     from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
 #: Each public name and the module that holds it.
@@ -73,14 +76,18 @@ _HOMES: dict[str, str] = {
     ),
     **dict.fromkeys(("CacheReader", "WatchEvent"), "resourceconsist.cache"),
     "Controller": "resourceconsist.controller",
-    **dict.fromkeys(("PermanentError", "ResourceConsistError", "RetryAfter"), "resourceconsist.errors"),
+    **dict.fromkeys(
+        ("InvalidOptions", "PermanentError", "ResourceConsistError", "RetryAfter"), "resourceconsist.errors"
+    ),
     **dict.fromkeys(
         ("ApiError", "Conflict", "Gone", "KubeClient", "KubeObject", "NotFound", "Resource"),
         "resourceconsist.kube",
     ),
-    "LeaderElectionConfig": "resourceconsist.leaderelection",
     **dict.fromkeys(("Manager", "Runnable", "add_to_manager"), "resourceconsist.manager"),
-    "GarbageConfig": "resourceconsist.orphans",
+    **dict.fromkeys(
+        ("GarbageOptions", "LeaderElectionOptions", "ManagerKeywords", "ManagerOptions"),
+        "resourceconsist.options",
+    ),
     **dict.fromkeys(("LifecycleEvent", "LifecycleSubscriber"), "resourceconsist.subscribers"),
 }
 
@@ -94,14 +101,17 @@ __all__ = [
     "Employer",
     "EmployerRequeueOptions",
     "ExpectedFinalizerRecordOptions",
-    "GarbageConfig",
+    "GarbageOptions",
     "Gone",
+    "InvalidOptions",
     "KubeClient",
     "KubeObject",
-    "LeaderElectionConfig",
+    "LeaderElectionOptions",
     "LifecycleEvent",
     "LifecycleSubscriber",
     "Manager",
+    "ManagerKeywords",
+    "ManagerOptions",
     "MultiClusterOptions",
     "NotFound",
     "OrphanCollectOptions",
@@ -127,14 +137,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'resourceconsist' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

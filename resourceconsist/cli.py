@@ -11,28 +11,29 @@ Bad input exits non-zero with a message that says what is wrong and what to do.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import dataclasses
 import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import urlsplit
 
 import click
 
-from resourceconsist import leaderelection
-from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combined
+from resourceconsist.errors import InvalidOptions
+from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
+# Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
+# Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.kube import KubeClient
-    from resourceconsist.leaderelection import LeaderElectionConfig
     from resourceconsist.manager import Manager, Runnable
-    from resourceconsist.orphans import GarbageConfig
+    from resourceconsist.registry import AdapterRegistry
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,6 +42,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _all_adapters() -> AdapterRegistry:
     from resourceconsist.adapters import registry as builtin
     from resourceconsist.experimental import registry as experimental
+    from resourceconsist.registry import combined
 
     return combined(builtin, experimental)
 
@@ -81,6 +83,8 @@ def main(log_level: str) -> None:
 )
 def demo(step_timeout: float, pace: float | None, rollout: bool, latency: float) -> None:
     """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
+    import asyncio
+
     from resourceconsist.showcase import run_demo
     from resourceconsist.testing import ControlPlaneBinariesMissing
 
@@ -96,29 +100,36 @@ def explain() -> None:
     """Why a pod is not Ready or cannot be deleted, why an employer has not converged (docs/explain.md)."""
 
 
-def _explain_options(fn: F) -> F:
-    options = [
-        click.option(
-            "--adapter",
-            "adapter_names",
-            multiple=True,
-            help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
-        ),
-        click.option(
-            "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
-        ),
-        click.option(
-            "--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def _flag_group(*flags: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator for several ``click.option`` decorators, in the order given."""
+
+    def decorate(fn: F) -> F:
+        for flag in reversed(flags):
+            fn = flag(fn)
+        return fn
+
+    return decorate
+
+
+_explain_options = _flag_group(
+    click.option(
+        "--adapter",
+        "adapter_names",
+        multiple=True,
+        help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
+    ),
+    click.option(
+        "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
+    ),
+    click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True),
+)
 
 
 def _explain(
     kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
 ) -> None:
+    import asyncio
+
     from resourceconsist.explain import ExplainError, run_explain, split_ref
     from resourceconsist.kube import ApiError, is_unreachable
 
@@ -196,31 +207,39 @@ class _HostPort(click.ParamType):  # type: ignore[type-arg]
         return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def _check_webhook_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    if value is None:
-        return None
-    parts = urlsplit(value)
-    if parts.scheme != "https" or not parts.hostname:
-        raise click.BadParameter(
-            f"{value!r} is not an https:// URL with a host; give e.g. https://127.0.0.1:9443", ctx, param
-        )
-    return value
+def _default(options: type[Any], name: str) -> Any:
+    """The default of field ``name`` of an options dataclass: the flags take their defaults from
+    the options (and ``--help`` shows them), so each default lives in one place."""
+    (found,) = [f for f in dataclasses.fields(options) if f.name == name]
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
 
 
-def _webhook_settings(
-    port: int,
-    host: str | None,
-    cert_dir: str,
-    service: str,
-    bootstrap: bool,
-    cert_hosts: tuple[str, ...],
-    url: str | None,
-) -> _WebhookSettings:
-    if url is not None and not bootstrap:
-        raise click.UsageError(
-            "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
-        )
-    return _WebhookSettings(port, host, cert_dir, service, bootstrap, tuple(cert_hosts), url)
+#: The flag that sets each options field, ``(options class, field): flag``; ``_field_flag`` fills it.
+_FLAG_OF: dict[tuple[type[Any], str], str] = {}
+
+
+def _field_flag(
+    flag: str, options: type[Any], name: str, text: str, *names: str, **more: Any
+) -> Callable[[F], F]:
+    """The flag (help ``text``, parameter ``names``) that sets field ``name`` of ``options``;
+    its default is the field's, which ``--help`` shows, unless ``more`` gives another."""
+    _FLAG_OF[options, name] = flag
+    more.setdefault("default", _default(options, name))
+    more.setdefault("show_default", more["default"] is not None)
+    return click.option(flag, *names, help=text, **more)
+
+
+@contextlib.contextmanager
+def _flags(*options: type[Any]) -> Iterator[None]:
+    """Building ``options`` inside: an ``InvalidOptions`` becomes a usage error (exit code 2) that
+    names the flags of the fields at fault."""
+    try:
+        yield
+    except InvalidOptions as err:
+        flags = [_FLAG_OF[o, f] for f in err.fields for o in options if (o, f) in _FLAG_OF]
+        raise click.UsageError(f"{err}; adjust {'/'.join(flags)}" if flags else str(err)) from err
 
 
 def _kube_client(kubeconfig: str | None) -> KubeClient:
@@ -279,15 +298,14 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
         ) from err
 
 
-def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings) -> None:
+def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) -> None:
     """What the webhook needs before it starts: the namespace of its certificate Secret (when
     it bootstraps), or the certificate files (when it does not)."""
     from resourceconsist import kube, wire
-    from resourceconsist.webhook import webhook_namespace
     from resourceconsist.webhook.bootstrap import TLS_CERT_FILE, TLS_KEY_FILE
 
-    if not settings.bootstrap:
-        cert_dir = Path(settings.cert_dir)
+    if options.bootstrap is None:
+        cert_dir = options.cert_dir
         missing = [name for name in (TLS_CERT_FILE, TLS_KEY_FILE) if not (cert_dir / name).is_file()]
         if missing:
             raise click.UsageError(
@@ -295,7 +313,7 @@ def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings)
                 "certificate there (--cert-dir), or drop --no-bootstrap-certs to make one"
             )
         return
-    namespace = webhook_namespace()
+    namespace = kube.pod_namespace(options.bootstrap.namespace)
     try:
         client.get(kube.NAMESPACE, None, namespace)
     except kube.NotFound as err:
@@ -306,207 +324,186 @@ def _check_webhook_prerequisites(client: KubeClient, settings: _WebhookSettings)
         ) from err
 
 
-def _webhook_options(fn: F) -> F:
-    """Options shared by ``run --webhook`` and ``webhook``."""
-    options = [
-        click.option(
-            "--webhook-port", default=9443, show_default=True, help="HTTPS port of the admission webhook."
-        ),
-        click.option("--webhook-host", default=None, help="Address to bind (default: all)."),
-        click.option(
-            "--cert-dir",
-            default="/tmp/k8s-webhook-server/serving-certs",
-            show_default=True,
-            help="Where tls.crt/tls.key are written (bootstrap) or read.",
-        ),
-        click.option(
-            "--webhook-service",
-            default="resourceconsist-manager",
-            show_default=True,
-            help="Service fronting the webhook.",
-        ),
-        click.option(
-            "--bootstrap-certs/--no-bootstrap-certs",
-            default=True,
-            show_default=True,
-            help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
-        ),
-        click.option(
-            "--webhook-cert-host",
-            "webhook_cert_hosts",
-            multiple=True,
-            help="Extra DNS name or IP for the bootstrapped certificate (repeatable).",
-        ),
-        click.option(
-            "--webhook-url",
-            default=None,
-            callback=_check_webhook_url,
-            help="Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
-            "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+#: Flags shared by ``run --webhook`` and ``webhook``: ``WebhookOptions`` and its
+#: ``BootstrapOptions`` (docs/reference/options.md).
+_webhook_flags = _flag_group(
+    _field_flag("--webhook-port", WebhookOptions, "port", "HTTPS port of the admission webhook."),
+    _field_flag("--webhook-host", WebhookOptions, "host", "Address to bind (default: all)."),
+    _field_flag(
+        "--cert-dir", WebhookOptions, "cert_dir", "Where tls.crt/tls.key are written (bootstrap) or read."
+    ),
+    _field_flag("--webhook-service", BootstrapOptions, "service_name", "Service fronting the webhook."),
+    click.option(
+        "--bootstrap-certs/--no-bootstrap-certs",
+        default=_default(WebhookOptions, "bootstrap") is not None,
+        show_default=True,
+        help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
+    ),
+    _field_flag(
+        "--webhook-cert-host",
+        BootstrapOptions,
+        "extra_hosts",
+        "Extra DNS name or IP for the bootstrapped certificate (repeatable).",
+        "webhook_cert_hosts",
+        multiple=True,
+        show_default=False,
+    ),
+    _field_flag(
+        "--webhook-url",
+        BootstrapOptions,
+        "webhook_url",
+        "Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
+        "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
+    ),
+)
 
 
-def _leader_timing_options(fn: F) -> F:
-    """``run``'s leader-election timings (docs/concepts.md, "Leader election timings")."""
-    options = [
-        click.option(
-            "--lease-duration",
-            default=leaderelection.DEFAULT_LEASE_DURATION,
-            show_default=True,
-            help="Seconds a standby waits after the leader's last renewal before taking over.",
-        ),
-        click.option(
-            "--renew-deadline",
-            default=leaderelection.DEFAULT_RENEW_DEADLINE,
-            show_default=True,
-            help="Seconds the leader tries to renew before stepping down (< --lease-duration).",
-        ),
-        click.option(
-            "--retry-period",
-            default=leaderelection.DEFAULT_RETRY_PERIOD,
-            show_default=True,
-            help="Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
+    """The ``WebhookOptions`` the parsed webhook flags say (``_webhook_flags``)."""
+    url, bootstrap = flags["webhook_url"], flags["bootstrap_certs"]
+    if url is not None and not bootstrap:
+        raise click.UsageError(
+            "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
+        )
+    with _flags(WebhookOptions, BootstrapOptions):
+        return WebhookOptions(
+            host=flags["webhook_host"],
+            port=flags["webhook_port"],
+            cert_dir=Path(flags["cert_dir"]),
+            bootstrap=BootstrapOptions(
+                service_name=flags["webhook_service"],
+                extra_hosts=flags["webhook_cert_hosts"],
+                webhook_url=url,
+            )
+            if bootstrap
+            else None,
+        )
 
 
-@dataclass(frozen=True)
-class _WebhookSettings:
-    port: int
-    host: str | None
-    cert_dir: str
-    service: str
-    bootstrap: bool
-    cert_hosts: tuple[str, ...] = ()
-    url: str | None = None
+#: ``run``'s ``LeaderElectionOptions`` (docs/concepts.md, "Leader election timings").
+_leader_election_flags = _flag_group(
+    click.option(
+        "--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease."
+    ),
+    _field_flag(
+        "--leader-election-namespace",
+        LeaderElectionOptions,
+        "namespace",
+        "Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
+    ),
+    _field_flag("--leader-election-id", LeaderElectionOptions, "name", "Name of the Lease."),
+    _field_flag(
+        "--lease-duration",
+        LeaderElectionOptions,
+        "lease_duration",
+        "Seconds a standby waits after the leader's last renewal before taking over.",
+    ),
+    _field_flag(
+        "--renew-deadline",
+        LeaderElectionOptions,
+        "renew_deadline",
+        "Seconds the leader tries to renew before stepping down (< --lease-duration).",
+    ),
+    _field_flag(
+        "--retry-period",
+        LeaderElectionOptions,
+        "retry_period",
+        "Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
+    ),
+)
+
+
+#: The CLI serves health and metrics by default (the manifests probe it); a ``Manager`` built in
+#: Python does not (``ManagerOptions.health_address`` is None).
+_HEALTH_ADDRESS = "0.0.0.0:8081"
+
+
+#: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
+_manager_flags = _flag_group(
+    _field_flag("--namespace", ManagerOptions, "namespace", "Watch only this namespace (default: all)."),
+    _field_flag(
+        "--health-address",
+        ManagerOptions,
+        "health_address",
+        "host:port of /healthz /readyz /metrics.",
+        default=_HEALTH_ADDRESS,
+        type=_HostPort(),
+    ),
+    _field_flag(
+        "--resync-seconds",
+        ManagerOptions,
+        "resync_period",
+        "Seconds between full resyncs of the caches (0: off).",
+        type=float,
+        show_default="off",
+    ),
+    _field_flag(
+        "--shutdown-timeout",
+        ManagerOptions,
+        "shutdown_timeout",
+        "Seconds in-flight reconciles get on shutdown.",
+    ),
+    _field_flag(
+        "--garbage-interval",
+        GarbageOptions,
+        "interval",
+        "Seconds between passes collecting provider items whose employer is gone "
+        "(docs/lifecycle-hooks.md); 0: at start-up only.",
+    ),
+    click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items."),
+    click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect."),
+)
+
+
+def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags`` and
+    ``_leader_election_flags``)."""
+    if flags["garbage_interval"] < 0:
+        raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
+    election = None
+    if flags["leader_elect"]:
+        with _flags(LeaderElectionOptions):
+            election = LeaderElectionOptions(
+                name=flags["leader_election_id"],
+                namespace=flags["leader_election_namespace"],
+                lease_duration=flags["lease_duration"],
+                renew_deadline=flags["renew_deadline"],
+                retry_period=flags["retry_period"],
+            )
+    with _flags(ManagerOptions, GarbageOptions):
+        return ManagerOptions(
+            namespace=flags["namespace"],
+            resync_period=flags["resync_seconds"] or None,
+            health_address=flags["health_address"],
+            shutdown_timeout=flags["shutdown_timeout"],
+            leader_election=election,
+            garbage=GarbageOptions(
+                enabled=not flags["no_garbage"],
+                interval=flags["garbage_interval"] or None,
+                dry_run=flags["garbage_dry_run"],
+            ),
+        )
 
 
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
-@click.option("--namespace", default=None, help="Watch only this namespace (default: all).")
-@click.option(
-    "--health-address",
-    default="0.0.0.0:8081",
-    show_default=True,
-    type=_HostPort(),
-    help="host:port of /healthz /readyz /metrics.",
-)
-@click.option("--resync-seconds", default=0.0, show_default=True, help="Periodic full resync (0: off).")
-@click.option(
-    "--shutdown-timeout",
-    default=30.0,
-    show_default=True,
-    help="Seconds in-flight reconciles get on shutdown.",
-)
 @click.option(
     "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
 )
-@click.option("--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease.")
-@click.option(
-    "--leader-election-namespace",
-    default=None,
-    help="Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
-)
-@click.option(
-    "--leader-election-id", default="resourceconsist-manager", show_default=True, help="Name of the Lease."
-)
-@click.option(
-    "--garbage-interval",
-    default=600.0,
-    show_default=True,
-    help="Seconds between passes collecting provider items whose employer is gone "
-    "(docs/lifecycle-hooks.md); 0: at start-up only.",
-)
-@click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items.")
-@click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect.")
-@_leader_timing_options
-@_webhook_options
-def run(
-    adapter_names: Sequence[str],
-    kubeconfig: str | None,
-    namespace: str | None,
-    health_address: tuple[str, int],
-    resync_seconds: float,
-    shutdown_timeout: float,
-    with_webhook: bool,
-    leader_elect: bool,
-    leader_election_namespace: str | None,
-    leader_election_id: str,
-    garbage_interval: float,
-    no_garbage: bool,
-    garbage_dry_run: bool,
-    lease_duration: float,
-    renew_deadline: float,
-    retry_period: float,
-    webhook_port: int,
-    webhook_host: str | None,
-    cert_dir: str,
-    webhook_service: str,
-    bootstrap_certs: bool,
-    webhook_cert_hosts: tuple[str, ...],
-    webhook_url: str | None,
-) -> None:
+@_manager_flags
+@_leader_election_flags
+@_webhook_flags
+def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
+    import asyncio
+
+    manager_options = _manager_options(flags)
+    webhook_options = _webhook_options(flags)
     registry = _all_adapters()
     adapters = _build(registry.controller, adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    settings = _webhook_settings(
-        webhook_port,
-        webhook_host,
-        cert_dir,
-        webhook_service,
-        bootstrap_certs,
-        webhook_cert_hosts,
-        webhook_url,
-    )
-    from resourceconsist.orphans import GarbageConfig
-
-    if garbage_interval < 0:
-        raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
-    garbage = GarbageConfig(
-        enabled=not no_garbage, interval=garbage_interval or None, dry_run=garbage_dry_run
-    )
-    health = health_address
-    election = None
-    if leader_elect:
-        from resourceconsist import wire
-        from resourceconsist.leaderelection import LeaderElectionConfig
-
-        lease_namespace = (
-            leader_election_namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
-        )
-        try:
-            election = LeaderElectionConfig(
-                namespace=lease_namespace,
-                name=leader_election_id,
-                lease_duration=lease_duration,
-                renew_deadline=renew_deadline,
-                retry_period=retry_period,
-            )
-        except ValueError as err:
-            raise click.UsageError(f"{err}; adjust --lease-duration/--renew-deadline/--retry-period") from err
-    asyncio.run(
-        _run(
-            adapters,
-            webhooks,
-            settings,
-            kubeconfig,
-            namespace,
-            health,
-            resync_seconds,
-            shutdown_timeout,
-            election,
-            garbage,
-        )
-    )
+    asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
 
 
 @main.command()
@@ -514,39 +511,25 @@ def run(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
-@_webhook_options
-def webhook(
-    adapter_names: Sequence[str],
-    kubeconfig: str | None,
-    webhook_port: int,
-    webhook_host: str | None,
-    cert_dir: str,
-    webhook_service: str,
-    bootstrap_certs: bool,
-    webhook_cert_hosts: tuple[str, ...],
-    webhook_url: str | None,
-) -> None:
+@_webhook_flags
+def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
 
     Kubeconfig: --kubeconfig, else $KUBECONFIG (it wins over ~/.kube/config), else
     ~/.kube/config, else the in-cluster config when neither exists.
     """
-    registry = _all_adapters()
-    webhooks = _build(registry.webhook, adapter_names)
-    settings = _webhook_settings(
-        webhook_port,
-        webhook_host,
-        cert_dir,
-        webhook_service,
-        bootstrap_certs,
-        webhook_cert_hosts,
-        webhook_url,
-    )
-    asyncio.run(_run([], webhooks, settings, kubeconfig, None, None, 0.0, 30.0, None))
+    import asyncio
+
+    options = _webhook_options(flags)
+    webhooks = _build(_all_adapters().webhook, adapter_names)
+    # The webhook rides on a manager without controllers: its informers, its graceful stop.
+    asyncio.run(_run(kubeconfig, [], webhooks, ManagerOptions(), options))
 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
     """Build every named adapter before starting anything; bad names or settings exit with a message."""
+    from resourceconsist.registry import UnknownAdapterError
+
     try:
         return [factory(name) for name in names]
     except UnknownAdapterError as err:
@@ -557,35 +540,24 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
 
 
 async def _run(
+    kubeconfig: str | None,
     adapters: Sequence[ReconcileAdapter],
     webhooks: Sequence[WebhookAdapter],
-    webhook_settings: _WebhookSettings,
-    kubeconfig: str | None,
-    namespace: str | None,
-    health: tuple[str, int] | None,
-    resync_seconds: float,
-    shutdown_timeout: float,
-    election: LeaderElectionConfig | None,
-    garbage: GarbageConfig | None = None,
+    manager_options: ManagerOptions,
+    webhook_options: WebhookOptions,
 ) -> None:
+    import asyncio
+
     from resourceconsist.manager import Manager
 
     client = _kube_client(kubeconfig)
     if webhooks:
-        _check_webhook_prerequisites(client, webhook_settings)
-    manager = Manager(
-        client,
-        namespace=namespace,
-        resync_period=resync_seconds or None,
-        health_address=health,
-        shutdown_timeout=shutdown_timeout,
-        leader_election=election,
-        garbage=garbage,
-    )
+        _check_webhook_prerequisites(client, webhook_options)
+    manager = Manager(client, manager_options)
     for adapter in adapters:
         await manager.add(adapter)
     if webhooks:
-        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_settings))
+        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -597,29 +569,16 @@ async def _run(
 
 
 def _webhook_runnable(
-    manager: Manager, webhooks: Sequence[WebhookAdapter], settings: _WebhookSettings
+    manager: Manager, webhooks: Sequence[WebhookAdapter], options: WebhookOptions
 ) -> Runnable:
     """The webhook server as a manager runnable sharing the manager's informer caches."""
     from resourceconsist.manager import Runnable
-    from resourceconsist.webhook import serve
+    from resourceconsist.webhook import WebhookServer, serve
 
-    server: list[Any] = []
+    server: list[WebhookServer] = []
 
     async def start() -> None:
-        server.append(
-            await serve(
-                webhooks,
-                client=manager.client,
-                cert_dir=settings.cert_dir,
-                port=settings.port,
-                host=settings.host,
-                bootstrap=settings.bootstrap,
-                service_name=settings.service,
-                informers=manager.informers,
-                extra_hosts=settings.cert_hosts,
-                webhook_url=settings.url,
-            )
-        )
+        server.append(await serve(webhooks, options, client=manager.client, informers=manager.informers))
 
     async def stop() -> None:
         if server:

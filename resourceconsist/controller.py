@@ -29,7 +29,7 @@ from resourceconsist.cancellation import Cancellation, PassCancelled, running_pa
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
-from resourceconsist.orphans import GarbageCollector, GarbageConfig
+from resourceconsist.orphans import GarbageCollector, GarbageOptions
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
@@ -83,7 +83,7 @@ class Controller:
         *,
         member_clusters: dict[str, tuple[KubeClient, InformerFactory]] | None = None,
         metrics: Metrics | None = None,
-        garbage: GarbageConfig | None = None,
+        garbage: GarbageOptions | None = None,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.get_controller_name()
@@ -118,7 +118,7 @@ class Controller:
             self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
         )
         self.reconciler.notify = self.subscribers.publish
-        self.garbage = GarbageCollector(self, garbage or GarbageConfig())
+        self.garbage = GarbageCollector(self, garbage or GarbageOptions())
         self._garbage_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
         #: The cancellations of the passes running now; ``stop`` cancels them.

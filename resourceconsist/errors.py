@@ -13,6 +13,11 @@ Two of them are for adapters, to steer the frame from inside a method (controlle
 Anything else an adapter raises is retried with the controller's backoff, as in the Go frame.
 Whatever error a pass ends with, the guard holds (docs/concepts.md, "The guard"): finalizers are
 only released on what the provider confirmed.
+
+``InvalidOptions`` is what the options objects (``ManagerOptions``, ``LeaderElectionOptions``,
+``GarbageOptions``, ``WebhookOptions``, ``BootstrapOptions``, ``ConnectionLimits``) raise when
+built with a value they cannot work with; it names the fields at fault, so the command line can
+name its flags (docs/reference/options.md).
 """
 
 from __future__ import annotations
@@ -45,3 +50,27 @@ def steering(err: BaseException | None) -> PermanentError | RetryAfter | None:
         seen.add(id(err))
         err = err.__cause__
     return None
+
+
+class InvalidOptions(ResourceConsistError, ValueError):
+    """An options object was given a value it cannot work with; ``fields`` names the fields at
+    fault (e.g. ``("renew_deadline", "lease_duration")``)."""
+
+    def __init__(self, message: str, *fields: str) -> None:
+        super().__init__(message)
+        self.fields = fields
+
+
+def check_seconds(name: str, value: float | None, *, zero: bool = False) -> None:
+    """``InvalidOptions`` unless the duration field ``name`` is above 0 seconds (with ``zero``, 0
+    too); None (the field is off) passes."""
+    if value is None or value > 0 or (zero and value == 0):
+        return
+    least = "0 or more" if zero else "more than 0"
+    raise InvalidOptions(f"{name.replace('_', ' ')} must be {least} seconds (got {value:g})", name)
+
+
+def check_count(name: str, value: int) -> None:
+    """``InvalidOptions`` unless the count field ``name`` is at least 1."""
+    if value < 1:
+        raise InvalidOptions(f"{name.replace('_', ' ')} must be at least 1 (got {value})", name)

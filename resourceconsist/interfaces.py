@@ -3,7 +3,7 @@
 The frame's real implementations are ``cache.CacheReader`` (informer caches), ``kube.KubeClient``
 (the API server) and ``events.EventRecorder``. ``Reconciler`` and ``PodWriter`` take these
 protocols, not the classes, so the step logic can be unit-tested against in-memory fakes
-(tests/test_reconcile_steps.py) beside the real-control-plane tests that claim the end-to-end
+(tests/frame/test_reconcile_steps.py) beside the real-control-plane tests that claim the end-to-end
 behaviour. Adapters get the same three through ``ReconcileContext`` (``reader``, ``writer``,
 ``recorder``).
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections import Counter
@@ -18,6 +19,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
+from resourceconsist import wire
 from resourceconsist.errors import ResourceConsistError
 
 log = logging.getLogger(__name__)
@@ -228,6 +230,12 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
 
+def pod_namespace(namespace: str | None = None) -> str:
+    """``namespace`` if given, else the pod's own (``$POD_NAMESPACE``), else ``resourceconsist``:
+    where the webhook's certificate Secret and the leader-election Lease live by default."""
+    return namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
+
+
 class KubeClient:
     """Kind-agnostic JSON access to one API server."""
 
@@ -270,8 +278,6 @@ class KubeClient:
     @classmethod
     def auto(cls, kubeconfig: str | None = None, name: str = "") -> KubeClient:
         """In-cluster config when running in a pod and no kubeconfig is named, else the kubeconfig."""
-        import os
-
         if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
             return cls.in_cluster(name)
         return cls.from_kubeconfig(kubeconfig, name=name)

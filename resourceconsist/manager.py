@@ -5,15 +5,20 @@ workers, so a failing or slow adapter never stalls another. Adapters can be adde
 at runtime. Extra runnables (the webhook server) start and stop with the manager. Shutdown
 stops taking work and waits for in-flight reconciles up to a timeout.
 (Go: ``AddToMgr`` is ``add_to_manager`` here.)
+
+Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
+``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
+``resourceconsist run`` builds it from its flags (docs/reference/options.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Unpack
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
@@ -21,10 +26,10 @@ from resourceconsist.cancellation import DaemonThreadExecutor
 from resourceconsist.controller import Controller
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient
-from resourceconsist.leaderelection import LeaderElectionConfig, LeaderElector
+from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
-from resourceconsist.orphans import GarbageConfig
+from resourceconsist.options import ManagerKeywords, ManagerOptions
 from resourceconsist.subscribers import LifecycleSubscriber
 
 if TYPE_CHECKING:
@@ -48,39 +53,41 @@ class DuplicateControllerError(ResourceConsistError, ValueError):
 
 
 class Manager:
-    """Runs controllers and runnables against one main cluster."""
+    """Runs controllers and runnables against one main cluster.
+
+    Its settings are ``options``; keywords are a shorthand for its fields, and override them
+    when both are given: ``Manager(client, namespace="shop")`` is
+    ``Manager(client, ManagerOptions(namespace="shop"))``.
+    """
 
     def __init__(
         self,
         client: KubeClient,
-        *,
-        resync_period: float | None = None,
-        namespace: str | None = None,
-        health_address: tuple[str, int] | None = None,
-        shutdown_timeout: float = 30.0,
-        leader_election: LeaderElectionConfig | None = None,
-        garbage: GarbageConfig | None = None,
+        options: ManagerOptions | None = None,
+        **keywords: Unpack[ManagerKeywords],
     ) -> None:
+        options = options if options is not None else ManagerOptions()
+        #: The settings this manager runs with.
+        self.options = dataclasses.replace(options, **keywords) if keywords else options
         self.client = client
-        #: The garbage pass of every controller (docs/lifecycle-hooks.md, "Orphans").
-        self.garbage = garbage or GarbageConfig()
         self.subscribers: list[LifecycleSubscriber] = []
-        self.informers = InformerFactory(client, resync_period=resync_period, namespace=namespace)
+        self.informers = InformerFactory(
+            client, resync_period=self.options.resync_period, namespace=self.options.namespace
+        )
         self.metrics = Metrics()
         self.metrics.watch_cluster(client, self.informers)
         self.clusters = ClusterRegistry()
         self.clusters.subscribe(self._on_cluster)
         self.controllers: dict[str, Controller] = {}
         self.runnables: list[Runnable] = []
-        self.health_address = health_address
-        self.shutdown_timeout = shutdown_timeout
-        self._stop_timeout = shutdown_timeout
+        self._stop_timeout = self.options.shutdown_timeout
         self._started = False
-        self._elector = LeaderElector(client, leader_election) if leader_election else None
+        election = self.options.leader_election
+        self._elector = LeaderElector(client, election) if election is not None else None
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
-        self.leading = leader_election is None
+        self.leading = election is None
         self.metrics.leader.set(1 if self.leading else 0)
         self._health: web.AppRunner | None = None
         self.health_port: int | None = None
@@ -108,7 +115,7 @@ class Manager:
             self.informers,
             member_clusters=members,
             metrics=self.metrics,
-            garbage=self.garbage,
+            garbage=self.options.garbage,
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
@@ -131,7 +138,7 @@ class Manager:
             raise LookupError(
                 f"no controller named {name!r} (running: {', '.join(sorted(self.controllers)) or 'none'})"
             )
-        await controller.stop(self.shutdown_timeout if timeout is None else timeout)
+        await controller.stop(self.options.shutdown_timeout if timeout is None else timeout)
 
     def add_runnable(self, runnable: Runnable) -> None:
         """Start ``runnable`` with the manager and stop it after the controllers (in reverse order)."""
@@ -160,14 +167,15 @@ class Manager:
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
         self.informers.start(loop)
         self.clusters.bind(loop)
-        if self.health_address is not None:
+        address = self.options.health_address
+        if address is not None:
             from aiohttp import web
 
             self._health = web.AppRunner(health_app(self.metrics, self.ready), access_log=None)
             await self._health.setup()
-            site = web.TCPSite(self._health, *self.health_address)
+            site = web.TCPSite(self._health, *address)
             await site.start()
-            self.health_port = _bound_port(self._health, self.health_address[1])
+            self.health_port = _bound_port(self._health, address[1])
         for runnable in self.runnables:
             await runnable.start()
         self._started = True
@@ -196,7 +204,7 @@ class Manager:
 
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful shutdown: controllers finish in-flight work within ``timeout``, then all stops."""
-        timeout = self.shutdown_timeout if timeout is None else timeout
+        timeout = self.options.shutdown_timeout if timeout is None else timeout
         self._stop_timeout = timeout
         if self._elector_task is not None:
             # The elector stops the controllers and releases the lease on its way out.

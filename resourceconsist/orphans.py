@@ -27,6 +27,9 @@ from resourceconsist.adapter import OrphanCollectOptions, OwnedItem, ReconcileCo
 from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
 from resourceconsist.kube import KubeObject
 
+# Its home is resourceconsist.options; re-exported because controller.py imports it from here.
+from resourceconsist.options import GarbageOptions as GarbageOptions  # noqa: PLC0414
+
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller
 
@@ -36,24 +39,6 @@ log = logging.getLogger(__name__)
 COLLECTED_REASON = "OrphanCollected"
 #: Why an owner is skipped while a pass of it is queued or running (tried again soon).
 BUSY = "a pass is queued or running"
-
-
-@dataclass(frozen=True)
-class GarbageConfig:
-    """When a controller looks for orphans: at start-up and every ``interval`` seconds (None:
-    at start-up only); ``enabled=False`` never; ``dry_run`` only reports what it would delete."""
-
-    enabled: bool = True
-    interval: float | None = 600.0
-    dry_run: bool = False
-    #: How soon an owner whose collection is not finished (e.g. a drain) is tried again.
-    retry: float = 5.0
-
-    def __post_init__(self) -> None:
-        if self.interval is not None and self.interval <= 0:
-            raise ValueError(f"garbage interval {self.interval}s must be positive, or None for start-up only")
-        if self.retry <= 0:
-            raise ValueError(f"garbage retry {self.retry}s must be positive")
 
 
 @dataclass
@@ -91,9 +76,9 @@ def stand_in(resource: kube.Resource, key: str, item: OwnedItem) -> KubeObject:
 class GarbageCollector:
     """One controller's garbage pass, and its loop."""
 
-    def __init__(self, controller: Controller, config: GarbageConfig) -> None:
+    def __init__(self, controller: Controller, options: GarbageOptions) -> None:
         self.controller = controller
-        self.config = config
+        self.options = options
         self.last_report: GarbageReport | None = None
         self.passes = 0
 
@@ -102,7 +87,7 @@ class GarbageCollector:
         from resourceconsist.subresources import cluster_scoped_kinds
 
         adapter = self.controller.adapter
-        return self.config.enabled and (
+        return self.options.enabled and (
             isinstance(adapter, OrphanCollectOptions) or bool(cluster_scoped_kinds(adapter))
         )
 
@@ -111,15 +96,15 @@ class GarbageCollector:
         while True:
             try:
                 report = await self.run_once()
-                delay = self.config.interval
+                delay = self.options.interval
                 busy = BUSY in report.skipped.values()
                 if report.pending or report.failed or busy:
-                    delay = min(delay or self.config.retry, self.config.retry)
+                    delay = min(delay or self.options.retry, self.options.retry)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("%s: garbage pass failed", self.controller.name)
-                delay = self.config.retry
+                delay = self.options.retry
             if delay is None:
                 return
             await asyncio.sleep(delay)
@@ -128,7 +113,7 @@ class GarbageCollector:
         from resourceconsist.subresources import collect_strays
 
         controller = self.controller
-        report = GarbageReport(dry_run=self.config.dry_run)
+        report = GarbageReport(dry_run=self.options.dry_run)
         if not controller.informers.has_synced:
             # An empty cache would make every owner look gone.
             raise RuntimeError(f"{controller.name}: caches not synced; no garbage pass")
@@ -148,7 +133,7 @@ class GarbageCollector:
             for key, items in sorted(by_owner.items()):
                 if self.watches(key):
                     await self._one_owner(key, items, report)
-        await collect_strays(controller, report, dry_run=self.config.dry_run)
+        await collect_strays(controller, report, dry_run=self.options.dry_run)
         self.passes += 1
         self.last_report = report
         if report.orphans or report.strays:
@@ -200,7 +185,7 @@ class GarbageCollector:
                 report.skipped[key] = "the employer exists"
                 return
             report.orphans[key] = [item.id for item in items]
-            if self.config.dry_run:
+            if self.options.dry_run:
                 for item in items:
                     log.info("%s: would collect %s of gone %s (dry run)", controller.name, item.id, key)
                 return

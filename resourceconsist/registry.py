@@ -15,12 +15,14 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
-from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
 from resourceconsist.errors import ResourceConsistError
 
+# The adapter API (and pydantic) only for the types: ``resourceconsist adapters`` lists the
+# registries without loading it (docs/reference/options.md, "Import cost").
 if TYPE_CHECKING:
+    from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.controller import Controller
     from resourceconsist.manager import Manager
 
@@ -28,9 +30,9 @@ log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "resourceconsist.adapters"
 
-ControllerFactory = Callable[[Mapping[str, str]], ReconcileAdapter]
+ControllerFactory: TypeAlias = "Callable[[Mapping[str, str]], ReconcileAdapter]"
 #: Builds a webhook adapter (served by ``resourceconsist.webhook``) from the environment.
-WebhookFactory = Callable[[Mapping[str, str]], WebhookAdapter]
+WebhookFactory: TypeAlias = "Callable[[Mapping[str, str]], WebhookAdapter]"
 
 
 class UnknownAdapterError(ResourceConsistError, LookupError):

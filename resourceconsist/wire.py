@@ -3,7 +3,7 @@ and PodOpsLifecycle, in one place. Names one adapter shares with its provider li
 adapter (the SLB adapter's label and environment variables: ``adapters/alibabacloudslb``).
 
 These strings are read and written by other controllers; changing one breaks a running cluster.
-``tests/test_wire.py`` pins each of them byte for byte; docs/wire-contract.md documents them,
+``tests/api/test_wire.py`` pins each of them byte for byte; docs/wire-contract.md documents them,
 with the annotation format, the Event reasons and the failure messages.
 """
 

@@ -4,8 +4,10 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +16,9 @@ from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane
+
+#: The tutorial whose code blocks the tests run (docs/tutorial.md).
+TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
 
 #: Fixtures that start (or stand on) the session's real control plane.
 CONTROL_PLANE_FIXTURES = frozenset(
@@ -73,3 +78,13 @@ def run_manager(cluster: Cluster) -> Callable[..., Any]:
             await manager.stop(timeout=5)
 
     return run
+
+
+@pytest.fixture
+def tutorial() -> dict[str, Any]:
+    """The names the tutorial's code blocks define, run in order as one module."""
+    blocks = re.findall(r"```python\n(.*?)```", TUTORIAL.read_text(), re.S)
+    assert len(blocks) >= 5, "the tutorial lost its code blocks"
+    namespace: dict[str, Any] = {"__name__": "tutorial"}
+    exec(compile("\n".join(blocks), str(TUTORIAL), "exec"), namespace)
+    return namespace

@@ -8,55 +8,106 @@ pod is never service-available before every load balancer that should carry it h
   convention and the built-in ``ControlledServiceAdapter``;
 - ``admission``: AdmissionReview v1 parsing and the pod mutation (through ``lifecycle``);
 - ``server``: the HTTPS server (``WebhookServer``) and the ``serve`` entry point;
+- ``options``: its settings, ``WebhookOptions`` with ``BootstrapOptions`` and ``ConnectionLimits``;
 - ``bootstrap``: the self-signed CA, serving certificate, Secret and caBundle;
 - ``tls``: the TLS context that follows certificate files on disk;
 - ``listener``: accepting connections, TLS on the first byte, deadlines and the connection cap.
 
 Deployment, the path convention and the failure-policy trade-off: ``docs/webhook.md``.
+
+Names are loaded on first use (PEP 562), as at the package root: ``resourceconsist.webhook
+.options`` alone loads neither aiohttp nor cryptography.
 """
 
-from resourceconsist.webhook.adapter import (
-    PATH_PREFIX,
-    ControlledServiceAdapter,
-    EmployerRef,
-    InvalidAdapterName,
-    WebhookAdapter,
-    WebhookCacheOptions,
-    has_label,
-    webhook_path,
-)
-from resourceconsist.webhook.admission import pod_mutation
-from resourceconsist.webhook.bootstrap import (
-    DEFAULT_SERVICE_NAME,
-    BootstrapError,
-    BootstrapResult,
-    WebhookCertificates,
-    ensure_webhook_certificates,
-    service_hosts,
-    webhook_namespace,
-)
-from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats
-from resourceconsist.webhook.server import (
-    DEFAULT_ADAPTER_TIMEOUT,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_PORT,
-    AdmissionDecision,
-    BootstrapSettings,
-    WebhookServer,
-    serve,
-)
-from resourceconsist.webhook.tls import CertificateReloader
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from resourceconsist.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from resourceconsist.webhook.adapter import (
+        PATH_PREFIX,
+        ControlledServiceAdapter,
+        EmployerRef,
+        InvalidAdapterName,
+        WebhookAdapter,
+        WebhookCacheOptions,
+        has_label,
+        webhook_path,
+    )
+    from resourceconsist.webhook.admission import pod_mutation
+    from resourceconsist.webhook.bootstrap import (
+        BootstrapError,
+        BootstrapResult,
+        WebhookCertificates,
+        ensure_webhook_certificates,
+    )
+    from resourceconsist.webhook.listener import ConnectionStats
+    from resourceconsist.webhook.options import (
+        DEFAULT_ADAPTER_TIMEOUT,
+        DEFAULT_CERT_DIR,
+        DEFAULT_MAX_BODY_BYTES,
+        DEFAULT_PORT,
+        DEFAULT_SERVICE_NAME,
+        BootstrapOptions,
+        ConnectionLimits,
+        WebhookOptions,
+        service_hosts,
+    )
+    from resourceconsist.webhook.server import AdmissionDecision, WebhookServer, serve
+    from resourceconsist.webhook.tls import CertificateReloader
+
+#: Each public name and the module that holds it.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(
+        (
+            "ControlledServiceAdapter",
+            "EmployerRef",
+            "InvalidAdapterName",
+            "PATH_PREFIX",
+            "WebhookAdapter",
+            "WebhookCacheOptions",
+            "has_label",
+            "webhook_path",
+        ),
+        "resourceconsist.webhook.adapter",
+    ),
+    "pod_mutation": "resourceconsist.webhook.admission",
+    **dict.fromkeys(
+        ("BootstrapError", "BootstrapResult", "WebhookCertificates", "ensure_webhook_certificates"),
+        "resourceconsist.webhook.bootstrap",
+    ),
+    "ConnectionStats": "resourceconsist.webhook.listener",
+    **dict.fromkeys(
+        (
+            "BootstrapOptions",
+            "ConnectionLimits",
+            "DEFAULT_ADAPTER_TIMEOUT",
+            "DEFAULT_CERT_DIR",
+            "DEFAULT_MAX_BODY_BYTES",
+            "DEFAULT_PORT",
+            "DEFAULT_SERVICE_NAME",
+            "WebhookOptions",
+            "service_hosts",
+        ),
+        "resourceconsist.webhook.options",
+    ),
+    **dict.fromkeys(("AdmissionDecision", "WebhookServer", "serve"), "resourceconsist.webhook.server"),
+    "CertificateReloader": "resourceconsist.webhook.tls",
+}
 
 __all__ = [
     "DEFAULT_ADAPTER_TIMEOUT",
+    "DEFAULT_CERT_DIR",
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_PORT",
     "DEFAULT_SERVICE_NAME",
     "PATH_PREFIX",
     "AdmissionDecision",
     "BootstrapError",
+    "BootstrapOptions",
     "BootstrapResult",
-    "BootstrapSettings",
     "CertificateReloader",
     "ConnectionLimits",
     "ConnectionStats",
@@ -66,12 +117,14 @@ __all__ = [
     "WebhookAdapter",
     "WebhookCacheOptions",
     "WebhookCertificates",
+    "WebhookOptions",
     "WebhookServer",
     "ensure_webhook_certificates",
     "has_label",
     "pod_mutation",
     "serve",
     "service_hosts",
-    "webhook_namespace",
     "webhook_path",
 ]
+
+__getattr__, __dir__ = lazy_exports(__name__, _HOMES)

@@ -17,8 +17,10 @@ every replica through one Secret, trusted by the API server through the configur
 5. Write ``tls.crt``/``tls.key`` into the cert dir (atomically, and only when they differ), where
    the server's certificate reloader picks them up.
 
-The function blocks; async callers run it through ``cancellation.call_adapter`` (the one rule for
-sync and async: ``resourceconsist.cancellation``).
+What it makes, for which Service, and how often a running server re-checks: ``BootstrapOptions``
+(``options``), part of ``WebhookOptions`` (docs/reference/options.md). The function blocks; async
+callers run it through ``cancellation.call_adapter`` (the one rule for sync and async:
+``resourceconsist.cancellation``).
 
 Outside the cluster (a laptop, CI), ``register_url_webhooks`` writes the mutating configuration
 with ``clientConfig.url`` entries pointing at the local server instead of the Service
@@ -47,13 +49,10 @@ from resourceconsist import certs, kube, wire
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import Conflict, KubeClient, KubeObject, Resource
 from resourceconsist.webhook.adapter import webhook_path
+from resourceconsist.webhook.options import DEFAULT_RENEW_BEFORE, BootstrapOptions
 
 log = logging.getLogger(__name__)
 
-#: The Service in front of the webhook (``config/webhook/service.yaml``).
-DEFAULT_SERVICE_NAME: Final = "resourceconsist-manager"
-#: Regenerate a certificate this long before it expires.
-DEFAULT_RENEW_BEFORE: Final = datetime.timedelta(days=30)
 #: Files the serving certificate is written to, in the cert dir.
 TLS_CERT_FILE: Final = "tls.crt"
 TLS_KEY_FILE: Final = "tls.key"
@@ -65,16 +64,6 @@ _MANAGED_BY = {"app.kubernetes.io/managed-by": "resourceconsist"}
 
 class BootstrapError(ResourceConsistError, RuntimeError):
     """The certificates could not be ensured (the API kept conflicting, or refused)."""
-
-
-def webhook_namespace(namespace: str | None = None) -> str:
-    """``namespace`` if given, else ``$POD_NAMESPACE``, else ``resourceconsist``."""
-    return namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
-
-
-def service_hosts(service_name: str, namespace: str) -> tuple[str, str]:
-    """The DNS names the API server uses for the webhook Service."""
-    return f"{service_name}.{namespace}.svc", f"{service_name}.{namespace}.svc.cluster.local"
 
 
 @dataclass(frozen=True)
@@ -436,22 +425,13 @@ def write_cert_files(cert_dir: Path | str, serving: certs.KeyPair) -> tuple[Path
 
 
 def ensure_webhook_certificates(
-    client: KubeClient,
-    *,
-    cert_dir: Path | str,
-    service_name: str = DEFAULT_SERVICE_NAME,
-    namespace: str | None = None,
-    extra_hosts: Sequence[str] = (),
-    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+    client: KubeClient, cert_dir: Path | str, options: BootstrapOptions | None = None
 ) -> BootstrapResult:
-    """Ensure the Secret, the caBundles and the cert files (see the module docstring).
-
-    ``extra_hosts`` adds names or IPs to the serving certificate (e.g. for a webhook the API
-    server reaches by URL during development); the Service's two DNS names are always in it.
-    """
-    ns = webhook_namespace(namespace)
-    hosts = tuple(dict.fromkeys((*service_hosts(service_name, ns), *extra_hosts)))
-    found, action, rv = ensure_secret(client, ns, hosts, renew_before=renew_before)
+    """Ensure the Secret, the caBundles and the cert files in ``cert_dir`` as ``options`` say
+    (default ``BootstrapOptions()``; the steps: the module docstring)."""
+    options = options if options is not None else BootstrapOptions()
+    ns = kube.pod_namespace(options.namespace)
+    found, action, rv = ensure_secret(client, ns, options.hosts(ns), renew_before=options.renew_before)
     patched = ensure_ca_bundle(client, found.ca_bundle)
     cert_file, key_file, wrote = write_cert_files(cert_dir, found.serving)
     log.info(

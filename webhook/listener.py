@@ -43,6 +43,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final
 
+from resourceconsist.webhook.options import ConnectionLimits
+
 log = logging.getLogger("resourceconsist.webhook")
 
 #: accept() errors that mean "out of resources for now", not "the listener is broken".
@@ -66,26 +68,6 @@ def _libc_malloc_trim() -> Callable[[int], int] | None:
 
 
 _MALLOC_TRIM: Final = _libc_malloc_trim()
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """Deadlines and the connection cap of the webhook listener (seconds, connections)."""
-
-    handshake_timeout: float = 10.0
-    header_timeout: float = 10.0
-    body_timeout: float = 10.0
-    #: Longer than the API server's own idle timeout for webhook connections (90 s), so the
-    #: client closes first and never sends a request into a connection we are closing.
-    idle_timeout: float = 120.0
-    max_connections: int = 4096
-
-    def __post_init__(self) -> None:
-        for name in ("handshake_timeout", "header_timeout", "body_timeout", "idle_timeout"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
-        if self.max_connections < 1:
-            raise ValueError(f"max_connections must be at least 1, not {self.max_connections!r}")
 
 
 @dataclass

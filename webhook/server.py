@@ -20,9 +20,11 @@ handshake, the request headers, the body and idle keep-alive each have a deadlin
 open connections (``ConnectionLimits``; docs/webhook.md, "Connections and memory").
 
 It runs on the caller's event loop (the manager's), alongside controllers; ``serve`` is the
-entry point that bootstraps certificates first (and, with ``webhook_url``, registers a
-URL-based configuration for a server outside the cluster). ``/healthz`` answers while the loop serves;
-``/readyz`` once a certificate is loaded and the adapters' caches are synced.
+entry point that starts it. Its settings are one frozen ``WebhookOptions`` (``options``; controller-runtime's
+``webhook.Options``; docs/reference/options.md): where it listens, its deadlines and limits, and
+its ``BootstrapOptions``, with which it makes its certificate first (and, with ``webhook_url``,
+registers a URL-based configuration for a server outside the cluster). ``/healthz`` answers while
+the loop serves; ``/readyz`` once a certificate is loaded and the adapters' caches are synced.
 """
 
 from __future__ import annotations
@@ -30,7 +32,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import functools
 import json
 import logging
 import re
@@ -38,9 +39,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from pathlib import Path
 from typing import Any, Final
-from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -68,28 +67,18 @@ from resourceconsist.webhook.admission import (
     validate_pod,
 )
 from resourceconsist.webhook.bootstrap import (
-    DEFAULT_SERVICE_NAME,
     TLS_CERT_FILE,
     TLS_KEY_FILE,
     BootstrapResult,
     ensure_webhook_certificates,
     register_url_webhooks,
 )
-from resourceconsist.webhook.listener import ConnectionLimits, ConnectionStats, Listener, listening_sockets
+from resourceconsist.webhook.listener import ConnectionStats, Listener, listening_sockets
+from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.tls import CertificateReloader
 
 log = logging.getLogger("resourceconsist.webhook")
 
-#: controller-runtime's webhook port, which the Service in config/webhook targets.
-DEFAULT_PORT: Final = 9443
-#: Bound on one adapter call; below the manifests' ``timeoutSeconds: 10`` with room for the
-#: round trip, so the API server gets our answer rather than its own timeout.
-DEFAULT_ADAPTER_TIMEOUT: Final = 5.0
-#: The API server accepts objects up to 3 MiB; a review carries the object, the old object
-#: (on UPDATE) and an envelope, so 7 MiB (controller-runtime's limit too) fits every real review.
-DEFAULT_MAX_BODY_BYTES: Final = 7 * 1024 * 1024
-#: How long ``stop`` lets admissions in flight finish.
-DEFAULT_SHUTDOWN_TIMEOUT: Final = 5.0
 #: Share of the API server's ``?timeout=`` the adapter may use; the rest is for the answer.
 _CALLER_TIMEOUT_SHARE: Final = 0.8
 _GO_SECONDS = re.compile(r"^(\d+(?:\.\d+)?)s$")
@@ -113,22 +102,6 @@ class AdmissionDecision:
     patch: tuple[dict[str, Any], ...] = ()
     employers: tuple[EmployerRef, ...] = ()
     seconds: float = 0.0
-
-
-@dataclass(frozen=True)
-class BootstrapSettings:
-    """Certificate bootstrap run by ``WebhookServer.start`` (and re-checked every ``interval``
-    seconds, so a certificate rotated by another replica reaches this one's files)."""
-
-    client: KubeClient
-    cert_dir: Path
-    service_name: str = DEFAULT_SERVICE_NAME
-    namespace: str | None = None
-    extra_hosts: tuple[str, ...] = ()
-    interval: float | None = 600.0
-    #: Register a URL-based MutatingWebhookConfiguration pointing here (``https://host:port``),
-    #: for a server outside the cluster (docs/webhook.md); its host must be in ``extra_hosts``.
-    webhook_url: str | None = None
 
 
 Observer = Callable[[AdmissionDecision], None]
@@ -158,54 +131,40 @@ class _Outcome:
 
 
 class WebhookServer:
-    """Serves the webhook adapters over HTTPS on the running event loop.
+    """Serves the webhook adapters over HTTPS on the running event loop, as ``options`` say
+    (default ``WebhookOptions()``).
 
-    ``informers`` is the shared informer factory the adapters read through; the server makes
-    sure the informers of the resources the adapters declare exist, and starts and stops the
-    factory itself only when ``own_informers`` is true (a manager that shares its factory with
-    controllers starts it once for all).
+    ``informers`` is the shared informer factory the adapters read through, and its client the
+    one the certificate bootstrap writes with; the server makes sure the informers of the
+    resources the adapters declare exist, and starts and stops the factory itself only when
+    ``own_informers`` is true (a manager that shares its factory with controllers starts it
+    once for all). ``observer`` is given every ``AdmissionDecision``.
     """
 
     def __init__(
         self,
         adapters: Iterable[WebhookAdapter] = (),
+        options: WebhookOptions | None = None,
         *,
         informers: InformerFactory,
-        cert_file: Path | str | None = None,
-        key_file: Path | str | None = None,
-        host: str | None = None,
-        port: int = DEFAULT_PORT,
-        adapter_timeout: float = DEFAULT_ADAPTER_TIMEOUT,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-        cert_reload_interval: float = 2.0,
-        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
-        bootstrap: BootstrapSettings | None = None,
         own_informers: bool = False,
         observer: Observer | None = None,
-        limits: ConnectionLimits | None = None,
-        backlog: int = 1024,
     ) -> None:
-        if cert_file is None or key_file is None:
-            if bootstrap is None:
-                raise ValueError("give cert_file and key_file, or bootstrap settings that write them")
-            cert_file = cert_file or bootstrap.cert_dir / TLS_CERT_FILE
-            key_file = key_file or bootstrap.cert_dir / TLS_KEY_FILE
+        #: The settings this server runs with.
+        self.options = options if options is not None else WebhookOptions()
         self._informers = informers
         self._reader: CacheReader = informers.reader()
         self._own_informers = own_informers
         self._adapters: dict[str, WebhookAdapter] = {}
-        self.host = host
-        self.port = port
-        self.adapter_timeout = adapter_timeout
-        self.max_body_bytes = max_body_bytes
-        self.shutdown_timeout = shutdown_timeout
-        self.bootstrap = bootstrap
+        #: The port listened on: ``options.port``, or the one picked for port 0 once started.
+        self.port = self.options.port
         self.observer = observer
-        self.limits = limits if limits is not None else ConnectionLimits()
-        self.backlog = backlog
         self.last_bootstrap: BootstrapResult | None = None
         self.bad_requests = 0
-        self._tls = CertificateReloader(cert_file, key_file, interval=cert_reload_interval)
+        cert_dir = self.options.cert_dir
+        self._tls = CertificateReloader(
+            cert_dir / TLS_CERT_FILE, cert_dir / TLS_KEY_FILE, interval=self.options.cert_reload_interval
+        )
         self._runner: web.AppRunner | None = None
         self._listener: Listener | None = None
         self._bootstrap_task: asyncio.Task[None] | None = None
@@ -264,7 +223,7 @@ class WebhookServer:
         return self._listener.stats
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self.max_body_bytes, middlewares=[self._track_phase])
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[self._track_phase])
         app.router.add_post(PATH_PREFIX + "{name}", self._admit)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -288,7 +247,8 @@ class WebhookServer:
         """Bootstrap certificates (if configured), load the certificate, start listening."""
         if self._runner is not None:
             return
-        if self.bootstrap is not None:
+        options = self.options
+        if options.bootstrap is not None:
             await self.run_bootstrap()
         await asyncio.to_thread(self._tls.load)  # raises when there is no usable certificate
         self._tls.start()  # follow the files from now on
@@ -297,19 +257,19 @@ class WebhookServer:
         runner = web.AppRunner(
             self._app(),
             access_log=None,
-            shutdown_timeout=self.shutdown_timeout,
+            shutdown_timeout=options.shutdown_timeout,
             # aiohttp's own idle timer is only a backstop: the listener's fires first and counts.
-            keepalive_timeout=self.limits.idle_timeout + 1.0,
+            keepalive_timeout=options.limits.idle_timeout + 1.0,
         )
         await runner.setup()
         try:
             server = runner.server
             assert server is not None  # set by setup()
             listener = Listener(
-                listening_sockets(self.host, self.port, self.backlog),
+                listening_sockets(options.host, self.port, options.backlog),
                 server,
                 self._tls.listener_context,
-                self.limits,
+                options.limits,
             )
         except BaseException:
             await runner.cleanup()
@@ -320,9 +280,9 @@ class WebhookServer:
         listener.start()
         self._runner, self._listener = runner, listener
         self.port = listener.port
-        if self.bootstrap is not None and self.bootstrap.interval:
+        if options.bootstrap is not None and options.bootstrap.interval:
             self._bootstrap_task = asyncio.get_running_loop().create_task(
-                self._bootstrap_loop(self.bootstrap.interval), name="webhook-cert-bootstrap"
+                self._bootstrap_loop(options.bootstrap.interval), name="webhook-cert-bootstrap"
             )
         log.info("webhook server listening on port %d, paths %s", self.port, ", ".join(self.paths) or "-")
 
@@ -353,24 +313,18 @@ class WebhookServer:
 
     async def run_bootstrap(self) -> BootstrapResult:
         """Ensure the Secret, caBundles and cert files now (the reloader picks changes up)."""
-        settings = self.bootstrap
-        if settings is None:
-            raise RuntimeError("this server has no bootstrap settings")
+        bootstrap = self.options.bootstrap
+        if bootstrap is None:
+            raise RuntimeError("this server has no bootstrap options (WebhookOptions.bootstrap is None)")
+        client = self._informers.client
         self.last_bootstrap = await call_adapter(
-            functools.partial(
-                ensure_webhook_certificates,
-                settings.client,
-                cert_dir=settings.cert_dir,
-                service_name=settings.service_name,
-                namespace=settings.namespace,
-                extra_hosts=settings.extra_hosts,
-            )
+            ensure_webhook_certificates, client, self.options.cert_dir, bootstrap
         )
-        if settings.webhook_url is not None:
+        if bootstrap.webhook_url is not None:
             await asyncio.to_thread(
                 register_url_webhooks,
-                settings.client,
-                settings.webhook_url,
+                client,
+                bootstrap.webhook_url,
                 sorted(self._adapters),
                 self.last_bootstrap.certificates.ca_bundle,
             )
@@ -448,11 +402,11 @@ class WebhookServer:
                 HTTPStatus.BAD_REQUEST,
                 f"Content-Type must be application/json, not {request.content_type}",
             )
-        too_large = f"the body exceeds the limit of {self.max_body_bytes} bytes"
-        if request.content_length is not None and request.content_length > self.max_body_bytes:
+        too_large = f"the body exceeds the limit of {self.options.max_body_bytes} bytes"
+        if request.content_length is not None and request.content_length > self.options.max_body_bytes:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
         try:
-            async with asyncio.timeout(self.limits.body_timeout):
+            async with asyncio.timeout(self.options.limits.body_timeout):
                 body = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, too_large)
@@ -462,7 +416,7 @@ class WebhookServer:
                 "webhook %s: closing the connection from %s: no complete body within %.0fs",
                 request.path,
                 request.remote,
-                self.limits.body_timeout,
+                self.options.limits.body_timeout,
             )
             return _abort(request)
         except ConnectionError:
@@ -477,7 +431,7 @@ class WebhookServer:
             return self._bad_request(request, HTTPStatus.BAD_REQUEST, str(err))
 
         req = review.request
-        limit = self.adapter_timeout
+        limit = self.options.adapter_timeout
         caller = _caller_timeout(request.query)
         if caller is not None:
             limit = min(limit, caller * _CALLER_TIMEOUT_SHARE)
@@ -631,70 +585,27 @@ def _compact(obj: Any) -> str:
 
 async def serve(
     adapters: Iterable[WebhookAdapter],
+    options: WebhookOptions | None = None,
     *,
     client: KubeClient,
-    cert_dir: Path | str,
-    port: int = DEFAULT_PORT,
-    host: str | None = None,
-    bootstrap: bool = True,
-    service_name: str = DEFAULT_SERVICE_NAME,
-    namespace: str | None = None,
     informers: InformerFactory | None = None,
-    extra_hosts: Iterable[str] = (),
-    adapter_timeout: float = DEFAULT_ADAPTER_TIMEOUT,
-    cert_reload_interval: float = 2.0,
-    bootstrap_interval: float | None = 600.0,
     observer: Observer | None = None,
-    webhook_url: str | None = None,
-    limits: ConnectionLimits | None = None,
 ) -> WebhookServer:
-    """Start the webhook on the running event loop and return the started server.
+    """Start the webhook on the running event loop as ``options`` say (default
+    ``WebhookOptions()``) and return the started server; ``await server.stop()`` shuts it down.
 
-    With ``bootstrap`` the certificates are ensured first (Secret ``resourceconsist-webhook-certs``
-    in ``namespace``, default ``$POD_NAMESPACE`` or ``resourceconsist``; caBundles; files in
-    ``cert_dir``) and re-checked every ``bootstrap_interval`` seconds; without it ``cert_dir``
-    must already hold ``tls.crt`` and ``tls.key`` (e.g. from cert-manager). Either way the files
-    are reloaded when they change. Pass the manager's ``informers`` to share its caches;
-    otherwise the server runs its own. Call ``await server.stop()`` to shut it down.
-
-    ``webhook_url`` (with ``bootstrap``) registers the adapters in a URL-based
-    MutatingWebhookConfiguration pointing at that address, and adds its host to the
-    certificate: the way to run the webhook outside the cluster (docs/webhook.md).
+    With ``options.bootstrap`` (the default) the certificates are ensured first (Secret
+    ``resourceconsist-webhook-certs``, caBundles, files in ``cert_dir``) and re-checked
+    periodically; without it ``cert_dir`` must already hold ``tls.crt`` and ``tls.key`` (e.g.
+    from cert-manager). Either way the files are reloaded when they change. Pass the manager's
+    ``informers`` to share its caches; otherwise the server runs its own on ``client``.
     """
-    directory = Path(cert_dir)
-    hosts = tuple(extra_hosts)
-    if webhook_url is not None:
-        if not bootstrap:
-            raise ValueError("webhook_url needs bootstrap: the configuration carries the bootstrapped CA")
-        url_host = urlsplit(webhook_url).hostname
-        if url_host:
-            hosts = (*hosts, url_host)
-    settings = (
-        BootstrapSettings(
-            client,
-            directory,
-            service_name=service_name,
-            namespace=namespace,
-            extra_hosts=hosts,
-            interval=bootstrap_interval,
-            webhook_url=webhook_url,
-        )
-        if bootstrap
-        else None
-    )
     server = WebhookServer(
         adapters,
+        options,
         informers=informers if informers is not None else InformerFactory(client),
         own_informers=informers is None,
-        cert_file=directory / TLS_CERT_FILE,
-        key_file=directory / TLS_KEY_FILE,
-        host=host,
-        port=port,
-        adapter_timeout=adapter_timeout,
-        cert_reload_interval=cert_reload_interval,
-        bootstrap=settings,
         observer=observer,
-        limits=limits,
     )
     await server.start()
     return server

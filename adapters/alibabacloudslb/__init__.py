@@ -1,7 +1,9 @@
 """The Alibaba Cloud SLB (CLB) adapter: keeps a load balancer's backends consistent with the pods a
 Service selects, in observe mode (CCM owns the load balancer) or manage mode (we own a VServer group).
 
-``adapter`` holds ``SLBAdapter`` and its item planning, ``items`` the employer/employee models,
+``adapter`` holds ``SLBAdapter``, which makes one strategy per pass from the Service's mode
+(``strategy`` their shared base, ``observe`` and ``manage`` the two modes and their item planning;
+docs/alibabacloudslb.md, "How the adapter is built"), ``items`` the employer/employee models,
 ``config`` the labels and annotations read on Services and pods, ``backoff`` the per-Service
 requeue backoff, ``credentials`` the access key and endpoint, ``slbclient`` the SLB API through the
 real Alibaba Cloud SDK; a stateful fake of that API for tests is in the testing kit
@@ -14,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Final
 
-from .adapter import CONTROLLER_NAME, BackendResolver, SLBAdapter, Unresolved, annotated_backend
+from .adapter import CONTROLLER_NAME, SLBAdapter
 from .backoff import RequeueBackoff
 from .config import (
     BACKEND_TYPE_ANNOTATION,
@@ -29,7 +31,9 @@ from .config import (
     vserver_group_name,
 )
 from .credentials import CredentialsError, MissingCredentials, SLBCredentials
+from .manage import Unresolved, annotated_backend
 from .slbclient import SLBClient, call_deadline_from_env
+from .strategy import BackendResolver
 
 if TYPE_CHECKING:
     from resourceconsist.webhook.adapter import ControlledServiceAdapter

@@ -1,7 +1,7 @@
 """What the SLB adapter reads on Services and pods: label and annotation names, and their parsing.
 
 The label naming the load balancer (``LOAD_BALANCER_ID_LABEL``) is shared with the Go adapter and
-Alibaba's cloud controller manager: a wire name, pinned by tests/test_wire.py. The
+Alibaba's cloud controller manager: a wire name, pinned by tests/api/test_wire.py. The
 annotations here belong to this adapter alone (manage mode has no Go counterpart); they share the
 ``resource-consist.kusionstack.io/`` domain of the frame's own employer annotations.
 

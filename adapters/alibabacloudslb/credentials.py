@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, SecretStr, field_validator
 
 from resourceconsist.errors import ResourceConsistError
 
-#: The Go adapter's credential variables (wire names, pinned by tests/test_wire.py).
+#: The Go adapter's credential variables (wire names, pinned by tests/api/test_wire.py).
 SLB_ACCESS_KEY_ENV: Final = "ALIYUN_SLB_AK_KEY"
 SLB_ACCESS_SECRET_ENV: Final = "ALIYUN_SLB_AK_SECRET"
 SLB_ENDPOINT_ENV: Final = "ALIYUN_SLB_ENDPOINT"

@@ -52,7 +52,7 @@ from pydantic import SecretStr
 
 try:
     import responses
-except ModuleNotFoundError as err:  # pragma: no cover - exercised by tests/test_production_imports.py
+except ModuleNotFoundError as err:  # pragma: no cover - exercised by tests/api/test_production_imports.py
     raise ModuleNotFoundError(
         "the SLB emulator needs the testing extra: pip install 'resourceconsist[testing]'",
         name=err.name,

@@ -1,14 +1,17 @@
 """Unit tests of the SLB adapter's pure parts: the per-Service requeue backoff, the labels and
-annotations it reads, its items' equality, and its registration (no control plane needed)."""
+annotations it reads, the mode strategy a Service's annotations choose, its items' equality, and
+its registration (no control plane needed; a bad mode's Warning event is claimed end to end by
+tests/slb/test_slb_adapter.py)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from resourceconsist import wire
+from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses, ReconcileContext
 from resourceconsist.adapters import registry
 from resourceconsist.adapters.alibabacloudslb import (
@@ -26,7 +29,11 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ENDPOINT_ENV,
 )
 from resourceconsist.adapters.alibabacloudslb.items import Attached, Desired, ManagedEmployee
+from resourceconsist.adapters.alibabacloudslb.manage import ManageStrategy
+from resourceconsist.adapters.alibabacloudslb.observe import ObserveStrategy
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient
+from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.labels import map_selects
 from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.webhook import ControlledServiceAdapter
 
@@ -165,6 +172,136 @@ def test_mode_weight_port_type_and_drain_parsing() -> None:
     assert config.drain_seconds(_service(**{config.DRAIN_ANNOTATION: "2.5"})) == 2.5
     with pytest.raises(SLBConfigError, match="slb-drain-seconds"):
         config.drain_seconds(_service(**{config.DRAIN_ANNOTATION: "soon"}))
+
+
+# ---- the mode strategy ----------------------------------------------------------------------------
+
+
+class PodsReader:
+    """In-memory pods, read the way the SLB adapter reads the frame's ObjectReader
+    (resourceconsist.interfaces): all pods, those a Service selects, those holding a finalizer."""
+
+    def __init__(self, *pods: KubeObject) -> None:
+        self.pods = list(pods)
+
+    def list(self, resource: Resource, *_: Any) -> list[KubeObject]:
+        return list(self.pods) if resource is kube.POD else []
+
+    def pods_selected_by(self, service: KubeObject) -> list[KubeObject]:
+        selector = service["spec"]["selector"]
+        return [p for p in self.pods if map_selects(selector, p["metadata"].get("labels") or {})]
+
+    def pods_with_finalizer(self, namespace: str, finalizer: str) -> list[KubeObject]:
+        return [p for p in self.pods if finalizer in (p["metadata"].get("finalizers") or [])]
+
+
+def _ctx(reader: PodsReader | None = None) -> ReconcileContext:
+    return ReconcileContext(reader=reader or PodsReader(), controller="c", employer_key="ns/web")
+
+
+@pytest.fixture
+def emulated() -> Iterator[tuple[SLBEmulator, SLBAdapter]]:
+    with SLBEmulator() as slb, SLBClient(slb.credentials()) as client:
+        yield slb, SLBAdapter(client)
+
+
+async def test_the_mode_annotation_chooses_the_strategy_once_per_pass(
+    emulated: tuple[SLBEmulator, SLBAdapter],
+) -> None:
+    _, adapter = emulated
+    chosen = {
+        None: ObserveStrategy,
+        "": ObserveStrategy,
+        "observe": ObserveStrategy,
+        "Manage": ManageStrategy,
+        " manage ": ManageStrategy,
+    }
+    for value, strategy_class in chosen.items():
+        annotations = {} if value is None else {config.MODE_ANNOTATION: value}
+        strategy = adapter.strategy(_ctx(), _service(**annotations))
+        assert type(strategy) is strategy_class, f"slb-mode={value!r}"
+        assert strategy.error is None and strategy.lb_id == "lb-1"
+
+    manage = adapter.strategy(
+        _ctx(), _service(**{config.MODE_ANNOTATION: "manage", config.DRAIN_ANNOTATION: "2.5"})
+    )
+    assert isinstance(manage, ManageStrategy)
+    assert (manage.group_name, manage.drain_seconds) == ("resourceconsist/ns/web", 2.5)
+
+    # Once per pass: an annotation changed during a pass is read by the next pass.
+    ctx, service = _ctx(), _service()
+    first = adapter.strategy(ctx, service)
+    service["metadata"]["annotations"][config.MODE_ANNOTATION] = "manage"
+    assert adapter.strategy(ctx, service) is first
+    assert type(adapter.strategy(_ctx(), service)) is ManageStrategy
+
+
+async def test_only_manage_mode_keeps_unselected_pods_that_hold_the_finalizer_selected(
+    emulated: tuple[SLBEmulator, SLBAdapter],
+) -> None:
+    _, adapter = emulated
+    selected = _pod("web-0")
+    selected["metadata"]["labels"] = {"app": "web"}
+    leaving = _pod("old")
+    leaving["metadata"]["finalizers"] = [lifecycle.lifecycle_finalizer("web")]
+    reader = PodsReader(selected, leaving, _pod("stranger"))
+    observe = _service()
+    manage = _service(**{config.MODE_ANNOTATION: "manage"})
+    assert await adapter.get_selected_employee_names(_ctx(reader), observe) == ["web-0"]
+    assert await adapter.get_selected_employee_names(_ctx(reader), manage) == ["web-0", "old"]
+
+
+async def test_a_bad_mode_is_one_clear_error_from_every_method_that_needs_the_settings(
+    emulated: tuple[SLBEmulator, SLBAdapter],
+) -> None:
+    slb, adapter = emulated
+    leaving = _pod("old")
+    leaving["metadata"]["finalizers"] = [lifecycle.lifecycle_finalizer("web")]
+    ctx = _ctx(PodsReader(leaving))
+    service = _service(**{config.MODE_ANNOTATION: "own"})
+    message = (
+        "Service ns/web: annotation resource-consist.kusionstack.io/slb-mode='own' "
+        "is neither 'observe' nor 'manage'"
+    )
+    calls = [
+        adapter.get_expected_employer(ctx, service),
+        adapter.get_current_employer(ctx, service),
+        adapter.create_employer(ctx, service, []),
+        adapter.delete_employer(ctx, service, []),
+        adapter.get_expected_employee(ctx, service),
+        adapter.get_current_employee(ctx, service),
+        adapter.create_employees(ctx, service, []),
+        adapter.update_employees(ctx, service, []),
+        adapter.delete_employees(ctx, service, []),
+    ]
+    for call in calls:
+        with pytest.raises(SLBConfigError) as raised:
+            await call
+        assert str(raised.value) == message
+    assert not slb.calls, "nothing is asked of SLB while the mode is unknown"
+    # The selected names are still served, conservatively: a pod holding our finalizer may still
+    # have a backend in our group, so it keeps the finalizer until the mode is fixed.
+    assert await adapter.get_selected_employee_names(ctx, service) == ["old"]
+
+
+def test_a_live_service_needs_a_load_balancer_and_its_mode_s_settings_must_parse(
+    emulated: tuple[SLBEmulator, SLBAdapter],
+) -> None:
+    _, adapter = emulated
+    unlabelled = _service()
+    del unlabelled["metadata"]["labels"][LOAD_BALANCER_ID_LABEL]
+    with pytest.raises(SLBConfigError, match=f"ns/web has no {LOAD_BALANCER_ID_LABEL} label"):
+        adapter.strategy(_ctx(), unlabelled).checked()
+    unlabelled["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert adapter.strategy(_ctx(), unlabelled).checked().lb_id == "", "a deleting one may lack it"
+
+    bad_drain = _service(**{config.MODE_ANNOTATION: "manage", config.DRAIN_ANNOTATION: "soon"})
+    strategy = adapter.strategy(_ctx(), bad_drain)
+    assert isinstance(strategy, ManageStrategy)
+    with pytest.raises(SLBConfigError, match="slb-drain-seconds"):
+        strategy.checked()
+    # Observe mode reads no drain time: the same annotation does not stop it.
+    assert adapter.strategy(_ctx(), _service(**{config.DRAIN_ANNOTATION: "soon"})).checked()
 
 
 # ---- items --------------------------------------------------------------------------------------

@@ -13,8 +13,8 @@ import pytest
 
 from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.leaderelection import LeaderElectionConfig
 from resourceconsist.manager import Manager
+from resourceconsist.options import LeaderElectionOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for
 
 _CLI = (sys.executable, "-m", "resourceconsist")
@@ -25,7 +25,7 @@ async def test_only_the_leader_reconciles_and_a_standby_takes_over(cluster: Clus
     providers = [FakeProvider(), FakeProvider()]
     managers = []
     for i, provider in enumerate(providers):
-        election = LeaderElectionConfig(
+        election = LeaderElectionOptions(
             namespace=ns,
             name="demo-leader",
             identity=f"replica-{i}",
@@ -83,7 +83,7 @@ async def test_a_held_lease_is_not_taken_before_it_expires(cluster: Cluster) -> 
     manager = Manager(
         cluster.client,
         namespace=ns,
-        leader_election=LeaderElectionConfig(
+        leader_election=LeaderElectionOptions(
             namespace=ns, name="held", identity="me", lease_duration=3, renew_deadline=2, retry_period=0.2
         ),
     )
@@ -153,7 +153,7 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
         assert lease is not None
         # The CLI's timings reached the Lease.
         assert lease["spec"]["leaseDurationSeconds"] == lease_duration
-        election = LeaderElectionConfig(
+        election = LeaderElectionOptions(
             namespace=ns,
             name="crash-leader",
             identity="standby",
@@ -195,9 +195,9 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
 
 def test_leader_election_timings_are_checked_with_a_clear_message() -> None:
     with pytest.raises(ValueError, match=r"renew deadline .* must be longer than the retry period"):
-        LeaderElectionConfig(namespace="ns", name="l", lease_duration=15, renew_deadline=2, retry_period=2)
+        LeaderElectionOptions(namespace="ns", name="l", lease_duration=15, renew_deadline=2, retry_period=2)
     with pytest.raises(ValueError, match=r"lease duration .* must be longer than the renew deadline"):
-        LeaderElectionConfig(namespace="ns", name="l", lease_duration=10, renew_deadline=10, retry_period=2)
+        LeaderElectionOptions(namespace="ns", name="l", lease_duration=10, renew_deadline=10, retry_period=2)
     done = subprocess.run(
         [
             *_CLI,

@@ -14,7 +14,7 @@ import yaml
 from resourceconsist import kube, wire
 from resourceconsist.kube import KubeClient
 
-CONFIG = Path(__file__).resolve().parent.parent / "config"
+CONFIG = Path(__file__).resolve().parents[2] / "config"
 
 
 def _documents() -> list[dict[str, Any]]:

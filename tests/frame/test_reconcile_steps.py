@@ -3,8 +3,8 @@ protocols (resourceconsist.interfaces): fast, and exact about the order of write
 
 The fakes stand in for the API server only as far as the steps use it (merge patches of
 metadata with a resourceVersion precondition, deletion held by finalizers); what the frame
-does against the real kube-apiserver is claimed by tests/test_guard.py and
-tests/test_go_scenarios.py, which stay the authority.
+does against the real kube-apiserver is claimed by tests/frame/test_guard.py and
+tests/frame/test_go_scenarios.py, which stay the authority.
 """
 
 from __future__ import annotations

@@ -31,10 +31,9 @@ from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
 from resourceconsist.webhook.admission import spec_mutation
+from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.server import AdmissionDecision, WebhookServer
 from resourceconsist.wire import GateReason
-
-from .test_tutorial import tutorial_namespace
 
 #: Kubernetes' qualified name: an optional DNS-subdomain prefix, ``/``, a name of <= 63 characters.
 _NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
@@ -273,12 +272,9 @@ async def _webhook(
     shutil.copy(key, key_file)
     server = WebhookServer(
         [ControlledServiceAdapter("generic")],
+        WebhookOptions(host="127.0.0.1", port=0, cert_dir=tmp_path, bootstrap=None),
         informers=InformerFactory(lc.client),
         own_informers=True,
-        cert_file=cert_file,
-        key_file=key_file,
-        host="127.0.0.1",
-        port=0,
         observer=None if decisions is None else decisions.append,
     )
     await server.start()
@@ -618,9 +614,8 @@ async def test_gates_work_without_pod_ops_lifecycle(lc: Cluster) -> None:
 
 
 async def test_the_tutorial_adapter_serves_gated_pods_and_their_rollout_completes(
-    lc: Cluster, tmp_path: Path
+    lc: Cluster, tmp_path: Path, tutorial: dict[str, Any]
 ) -> None:
-    tutorial = tutorial_namespace()
     backends = tutorial["BackendsDir"](tmp_path / "backends")
     gate = lifecycle.readiness_gate("web")
     await lc.service("web", {"app": "web"})

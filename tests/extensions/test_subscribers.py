@@ -17,7 +17,7 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.subscribers import EVENTS, LifecycleEvent, LifecycleSubscriber, SubscriberBus
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
-PAGE = Path(__file__).resolve().parent.parent / "docs" / "lifecycle-hooks.md"
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "lifecycle-hooks.md"
 
 
 class Recorder(LifecycleSubscriber):

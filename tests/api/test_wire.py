@@ -106,7 +106,7 @@ def test_slb_adapter_wire_name_is_byte_identical(module: ModuleType, name: str, 
 
 def test_every_public_constant_of_wire_is_pinned_here() -> None:
     constants = {name for name in vars(wire) if name.isupper() and not name.startswith("_")}
-    assert constants == set(PINNED), "a wire constant was added or removed: pin it in tests/test_wire.py"
+    assert constants == set(PINNED), "a wire constant was added or removed: pin it in tests/api/test_wire.py"
 
 
 @pytest.mark.parametrize(("member", "value"), sorted(EVENT_REASONS.items()))

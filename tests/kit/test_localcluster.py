@@ -302,7 +302,7 @@ async def test_the_service_ip_range_holds_a_thousand_services(lc: Cluster) -> No
 
 
 def test_the_controller_set_is_the_documented_one() -> None:
-    docs = (Path(__file__).resolve().parent.parent / "docs" / "testing.md").read_text()
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text()
     for name in CONTROLLERS:
         assert f"`{name}`" in docs, f"docs/testing.md does not name the controller {name}"
 

@@ -20,7 +20,7 @@ from resourceconsist.adapter import ReconcileContext
 from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.manager import Manager
-from resourceconsist.orphans import GarbageConfig
+from resourceconsist.options import GarbageOptions
 from resourceconsist.subresources import (
     OWNER_ANNOTATION,
     OWNER_CONTROLLER_LABEL,
@@ -80,7 +80,7 @@ def cluster(client: KubeClient, local_cluster_namespace: str) -> Iterator[Cluste
 
 
 @asynccontextmanager
-async def running(cluster: Cluster, garbage: GarbageConfig) -> AsyncIterator[Manager]:
+async def running(cluster: Cluster, garbage: GarbageOptions) -> AsyncIterator[Manager]:
     manager = Manager(cluster.client, namespace=cluster.namespace, garbage=garbage)
     await manager.add(GuardedDemo())
     await manager.start()
@@ -100,7 +100,7 @@ async def _wait(condition: Any, message: str) -> Any:
 
 async def test_a_pdb_sub_resource_is_owned_kept_and_goes_with_its_employer(cluster: Cluster) -> None:
     service = await cluster.service("web")
-    async with running(cluster, GarbageConfig(interval=0.5)) as manager:
+    async with running(cluster, GarbageOptions(interval=0.5)) as manager:
 
         async def pdb() -> KubeObject | None:
             return await cluster.get(PDB, "web-drain")
@@ -146,7 +146,7 @@ async def test_a_pdb_sub_resource_is_owned_kept_and_goes_with_its_employer(clust
 async def test_a_cluster_scoped_stray_left_while_down_is_collected_at_start(cluster: Cluster) -> None:
     await cluster.service("web")
     alive = await cluster.service("alive")
-    async with running(cluster, GarbageConfig(enabled=False)):
+    async with running(cluster, GarbageOptions(enabled=False)):
         for name in ("web", "alive"):
             role = _role(cluster.namespace, name)
             await _wait(lambda role=role: _role_of(cluster, role), f"the ClusterRole {role}")
@@ -172,7 +172,7 @@ async def test_a_cluster_scoped_stray_left_while_down_is_collected_at_start(clus
     await _wait(service_gone, "Service web gone")
     assert await _role_of(cluster, _role(cluster.namespace, "web")) is not None, "nothing else deletes it"
 
-    async with running(cluster, GarbageConfig(interval=None)) as manager:
+    async with running(cluster, GarbageOptions(interval=None)) as manager:
         (controller,) = manager.controllers.values()
 
         async def reported() -> Any:
@@ -202,7 +202,7 @@ class MisplacedDemo(DemoAdapter):
 
 async def test_a_sub_resource_in_another_namespace_is_refused_with_a_warning(cluster: Cluster) -> None:
     await cluster.service("web")
-    manager = Manager(cluster.client, namespace=cluster.namespace, garbage=GarbageConfig(enabled=False))
+    manager = Manager(cluster.client, namespace=cluster.namespace, garbage=GarbageOptions(enabled=False))
     await manager.add(MisplacedDemo())
     await manager.start()
     try:

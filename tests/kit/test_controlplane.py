@@ -34,7 +34,7 @@ from resourceconsist.testing import (
 )
 from resourceconsist.testing.controlplane import process_alive
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _pod(

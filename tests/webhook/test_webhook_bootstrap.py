@@ -29,14 +29,15 @@ from resourceconsist.webhook import (
     DEFAULT_PORT,
     DEFAULT_SERVICE_NAME,
     AdmissionDecision,
+    BootstrapOptions,
     BootstrapResult,
+    WebhookOptions,
     ensure_webhook_certificates,
     serve,
     service_hosts,
-    webhook_namespace,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO / "config" / "webhook"
 #: Matches no object: the test configurations must never send anything anywhere.
 NEVER = {"matchLabels": {"resourceconsist.test/never": "true"}}
@@ -108,7 +109,9 @@ def _decoded(secret: KubeObject) -> dict[str, bytes]:
 def test_bootstrap_twice_gives_the_same_secret_and_ca_bundle(
     kc: KubeClient, namespace: str, configurations: None, tmp_path: Path
 ) -> None:
-    first = ensure_webhook_certificates(kc, cert_dir=tmp_path / "a", namespace=namespace, service_name="wh")
+    first = ensure_webhook_certificates(
+        kc, tmp_path / "a", BootstrapOptions(namespace=namespace, service_name="wh")
+    )
     assert first.secret_action == "created"
     assert set(first.patched_configurations) == {
         wire.MUTATING_WEBHOOK_CONFIGURATION,
@@ -126,7 +129,9 @@ def test_bootstrap_twice_gives_the_same_secret_and_ca_bundle(
 
     # A restart: nothing is written anywhere.
     writes_before = kc.requests["post"] + kc.requests["put"]
-    again = ensure_webhook_certificates(kc, cert_dir=tmp_path / "a", namespace=namespace, service_name="wh")
+    again = ensure_webhook_certificates(
+        kc, tmp_path / "a", BootstrapOptions(namespace=namespace, service_name="wh")
+    )
     assert again.secret_action == "reused"
     assert again.patched_configurations == ()
     assert not again.files_written
@@ -136,7 +141,9 @@ def test_bootstrap_twice_gives_the_same_secret_and_ca_bundle(
     assert again.certificates == first.certificates
 
     # Another replica, with its own cert dir, reuses the Secret and writes the same files.
-    other = ensure_webhook_certificates(kc, cert_dir=tmp_path / "b", namespace=namespace, service_name="wh")
+    other = ensure_webhook_certificates(
+        kc, tmp_path / "b", BootstrapOptions(namespace=namespace, service_name="wh")
+    )
     assert other.secret_action == "reused"
     assert other.cert_file.read_bytes() == first.cert_file.read_bytes()
 
@@ -144,7 +151,7 @@ def test_bootstrap_twice_gives_the_same_secret_and_ca_bundle(
 def test_concurrent_replicas_agree_on_one_secret(kc: KubeClient, namespace: str, tmp_path: Path) -> None:
     def replica(i: int) -> BootstrapResult:
         return ensure_webhook_certificates(
-            kc, cert_dir=tmp_path / str(i), namespace=namespace, service_name="wh"
+            kc, tmp_path / str(i), BootstrapOptions(namespace=namespace, service_name="wh")
         )
 
     with ThreadPoolExecutor(6) as pool:
@@ -176,11 +183,15 @@ def test_concurrent_replicas_agree_on_one_secret(kc: KubeClient, namespace: str,
 def test_regenerates_only_when_invalid_expiring_or_not_covering_the_names(
     kc: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
-    first = ensure_webhook_certificates(kc, cert_dir=tmp_path, namespace=namespace, service_name="wh")
+    first = ensure_webhook_certificates(
+        kc, tmp_path, BootstrapOptions(namespace=namespace, service_name="wh")
+    )
     rv = first.secret_resource_version
 
     # A renamed Service: a new serving certificate for the new names, from the same CA.
-    renamed = ensure_webhook_certificates(kc, cert_dir=tmp_path, namespace=namespace, service_name="other")
+    renamed = ensure_webhook_certificates(
+        kc, tmp_path, BootstrapOptions(namespace=namespace, service_name="other")
+    )
     assert renamed.secret_action == "regenerated"
     assert renamed.certificates.ca == first.certificates.ca
     assert certs.cert_matches_hosts(renamed.certificates.serving.cert_pem, service_hosts("other", namespace))
@@ -189,10 +200,10 @@ def test_regenerates_only_when_invalid_expiring_or_not_covering_the_names(
     # About to expire (here: everything expires within the renewal window): new CA too.
     expiring = ensure_webhook_certificates(
         kc,
-        cert_dir=tmp_path,
-        namespace=namespace,
-        service_name="other",
-        renew_before=datetime.timedelta(days=365 * 20),
+        tmp_path,
+        BootstrapOptions(
+            namespace=namespace, service_name="other", renew_before=datetime.timedelta(days=365 * 20)
+        ),
     )
     assert expiring.secret_action == "regenerated"
     assert expiring.certificates.ca != renamed.certificates.ca
@@ -205,7 +216,9 @@ def test_regenerates_only_when_invalid_expiring_or_not_covering_the_names(
         else:
             del secret["data"]["ca.key"]
         kc.replace(kube.SECRET, namespace, wire.WEBHOOK_CERT_SECRET, secret)
-        fixed = ensure_webhook_certificates(kc, cert_dir=tmp_path, namespace=namespace, service_name="other")
+        fixed = ensure_webhook_certificates(
+            kc, tmp_path, BootstrapOptions(namespace=namespace, service_name="other")
+        )
         assert fixed.secret_action == "regenerated", damage
         assert sorted(_secret(kc, namespace)["data"]) == sorted(wire.WEBHOOK_CERT_KEYS)
 
@@ -259,20 +272,23 @@ def test_a_secret_left_by_the_go_controller_is_replaced(
 ) -> None:
     go_data = _go_made_secret_data(f"{DEFAULT_SERVICE_NAME}.{namespace}.svc")
     kc.create(kube.SECRET, namespace, {"metadata": {"name": wire.WEBHOOK_CERT_SECRET}, "data": go_data})
-    result = ensure_webhook_certificates(kc, cert_dir=tmp_path, namespace=namespace)
+    result = ensure_webhook_certificates(kc, tmp_path, BootstrapOptions(namespace=namespace))
     assert result.secret_action == "regenerated"  # one DNS name only: not enough
     data = _decoded(_secret(kc, namespace))
     assert data["ca.crt"] != base64.b64decode(go_data["ca.crt"])  # RSA CA: replaced too
     assert certs.cert_matches_hosts(data["tls.crt"], service_hosts(DEFAULT_SERVICE_NAME, namespace))
-    assert ensure_webhook_certificates(kc, cert_dir=tmp_path, namespace=namespace).secret_action == "reused"
+    assert (
+        ensure_webhook_certificates(kc, tmp_path, BootstrapOptions(namespace=namespace)).secret_action
+        == "reused"
+    )
 
 
 def test_the_namespace_comes_from_pod_namespace(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(wire.POD_NAMESPACE_ENV, raising=False)
-    assert webhook_namespace() == wire.DEFAULT_NAMESPACE == "resourceconsist"
+    assert kube.pod_namespace() == wire.DEFAULT_NAMESPACE == "resourceconsist"
     monkeypatch.setenv(wire.POD_NAMESPACE_ENV, "elsewhere")
-    assert webhook_namespace() == "elsewhere"
-    assert webhook_namespace("given") == "given"
+    assert kube.pod_namespace() == "elsewhere"
+    assert kube.pod_namespace("given") == "given"
     assert service_hosts("svc", "ns") == ("svc.ns.svc", "svc.ns.svc.cluster.local")
 
 
@@ -329,7 +345,8 @@ async def test_the_manifests_match_what_the_code_creates_and_serves(
     cert, key = control_plane.webhook_certificate()
     (tmp_path / "tls.crt").write_bytes(cert.read_bytes())
     (tmp_path / "tls.key").write_bytes(key.read_bytes())
-    server = await serve([adapter], client=kc, cert_dir=tmp_path, host="127.0.0.1", port=0, bootstrap=False)
+    options = WebhookOptions(host="127.0.0.1", port=0, cert_dir=tmp_path, bootstrap=None)
+    server = await serve([adapter], options, client=kc)
     try:
         assert server.paths == (hook["clientConfig"]["service"]["path"],)
     finally:
@@ -391,12 +408,13 @@ async def test_manifest_bootstrap_and_serve_admit_a_real_pod_with_least_privileg
     decisions: list[AdmissionDecision] = []
     server = await serve(
         [slb_webhook_adapter()],
+        WebhookOptions(
+            host="127.0.0.1",
+            port=0,
+            cert_dir=tmp_path,
+            bootstrap=BootstrapOptions(namespace=namespace, extra_hosts=("127.0.0.1",)),
+        ),
         client=as_manager,
-        cert_dir=tmp_path,
-        host="127.0.0.1",
-        port=0,
-        namespace=namespace,
-        extra_hosts=("127.0.0.1",),
         observer=decisions.append,
     )
     try:

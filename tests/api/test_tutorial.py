@@ -2,38 +2,28 @@
 
 from __future__ import annotations
 
-import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from resourceconsist import lifecycle
-from resourceconsist.orphans import GarbageConfig
+from resourceconsist.options import GarbageOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
-
-TUTORIAL = Path(__file__).resolve().parent.parent / "docs" / "tutorial.md"
-
-
-def tutorial_namespace() -> dict[str, Any]:
-    blocks = re.findall(r"```python\n(.*?)```", TUTORIAL.read_text(), re.S)
-    assert len(blocks) >= 5, "the tutorial lost its code blocks"
-    namespace: dict[str, Any] = {"__name__": "tutorial"}
-    exec(compile("\n".join(blocks), str(TUTORIAL), "exec"), namespace)
-    return namespace
 
 
 async def test_the_tutorial_adapter_converges(
-    control_plane: LocalControlPlane, namespace: str, tmp_path: Path
+    control_plane: LocalControlPlane, namespace: str, tmp_path: Path, tutorial: dict[str, Any]
 ) -> None:
-    tutorial = tutorial_namespace()
     result = await tutorial["tutorial_scenario"](control_plane, tmp_path / "backends", namespace)
     assert result["file_left"] is None, "the backends file must be gone with its Service"
     assert lifecycle.lifecycle_finalizer("web") not in finalizers(result["pod"])
 
 
-def test_the_tutorial_provider_never_shows_a_reader_half_a_file(tmp_path: Path) -> None:
-    backends = tutorial_namespace()["BackendsDir"](tmp_path)
+def test_the_tutorial_provider_never_shows_a_reader_half_a_file(
+    tmp_path: Path, tutorial: dict[str, Any]
+) -> None:
+    backends = tutorial["BackendsDir"](tmp_path)
     big = {f"web-{i}": {"ip": f"10.0.{i // 250}.{i % 250}", "weight": 100} for i in range(500)}
     backends.write("ns", "web", {})
     done = threading.Event()
@@ -60,15 +50,14 @@ def test_the_tutorial_provider_never_shows_a_reader_half_a_file(tmp_path: Path) 
 
 
 async def test_the_tutorial_adapter_s_stray_file_is_collected(
-    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path
+    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path, tutorial: dict[str, Any]
 ) -> None:
-    tutorial = tutorial_namespace()
     backends = tutorial["BackendsDir"](tmp_path)
     backends.write(cluster.namespace, "gone", {})
     backends.write(cluster.namespace, "alive", {})
     await cluster.service("alive")
     async with run_manager(
-        tutorial["CollectingFileAdapter"](backends), garbage=GarbageConfig(interval=None)
+        tutorial["CollectingFileAdapter"](backends), garbage=GarbageOptions(interval=None)
     ) as manager:
         (controller,) = manager.controllers.values()
 

@@ -32,6 +32,7 @@ from resourceconsist.webhook import (
     AdmissionDecision,
     ControlledServiceAdapter,
     EmployerRef,
+    WebhookOptions,
     WebhookServer,
 )
 
@@ -111,14 +112,16 @@ async def webhook(control_plane: LocalControlPlane, kc: KubeClient, tmp_path: Pa
             HangingAdapter(),
             FixedAdapter(),
         ],
+        WebhookOptions(
+            host="127.0.0.1",
+            port=0,
+            cert_dir=tmp_path,
+            bootstrap=None,
+            adapter_timeout=1.0,
+            cert_reload_interval=0.05,
+        ),
         informers=InformerFactory(kc),
         own_informers=True,
-        cert_file=cert_file,
-        key_file=key_file,
-        host="127.0.0.1",
-        port=0,
-        adapter_timeout=1.0,
-        cert_reload_interval=0.05,
         observer=decisions.append,
     )
     await server.start()

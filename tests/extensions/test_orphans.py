@@ -3,7 +3,7 @@ Service deleted with its finalizer stripped while the controller was down leaves
 group in the SLB emulator; the next start reports it in dry-run and collects it otherwise,
 releasing the pods only once the group is gone. A re-created Service of the same name keeps its
 group; an owner whose pass is queued or running, or that a live GET finds, is left alone; the
-demo adapter's items are collected the same way (the tutorial's: tests/test_tutorial.py).
+demo adapter's items are collected the same way (the tutorial's: tests/api/test_tutorial.py).
 """
 
 from __future__ import annotations
@@ -25,14 +25,15 @@ from resourceconsist.controller import Controller
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
-from resourceconsist.orphans import COLLECTED_REASON, GarbageConfig, GarbageReport
+from resourceconsist.options import GarbageOptions
+from resourceconsist.orphans import COLLECTED_REASON, GarbageReport
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
 GROUP = "resourceconsist/{ns}/web"
 FLZ = lifecycle.lifecycle_finalizer("web")
 GUARD = lifecycle.guard_finalizer("web")
-START_ONLY = GarbageConfig(interval=None)
+START_ONLY = GarbageOptions(interval=None)
 
 
 @pytest.fixture
@@ -82,7 +83,7 @@ async def _served_web(
     )
     await cluster.set_status("web-0", ready=True, service_ready=True)
     name = GROUP.format(ns=cluster.namespace)
-    async with run_manager(adapter, garbage=GarbageConfig(enabled=False)):
+    async with run_manager(adapter, garbage=GarbageOptions(enabled=False)):
 
         async def served() -> bool:
             group = _group(slb, lb, name)
@@ -116,7 +117,7 @@ async def test_a_group_left_by_a_service_deleted_while_down_is_reported_then_col
     key = f"{cluster.namespace}/web"
     assert _group(slb, lb, group.name) is not None, "the group outlives its Service"
 
-    async with run_manager(adapter, garbage=GarbageConfig(interval=None, dry_run=True)) as manager:
+    async with run_manager(adapter, garbage=GarbageOptions(interval=None, dry_run=True)) as manager:
         report = await _report(_controller(manager))
         assert report.dry_run
         assert list(report.orphans) == [key]
@@ -177,7 +178,7 @@ async def test_an_owner_with_a_pass_queued_or_running_is_left_alone(
     provider = FakeProvider()
     key = f"{cluster.namespace}/ghost"
     provider.vips[key] = VipStatus(vip="demo-remote-VIP", qps=100)
-    async with run_manager(DemoAdapter(provider), garbage=GarbageConfig(enabled=False)) as manager:
+    async with run_manager(DemoAdapter(provider), garbage=GarbageOptions(enabled=False)) as manager:
         controller = _controller(manager)
         # What a worker holds while it runs the key's pass (the workqueue's own bookkeeping).
         assert controller.queue.claim(key)
@@ -216,7 +217,7 @@ async def test_an_owner_recreated_during_the_pass_is_not_collected(
     provider = RecreatingProvider(cluster.client, cluster.namespace)
     key = f"{cluster.namespace}/ghost"
     provider.vips[key] = VipStatus(vip="demo-remote-VIP", qps=100)
-    async with run_manager(DemoAdapter(provider), garbage=GarbageConfig(enabled=False)) as manager:
+    async with run_manager(DemoAdapter(provider), garbage=GarbageOptions(enabled=False)) as manager:
         report = await _controller(manager).garbage.run_once()
     assert report.collected == [] and report.orphans == {}
     assert key not in report.failed
@@ -249,7 +250,7 @@ async def test_a_dry_run_never_calls_a_mutating_provider_api(
     provider.put_vip("create_vip", f"{cluster.namespace}/gone", VipStatus(vip="v", qps=1))
     before = provider.mutating_calls()
     async with run_manager(
-        DemoAdapter(provider), garbage=GarbageConfig(interval=None, dry_run=True)
+        DemoAdapter(provider), garbage=GarbageOptions(interval=None, dry_run=True)
     ) as manager:
         report = await _report(_controller(manager))
     assert list(report.orphans) == [f"{cluster.namespace}/gone"]

@@ -19,7 +19,7 @@ from resourceconsist import certs
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.testing import async_wait_for
-from resourceconsist.webhook import ConnectionLimits, EmployerRef, WebhookServer
+from resourceconsist.webhook import ConnectionLimits, EmployerRef, WebhookOptions, WebhookServer
 
 #: Short deadlines so the tests are quick; each test waits at most deadline + SLACK.
 LIMITS = ConnectionLimits(handshake_timeout=1.0, header_timeout=1.0, body_timeout=1.0, idle_timeout=1.5)
@@ -53,13 +53,9 @@ async def _server(tmp_path: Path, limits: ConnectionLimits) -> tuple[WebhookServ
     (tmp_path / "tls.key").write_bytes(serving.key_pem)
     server = WebhookServer(
         [FixedAdapter()],
+        WebhookOptions(host="127.0.0.1", port=0, cert_dir=tmp_path, bootstrap=None, limits=limits),
         # The adapter reads no cache: the informers never start, the client is never used.
         informers=InformerFactory(KubeClient(None)),
-        cert_file=tmp_path / "tls.crt",
-        key_file=tmp_path / "tls.key",
-        host="127.0.0.1",
-        port=0,
-        limits=limits,
     )
     await server.start()
     return server, Tls(ca)
@@ -198,7 +194,7 @@ async def test_two_thousand_idle_connections_are_accepted_then_cut(
     webhook: tuple[WebhookServer, Tls],
 ) -> None:
     server, tls = webhook
-    assert server.limits.max_connections > 2000
+    assert server.options.limits.max_connections > 2000
     # Opened from a thread: the server shares this event loop and must keep accepting.
     idle = await asyncio.to_thread(
         lambda: [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2000)]

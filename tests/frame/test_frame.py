@@ -12,7 +12,7 @@ from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.experimental.demo import DEMO_CONDITION_ANNOTATION, DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeObject
-from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
+from resourceconsist.testing import Cluster, WaitTimeout, annotation, async_wait_for, finalizers
 
 
 async def test_twenty_services_share_twenty_pods_without_losing_an_entry(
@@ -88,7 +88,15 @@ async def test_a_raising_adapter_warns_records_retries_with_backoff_and_spares_o
                 "get current employees failed: provider is down",
             ) in await cluster.events("bad")
 
-        await async_wait_for(warned, timeout=20, message="a Warning event on the failing Service")
+        try:
+            await async_wait_for(warned, timeout=20, message="a Warning event on the failing Service")
+        except WaitTimeout as err:
+            # Say what the controller did meanwhile, so a failure here can be told apart from a
+            # pass that never ran (no attempts) or an Event that never landed (attempts, no Event).
+            seen = await cluster.events("bad")
+            raise WaitTimeout(
+                f"{err}; failed attempts: {len(adapter.attempts)}; Events on bad: {seen}"
+            ) from err
 
         async def condition() -> str | None:
             return annotation(await cluster.get(kube.SERVICE, "bad"), DEMO_CONDITION_ANNOTATION)

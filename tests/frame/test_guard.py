@@ -31,8 +31,6 @@ from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.podwriter import EmployerEntry, PodIntent, PodWriter
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
-from .test_tutorial import tutorial_namespace
-
 ENTRY = EmployerEntry(
     key="Service/ns/svc",
     lifecycle_finalizer=lifecycle.lifecycle_finalizer("svc"),
@@ -341,9 +339,8 @@ async def test_a_pass_stopped_in_the_middle_leaves_the_pod_guarded_and_consisten
 
 @pytest.mark.parametrize("record", [False, True])
 async def test_deleting_a_service_served_by_the_tutorial_adapter_releases_its_pods(
-    cluster: Cluster, run_manager: Any, tmp_path: Path, record: bool
+    cluster: Cluster, run_manager: Any, tmp_path: Path, record: bool, tutorial: dict[str, Any]
 ) -> None:
-    tutorial = tutorial_namespace()
 
     class Recording(tutorial["FileAdapter"]):  # type: ignore[misc,name-defined]
         def follow_pod_ops_lifecycle(self) -> bool:

@@ -7,8 +7,9 @@ never calls a mutating API. Manage mode: 45 ready pods become 45 backends in bat
 20; leaving pods are set to weight 0 before removal and keep their finalizer until removed;
 foreign groups and backends stay untouched; throttling and ambiguous failures still converge
 without a double add; a group still attached to a listener blocks the Service's deletion with a
-Warning event. Every test checks that no log record (captured at DEBUG) and no Event shows the
-access key id or secret.
+Warning event. A mode annotation that is neither is a Warning event and no write, until fixed:
+the next pass reads the mode again. Every test checks that no log record (captured at DEBUG) and
+no Event shows the access key id or secret.
 """
 
 from __future__ import annotations
@@ -248,6 +249,34 @@ async def test_observe_mode_reports_a_missing_load_balancer_as_a_warning(
     text = await _events_text(cluster, "web")
     assert "Warning GetCurrentEmployeesFailed" in text
     assert "The specified load balancer does not exist." in text
+
+
+async def test_a_bad_mode_is_a_warning_event_and_the_next_pass_reads_the_fixed_mode(
+    cluster: Cluster, run_manager: Any, slb: SLBEmulator, adapter: SLBAdapter
+) -> None:
+    lb = slb.add_load_balancer()
+    await _slb_service(cluster, lb, manage=False, **{MODE_ANNOTATION: "own"})
+    await _ready_pods(cluster, ["web-0"])
+    async with run_manager(adapter):
+
+        async def warned() -> str:
+            text = await _events_text(cluster, "web")
+            return text if "slb-mode" in text else ""
+
+        text = await async_wait_for(warned, timeout=30, message="a Warning event naming the annotation")
+        assert (
+            f"Warning GetExpectedEmployerFailed get expect employer failed: Service {cluster.namespace}/web: "
+            "annotation resource-consist.kusionstack.io/slb-mode='own' is neither 'observe' nor 'manage'"
+        ) in text
+        assert not slb.mutating_calls()
+        assert FLZ not in (await _pod_finalizers(cluster, "web-0") or [])
+
+        # Fixed: a later pass of the same Service reads the mode again and manages the pod.
+        await cluster.patch(kube.SERVICE, "web", {"metadata": {"annotations": {MODE_ANNOTATION: "manage"}}})
+        await async_wait_for(lambda: _guarded(cluster, ["web-0"]), timeout=30, message="web-0 guarded")
+    group_name = vserver_group_name(await cluster.get(kube.SERVICE, "web") or {})
+    group = next(g.id for g in slb.vserver_groups(lb) if g.name == group_name)
+    assert _member(slb, group, cluster.ip_of("web-0")) is not None
 
 
 # ---- manage mode ------------------------------------------------------------------------------------

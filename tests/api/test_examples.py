@@ -18,7 +18,7 @@ import pytest
 from resourceconsist import kube, lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers, wait_for
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "nginx-upstream"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nginx-upstream"
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,500 @@
+"""Manage mode: ``ManageStrategy``, and how a ready pod's backend is built (``annotated_backend``).
+
+The adapter owns one VServer group, ``resourceconsist/<namespace>/<service>``, and keeps its
+backends (pod IPs on ENIs, or ECIs) equal to the ready pods: adds them (weight from an annotation,
+default 100), sets a leaving pod's weight to 0 first and removes it later (after an optional
+drain), and deletes the group with the Service. It never touches another group, nor a backend of
+its group that it did not write (ours carry the ``resourceconsist/<pod>`` description). Drain
+clocks live in the per-Service ``ctx.memo``, which the frame drops with the Service
+(docs/alibabacloudslb.md, "Manage").
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final
+
+from resourceconsist import kube, lifecycle
+from resourceconsist.adapter import (
+    Employee,
+    Employer,
+    Outcome,
+    OwnedItem,
+    PodEmployeeStatuses,
+    ReconcileContext,
+    pod_employee_statuses,
+)
+from resourceconsist.cancellation import call_adapter
+from resourceconsist.errors import ResourceConsistError
+from resourceconsist.kube import KubeObject
+
+from . import config
+from .config import LOAD_BALANCER_ID_LABEL, Mode
+from .items import Attached, Desired, GroupEmployer, GroupStatus, ManagedEmployee
+from .slbclient import BackendKey, BackendServer, SLBError, SLBNotFound, VServerGroup
+from .strategy import Change, ModeStrategy, Tools, pod_name
+
+#: Where the drain clocks live in the frame's per-Service ``ctx.memo``.
+_DRAIN_KEY: Final = "alibabacloudslb.drain_since"
+
+_ORPHAN_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
+#: The tail ``config.vserver_group_name`` gives a shortened name.
+_SHORTENED = re.compile(r"-[0-9a-f]{10}$")
+
+
+class Unresolved(ResourceConsistError):
+    """A ready pod for which no backend can be built yet; the message says why."""
+
+
+def annotated_backend(service: KubeObject, pod: KubeObject) -> BackendServer:
+    """The default resolver: pod IP, ``ServerId`` from the pod's server-id annotation.
+
+    SLB wants the ENI id (``eni-...``) or ECI instance id beside the IP. Nothing in the pod
+    object carries the ENI id of a shared-ENI terway pod, and this project has no ECS client, so
+    it is read from ``resource-consist.kusionstack.io/slb-backend-server-id``; pass another
+    resolver (e.g. one asking ECS ``DescribeNetworkInterfaces`` by IP) to ``SLBAdapter``.
+    """
+    name = pod_name(pod)
+    ip = config.pod_ip(pod)
+    if not ip:
+        raise Unresolved("the pod has no IP yet")
+    port = config.backend_port(service, pod)
+    if port is None:
+        raise Unresolved(f"the pod declares no container port named by {config.PORT_ANNOTATION} / targetPort")
+    server_id = (pod["metadata"].get("annotations") or {}).get(config.SERVER_ID_ANNOTATION, "").strip()
+    if not server_id:
+        raise Unresolved(f"the pod has no {config.SERVER_ID_ANNOTATION} annotation (its ENI or ECI id)")
+    return BackendServer(
+        server_id=server_id,
+        port=port,
+        weight=config.backend_weight(service, pod),
+        server_type=config.backend_type(service, pod),
+        server_ip=ip,
+        description=config.member_description(name),
+    )
+
+
+@dataclass(eq=False)
+class ManageStrategy(ModeStrategy):
+    """Our VServer group is the employer; one item per relevant pod (and per orphan backend)."""
+
+    mode = Mode.MANAGE
+
+    group_name: str = field(default="", init=False)
+    drain_seconds: float = field(default=0.0, init=False)
+    group: VServerGroup | None = field(default=None, init=False)
+    group_read: bool = field(default=False, init=False)
+    expected: list[Employee] | None = field(default=None, init=False)
+    current: list[Employee] | None = field(default=None, init=False)
+    #: Our backends in the group, by the item (pod or orphan) they belong to.
+    attached: dict[str, tuple[BackendServer, ...]] = field(default_factory=dict, init=False)
+
+    def read_settings(self) -> None:
+        self.group_name = config.vserver_group_name(self.service)
+        self.drain_seconds = config.drain_seconds(self.service)
+
+    def selected_employee_names(self) -> list[str]:
+        """Also the pods still holding our finalizer.
+
+        The frame (record mode) strips the lifecycle finalizer from recorded pods that are no
+        longer selected, at once. Here an unselected pod keeps its backend until it is drained
+        and removed, so it must keep the finalizer as long: it stays "selected" while it carries
+        it, and the normal item flow releases it after the removal.
+        """
+        names = super().selected_employee_names()
+        known = set(names)
+        for pod in self.ctx.reader.list(kube.POD, self.namespace):
+            if pod_name(pod) not in known and config.carries_finalizer(pod, self.finalizer, self.guard):
+                names.append(pod_name(pod))
+        return names
+
+    @classmethod
+    async def list_owned(
+        cls, tools: Tools, ctx: ReconcileContext, load_balancers: Sequence[str]
+    ) -> list[OwnedItem]:
+        """Our VServer groups (``resourceconsist/<ns>/<svc>``) on the load balancers the
+        Services name and on ``load_balancers``; each owned by the Service its name names.
+
+        A group whose name was shortened (past SLB's 80 characters) names no Service it can be
+        traced back to: it is never listed, so never collected. The stand-in of a gone owner
+        says manage mode, so collecting a group is this strategy's ``delete_employers``.
+        """
+        lbs = set(load_balancers)
+        for service in ctx.reader.list(kube.SERVICE):
+            if config.is_slb_service(service):
+                lbs.add(config.load_balancer_id(service))
+        owned: list[OwnedItem] = []
+        for lb in sorted(lb for lb in lbs if lb):
+            try:
+                groups = await call_adapter(tools.client.describe_vserver_groups, lb)
+            except SLBNotFound:
+                continue  # the load balancer is gone, and its groups with it
+            for group in groups:
+                owner = _group_owner(group.name)
+                if owner is None:
+                    continue
+                owned.append(
+                    OwnedItem(
+                        owner=owner,
+                        id=f"VServer group {group.name} ({group.id}) on {lb}",
+                        labels={LOAD_BALANCER_ID_LABEL: lb},
+                        annotations={config.MODE_ANNOTATION: cls.mode.value},
+                    )
+                )
+        return owned
+
+    # -- employer: our VServer group ------------------------------------------------------------------
+
+    async def expected_employers(self) -> list[Employer]:
+        if self.deleting:
+            return []
+        return [GroupEmployer(id=self.group_name, statuses=GroupStatus(load_balancer_id=self.lb_id))]
+
+    async def current_employers(self) -> list[Employer]:
+        await self._read_group()
+        if self.group is None:
+            return []
+        return [
+            GroupEmployer(
+                id=self.group_name,
+                statuses=GroupStatus(load_balancer_id=self.lb_id, vserver_group_id=self.group.id),
+            )
+        ]
+
+    async def create_employers(self, to_create: list[Employer]) -> Outcome[Employer]:
+        done: list[Employer] = []
+        for item in to_create:
+            if item.id != self.group_name:
+                raise self.not_ours("create", item)
+            try:
+                group_id = await call_adapter(self.tools.client.create_vserver_group, self.lb_id, item.id)
+            except SLBError as err:
+                return self._deferred("creating VServer group", err, done, to_create)
+            self.group = VServerGroup(id=group_id, name=item.id, load_balancer_id=self.lb_id)
+            self.log(logging.INFO, "created VServer group %s (%s) on %s", item.id, group_id, self.lb_id)
+            done.append(item)
+        return done, []
+
+    async def delete_employers(self, to_delete: list[Employer]) -> Outcome[Employer]:
+        done: list[Employer] = []
+        for item in to_delete:
+            status = item.statuses
+            if (
+                not isinstance(status, GroupStatus)
+                or item.id != self.group_name
+                or not status.vserver_group_id
+            ):
+                raise self.not_ours("delete", item)
+            try:
+                await call_adapter(
+                    functools.partial(
+                        self.tools.client.delete_vserver_group,
+                        status.vserver_group_id,
+                        load_balancer_id=status.load_balancer_id,
+                    )
+                )
+            except SLBNotFound:
+                pass  # already gone
+            except SLBError as err:
+                return self._deferred("deleting VServer group", err, done, to_delete)
+            self.log(logging.INFO, "deleted VServer group %s (%s)", item.id, status.vserver_group_id)
+            self.group = None
+            done.append(item)
+        return done, []
+
+    def _deferred(
+        self, what: str, err: SLBError, done: list[Employer], items: list[Employer]
+    ) -> Outcome[Employer]:
+        """A transient error ends the call: what is done is done, the rest waits for a later pass."""
+        if not err.transient:
+            raise err
+        self.log(logging.INFO, "%s deferred: %s", what, err)
+        return done, [i for i in items if i not in done]
+
+    # -- employees --------------------------------------------------------------------------------------
+
+    async def expected_employees(self) -> list[Employee]:
+        await self._plan()
+        return list(self.expected or [])
+
+    async def current_employees(self) -> list[Employee]:
+        if self.current is None:
+            await self._plan()
+        return list(self.current or [])
+
+    async def change_employees(self, change: Change, items: list[Employee]) -> Outcome[Employee]:
+        return await self._converge(items, leaving=change == "delete")
+
+    # -- reading and planning ------------------------------------------------------------------------------
+
+    def _drain_clocks(self) -> dict[BackendKey, float]:
+        """When each of the Service's backends was set to weight 0 (kept across passes)."""
+        clocks: dict[BackendKey, float] = self.ctx.memo.setdefault(_DRAIN_KEY, {})
+        return clocks
+
+    async def _read_group(self) -> None:
+        if self.group_read:
+            return
+        self.group_read = True
+        groups = await self.read_load_balancer(
+            self.tools.client.describe_vserver_groups,
+            f"its VServer group {self.group_name}, if any, is left in place",
+        )
+        if groups is None:
+            return
+        ours = sorted((g for g in groups if g.name == self.group_name), key=lambda g: g.id)
+        if len(ours) > 1:
+            self.log(
+                logging.WARNING,
+                "%d VServer groups named %s on %s (%s); using %s and leaving the others",
+                len(ours),
+                self.group_name,
+                self.lb_id,
+                ", ".join(g.id for g in ours),
+                ours[0].id,
+            )
+        self.group = ours[0] if ours else None
+
+    async def _members(self) -> list[BackendServer]:
+        await self._read_group()
+        if self.group is None:
+            return []
+        try:
+            members = await call_adapter(self.tools.client.describe_vserver_group_backends, self.group.id)
+        except SLBNotFound:
+            self.group = None
+            return []
+        # Backends someone else put into our group are theirs: never matched, changed or removed.
+        return [m for m in members if config.is_our_member_description(m.description)]
+
+    async def _plan(self) -> None:
+        """Expected and current items for every pod that matters, from one read of the group.
+
+        Relevant pods: the selected ones, the ones holding our finalizer, and the ones whose IP
+        one of our backends carries. Each appears on both sides under its name, so the diff
+        yields only updates and unchanged items for pods; our backends that no pod accounts for
+        are current-only orphans, which the diff deletes.
+        """
+        members = await self._members()
+        reader = self.ctx.reader
+        pods = reader.list(kube.POD, self.namespace)
+        selected = set() if self.deleting else {pod_name(p) for p in reader.pods_selected_by(self.service)}
+        by_name = {pod_name(p): p for p in pods}
+        relevant = {n for n in selected if n in by_name}
+        relevant |= {pod_name(p) for p in pods if config.carries_finalizer(p, self.finalizer, self.guard)}
+
+        pods_by_ip: dict[str, list[KubeObject]] = {}
+        for pod in pods:
+            ip = config.pod_ip(pod)
+            if ip:
+                pods_by_ip.setdefault(ip, []).append(pod)
+        attached: dict[str, list[BackendServer]] = {}
+        orphans: list[BackendServer] = []
+        for member in members:
+            candidates = pods_by_ip.get(member.server_ip or "", [])
+            if not candidates:
+                orphans.append(member)
+                continue
+            owner = pod_name(min(candidates, key=lambda p: _pod_rank(p, selected)))
+            relevant.add(owner)
+            attached.setdefault(owner, []).append(member)
+
+        expected: list[Employee] = []
+        current: list[Employee] = []
+        for name in sorted(relevant):
+            pod = by_name[name]
+            mine = tuple(attached.get(name, ()))
+            self.attached[name] = mine
+            held = config.carries_finalizer(pod, self.finalizer, self.guard)
+            if not self.deleting:
+                expected.append(self._expected_item(pod, name in selected))
+            elif not (held or mine):
+                continue  # nothing to release and nothing to remove
+            base = pod_employee_statuses(pod)
+            base.extra_status = Attached(members=mine)
+            current.append(ManagedEmployee(id=name, name=name, statuses=base))
+        for member in orphans:
+            orphan = _orphan_name(member)
+            self.attached[orphan] = (member,)
+            statuses = PodEmployeeStatuses(
+                ip=member.server_ip or "", extra_status=Attached(members=(member,))
+            )
+            current.append(ManagedEmployee(id=orphan, name=orphan, statuses=statuses))
+
+        # Forget drain clocks of backends that no longer exist.
+        known = {m.key for m in members}
+        clocks = self._drain_clocks()
+        for key in [k for k in clocks if k not in known]:
+            del clocks[key]
+        self.expected, self.current = expected, current
+
+    def _expected_item(self, pod: KubeObject, selected: bool) -> Employee:
+        name = pod_name(pod)
+        statuses = pod_employee_statuses(pod)
+        desired: Desired
+        if not selected or lifecycle.is_deleting(pod):
+            desired = Desired(state="gone")
+        elif not statuses.lifecycle_ready:
+            desired = Desired(state="idle")
+        else:
+            try:
+                desired = Desired(state="on", backend=self.tools.resolver(self.service, pod))
+            except Unresolved as why:
+                desired = Desired(state="pending", reason=str(why))
+        # The frame adds the finalizer to updated/unchanged items whose lifecycle_ready is True
+        # and removes it when False: True exactly when the pod has its backend, at its weight.
+        statuses.lifecycle_ready = desired.state == "on"
+        statuses.extra_status = desired
+        return ManagedEmployee(id=name, name=name, statuses=statuses)
+
+    # -- writing ----------------------------------------------------------------------------------------
+
+    async def _converge(self, items: Sequence[Employee], *, leaving: bool) -> Outcome[Employee]:
+        """Bring each item's backends to its desired state; (done, not done).
+
+        Adds first, then weight changes, then removals, one client call each (the client cuts
+        them into batches of 20). A backend that must go is set to weight 0 first and removed
+        on a later pass, once it is seen at weight 0 and its drain time has passed; its item is
+        "not done" meanwhile, so the frame keeps the pod's finalizer and looks again.
+        """
+        client = self.tools.client
+        now = self.tools.clock()
+        clocks = self._drain_clocks()
+        adds: list[tuple[str, BackendServer]] = []
+        sets: list[tuple[str, BackendServer]] = []
+        removes: list[tuple[str, BackendServer]] = []
+        not_done: set[str] = set()
+        drained: list[tuple[str, BackendServer]] = []
+
+        def retire(item_id: str, member: BackendServer) -> None:
+            if member.weight > 0:
+                drained.append((item_id, member))
+                sets.append((item_id, member.model_copy(update={"weight": 0})))
+                not_done.add(item_id)
+                return
+            since = clocks.setdefault(member.key, now)
+            left = since + self.drain_seconds - now
+            if left <= 0:
+                removes.append((item_id, member))
+            else:
+                not_done.add(item_id)
+                self.drain_due = left if self.drain_due is None else min(self.drain_due, left)
+
+        for item in items:
+            members = self.attached.get(item.id)
+            if members is None:
+                attached = item.attached if isinstance(item, ManagedEmployee) else None
+                members = attached.members if attached is not None else ()
+            desired = Desired(state="gone") if leaving else _desired_of(item)
+            if desired.state == "pending":
+                self.log(
+                    logging.INFO, "pod %s is ready but has no backend yet: %s", item.name, desired.reason
+                )
+                not_done.add(item.id)
+            elif desired.state == "on" and desired.backend is not None:
+                want = desired.backend
+                if not any(m.key == want.key for m in members):
+                    adds.append((item.id, want))
+                clocks.pop(want.key, None)  # wanted again: no longer leaving
+                for member in members:
+                    if member.key != want.key:
+                        retire(item.id, member)  # a stale backend (e.g. the port changed)
+                    elif member.weight != want.weight:
+                        sets.append((item.id, want))
+            elif desired.state == "idle":
+                for member in members:
+                    if member.weight > 0:
+                        sets.append((item.id, member.model_copy(update={"weight": 0})))
+            else:
+                for member in members:
+                    retire(item.id, member)
+
+        if (adds or sets or removes) and self.group is None:
+            # No group (its creation is still pending): nothing can be written yet.
+            self.log(logging.INFO, "VServer group %s does not exist yet", self.group_name)
+            not_done |= {item_id for item_id, _ in (*adds, *sets, *removes)}
+        else:
+            group = self.group
+            for action, ops, call in (
+                ("add", adds, client.add_backend_servers),
+                ("set weights of", sets, client.set_backend_weights),
+                ("remove", removes, client.remove_backend_servers),
+            ):
+                if not ops or group is None:
+                    continue
+                try:
+                    await call_adapter(
+                        functools.partial(
+                            call, group.id, [server for _, server in ops], load_balancer_id=self.lb_id
+                        )
+                    )
+                except SLBError as err:
+                    if not err.transient:
+                        raise
+                    self.log(logging.INFO, "could not %s %d backends yet: %s", action, len(ops), err)
+                    not_done |= {item_id for item_id, _ in ops}
+                    continue
+                self.log(
+                    logging.INFO,
+                    "%s %d backends of %s: %s",
+                    action,
+                    len(ops),
+                    group.id,
+                    ", ".join(f"{s.server_ip or s.server_id}:{s.port}@{s.weight}" for _, s in ops[:5])
+                    + (" ..." if len(ops) > 5 else ""),
+                )
+                if action == "set weights of":
+                    # The drain of a backend just set to weight 0 starts now.
+                    for _, member in drained:
+                        clocks[member.key] = now
+                elif action == "remove":
+                    for _, member in ops:
+                        clocks.pop(member.key, None)
+        done = [item for item in items if item.id not in not_done]
+        return done, [item for item in items if item.id in not_done]
+
+
+def _orphan_name(member: BackendServer) -> str:
+    # A name no pod can have ('~' is not allowed in pod names) but safe in a URL: the frame looks
+    # such a name up (404) when it plans finalizers for the deleted item, and finds nothing.
+    parts = (member.server_id, str(member.port), member.server_ip or "")
+    return "slb-member~" + "~".join(_ORPHAN_UNSAFE.sub("-", part) for part in parts)
+
+
+def _pod_rank(pod: KubeObject, selected: set[str]) -> tuple[int, int, float]:
+    """Sort key choosing which pod owns an IP that several pods report (lowest first): selected,
+    then alive and not finished, then the newest (an IP freed by an old pod is the newer one's)."""
+    phase = (pod.get("status") or {}).get("phase")
+    created = str(pod["metadata"].get("creationTimestamp") or "")
+    try:
+        age = -datetime.fromisoformat(created).timestamp()
+    except ValueError:
+        age = 0.0
+    return (
+        0 if pod_name(pod) in selected else 1,
+        (1 if lifecycle.is_deleting(pod) else 0) + (2 if phase in ("Succeeded", "Failed") else 0),
+        age,
+    )
+
+
+def _group_owner(group_name: str) -> str | None:
+    """The key of the Service whose group ``group_name`` is, when the name traces back to one."""
+    if not group_name.startswith(config.GROUP_NAME_PREFIX):
+        return None
+    namespace, sep, name = group_name[len(config.GROUP_NAME_PREFIX) :].partition("/")
+    if not (sep and namespace and name) or _SHORTENED.search(name):
+        # A shortened name ends in "-<10 hex digits>" and reads like the full name of another
+        # Service: never claim one that may be shortened.
+        return None
+    probe: KubeObject = {"metadata": {"namespace": namespace, "name": name}}
+    return f"{namespace}/{name}" if config.vserver_group_name(probe) == group_name else None
+
+
+def _desired_of(item: Employee) -> Desired:
+    desired = item.desired if isinstance(item, ManagedEmployee) else None
+    return desired if desired is not None else Desired(state="gone")

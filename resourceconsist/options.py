@@ -1,0 +1,128 @@
+"""The settings of a manager: ``ManagerOptions``, with ``LeaderElectionOptions`` and
+``GarbageOptions`` inside (docs/reference/options.md).
+
+They live apart from what they configure and import only the standard library and the error
+tree, so the command line takes its flags' defaults from them without importing the manager,
+its HTTP server or the Kubernetes client (``resourceconsist --help`` stays light).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from resourceconsist.errors import InvalidOptions, check_seconds
+
+
+def _identity() -> str:
+    return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class LeaderElectionOptions:
+    """Which Lease the replicas of a manager compete for, and how fast (controller-runtime's
+    ``LeaderElectionID``, ``LeaseDuration``, ``RenewDeadline``, ``RetryPeriod``).
+
+    The timings must satisfy lease duration > renew deadline > retry period > 0, else
+    ``InvalidOptions`` says which; how to choose them: docs/concepts.md, "Leader election timings".
+    """
+
+    #: Name of the Lease (``resourceconsist run --leader-election-id``).
+    name: str = "resourceconsist-manager"
+    #: Namespace of the Lease; None: the pod's own (``$POD_NAMESPACE``), else ``resourceconsist``.
+    namespace: str | None = None
+    #: This replica's name in the Lease; by default ``$POD_NAME`` (else the host name) and a
+    #: random suffix, so a restarted pod never mistakes its predecessor's lease for its own.
+    identity: str = field(default_factory=_identity)
+    #: Seconds a standby waits after the last renewal before it takes the Lease over: the
+    #: longest a crashed leader leaves the controllers unattended.
+    lease_duration: float = 15.0
+    #: Seconds the leader keeps trying to renew before it steps down; shorter than the lease,
+    #: so a leader cut off from the API server stops before anyone else may start.
+    renew_deadline: float = 10.0
+    #: Seconds between two attempts to acquire or renew.
+    retry_period: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise InvalidOptions("the Lease needs a name", "name")
+        check_seconds("retry_period", self.retry_period)
+        if not self.renew_deadline > self.retry_period:
+            raise InvalidOptions(
+                f"renew deadline ({self.renew_deadline:g}s) must be longer than the retry period "
+                f"({self.retry_period:g}s), so the leader gets more than one try to renew before "
+                "stepping down",
+                "renew_deadline",
+                "retry_period",
+            )
+        if not self.lease_duration > self.renew_deadline:
+            raise InvalidOptions(
+                f"lease duration ({self.lease_duration:g}s) must be longer than the renew deadline "
+                f"({self.renew_deadline:g}s), so a leader that cannot renew steps down before a "
+                "standby takes over",
+                "lease_duration",
+                "renew_deadline",
+            )
+
+
+@dataclass(frozen=True)
+class GarbageOptions:
+    """When a controller looks for orphans (docs/lifecycle-hooks.md, "Orphans"); part of
+    ``ManagerOptions``."""
+
+    #: False: never look for orphans (``resourceconsist run --no-garbage``).
+    enabled: bool = True
+    #: Seconds between two passes, after the one at start-up; None: at start-up only.
+    interval: float | None = 600.0
+    #: Only report what a pass would delete (``--garbage-dry-run``).
+    dry_run: bool = False
+    #: How soon an owner whose collection is not finished (e.g. a drain) is tried again.
+    retry: float = 5.0
+
+    def __post_init__(self) -> None:
+        check_seconds("interval", self.interval)
+        check_seconds("retry", self.retry)
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """What a ``Manager`` watches, serves and how it stops (controller-runtime's
+    ``manager.Options``). Bad values raise ``InvalidOptions`` naming the field."""
+
+    #: Watch only this namespace (namespaced kinds); None: all namespaces.
+    namespace: str | None = None
+    #: Seconds between full resyncs of every informer cache; None: never (events only).
+    resync_period: float | None = None
+    #: ``(host, port)`` of ``/healthz``, ``/readyz`` and ``/metrics`` (port 0: any free port);
+    #: None: not served. ``resourceconsist run`` serves them on ``0.0.0.0:8081``.
+    health_address: tuple[str, int] | None = None
+    #: Seconds in-flight reconciles get to finish when the manager stops.
+    shutdown_timeout: float = 30.0
+    #: Reconcile only while holding a Lease; None: always (a single replica).
+    leader_election: LeaderElectionOptions | None = None
+    #: The orphan-collection pass of every controller (docs/lifecycle-hooks.md, "Orphans").
+    garbage: GarbageOptions = field(default_factory=GarbageOptions)
+
+    def __post_init__(self) -> None:
+        check_seconds("resync_period", self.resync_period)
+        check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
+        if self.health_address is not None:
+            host, port = self.health_address
+            if not 0 <= port <= 65535:
+                raise InvalidOptions(
+                    f"health address {host}:{port} has no valid port (0 to 65535)", "health_address"
+                )
+
+
+class ManagerKeywords(TypedDict, total=False):
+    """``ManagerOptions``' fields as keywords of ``Manager(client, **keywords)``."""
+
+    namespace: str | None
+    resync_period: float | None
+    health_address: tuple[str, int] | None
+    shutdown_timeout: float
+    leader_election: LeaderElectionOptions | None
+    garbage: GarbageOptions

@@ -1,0 +1,238 @@
+"""The options objects (docs/reference/options.md): each refuses a value it cannot work with in a
+message that names it, none can be changed once built, ``Manager`` takes its options whole or as
+keywords, and the command line builds them from its flags, with their defaults."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+
+from resourceconsist import cli
+from resourceconsist.errors import InvalidOptions
+from resourceconsist.kube import KubeClient
+from resourceconsist.manager import Manager
+from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.webhook import BootstrapOptions, ConnectionLimits, WebhookOptions
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def test_a_renew_deadline_not_shorter_than_the_lease_is_refused_naming_both() -> None:
+    with pytest.raises(
+        InvalidOptions, match=r"lease duration \(10s\) must be longer than the renew deadline \(10s\)"
+    ) as err:
+        LeaderElectionOptions(lease_duration=10, renew_deadline=10)
+    assert err.value.fields == ("lease_duration", "renew_deadline")
+    with pytest.raises(
+        InvalidOptions, match=r"renew deadline \(2s\) must be longer than the retry period \(3s\)"
+    ):
+        LeaderElectionOptions(renew_deadline=2, retry_period=3)
+    with pytest.raises(InvalidOptions, match=r"retry period must be more than 0 seconds \(got 0\)"):
+        LeaderElectionOptions(retry_period=0)
+
+
+#: A bad value of each kind, and what the refusal says: (options class, the value, its message).
+BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
+    (ManagerOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
+    (ManagerOptions, {"resync_period": 0}, "resync period must be more than 0 seconds (got 0)"),
+    (ManagerOptions, {"health_address": ("127.0.0.1", 70000)}, "has no valid port (0 to 65535)"),
+    (GarbageOptions, {"interval": -5}, "interval must be more than 0 seconds (got -5)"),
+    (GarbageOptions, {"retry": 0}, "retry must be more than 0 seconds (got 0)"),
+    (WebhookOptions, {"port": -1}, "port must be 0 to 65535 (got -1)"),
+    (WebhookOptions, {"adapter_timeout": -0.5}, "adapter timeout must be more than 0 seconds (got -0.5)"),
+    (WebhookOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
+    (WebhookOptions, {"max_body_bytes": 0}, "max body bytes must be at least 1 (got 0)"),
+    (BootstrapOptions, {"service_name": ""}, "the webhook Service needs a name"),
+    (BootstrapOptions, {"interval": -600}, "interval must be more than 0 seconds (got -600)"),
+    (BootstrapOptions, {"renew_before": datetime.timedelta(days=-1)}, "renew before must not be negative"),
+    (BootstrapOptions, {"webhook_url": "http://127.0.0.1:9443"}, "is not an https:// URL with a host"),
+    (ConnectionLimits, {"idle_timeout": 0}, "idle timeout must be more than 0 seconds (got 0)"),
+    (ConnectionLimits, {"max_connections": 0}, "max connections must be at least 1 (got 0)"),
+]
+
+
+@pytest.mark.parametrize(("options", "value", "message"), BAD_VALUES)
+def test_a_bad_value_is_refused_with_the_field_and_what_is_wrong(
+    options: type[Any], value: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(InvalidOptions) as err:
+        options(**value)
+    assert message in str(err.value)
+    assert err.value.fields == tuple(value)
+    assert isinstance(err.value, ValueError)  # what a caller that knows no InvalidOptions catches
+
+
+def test_zero_and_none_mean_what_the_fields_say() -> None:
+    assert ManagerOptions(shutdown_timeout=0).shutdown_timeout == 0  # stop without waiting
+    assert GarbageOptions(interval=None).interval is None  # at start-up only
+    assert WebhookOptions(port=0).port == 0  # any free port
+    assert BootstrapOptions(interval=None).interval is None  # at start only
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ManagerOptions(),
+        LeaderElectionOptions(),
+        GarbageOptions(),
+        WebhookOptions(),
+        BootstrapOptions(),
+        ConnectionLimits(),
+    ],
+    ids=lambda o: type(o).__name__,
+)
+def test_options_cannot_be_changed_once_built(options: Any) -> None:
+    first = dataclasses.fields(options)[0].name
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(options, first, getattr(options, first))
+    assert hash(options) == hash(dataclasses.replace(options))  # hashable: safe to share and keep
+
+
+def test_a_changed_copy_is_checked_again() -> None:
+    options = LeaderElectionOptions()
+    with pytest.raises(InvalidOptions, match="lease duration"):
+        dataclasses.replace(options, lease_duration=options.renew_deadline)
+
+
+def test_hosts_and_directories_are_normalised() -> None:
+    bootstrap = BootstrapOptions(
+        service_name="hook",
+        extra_hosts=["localhost", "127.0.0.1"],  # type: ignore[arg-type]  # a list will do
+        webhook_url="https://127.0.0.1:9443",
+    )
+    assert bootstrap.extra_hosts == ("localhost", "127.0.0.1")
+    # The Service's names, the extra hosts, the URL's host: each once, in that order.
+    assert bootstrap.hosts("ns") == ("hook.ns.svc", "hook.ns.svc.cluster.local", "localhost", "127.0.0.1")
+    assert WebhookOptions(cert_dir="/certs").cert_dir == Path("/certs")  # type: ignore[arg-type]
+
+
+def test_every_replica_gets_its_own_identity() -> None:
+    assert LeaderElectionOptions().identity != LeaderElectionOptions().identity
+
+
+# -- Manager ---------------------------------------------------------------------------------
+
+
+def _client() -> KubeClient:
+    return KubeClient(api_client=None)  # never used: nothing starts
+
+
+def test_manager_keywords_are_a_shorthand_for_its_options() -> None:
+    client = _client()
+    garbage = GarbageOptions(interval=None)
+    by_keywords = Manager(client, namespace="shop", shutdown_timeout=5, garbage=garbage)
+    by_options = Manager(client, ManagerOptions(namespace="shop", shutdown_timeout=5, garbage=garbage))
+    assert by_keywords.options == by_options.options
+    assert by_keywords.informers.namespace == "shop"
+    assert Manager(client).options == ManagerOptions()
+    # Keywords beside options override those fields, and are checked like them.
+    assert Manager(client, by_options.options, namespace="other").options.namespace == "other"
+    with pytest.raises(InvalidOptions, match="shutdown timeout"):
+        Manager(client, by_options.options, shutdown_timeout=-1)
+
+
+# -- the command line builds them from its flags -------------------------------------------
+
+
+def _flags(command: click.Command, *argv: str) -> Mapping[str, Any]:
+    """The flags ``command`` parses from ``argv``: click's own parsing, nothing run."""
+    with command.make_context(command.name or "", ["--adapter", "demo", *argv]) as ctx:
+        return dict(ctx.params)
+
+
+def test_without_flags_the_cli_builds_the_options_defaults() -> None:
+    flags = _flags(cli.run)
+    # The one default of its own: the CLI serves health and metrics, a Manager in Python not.
+    assert cli._manager_options(flags) == ManagerOptions(health_address=("0.0.0.0", 8081))
+    assert cli._webhook_options(flags) == WebhookOptions()
+    assert cli._webhook_options(_flags(cli.webhook)) == WebhookOptions()
+
+
+def test_the_cli_builds_each_option_from_its_flag() -> None:
+    flags = _flags(
+        cli.run,
+        *("--namespace", "shop", "--health-address", "127.0.0.1:9090", "--resync-seconds", "60"),
+        *("--shutdown-timeout", "12", "--garbage-interval", "0", "--garbage-dry-run"),
+        *("--leader-elect", "--leader-election-namespace", "ops", "--leader-election-id", "shop-lease"),
+        *("--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "4"),
+        *("--webhook-host", "127.0.0.1", "--webhook-port", "8443", "--cert-dir", "/certs"),
+        *("--webhook-service", "shop-hook", "--webhook-cert-host", "localhost"),
+        *("--webhook-url", "https://127.0.0.1:8443"),
+    )
+    manager = cli._manager_options(flags)
+    election = manager.leader_election
+    assert election is not None
+    assert manager == ManagerOptions(
+        namespace="shop",
+        resync_period=60,
+        health_address=("127.0.0.1", 9090),
+        shutdown_timeout=12,
+        leader_election=LeaderElectionOptions(
+            name="shop-lease",
+            namespace="ops",
+            identity=election.identity,
+            lease_duration=30,
+            renew_deadline=20,
+            retry_period=4,
+        ),
+        garbage=GarbageOptions(interval=None, dry_run=True),
+    )
+    assert cli._webhook_options(flags) == WebhookOptions(
+        host="127.0.0.1",
+        port=8443,
+        cert_dir=Path("/certs"),
+        bootstrap=BootstrapOptions(
+            service_name="shop-hook", extra_hosts=("localhost",), webhook_url="https://127.0.0.1:8443"
+        ),
+    )
+    assert cli._manager_options(_flags(cli.run, "--no-garbage")).garbage == GarbageOptions(enabled=False)
+    assert cli._webhook_options(_flags(cli.webhook, "--no-bootstrap-certs")).bootstrap is None
+
+
+def test_help_shows_the_defaults_of_the_options() -> None:
+    from click.testing import CliRunner
+
+    text = " ".join(CliRunner().invoke(cli.main, ["run", "--help"], terminal_width=200).output.split())
+
+    def shown(flag: str) -> str:
+        """The help of ``flag``: from it to the next flag."""
+        return text.split(f" {flag} ", 1)[1].split(" --", 1)[0]
+
+    election, webhook = LeaderElectionOptions(), WebhookOptions()
+    assert f"[default: {election.lease_duration}]" in shown("--lease-duration")
+    assert f"[default: {election.name}]" in shown("--leader-election-id")
+    assert f"[default: {ManagerOptions().shutdown_timeout}]" in shown("--shutdown-timeout")
+    assert f"[default: {GarbageOptions().interval}]" in shown("--garbage-interval")
+    assert f"[default: {webhook.port}]" in shown("--webhook-port")
+    assert f"[default: {webhook.cert_dir}]" in shown("--cert-dir")
+    assert webhook.bootstrap is not None
+    assert f"[default: {webhook.bootstrap.service_name}]" in shown("--webhook-service")
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag", "message"),
+    [
+        (
+            ("--leader-elect", "--lease-duration", "5", "--renew-deadline", "8"),
+            "--lease-duration/--renew-deadline",
+            "lease duration (5s)",
+        ),
+        (("--shutdown-timeout", "-1"), "--shutdown-timeout", "shutdown timeout must be 0 or more seconds"),
+        (("--resync-seconds", "-3"), "--resync-seconds", "resync period must be more than 0 seconds"),
+        (("--webhook-port", "70000"), "--webhook-port", "port must be 0 to 65535"),
+        (("--webhook-url", "http://127.0.0.1:9443"), "--webhook-url", "is not an https:// URL"),
+    ],
+)
+def test_a_bad_flag_is_a_usage_error_naming_the_flag(argv: tuple[str, ...], flag: str, message: str) -> None:
+    flags = _flags(cli.run, *argv)
+    with pytest.raises(click.UsageError) as err:
+        cli._manager_options(flags)
+        cli._webhook_options(flags)
+    assert message in err.value.message
+    assert err.value.message.endswith(f"; adjust {flag}")
