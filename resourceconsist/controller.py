@@ -29,7 +29,8 @@ from resourceconsist.cancellation import Cancellation, PassCancelled, running_pa
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
-from resourceconsist.orphans import GarbageCollector, GarbageOptions
+from resourceconsist.options import GarbageOptions
+from resourceconsist.orphans import GarbageCollector
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
