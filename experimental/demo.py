@@ -36,6 +36,7 @@ from resourceconsist.adapter import (
     pod_employee_statuses,
 )
 from resourceconsist.kube import KubeObject
+from resourceconsist.labels import map_selects
 
 DEMO_VIP = "demo-remote-VIP"
 DEMO_QPS = 100
@@ -239,6 +240,11 @@ class DemoEmployee(Employee):
         return super().serves()
 
 
+#: ``ReconcileContext.memo`` keys: the expected items by pod, and the current items built last pass.
+_EXPECTED = "demo-expected"
+_CURRENT = "demo-current"
+
+
 def _key(employer: KubeObject) -> str:
     return kube.object_key(employer)
 
@@ -359,30 +365,56 @@ class DemoAdapter(ReconcileAdapter):
     # -- employees: real servers ---------------------------------------------------------------
 
     def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        """A real server per selected live pod. The items are kept in ``ctx.memo`` and only the
+        pods named in ``ctx.changed`` are looked at again (all of them on a full pass;
+        docs/concepts.md, "Work proportional to change")."""
         if employer["metadata"].get("deletionTimestamp"):
+            ctx.memo.pop(_EXPECTED, None)
             return []
-        expected: list[Employee] = []
-        for pod in ctx.reader.pods_selected_by(employer):
-            if pod["metadata"].get("deletionTimestamp"):
-                continue
-            statuses = pod_employee_statuses(pod)
-            ready = statuses.lifecycle_ready
-            statuses.extra_status = TrafficStatus(traffic_on=ready, traffic_weight=100 if ready else 0)
-            name = pod["metadata"]["name"]
-            expected.append(DemoEmployee(id=name, name=name, statuses=statuses))
-        return expected
+        known: dict[str, Employee] | None = ctx.memo.get(_EXPECTED)
+        if ctx.changed is None or known is None:
+            known = {}
+            for selected in ctx.reader.pods_selected_by(employer):
+                self._refresh(known, selected["metadata"]["name"], selected)
+        else:
+            selector = (employer.get("spec") or {}).get("selector")
+            namespace = employer["metadata"].get("namespace")
+            for name in ctx.changed:
+                pod = ctx.reader.get(kube.POD, namespace, name)
+                if pod is not None and not map_selects(selector, pod["metadata"].get("labels")):
+                    pod = None
+                self._refresh(known, name, pod)
+        ctx.memo[_EXPECTED] = known
+        return list(known.values())
+
+    @staticmethod
+    def _refresh(known: dict[str, Employee], name: str, pod: KubeObject | None) -> None:
+        """Bring the expected item of pod ``name`` up to date (None: not a live selected pod)."""
+        if pod is None or pod["metadata"].get("deletionTimestamp"):
+            known.pop(name, None)
+            return
+        statuses = pod_employee_statuses(pod)
+        ready = statuses.lifecycle_ready
+        statuses.extra_status = TrafficStatus(traffic_on=ready, traffic_weight=100 if ready else 0)
+        known[name] = DemoEmployee(id=name, name=name, statuses=statuses)
 
     def get_current_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
-        return [
-            DemoEmployee(
-                id=pod,
-                name=pod,
-                statuses=PodEmployeeStatuses(
-                    ip=rs.ip, extra_status=TrafficStatus(traffic_on=rs.traffic_on, traffic_weight=rs.weight)
-                ),
-            )
-            for pod, rs in sorted(self.provider.query_rs(_key(employer)).items())
-        ]
+        """The provider's real servers, asked every pass; an item is built again only when its
+        real server changed since the last pass (pydantic models are not free at 1000 pods)."""
+        built: dict[str, tuple[tuple[str, bool, int], Employee]] = ctx.memo.get(_CURRENT, {})
+        current: dict[str, tuple[tuple[str, bool, int], Employee]] = {}
+        for pod, rs in sorted(self.provider.query_rs(_key(employer)).items()):
+            state = (rs.ip, rs.traffic_on, rs.weight)
+            known = built.get(pod)
+            if known is None or known[0] != state:
+                traffic = TrafficStatus(traffic_on=rs.traffic_on, traffic_weight=rs.weight)
+                item = DemoEmployee(
+                    id=pod, name=pod, statuses=PodEmployeeStatuses(ip=rs.ip, extra_status=traffic)
+                )
+                known = (state, item)
+            current[pod] = known
+        ctx.memo[_CURRENT] = current
+        return [item for _, item in current.values()]
 
     @staticmethod
     def _servers(items: list[Employee]) -> dict[str, RealServer]:

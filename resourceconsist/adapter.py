@@ -142,6 +142,14 @@ class ReconcileContext:
     pass has learnt (e.g. one read of the provider shared by ``get_expected_*`` and
     ``get_current_*``). One context is made per pass, and never two passes of one employer run
     at once, so neither needs a lock.
+
+    ``changed`` says what the memo may be stale about (docs/concepts.md, "Work proportional to
+    change"): the names of the employees (``pod``, or ``pod#cluster`` in a member cluster) whose
+    watch events arrived since this employer's last completed pass, events of the frame's own
+    writes included; empty when none did. ``None`` asks for a full pass: rebuild everything
+    from the cache, as on the first pass, after a failed one, after the employer itself
+    changed, and periodically (``Reconciler.full_pass_every``) so that state kept in the memo
+    can never drift for long. An adapter that keeps no state ignores it.
     """
 
     reader: ObjectReader
@@ -157,6 +165,7 @@ class ReconcileContext:
     recorder: EventSink | None = None
     memo: dict[str, Any] = field(default_factory=dict)
     scratch: dict[str, Any] = field(default_factory=dict)
+    changed: frozenset[str] | None = None
 
 
 class ReconcileAdapter(ABC):

@@ -74,6 +74,16 @@ def index_by_service_selector(obj: KubeObject) -> list[str]:
     return [f"{_ns(obj)}/{key}={value}"]
 
 
+def trim(obj: KubeObject) -> KubeObject:
+    """The object as the caches keep it: without ``metadata.managedFields`` (server-side apply's
+    bookkeeping, often half a small pod's bytes), which nothing here or in an adapter reads
+    (controller-runtime's transform functions drop it the same way). Changes ``obj`` in place."""
+    meta = obj.get("metadata")
+    if meta is not None:
+        meta.pop("managedFields", None)
+    return obj
+
+
 class Store:
     """A thread-safe map of ``namespace/name`` to object with secondary indexes."""
 
@@ -191,6 +201,8 @@ class Informer:
         self.resync_period = resync_period
         self.page_size = page_size
         self._handlers: list[Callable[[WatchEvent], None]] = []
+        #: Held while the store changes and the change is sent, and while a handler is added.
+        self._emit_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -205,16 +217,26 @@ class Informer:
         return self._synced.is_set()
 
     def add_handler(self, handler: Callable[[WatchEvent], None]) -> Callable[[], None]:
-        """Call ``handler`` on the event loop for every change; replays the current store as ADDED.
-        Returns a function that removes the handler."""
-        self._handlers.append(handler)
-        if self._loop is not None and self.has_synced:
-            for obj in self.store.list():
-                self._loop.call_soon_threadsafe(handler, WatchEvent("ADDED", obj))
+        """Call ``handler`` on the event loop for every change, after the store's current content
+        as ADDED events. Returns a function that removes the handler.
+
+        Each event goes to the handlers registered when the store changed; a handler registered
+        later gets the object from this replay instead. So an object is delivered to a new handler
+        whether its event was dispatched just before the handler came (the replay) or is still on
+        its way (the event): never neither, which a check of "synced" could not promise, since the
+        initial list's events can be dispatched before the informer thread marks itself synced.
+        """
+        with self._emit_lock:
+            self._handlers.append(handler)
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                for obj in self.store.list():
+                    loop.call_soon_threadsafe(self._dispatch, WatchEvent("ADDED", obj), (handler,))
 
         def remove() -> None:
-            if handler in self._handlers:
-                self._handlers.remove(handler)
+            with self._emit_lock:
+                if handler in self._handlers:
+                    self._handlers.remove(handler)
 
         return remove
 
@@ -252,15 +274,19 @@ class Informer:
     # -- the informer thread -----------------------------------------------------------------
 
     def _emit(self, event: WatchEvent) -> None:
+        """Send ``event`` to the handlers registered now; called under ``_emit_lock`` together
+        with the store change it reports (see ``add_handler``)."""
         if self._loop is None or self._loop.is_closed():
             return
         try:
-            self._loop.call_soon_threadsafe(self._dispatch, event)
+            self._loop.call_soon_threadsafe(self._dispatch, event, tuple(self._handlers))
         except RuntimeError:  # loop closed between the check and the call
             return
 
-    def _dispatch(self, event: WatchEvent) -> None:
-        for handler in list(self._handlers):
+    def _dispatch(self, event: WatchEvent, handlers: tuple[Callable[[WatchEvent], None], ...]) -> None:
+        for handler in handlers:
+            if handler not in self._handlers:
+                continue  # removed since the event was sent
             try:
                 handler(event)
             except Exception:
@@ -268,8 +294,9 @@ class Informer:
 
     def _resync(self) -> None:
         """Re-deliver every object as MODIFIED with old == new: a periodic reconcile of all."""
+        handlers = tuple(self._handlers)
         for obj in self.store.list():
-            self._dispatch(WatchEvent("MODIFIED", obj, obj))
+            self._dispatch(WatchEvent("MODIFIED", obj, obj), handlers)
         if self._loop is not None and self.resync_period and not self._stop.is_set():
             self._resync_handle = self._loop.call_later(self.resync_period, self._resync)
 
@@ -283,11 +310,13 @@ class Informer:
             if not token:
                 break
         for item in items:
+            trim(item)
             # LIST items carry no kind/apiVersion; handlers and adapters expect them.
             item.setdefault("kind", self.resource.kind)
             item.setdefault("apiVersion", self.resource.api_version)
-        for event in self.store.replace(items):
-            self._emit(event)
+        with self._emit_lock:
+            for event in self.store.replace(items):
+                self._emit(event)
         self.relists += 1
         self._synced.set()
         return str(page.get("metadata", {}).get("resourceVersion", ""))
@@ -338,12 +367,14 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
-                if kind == "DELETED":
-                    old = self.store.delete(obj)
-                    self._emit(WatchEvent("DELETED", obj, old))
-                elif kind in ("ADDED", "MODIFIED"):
-                    old = self.store.upsert(obj)
-                    self._emit(WatchEvent("ADDED" if old is None else "MODIFIED", obj, old))
+                trim(obj)
+                with self._emit_lock:
+                    if kind == "DELETED":
+                        old = self.store.delete(obj)
+                        self._emit(WatchEvent("DELETED", obj, old))
+                    elif kind in ("ADDED", "MODIFIED"):
+                        old = self.store.upsert(obj)
+                        self._emit(WatchEvent("ADDED" if old is None else "MODIFIED", obj, old))
         finally:
             self._watch = None
         return rv
@@ -360,6 +391,8 @@ class InformerFactory:
         #: Watch only this namespace (namespaced kinds); None watches all.
         self.namespace = namespace
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
+        self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
@@ -407,6 +440,7 @@ class InformerFactory:
         with self._lock:
             informers = list(self._informers.values())
             self._informers.clear()
+            self.generation += 1
         for informer in informers:
             informer.signal_stop()
         deadline = time.monotonic() + timeout
@@ -440,14 +474,21 @@ class CacheReader:
 
     def __init__(self, factory: InformerFactory) -> None:
         self._factory = factory
+        self._synced: dict[Resource, tuple[int, Store]] = {}
 
     @property
     def client(self) -> KubeClient:
         return self._factory.client
 
     def _store(self, resource: Resource) -> Store:
+        synced = self._synced.get(resource)
+        if synced is not None and synced[0] == self._factory.generation:
+            return synced[1]
         informer = self._factory.informer(resource)
         if informer.has_synced:
+            # Every read of a pass goes through here: after the first sync, one dict lookup
+            # (until the factory stops its informers).
+            self._synced[resource] = (self._factory.generation, informer.store)
             return informer.store
         if _on_event_loop():
             # Waiting here would block the loop (resourceconsist.cancellation: nothing on the loop

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resourceconsist import errors, handler, kube
+from resourceconsist import errors, handler, kube, wire
 from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
@@ -29,7 +29,8 @@ from resourceconsist.cancellation import Cancellation, PassCancelled, running_pa
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.metrics import Metrics
-from resourceconsist.orphans import GarbageCollector, GarbageOptions
+from resourceconsist.options import GarbageOptions
+from resourceconsist.orphans import GarbageCollector
 from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
@@ -138,11 +139,25 @@ class Controller:
     # -- watches ------------------------------------------------------------------------------------
 
     def _subscribe(
-        self, informers: InformerFactory, resource: Resource, predicate: Predicate, to_keys: EventHandler
+        self,
+        informers: InformerFactory,
+        resource: Resource,
+        predicate: Predicate,
+        to_keys: EventHandler,
+        *,
+        employees_of: str | None = None,
     ) -> None:
+        """Queue the keys ``to_keys`` maps each event to. ``employees_of``: these are employee
+        events of that cluster ("" for the main one), named to the reconciler so the next pass
+        of each key knows what changed; otherwise employer events, which ask for a full pass
+        (``ReconcileContext.changed``)."""
         # Handlers map events to employer keys, and employers live in the main cluster, so they
         # look up through the main cache even for events from a member cluster.
         reader = self.reader
+        reconciler = self.reconciler
+        suffix = f"{wire.MULTI_CLUSTER_SEPARATOR}{employees_of}" if employees_of else ""
+        # The cache this cluster's pod writes are checked against (podwriter.RecentWrites).
+        written_in = self._clusters[employees_of][1] if employees_of else self.reader
 
         def on_event(event: WatchEvent) -> None:
             if self.queue.shutting_down:
@@ -154,8 +169,25 @@ class Controller:
             except Exception:
                 log.exception("%s: event handler failed on %s", self.name, kube.object_key(event.obj))
                 return
+            # What changed is noted before the keys are queued: a pass that starts at once sees it.
+            if employees_of is None:
+                for key in keys:
+                    reconciler.employer_changed(key)
+            elif keys:
+                meta = event.obj.get("metadata", {})
+                name = f"{meta.get('name', '')}{suffix}"
+                for key in keys:
+                    reconciler.employee_changed(key, name)
             for key in keys:
                 self.queue.add(key)
+            if employees_of is not None and resource == kube.POD:
+                meta = event.obj.get("metadata", {})
+                try:
+                    reconciler.recent.settle(
+                        written_in, str(meta.get("namespace") or ""), meta.get("name", "")
+                    )
+                except Exception:  # only a shortcut: the next pass reads the cache regardless
+                    log.debug("%s: settling %s failed", self.name, kube.object_key(event.obj), exc_info=True)
 
         self._unsubscribe.append(informers.informer(resource).add_handler(on_event))
 
@@ -165,7 +197,11 @@ class Controller:
         self._clusters[name] = (client, informers.reader())
         if self.employees_in_members and self._workers:
             self._subscribe(
-                informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                informers,
+                self.spec.employee,
+                self.spec.employee_predicate,
+                self.spec.employee_handler,
+                employees_of=name,
             )
 
     def remove_member_cluster(self, name: str) -> None:
@@ -191,13 +227,21 @@ class Controller:
             self.informers, self.spec.employer, self.spec.employer_predicate, self.spec.employer_handler
         )
         if self.employees_in_members:
-            for _, informers in self.member_clusters.values():
+            for cluster, (_, informers) in self.member_clusters.items():
                 self._subscribe(
-                    informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                    informers,
+                    self.spec.employee,
+                    self.spec.employee_predicate,
+                    self.spec.employee_handler,
+                    employees_of=cluster,
                 )
         else:
             self._subscribe(
-                self.informers, self.spec.employee, self.spec.employee_predicate, self.spec.employee_handler
+                self.informers,
+                self.spec.employee,
+                self.spec.employee_predicate,
+                self.spec.employee_handler,
+                employees_of="",
             )
         await self.informers.wait_synced()
         self.subscribers.start()

@@ -8,6 +8,7 @@ an empty map omitted (``{}``), so KusionStack Operating and the Go controller re
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -39,6 +40,7 @@ class MalformedAvailableConditions(ResourceConsistError, ValueError):
         )
 
 
+@functools.lru_cache(maxsize=4096)
 def _employer_hash(employer_name: str) -> str:
     return hashlib.md5(employer_name.encode(), usedforsecurity=False).hexdigest()[8:24]
 
@@ -118,24 +120,32 @@ def expected_finalizers(pod: Pod) -> dict[str, str]:
     value = get_annotations(pod).get(wire.AVAILABLE_CONDITIONS_ANNOTATION, "")
     if not value:
         return {}
+    parsed = _parse_expected_finalizers(value)
+    if isinstance(parsed, str):
+        raise MalformedAvailableConditions(_name(pod), value, parsed)
+    return dict(parsed)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parse_expected_finalizers(value: str) -> tuple[tuple[str, str], ...] | str:
+    """The entries of one annotation value, or what is wrong with it. One parse per distinct
+    value: the pods of one employer share theirs, and every pass reads them all."""
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as err:
-        raise MalformedAvailableConditions(_name(pod), value, f"not JSON: {err.msg}") from err
+        return f"not JSON: {err.msg}"
     if parsed is None:  # Go's json.Unmarshal reads `null` as the empty struct
-        return {}
+        return ()
     if not isinstance(parsed, dict):
-        raise MalformedAvailableConditions(_name(pod), value, "not a JSON object")
+        return "not a JSON object"
     entries = parsed.get(wire.EXPECTED_FINALIZERS_KEY)
     if entries is None:
-        return {}
+        return ()
     if not isinstance(entries, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in entries.items()
     ):
-        raise MalformedAvailableConditions(
-            _name(pod), value, f"{wire.EXPECTED_FINALIZERS_KEY} is not a map of strings"
-        )
-    return dict(entries)
+        return f"{wire.EXPECTED_FINALIZERS_KEY} is not a map of strings"
+    return tuple(entries.items())
 
 
 def render_available_conditions(entries: Mapping[str, str]) -> str:

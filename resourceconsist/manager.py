@@ -18,9 +18,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Unpack
-
-from aiohttp import web
+from typing import TYPE_CHECKING, Unpack
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
@@ -33,6 +31,10 @@ from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
 from resourceconsist.subscribers import LifecycleSubscriber
+
+if TYPE_CHECKING:
+    # Imported where the health endpoints start: a run without them never loads aiohttp.
+    from aiohttp import web
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +169,8 @@ class Manager:
         self.clusters.bind(loop)
         address = self.options.health_address
         if address is not None:
+            from aiohttp import web
+
             self._health = web.AppRunner(health_app(self.metrics, self.ready), access_log=None)
             await self._health.setup()
             site = web.TCPSite(self._health, *address)

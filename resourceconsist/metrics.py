@@ -17,13 +17,13 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
+    from aiohttp import web
     from prometheus_client.metrics_core import Metric
 
     from resourceconsist.cache import InformerFactory
@@ -202,6 +202,7 @@ def observe_provider_failure(provider: str, operation: str, code: str) -> None:
 
 def health_app(metrics: Metrics, ready: Callable[[], bool]) -> web.Application:
     """``/healthz``, ``/readyz`` and ``/metrics`` for a manager."""
+    from aiohttp import web  # here: a run without health endpoints never loads aiohttp
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")

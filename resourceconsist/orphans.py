@@ -26,9 +26,7 @@ from resourceconsist import kube
 from resourceconsist.adapter import OrphanCollectOptions, OwnedItem, ReconcileContext
 from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
 from resourceconsist.kube import KubeObject
-
-# Its home is resourceconsist.options; re-exported because controller.py imports it from here.
-from resourceconsist.options import GarbageOptions as GarbageOptions  # noqa: PLC0414
+from resourceconsist.options import GarbageOptions
 
 if TYPE_CHECKING:
     from resourceconsist.controller import Controller

@@ -17,17 +17,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from resourceconsist import kube, lifecycle, wire
+from resourceconsist.cache import trim
 from resourceconsist.interfaces import ObjectReader, ObjectWriter
 from resourceconsist.kube import KubeObject
 
 log = logging.getLogger(__name__)
 
-_PARALLEL_WRITES = 8
+#: Pod writes in flight per flush: about what one API server takes before more concurrency stops
+#: adding throughput (docs/concepts.md, "Work proportional to change").
+PARALLEL_WRITES = 32
+#: Written pods ``RecentWrites`` keeps at most (an entry goes once the cache catches up).
+_RECENT_LIMIT = 50_000
 
 
 @dataclass
@@ -91,13 +97,63 @@ class EmployerEntry:
     guard_finalizer: str
 
 
+class RecentWrites:
+    """The pods this controller wrote, as the API server answered, until the cache catches up.
+
+    A pass that starts before the watch event of the last pass's write reached the cache would
+    decide from the copy before that write: plan the same write again, meet a 409 Conflict,
+    re-read and find nothing to do (a wasted PATCH and GET per pod in a readiness ramp), and
+    count a guarded pod as unguarded. While the cached copy still carries the resourceVersion
+    the write started from, the answer of the write is the fresher copy; once the cache moves
+    on (to this write's event or any later one), the cache is used again and the entry goes.
+    """
+
+    def __init__(self) -> None:
+        self._after: dict[tuple[int, str, str], tuple[str, KubeObject]] = {}
+        self._lock = threading.Lock()
+
+    def note(self, reader: ObjectReader, namespace: str, name: str, before: str, after: KubeObject) -> None:
+        """``after``: the pod as the write to it left it; ``before``: the cached resourceVersion
+        the write started from."""
+        with self._lock:
+            if len(self._after) >= _RECENT_LIMIT:
+                # Entries of pods nobody looks up any more: dropping them only costs a conflict.
+                self._after.clear()
+            self._after[(id(reader), namespace, name)] = (before, trim(after))
+
+    def settle(self, reader: ObjectReader, namespace: str, name: str) -> None:
+        """The pod's watch event reached the cache: drop its entry once the cache moved on."""
+        if self._after:
+            self.get(reader, namespace, name)
+
+    def get(self, reader: ObjectReader, namespace: str, name: str) -> KubeObject | None:
+        """The freshest known copy of the pod: the cache's, or this controller's last write's."""
+        cached = reader.get(kube.POD, namespace, name)
+        key = (id(reader), namespace, name)
+        with self._lock:
+            hit = self._after.get(key)
+            if hit is None:
+                return cached
+            if cached is not None and cached.get("metadata", {}).get("resourceVersion") == hit[0]:
+                return hit[1]
+            del self._after[key]
+        return cached
+
+
 class PodWriter:
     """Collects pod intents for one employer's namespace and writes them once each per flush."""
 
-    def __init__(self, namespace: str, resolve: PodResolver, entry: EmployerEntry | None = None) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        resolve: PodResolver,
+        entry: EmployerEntry | None = None,
+        recent: RecentWrites | None = None,
+    ) -> None:
         self.namespace = namespace
         self._resolve = resolve
         self.entry = entry
+        self.recent = recent if recent is not None else RecentWrites()
         self._intents: dict[str, PodIntent] = {}
 
     def _intent(self, name: str) -> PodIntent:
@@ -137,6 +193,10 @@ class PodWriter:
         self.remove_finalizer(name, off)
         self._intent(name).keep_guarded = True
 
+    def planned(self, name: str) -> bool:
+        """Whether anything is planned for the pod."""
+        return name in self._intents
+
     @property
     def pending(self) -> bool:
         return bool(self._intents)
@@ -154,7 +214,7 @@ class PodWriter:
             intents = {n: i for n, i in self._intents.items() if n in only}
             self._intents = {n: i for n, i in self._intents.items() if n not in only}
         result = PodWriteResult()
-        gate = asyncio.Semaphore(_PARALLEL_WRITES)
+        gate = asyncio.Semaphore(PARALLEL_WRITES)
         # A pod whose cached copy already matches its plan needs no write: settle it here, on
         # the loop, instead of a thread hop per pod (a steady-state pass plans every selected
         # pod). A lagging cache only means the write below re-reads on conflict, as before.
@@ -162,7 +222,7 @@ class PodWriter:
         for name, intent in list(intents.items()):
             try:
                 where = self._resolve(name)
-                cached = where.reader.get(kube.POD, self.namespace, where.name)
+                cached = self.recent.get(where.reader, self.namespace, where.name)
                 located[name] = (where, cached)
                 if cached is None:
                     continue
@@ -204,7 +264,7 @@ class PodWriter:
         # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
         where, pod = located or (self._resolve(name), None)
         if located is None:
-            pod = where.reader.get(kube.POD, self.namespace, where.name)
+            pod = self.recent.get(where.reader, self.namespace, where.name)
         deferred = False
 
         def change(fresh: KubeObject) -> dict[str, Any] | None:
@@ -212,9 +272,15 @@ class PodWriter:
             body, deferred = self._patch_for(fresh, intent, self.entry)
             return body
 
+        # What the cache holds now, before the write: a copy with this resourceVersion is older
+        # than whatever the write leaves.
+        cached = where.reader.get(kube.POD, self.namespace, where.name)
         after, wrote = where.client.patch_optimistic(
             kube.POD, self.namespace, where.name, change, current=pod
         )
+        if wrote and after is not None and cached is not None:
+            before = str(cached.get("metadata", {}).get("resourceVersion", ""))
+            self.recent.note(where.reader, self.namespace, where.name, before, after)
         return after, wrote, deferred
 
     @staticmethod

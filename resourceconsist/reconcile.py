@@ -28,10 +28,11 @@ import asyncio
 import datetime
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.adapter import (
@@ -53,11 +54,14 @@ from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
-from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult
+from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult, RecentWrites
 from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+
+#: The default of ``Reconciler.full_pass_every``: an employer's memo is rebuilt at least this often.
+DEFAULT_FULL_PASS_EVERY = 300.0
 
 
 @dataclass
@@ -162,11 +166,21 @@ class Reconciler:
         self.employee_resource = employee_resource
         self.clusters = clusters if clusters is not None else {}
         self.name = adapter.get_controller_name()
+        # A runtime-checkable protocol's isinstance walks its members: once here, not per pod.
+        self._multi_cluster = isinstance(adapter, MultiClusterOptions)
         #: Per employer key: registrations the provider held without their pod's guard, as the
         #: last pass found them (the invariant, live: it should read 0; docs/concepts.md).
         self.unguarded: dict[str, int] = {}
         #: Per employer key: the adapter's ``ReconcileContext.memo``, dropped with the employer.
         self.memos: dict[str, dict[str, Any]] = {}
+        #: Seconds after which an employer's next pass is a full one whatever changed
+        #: (``ReconcileContext.changed`` None; docs/concepts.md, "Work proportional to change").
+        self.full_pass_every: float = DEFAULT_FULL_PASS_EVERY
+        #: Per employer key: employee names whose events arrived since its last pass began;
+        #: None when the next pass must be a full one.
+        self._changes: dict[str, set[str] | None] = {}
+        #: Per employer key: when its last completed full pass began (monotonic seconds).
+        self._full_pass_at: dict[str, float] = {}
         #: Whether the main cluster's API server is known to be unreachable (set by the controller).
         self.api_down: Callable[[], bool] = lambda: False
         #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
@@ -175,6 +189,8 @@ class Reconciler:
         #: must not block (docs/lifecycle-hooks.md, "Subscribers"). Each is told once per change.
         self.notify: Callable[[str, str, str], None] = lambda what, key, pod: None
         self._told: dict[tuple[str, str], str] = {}
+        #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
+        self.recent = RecentWrites()
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -216,9 +232,13 @@ class Reconciler:
             return selected
         return p.selected
 
+    def _in_members(self) -> bool:
+        """Pod employees live in member clusters (named ``pod#cluster``)."""
+        return self._multi_cluster and not cast(MultiClusterOptions, self.adapter).employee_fed()
+
     def _locate(self, employee_name: str) -> PodLocation:
         """Where a pod employee lives: ``pod#cluster`` in a member cluster, else the main one."""
-        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+        if self._in_members():
             pod, sep, cluster = employee_name.rpartition(wire.MULTI_CLUSTER_SEPARATOR)
             if not sep or not pod:
                 raise ValueError(f"employee name {employee_name!r} is not <pod>#<cluster>")
@@ -227,6 +247,30 @@ class Reconciler:
             client, reader = self.clusters[cluster]
             return PodLocation(client, reader, pod)
         return PodLocation(self.client, self.reader, employee_name)
+
+    # -- what changed since an employer's last pass (docs/concepts.md, "Work proportional to change") --
+
+    def employee_changed(self, key: str, name: str) -> None:
+        """An event of employee ``name`` (``pod`` or ``pod#cluster``) woke employer ``key``."""
+        pending = self._changes.setdefault(key, set())
+        if pending is not None:
+            pending.add(name)
+
+    def employer_changed(self, key: str) -> None:
+        """The employer itself changed (or anything the frame cannot name): a full pass next."""
+        self._changes[key] = None
+
+    def _take_changes(self, key: str) -> frozenset[str] | None:
+        """What the pass starting now tells the adapter in ``ReconcileContext.changed``."""
+        pending = self._changes.pop(key, set())
+        last_full = self._full_pass_at.get(key)
+        if pending is None or last_full is None or time.monotonic() - last_full >= self.full_pass_every:
+            return None
+        return frozenset(pending)
+
+    def _forget_changes(self, key: str) -> None:
+        self._changes.pop(key, None)
+        self._full_pass_at.pop(key, None)
 
     def context(self, key: str) -> ReconcileContext:
         return ReconcileContext(
@@ -260,6 +304,7 @@ class Reconciler:
         employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
             self.memos.pop(key, None)
+            self._forget_changes(key)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
             if self.employees_are_pods:
@@ -281,7 +326,7 @@ class Reconciler:
         p = _Pass(
             employer=employer,
             ctx=self.context(key),
-            writer=PodWriter(namespace, self._locate, entry),
+            writer=PodWriter(namespace, self._locate, entry, self.recent),
             key=key,
             deleting=lifecycle.is_deleting(employer),
             follows_lifecycle=follows,
@@ -291,10 +336,15 @@ class Reconciler:
             p.lifecycle_finalizer = entry.lifecycle_finalizer
             p.guard_finalizer = entry.guard_finalizer
         p.stand_in = stand_in is not None
+        began = time.monotonic()
+        if not p.stand_in:
+            p.ctx.changed = self._take_changes(key)
+        completed = False
         try:
             if await self._ensure_clean_finalizer(p):
                 return Result()
             result = await self._steps(p)
+            completed = not (p.employer_results.any_failed or p.employee_results.any_failed)
         except BaseException as err:
             if not isinstance(err, asyncio.CancelledError):
                 self._tell(key, "", "employer_failing")
@@ -310,9 +360,17 @@ class Reconciler:
                         f"record error conditions failed: {record_err}",
                     )
             raise
+        finally:
+            if not p.stand_in:
+                if not completed:
+                    # Whatever the adapter kept from this pass may be wrong: rebuild it next time.
+                    self.employer_changed(key)
+                elif p.ctx.changed is None:
+                    self._full_pass_at[key] = began
         result.collected = p.collected
         if p.collected:
             self.memos.pop(key, None)
+            self._forget_changes(key)
             if self.unguarded.pop(key, 0):
                 self.report_unguarded(sum(self.unguarded.values()))
         if not p.deleting and result.requeue_after is None:
@@ -478,7 +536,8 @@ class Reconciler:
                 p.expected_removes = set(recorded) - set(selected)
                 # The record names pods, not pod instances: a pod re-created under a recorded
                 # name lacks the entry, and the record alone would never give it back.
-                p.expected_adds = {n for n in selected if n not in recorded or not self._has_entry(p, n)}
+                known = set(recorded)
+                p.expected_adds = {n for n in selected if n not in known or not self._has_entry(p, n)}
         elif p.deleting:
             p.expected_removes = set(selected)
         else:
@@ -562,11 +621,11 @@ class Reconciler:
 
     def _pod(self, name: str, namespace: str) -> KubeObject | None:
         where = self._locate(name)
-        return where.reader.get(kube.POD, namespace, where.name)
+        return self.recent.get(where.reader, namespace, where.name)
 
     def _locate_is_main(self) -> bool:
         """Pod employees live in the main cluster."""
-        return not (isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed())
+        return not self._in_members()
 
     @staticmethod
     def _holds_entry(pod: KubeObject, key: str) -> bool:
@@ -590,7 +649,7 @@ class Reconciler:
         lifecycle finalizer: an index lookup, not a scan."""
         namespace = str(p.employer["metadata"].get("namespace") or "")
         wanted = (p.guard_finalizer, p.lifecycle_finalizer)
-        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+        if self._in_members():
             return {
                 f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}"
                 for cluster, (_, reader) in self.clusters.items()
@@ -693,14 +752,31 @@ class Reconciler:
         p.verdicts = verdicts
         for name, verdict in sorted(verdicts.items()):
             if verdict is _Verdict.SERVED:
-                p.writer.swap(name, to_lifecycle=True)
+                if not self._swapped(p, name, p.lifecycle_finalizer, p.guard_finalizer):
+                    p.writer.swap(name, to_lifecycle=True)
             elif verdict is _Verdict.ROUTING:
-                p.writer.swap(name, to_lifecycle=False)
+                if not self._swapped(p, name, p.guard_finalizer, p.lifecycle_finalizer):
+                    p.writer.swap(name, to_lifecycle=False)
             elif verdict is _Verdict.IDLE and name in p.carriers:
                 p.writer.remove_finalizer(name, p.lifecycle_finalizer)
                 p.writer.remove_finalizer(name, p.guard_finalizer)
         if self._records_lifecycle_finalizers():
             p.lifecycle_record = True
+
+    def _swapped(self, p: _Pass, name: str, on: str, off: str) -> bool:
+        """The pod already holds ``on`` without ``off`` (and the entry the lifecycle finalizer
+        needs), and nothing else is planned for it: the swap would write nothing, so it is not
+        planned (a steady pass over 1000 served pods plans nothing). Anything unusual (a
+        deleting or uncached pod, a malformed annotation) goes through the writer as before."""
+        if p.writer.planned(name):
+            return False
+        pod = self._pod(name, p.writer.namespace)
+        if pod is None or lifecycle.is_deleting(pod):
+            return False
+        held = lifecycle.get_finalizers(pod)
+        if on not in held or off in held:
+            return False
+        return on != p.lifecycle_finalizer or self._holds_entry(pod, p.expected_key)
 
     # -- pod writes and the employer's record annotations ---------------------------------------------------
 
@@ -762,7 +838,7 @@ class Reconciler:
 
         A scan of the namespace's cached pods (in memory): a pod the employer stopped selecting
         keeps its gate, and only such a scan finds it."""
-        if isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed():
+        if self._in_members():
             return [
                 (f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}", pod)
                 for cluster, (_, reader) in sorted(self.clusters.items())

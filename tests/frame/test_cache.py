@@ -4,12 +4,15 @@ into an indexed store, selector lookups without scans, prompt stop."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from resourceconsist import kube
-from resourceconsist.cache import InformerFactory, Store, WatchEvent
+from resourceconsist.cache import Informer, InformerFactory, Store, WatchEvent
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound
 from resourceconsist.testing import LocalControlPlane, async_wait_for
@@ -110,3 +113,64 @@ async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClien
         started = time.monotonic()
         factory.stop()
         assert time.monotonic() - started < 5, "stopping informers must not wait for the watch timeout"
+
+
+class _OneServiceThenQuiet:
+    """The list + watch protocol an Informer reads: one Service, then a watch that stays quiet
+    until it is closed (the outside world; the informer under test is the real one)."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def list(self, *_: Any, **__: Any) -> dict[str, Any]:
+        svc = {"metadata": {"name": "svc", "namespace": "n", "resourceVersion": "1"}}
+        return {"items": [svc], "metadata": {"resourceVersion": "1"}}
+
+    def watch(self, *_: Any, **__: Any) -> _OneServiceThenQuiet:
+        return self
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.closed.wait(30)
+        return iter(())
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+class _SyncedOnRelease(threading.Event):
+    """The informer's "synced" flag, held back at ``set()`` until the test releases it: the
+    moment between the first list reaching the store (and its events the loop) and the flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reached = threading.Event()
+        self.release = threading.Event()
+
+    def set(self) -> None:
+        self.reached.set()
+        self.release.wait(30)
+        super().set()
+
+
+async def test_a_handler_added_before_the_informer_says_synced_still_gets_every_object() -> None:
+    # A controller subscribing right after the first list's events ran on the loop, but before
+    # the informer thread set its synced flag, used to get nothing for the objects listed: a
+    # Service with no pods was then never reconciled until the periodic resync.
+    informer = Informer(_OneServiceThenQuiet(), kube.SERVICE)  # type: ignore[arg-type]
+    informer._synced = synced = _SyncedOnRelease()
+    informer.start(asyncio.get_running_loop())
+    try:
+        await async_wait_for(synced.reached.is_set, timeout=10, message="the list in the store")
+        seen: list[WatchEvent] = []
+        informer.add_handler(seen.append)
+        synced.release.set()
+        await async_wait_for(
+            lambda: [(e.type, e.obj["metadata"]["name"]) for e in seen],
+            timeout=10,
+            message="the listed Service delivered to the late handler",
+        )
+        await informer.wait_synced(10)
+        assert [(e.type, e.obj["metadata"]["name"]) for e in seen] == [("ADDED", "svc")]
+    finally:
+        synced.release.set()
+        await asyncio.to_thread(informer.stop)

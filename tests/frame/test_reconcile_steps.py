@@ -319,3 +319,113 @@ async def test_a_gated_pod_that_reaches_the_cache_during_the_pass_keeps_its_gate
                 assert condition["status"] != "True", (
                     f"gate opened before the provider serves it: {condition}"
                 )
+
+
+# -- ReconcileContext.changed (docs/concepts.md, "Work proportional to change") ------------------------
+
+
+class Noting(DemoAdapter):
+    """Demo adapter that notes ``ctx.changed`` at each pass and, beside its incremental items,
+    what a full rebuild from the same cache gives."""
+
+    def __init__(self, provider: FakeProvider) -> None:
+        super().__init__(provider, record_expected_finalizers=False)
+        self.changed: list[frozenset[str] | None] = []
+        self.results: list[tuple[list[Any], list[Any]]] = []
+
+    def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        self.changed.append(ctx.changed)
+        items = super().get_expected_employee(ctx, employer)
+        fresh = ReconcileContext(reader=ctx.reader, controller=ctx.controller, employer_key=ctx.employer_key)
+        full = super().get_expected_employee(fresh, employer)
+        self.results.append((_items(items), _items(full)))
+        return items
+
+
+def _items(items: list[Employee]) -> list[Any]:
+    return sorted((i.id, i.statuses.model_dump()) for i in items)
+
+
+async def test_the_first_pass_is_full_then_each_pass_is_told_only_the_employees_named_since() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    for i in range(3):
+        _pod(api, f"web-{i}", ready=True)
+    adapter = Noting(provider)
+    reconciler = _reconciler(api, adapter)
+    key = f"{NS}/svc"
+    await reconciler.reconcile(key)
+    reconciler.employee_changed(key, "web-1")
+    reconciler.employee_changed(key, "web-2")
+    reconciler.employee_changed("ns/other", "web-0")  # another employer's events stay its own
+    await reconciler.reconcile(key)
+    await reconciler.reconcile(key)
+    assert adapter.changed == [None, frozenset({"web-1", "web-2"}), frozenset()]
+
+
+async def test_a_failed_pass_and_a_changed_employer_each_make_the_next_pass_full() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    adapter = Noting(provider)
+    reconciler = _reconciler(api, adapter)
+    key = f"{NS}/svc"
+    await reconciler.reconcile(key)
+    provider.fail_next("query_rs")
+    reconciler.employee_changed(key, "web-0")
+    with pytest.raises(ReconcileError):
+        await reconciler.reconcile(key)
+    reconciler.employee_changed(key, "web-0")
+    await reconciler.reconcile(key)  # after the failure: full
+    reconciler.employee_changed(key, "web-0")
+    await reconciler.reconcile(key)  # incremental again
+    reconciler.employee_changed(key, "web-0")
+    reconciler.employer_changed(key)
+    await reconciler.reconcile(key)  # the employer changed: full
+    assert adapter.changed == [None, frozenset({"web-0"}), None, frozenset({"web-0"}), None]
+
+
+async def test_a_pass_after_full_pass_every_seconds_is_full_whatever_changed() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    adapter = Noting(provider)
+    reconciler = _reconciler(api, adapter)
+    reconciler.full_pass_every = 0.0
+    key = f"{NS}/svc"
+    await reconciler.reconcile(key)
+    reconciler.employee_changed(key, "web-0")
+    await reconciler.reconcile(key)
+    assert adapter.changed == [None, None]
+
+
+async def test_the_demo_adapter_told_what_changed_gives_what_a_full_rebuild_gives() -> None:
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    for i in range(4):
+        _pod(api, f"web-{i}", ready=True)
+    adapter = Noting(provider)
+    reconciler = _reconciler(api, adapter)
+    key = f"{NS}/svc"
+    await reconciler.reconcile(key)
+
+    def edit(name: str, change: Callable[[KubeObject], None]) -> None:
+        pod = api.get(kube.POD, NS, name)
+        assert pod is not None
+        change(pod)
+        api.put(kube.POD, pod)
+        reconciler.employee_changed(key, name)
+
+    edit("web-0", lambda p: p["status"]["conditions"][0].update(status="False"))  # not ready
+    edit("web-1", lambda p: p["metadata"]["labels"].update(app="other"))  # no longer selected
+    edit("web-2", lambda p: p["metadata"].update(deletionTimestamp="2026-01-01T00:00:00Z"))
+    del api.objects[(kube.POD.plural, NS, "web-3")]  # gone
+    reconciler.employee_changed(key, "web-3")
+    _pod(api, "web-4", ready=True)  # new
+    reconciler.employee_changed(key, "web-4")
+    await reconciler.reconcile(key)
+    incremental, full = adapter.results[-1]
+    assert adapter.changed[-1] == frozenset({"web-0", "web-1", "web-2", "web-3", "web-4"})
+    assert incremental == full
+    assert [name for name, _ in incremental] == ["web-0", "web-4"]
+    assert not provider.snapshot()[key]["web-0"].traffic_on
