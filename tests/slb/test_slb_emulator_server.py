@@ -205,6 +205,7 @@ def test_latency_and_hang_set_from_outside_outlast_the_client_timeout(
     served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with _client(served, monkeypatch, read_timeout_seconds=0.5) as client:
+        group = client.create_vserver_group(LB, "resourceconsist/ns/after-the-faults")
         admin.set_faults(latency_seconds=2.0, actions="reads")
         with pytest.raises(SLBError):
             client.describe_vserver_groups(LB)
@@ -212,9 +213,9 @@ def test_latency_and_hang_set_from_outside_outlast_the_client_timeout(
         with pytest.raises(SLBError):
             client.describe_vserver_groups(LB)
         admin.clear_faults()
-        answered = admin.call_counts().get(("DescribeVServerGroups", "ok"), 0)
-        client.describe_vserver_groups(LB)
-        assert admin.call_counts()[("DescribeVServerGroups", "ok")] == answered + 1
+        # Once cleared, a read is answered within the client's timeout. (The calls the client
+        # gave up on are answered too, late, so a count of answered calls here would race them.)
+        assert group in [g.id for g in client.describe_vserver_groups(LB)]
 
 
 def test_admin_api_rejects_bad_fault_settings_with_a_clear_message(admin: EmulatorAdmin) -> None:
