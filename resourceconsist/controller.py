@@ -169,19 +169,18 @@ class Controller:
             except Exception:
                 log.exception("%s: event handler failed on %s", self.name, kube.object_key(event.obj))
                 return
+            meta = event.obj.get("metadata", {})
             # What changed is noted before the keys are queued: a pass that starts at once sees it.
             if employees_of is None:
                 for key in keys:
                     reconciler.employer_changed(key)
             elif keys:
-                meta = event.obj.get("metadata", {})
                 name = f"{meta.get('name', '')}{suffix}"
                 for key in keys:
                     reconciler.employee_changed(key, name)
             for key in keys:
                 self.queue.add(key)
             if employees_of is not None and resource == kube.POD:
-                meta = event.obj.get("metadata", {})
                 try:
                     reconciler.recent.settle(
                         written_in, str(meta.get("namespace") or ""), meta.get("name", "")

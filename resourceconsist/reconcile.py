@@ -268,9 +268,14 @@ class Reconciler:
             return None
         return frozenset(pending)
 
-    def _forget_changes(self, key: str) -> None:
+    def _forget(self, key: str) -> None:
+        """Drop what the frame keeps per employer (memo, changes, unguarded count) once it is
+        gone or its leftovers were collected."""
+        self.memos.pop(key, None)
         self._changes.pop(key, None)
         self._full_pass_at.pop(key, None)
+        if self.unguarded.pop(key, 0):
+            self.report_unguarded(sum(self.unguarded.values()))
 
     def context(self, key: str) -> ReconcileContext:
         return ReconcileContext(
@@ -303,10 +308,7 @@ class Reconciler:
         namespace, _, name = key.rpartition("/")
         employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
-            self.memos.pop(key, None)
-            self._forget_changes(key)
-            if self.unguarded.pop(key, 0):
-                self.report_unguarded(sum(self.unguarded.values()))
+            self._forget(key)
             if self.employees_are_pods:
                 await self._release_gates_of_gone_employer(namespace, name)
             if (key, "") in self._told:
@@ -369,10 +371,7 @@ class Reconciler:
                     self._full_pass_at[key] = began
         result.collected = p.collected
         if p.collected:
-            self.memos.pop(key, None)
-            self._forget_changes(key)
-            if self.unguarded.pop(key, 0):
-                self.report_unguarded(sum(self.unguarded.values()))
+            self._forget(key)
         if not p.deleting and result.requeue_after is None:
             self._tell(key, "", "employer_converged")
         return result
@@ -530,19 +529,19 @@ class Reconciler:
         if self._records_expected_finalizers():
             recorded = _record_list(p.employer, wire.EXPECTED_FINALIZER_ADDED_ANNOTATION)
             p.expected_added_record = recorded
+            known = set(recorded)
             if p.deleting:
-                p.expected_removes = set(recorded) | set(selected)
+                p.expected_removes = known | set(selected)
             else:
-                p.expected_removes = set(recorded) - set(selected)
+                p.expected_removes = known - set(selected)
                 # The record names pods, not pod instances: a pod re-created under a recorded
                 # name lacks the entry, and the record alone would never give it back.
-                known = set(recorded)
                 p.expected_adds = {n for n in selected if n not in known or not self._has_entry(p, n)}
         elif p.deleting:
             p.expected_removes = set(selected)
         else:
             p.expected_adds = set(selected)
-        if p.stand_in and self._locate_is_main():
+        if p.stand_in and not self._in_members():
             # Nothing selects a gone employer's pods any more; its entries would stay on them
             # for ever (docs/lifecycle-hooks.md, "Orphans").
             p.expected_removes |= {
@@ -622,10 +621,6 @@ class Reconciler:
     def _pod(self, name: str, namespace: str) -> KubeObject | None:
         where = self._locate(name)
         return self.recent.get(where.reader, namespace, where.name)
-
-    def _locate_is_main(self) -> bool:
-        """Pod employees live in the main cluster."""
-        return not self._in_members()
 
     @staticmethod
     def _holds_entry(pod: KubeObject, key: str) -> bool:
