@@ -45,6 +45,12 @@ ROLLOUT_REPLICAS = 4
 _FINALIZER_WORDS = {wire.GUARD_FINALIZER_PREFIX: "guard", wire.LIFECYCLE_FINALIZER_PREFIX: "lifecycle"}
 
 
+def _finalizer_words(pod: kube.KubeObject) -> str:
+    """The pod's finalizers by kind (guard, lifecycle), so a reader tells them apart; a bare
+    hash would hide which one holds the pod (docs/concepts.md, "The guard")."""
+    return ", ".join(_FINALIZER_WORDS.get(f.rpartition("/")[0], f) for f in finalizers(pod)) or "-"
+
+
 # -- a rollout seen from the load balancer's side (the demo's rollout step, bench/bench_rollout.py) --
 
 
@@ -221,7 +227,7 @@ class _View:
                 pod["metadata"]["name"] + (" (deleting)" if lifecycle.is_deleting(pod) else ""),
                 "yes" if lifecycle.is_lifecycle_ready(pod) else "no",
                 ", ".join(entries) or "-",
-                ", ".join(f.rsplit("/", 1)[-1] for f in finalizers(pod)) or "-",
+                _finalizer_words(pod),
             )
         return Group(Text(self.step, style="bold"), provider, pods)
 
@@ -259,7 +265,7 @@ class _RolloutView:
                 condition(pod, gate) or "-",
                 condition(pod, "Ready") or "-",
                 "serving" if name in serving else "-",
-                ", ".join(_FINALIZER_WORDS.get(f.rpartition("/")[0], f) for f in finalizers(pod)) or "-",
+                _finalizer_words(pod),
                 style=style,
             )
         return Group(Text(self.step, style="bold"), pods)
