@@ -111,6 +111,12 @@ def _flag_group(*flags: Callable[[F], F]) -> Callable[[F], F]:
     return decorate
 
 
+#: The one kubeconfig precedence of every command, controller-runtime's (docs/index.md).
+_KUBECONFIG_HELP = (
+    "Kubeconfig path; default: $KUBECONFIG, else the in-cluster config when running in a pod, "
+    "else ~/.kube/config."
+)
+
 _explain_options = _flag_group(
     click.option(
         "--adapter",
@@ -118,9 +124,7 @@ _explain_options = _flag_group(
         multiple=True,
         help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
     ),
-    click.option(
-        "--kubeconfig", default=None, help="Kubeconfig path; default: in-cluster, else ~/.kube/config."
-    ),
+    click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP),
     click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True),
 )
 
@@ -187,7 +191,6 @@ def list_adapters() -> None:
 
 # -- common mistakes: one line saying what is wrong and what to do, exit code 2 -------------------
 
-_KUBECONFIG_HELP = "Kubeconfig path; default: $KUBECONFIG, else ~/.kube/config, else the in-cluster config."
 _DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
@@ -243,7 +246,8 @@ def _flags(*options: type[Any]) -> Iterator[None]:
 
 
 def _kube_client(kubeconfig: str | None) -> KubeClient:
-    """The client for --kubeconfig, else $KUBECONFIG, else ~/.kube/config, else in-cluster."""
+    """The client for --kubeconfig, else $KUBECONFIG, else in-cluster, else ~/.kube/config
+    (controller-runtime's order: a pod's own identity wins over a stray file in its image)."""
     import yaml
     from kubernetes.config.config_exception import ConfigException
 
@@ -254,10 +258,16 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
         default = Path(_DEFAULT_KUBECONFIG).expanduser()
         if os.environ.get("KUBECONFIG"):
             kubeconfig, source = os.environ["KUBECONFIG"], "$KUBECONFIG"
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            try:
+                return KubeClient.in_cluster()
+            except ConfigException as err:
+                raise click.UsageError(
+                    f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
+                    "pass --kubeconfig PATH or set $KUBECONFIG"
+                ) from err
         elif default.is_file():
             kubeconfig, source = str(default), _DEFAULT_KUBECONFIG
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            return KubeClient.in_cluster()
         else:
             raise click.UsageError(
                 f"no kubeconfig: $KUBECONFIG is not set, {default} does not exist and this is not a pod "
@@ -515,8 +525,8 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
 def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
 
-    Kubeconfig: --kubeconfig, else $KUBECONFIG (it wins over ~/.kube/config), else
-    ~/.kube/config, else the in-cluster config when neither exists.
+    Kubeconfig: --kubeconfig, else $KUBECONFIG, else the in-cluster config when running in a
+    pod, else ~/.kube/config.
     """
     import asyncio
 

@@ -222,6 +222,17 @@ def test_no_kubeconfig_at_all_says_where_it_looked(tmp_path: Path) -> None:
     assert "--kubeconfig" in line and "$KUBECONFIG" in line
 
 
+def test_in_a_pod_the_in_cluster_config_wins_over_a_home_kubeconfig(tmp_path: Path) -> None:
+    # controller-runtime's order (docs/index.md, "Which cluster"): a kubeconfig file in the
+    # image's home must not take the place of the pod's own ServiceAccount.
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text("apiVersion: v1\nclusters: []\ncontexts: []\nusers: []\n")
+    env = _env(HOME=str(tmp_path), KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT="1")
+    line = _error_line(_cli("run", "--adapter", "demo", env=env))
+    assert "in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable" in line
+    assert "--kubeconfig" in line and "$KUBECONFIG" in line
+
+
 def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Path) -> None:
     garbage = tmp_path / "config"
     garbage.write_text("apiVersion: v1\nclusters: [\n  {name: : :\n")
@@ -272,10 +283,12 @@ def test_a_webhook_url_that_is_not_https_is_refused() -> None:
     assert "'http://127.0.0.1:9443' is not an https:// URL" in line
 
 
-def test_webhook_help_states_the_real_kubeconfig_precedence() -> None:
-    done = _cli("webhook", "--help", timeout=60)
+@pytest.mark.parametrize("command", [("webhook",), ("run",), ("explain", "pod"), ("explain", "employer")])
+def test_every_command_states_the_one_kubeconfig_precedence(command: tuple[str, ...]) -> None:
+    # One order in code, --help and docs/index.md ("Which cluster"): controller-runtime's.
+    done = _cli(*command, "--help", timeout=60)
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
     assert (
-        "$KUBECONFIG (it wins over ~/.kube/config), else ~/.kube/config, else the in-cluster config" in text
+        "default: $KUBECONFIG, else the in-cluster config when running in a pod, else ~/.kube/config" in text
     )
