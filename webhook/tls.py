@@ -23,7 +23,7 @@ import hashlib
 import logging
 import os
 import ssl
-import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -38,15 +38,25 @@ def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
 
 
 def _context_from_bytes(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
-    # ssl loads chains from files only; private copies guarantee that the certificate and key
-    # loaded are the pair that was read, even if the originals change in between.
-    with tempfile.TemporaryDirectory(prefix="resourceconsist-tls-") as tmp:
-        cert, key = Path(tmp) / "tls.crt", Path(tmp) / "tls.key"
-        fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(key_pem)
-        cert.write_bytes(cert_pem)
+    # ssl loads chains from paths only. Anonymous in-memory files (memfd) guarantee that the
+    # certificate and key loaded are the pair that was read, even if the originals change in
+    # between, and write nothing to any filesystem: the webhook runs with a read-only root
+    # filesystem, and the key never lands on a disk (docs/webhook.md, "Certificates").
+    with _memory_file("tls.crt", cert_pem) as cert, _memory_file("tls.key", key_pem) as key:
         return server_context(cert, key)
+
+
+@contextlib.contextmanager
+def _memory_file(name: str, content: bytes) -> Iterator[Path]:
+    """``content`` in an anonymous in-memory file, as a path OpenSSL can open while it lasts."""
+    fd = os.memfd_create(f"resourceconsist-{name}", os.MFD_CLOEXEC)
+    try:
+        view = memoryview(content)
+        while view:
+            view = view[os.write(fd, view) :]
+        yield Path(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
 
 
 class CertificateReloader:

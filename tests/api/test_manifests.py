@@ -80,5 +80,20 @@ def test_the_kustomize_image_override_names_the_manager_image_and_it_runs_as_non
     (container,) = pod["containers"]
     assert container["image"].split(":")[0] in {image["name"] for image in images}
     # The Containerfile's user (uid 65532); the Pod refuses to start as root.
-    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532}
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # Hardened: nothing is written outside the cert dir's emptyDir (tests/webhook/test_webhook_tls.py).
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    (cert_dir,) = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--cert-dir=")]
+    (mount,) = [m for m in container["volumeMounts"] if m["mountPath"] == cert_dir]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume == {"name": mount["name"], "emptyDir": {}}
     assert re.search(r"^USER 65532(:65532)?$", (CONFIG.parent / "Containerfile").read_text(), re.M)
