@@ -74,6 +74,7 @@ class AdmissionReview(_Model):
 # -- the pod, as far as the webhook reads it -------------------------------------------------------
 
 #: Go's int64, the type of every integer in a Pod.
+_INT64_MIN: Final = -(2**63)
 _INT64_MAX: Final = 2**63 - 1
 
 
@@ -107,8 +108,9 @@ class Container(_PodPart):
 class PodSpec(_PodPart):
     readiness_gates: list[ReadinessGate] | None = Field(None, alias="readinessGates")
     containers: list[Container] | None = None
+    # Any int64: the API server decides what it accepts (it has turned negative ones into 1).
     termination_grace_period_seconds: int | None = Field(
-        None, alias="terminationGracePeriodSeconds", ge=0, le=_INT64_MAX
+        None, alias="terminationGracePeriodSeconds", ge=_INT64_MIN, le=_INT64_MAX
     )
 
 
