@@ -135,10 +135,12 @@ class MalformedPod(ResourceConsistError, ValueError):
     #: How many problems the message lists; the rest are counted.
     SHOWN: Final = 3
 
-    def __init__(self, problems: Sequence[tuple[str, str]]) -> None:
+    def __init__(self, problems: Sequence[tuple[str, str]], *, message: str = "") -> None:
         self.problems = tuple(problems)
         self.path = self.problems[0][0] if self.problems else ""
-        super().__init__(f"request.object is not a valid Pod: {_listed(self.problems, self.SHOWN)}")
+        super().__init__(
+            message or f"request.object is not a valid Pod: {_listed(self.problems, self.SHOWN)}"
+        )
 
     @classmethod
     def from_annotation(cls, err: lifecycle.MalformedAvailableConditions) -> MalformedPod:
@@ -228,7 +230,8 @@ def read_pod(obj: Mapping[str, Any] | None) -> PodFields:
     """The fields of ``obj`` the webhook reads, checked; ``MalformedPod`` names each one that
     has the wrong shape."""
     if obj is None:
-        raise MalformedPod([("request.object", "is missing: a pod CREATE carries the pod")])
+        missing = "is missing: a pod CREATE carries the pod"
+        raise MalformedPod([("request.object", missing)], message=f"request.object {missing}")
     try:
         return PodFields.model_validate(obj)
     except ValidationError as err:

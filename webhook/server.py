@@ -441,13 +441,15 @@ class WebhookServer:
         try:
             outcome = await self._decide(adapter, req, limit)
         except Exception as err:
-            # Bad input is answered inside _decide; this is a bug of the webhook's own, kept
-            # from becoming aiohttp's bare 500 page: the user still reads a cause.
+            # Bad input is answered inside _decide; this is a bug (of the webhook, or an adapter's
+            # EmployerRef it could not use), kept from becoming aiohttp's bare 500 page: the user
+            # still reads a cause, and the log has the traceback.
             log.exception("webhook %s: deciding on uid=%s failed", request.path, req.uid)
             outcome = _Outcome(
                 Verdict.deny(
                     HTTPStatus.INTERNAL_SERVER_ERROR,
-                    f"the webhook failed on this request ({_error_text(err)}); this is a bug in the webhook",
+                    f"webhook adapter {adapter.name}: the webhook failed unexpectedly on this request "
+                    f"({_error_text(err)}); the webhook's log has the details",
                 )
             )
         namespace, pod_name = _display(req)

@@ -970,6 +970,14 @@ async def test_each_known_bad_shape_of_a_pod_is_denied_with_400_naming_its_field
             assert record.levelno == logging.WARNING and record.exc_info is None, what
             assert path in record.getMessage() and "\n" not in record.getMessage(), what
             assert not [r for r in caplog.records if r.levelno >= logging.ERROR], what
+        # A pod CREATE without its pod says so.
+        body = json.dumps(_review_body(namespace=opted_in, object=None)).encode()
+        status, review = await _post(session, webhook, "/mutating-generic", body)
+        assert status == 200 and review["response"]["status"]["code"] == 400
+        assert (
+            review["response"]["status"]["message"]
+            == "request.object is missing: a pod CREATE carries the pod"
+        )
         # And the server still mutates a good pod after all of them.
         status, review = await _post(
             session,
@@ -1148,3 +1156,34 @@ async def test_the_api_server_refuses_a_pod_with_a_malformed_readiness_gate_with
         (decision,) = webhook.seen("bad")
         assert not decision.allowed and decision.code == 400
         assert await call_adapter(kc.get_or_none, kube.POD, opted_in, "bad") is None
+
+
+class MistypedAdapter:
+    """An (untyped) adapter whose employer names its drain time as a string."""
+
+    name = "mistyped"
+
+    def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> list[EmployerRef]:
+        mistyped: Any = "7"
+        return [EmployerRef("Service", "ns", "web", drain_seconds=mistyped)]
+
+
+async def test_an_unexpected_error_is_answered_with_a_denial_and_its_cause_not_a_500_page(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = webhook.server.add_adapter(MistypedAdapter())
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, review = await _post(session, webhook, path, json.dumps(_review_body()).encode())
+            assert status == 200, (status, review)
+            response = review["response"]
+            assert response["allowed"] is False and response["status"]["code"] == 500
+            assert response["status"]["message"].startswith(
+                "webhook adapter mistyped: the webhook failed unexpectedly on this request (TypeError: "
+            )
+            # A bug, unlike bad input, is logged with its traceback.
+            (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert record.exc_info is not None and "uid=uid-1" in record.getMessage()
+            await _good_request_succeeds(session, webhook)
+    finally:
+        webhook.server.remove_adapter("mistyped")
