@@ -1,26 +1,34 @@
 """AdmissionReview ``admission.k8s.io/v1`` on the wire, and the pod mutation the webhook computes.
 
-Pure code, no I/O: parsing and validating the review the API server sends (pydantic), checking
-that the pod in it has the shape the mutation reads, building the answer (allowed with a
-JSONPatch, allowed untouched, or denied with a ``metav1.Status``), and ``pod_mutation``, which
-computes the patch from the employers through ``resourceconsist.lifecycle`` only, so the
-webhook and the controller write byte-identical annotation values. The same patch carries what
-the employers ask of the pod's spec (docs/zero-downtime.md): their readiness gates, and a
-``preStop`` sleep of the longest drain time in every container without a preStop hook.
+Pure code, no I/O: parsing and validating the review the API server sends (pydantic), reading
+the fields of the pod the mutation uses (``read_pod``: the one place their shapes are checked),
+building the answer (allowed with a JSONPatch, allowed untouched, or denied with a
+``metav1.Status``), and ``pod_mutation``, which computes the patch from the employers through
+``resourceconsist.lifecycle`` only, so the webhook and the controller write byte-identical
+annotation values. The same patch carries what the employers ask of the pod's spec
+(docs/zero-downtime.md): their readiness gates, and a ``preStop`` sleep of the longest drain
+time in every container without a preStop hook.
+
+What bad input gets (docs/webhook.md, "Bad input"): a body that is not a v1 AdmissionReview
+raises ``BadReview`` (HTTP 400); a pod whose fields the mutation reads have the wrong shape
+raises ``MalformedPod``, naming each field by its path (``spec.readinessGates[0]``), and is
+denied with code 400, never admitted without its entries, gates and hooks.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic_core import ErrorDetails
 
-from resourceconsist import lifecycle
+from resourceconsist import lifecycle, wire
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
 from resourceconsist.webhook.adapter import EmployerRef
@@ -31,8 +39,9 @@ ADMISSION_KIND: Final = "AdmissionReview"
 
 class _Model(BaseModel):
     # Unknown fields are kept: the API server adds fields over releases and they must not
-    # turn a valid review into a 400.
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # turn a valid review into a 400. Strict: the API server writes a bool as a bool, so
+    # ``"dryRun": "yes"`` is a broken review, not a dry run.
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
 
 
 class GroupVersionKind(_Model):
@@ -62,7 +71,20 @@ class AdmissionReview(_Model):
     request: AdmissionRequest
 
 
-class _PodMetadata(_Model):
+# -- the pod, as far as the webhook reads it -------------------------------------------------------
+
+#: Go's int64, the type of every integer in a Pod.
+_INT64_MIN: Final = -(2**63)
+_INT64_MAX: Final = 2**63 - 1
+
+
+class _PodPart(BaseModel):
+    # Only the fields below are read, and only they are checked; the rest of the pod is the
+    # API server's to validate.
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, strict=True)
+
+
+class PodMetadata(_PodPart):
     name: str = ""
     generate_name: str = Field("", alias="generateName")
     namespace: str = ""
@@ -70,41 +92,155 @@ class _PodMetadata(_Model):
     annotations: dict[str, str] | None = None
 
 
-class _Pod(_Model):
-    metadata: _PodMetadata
+class ReadinessGate(_PodPart):
+    condition_type: str = Field(alias="conditionType", min_length=1)
+
+
+class ContainerLifecycle(_PodPart):
+    #: Only its presence is read: a container with a hook of its own keeps it.
+    pre_stop: dict[str, Any] | None = Field(None, alias="preStop")
+
+
+class Container(_PodPart):
+    lifecycle: ContainerLifecycle | None = None
+
+
+class PodSpec(_PodPart):
+    readiness_gates: list[ReadinessGate] | None = Field(None, alias="readinessGates")
+    containers: list[Container] | None = None
+    # Any int64: the API server decides what it accepts (it has turned negative ones into 1).
+    termination_grace_period_seconds: int | None = Field(
+        None, alias="terminationGracePeriodSeconds", ge=_INT64_MIN, le=_INT64_MAX
+    )
+
+
+class PodFields(_PodPart):
+    """The fields of a pod the webhook reads, with the shapes it reads them in."""
+
+    metadata: PodMetadata
+    #: Required: the patch writes into it (every pod has one; the API server requires containers).
+    spec: PodSpec
 
 
 class BadReview(ResourceConsistError, ValueError):
     """The body is not an AdmissionReview this webhook can answer (answered with HTTP 400)."""
 
 
-def _describe(err: ValidationError, prefix: str) -> str:
-    parts = []
-    for item in err.errors()[:5]:
-        where = ".".join(str(p) for p in item["loc"]) or "body"
-        parts.append(f"{prefix}{where}: {item['msg']}")
-    more = err.error_count() - 5
-    return "; ".join(parts) + (f"; and {more} more" if more > 0 else "")
+class MalformedPod(ResourceConsistError, ValueError):
+    """A field of the pod the webhook reads has the wrong shape (denied with code 400).
+
+    ``problems`` are ``(path, what is wrong)`` pairs, the path relative to the pod
+    (``spec.readinessGates[0]``); ``path`` is the first one's."""
+
+    #: How many problems the message lists; the rest are counted.
+    SHOWN: Final = 3
+
+    def __init__(self, problems: Sequence[tuple[str, str]], *, message: str = "") -> None:
+        self.problems = tuple(problems)
+        self.path = self.problems[0][0] if self.problems else ""
+        super().__init__(
+            message or f"request.object is not a valid Pod: {_listed(self.problems, self.SHOWN)}"
+        )
+
+    @classmethod
+    def from_annotation(cls, err: lifecycle.MalformedAvailableConditions) -> MalformedPod:
+        """The unreadable ``available-conditions`` annotation, named by its path."""
+        path = "metadata.annotations" + _segment(wire.AVAILABLE_CONDITIONS_ANNOTATION, first=False)
+        return cls([(path, str(err))])
+
+
+def _listed(problems: Sequence[tuple[str, str]], shown: int) -> str:
+    text = "; ".join(f"{path}: {what}" for path, what in problems[:shown])
+    more = len(problems) - shown
+    return text + (f"; and {more} more" if more > 0 else "")
+
+
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _segment(part: str | int, *, first: bool) -> str:
+    if isinstance(part, int):
+        return f"[{part}]"
+    if _IDENTIFIER.match(part):
+        return part if first else f".{part}"
+    # Label and annotation keys hold dots and slashes: quoted, so the path stays unambiguous.
+    return f"[{json.dumps(part)}]"
+
+
+def field_path(loc: Sequence[str | int], root: str) -> str:
+    """A JSON path for a pydantic error location: ``spec.readinessGates[0].conditionType``,
+    ``metadata.labels["kusionstack.io/control"]``; ``root`` for the top level."""
+    return "".join(_segment(part, first=i == 0) for i, part in enumerate(loc)) or root
+
+
+#: What each pydantic error type means, in the words of the message.
+_EXPECTED: Final = {
+    "dict_type": "must be an object",
+    "model_type": "must be an object",
+    "model_attributes_type": "must be an object",
+    "list_type": "must be a list",
+    "string_type": "must be a string",
+    "int_type": "must be an integer",
+    "bool_type": "must be true or false",
+    "string_too_short": "must not be empty",
+}
+_SHOWN_INPUT: Final = 60
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, default=repr)
+    return text if len(text) <= _SHOWN_INPUT else text[: _SHOWN_INPUT - 3] + "..."
+
+
+def _problem(error: ErrorDetails) -> str:
+    kind = error["type"]
+    if kind == "missing":
+        return "is missing"
+    ctx = error.get("ctx") or {}
+    if kind in _EXPECTED:
+        what = _EXPECTED[kind]
+    elif kind == "literal_error":
+        what = f"must be {ctx.get('expected')}"
+    elif kind == "greater_than_equal":
+        what = f"must be at least {ctx.get('ge')}"
+    elif kind == "less_than_equal":
+        what = f"must be at most {ctx.get('le')}"
+    else:
+        what = error["msg"]
+    return f"{what}, got {_shown(error['input'])}"
+
+
+def _problems(err: ValidationError, root: str) -> list[tuple[str, str]]:
+    return [(field_path(item["loc"], root), _problem(item)) for item in err.errors()]
 
 
 def parse_review(body: bytes) -> AdmissionReview:
-    """Parse and validate a request body; ``BadReview`` names what is wrong."""
+    """Parse and validate a request body; ``BadReview`` names what is wrong, by its path."""
     try:
         return AdmissionReview.model_validate_json(body)
     except ValidationError as err:
         if any(e["type"] == "json_invalid" for e in err.errors()):
             raise BadReview("the body is not JSON") from None
-        raise BadReview(f"not an {ADMISSION_API_VERSION} {ADMISSION_KIND}: {_describe(err, '')}") from None
+        raise BadReview(
+            f"not an {ADMISSION_API_VERSION} {ADMISSION_KIND}: {_listed(_problems(err, 'the body'), 5)}"
+        ) from None
+
+
+def read_pod(obj: Mapping[str, Any] | None) -> PodFields:
+    """The fields of ``obj`` the webhook reads, checked; ``MalformedPod`` names each one that
+    has the wrong shape."""
+    if obj is None:
+        missing = "is missing: a pod CREATE carries the pod"
+        raise MalformedPod([("request.object", missing)], message=f"request.object {missing}")
+    try:
+        return PodFields.model_validate(obj)
+    except ValidationError as err:
+        raise MalformedPod(_problems(err, "request.object")) from None
 
 
 def validate_pod(obj: Mapping[str, Any] | None) -> None:
-    """Raise ``ValueError`` unless ``obj`` has the pod shape the mutation reads."""
-    if obj is None:
-        raise ValueError("request.object is missing")
-    try:
-        _Pod.model_validate(obj)
-    except ValidationError as err:
-        raise ValueError(f"request.object is not a valid Pod: {_describe(err, '')}") from None
+    """Raise ``MalformedPod`` unless ``obj`` has the pod shape the mutation reads."""
+    read_pod(obj)
 
 
 #: The grace period Kubernetes gives a pod that names none.
@@ -116,29 +252,52 @@ def pod_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict
     annotation, keeping the entries already there, and adds what they ask of the spec
     (``spec_mutation``); empty when nothing changes.
 
-    Raises ``lifecycle.MalformedAvailableConditions`` when there are entries to add and the
-    existing annotation cannot be read (merging into it would destroy it).
+    Raises ``MalformedPod`` when a field it reads has the wrong shape, and
+    ``lifecycle.MalformedAvailableConditions`` when there are entries to add and the existing
+    annotation cannot be read (merging into it would destroy it).
     """
+    fields = read_pod(pod)
     employers = list(employers)
     entries = {e.expected_finalizer_key: e.lifecycle_finalizer for e in employers}
     if not entries:
         return []
     value = lifecycle.updated_available_conditions(pod, add=entries)
+    if value is not None and not _is_unicode(value):
+        # JSON allows an escaped lone surrogate ("\ud800"); no UTF-8 text, hence no patch, holds one.
+        raise lifecycle.MalformedAvailableConditions(
+            fields.metadata.name or fields.metadata.generate_name,
+            (fields.metadata.annotations or {}).get(wire.AVAILABLE_CONDITIONS_ANNOTATION, ""),
+            "it escapes a lone surrogate, which is not a Unicode character",
+        )
     patch = [] if value is None else lifecycle.admission_patch(pod, value)
-    return patch + spec_mutation(pod, employers)
+    return patch + _spec_ops(fields, employers)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def spec_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict[str, Any]]:
     """JSON-patch operations for the spec: each gating employer's readiness gate (kept when
     present), and, when an employer names a drain time, a ``preStop`` sleep of the longest one in
     every container that has no preStop hook of its own, with the grace period raised by as
-    much, so the containers keep their own shutdown time after the sleep."""
-    spec = pod.get("spec") or {}
+    much, so the containers keep their own shutdown time after the sleep.
+
+    Raises ``MalformedPod`` when a field it reads has the wrong shape."""
+    return _spec_ops(read_pod(pod), list(employers))
+
+
+def _spec_ops(pod: PodFields, employers: Sequence[EmployerRef]) -> list[dict[str, Any]]:
+    spec = pod.spec
     ops: list[dict[str, Any]] = []
-    have = set(lifecycle.readiness_gates(pod))
+    have = {g.condition_type for g in spec.readiness_gates or ()}
     wanted = [g for g in dict.fromkeys(e.gate for e in employers if e.readiness_gate) if g not in have]
     if wanted:
-        if spec.get("readinessGates") is None:
+        if spec.readiness_gates is None:
             ops.append(
                 {"op": "add", "path": "/spec/readinessGates", "value": [{"conditionType": g} for g in wanted]}
             )
@@ -151,19 +310,21 @@ def spec_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dic
         return ops
     hook = {"sleep": {"seconds": drain}}
     injected = False
-    for i, container in enumerate(spec.get("containers") or []):
-        hooks = container.get("lifecycle")
-        if hooks is None:
+    for i, container in enumerate(spec.containers or ()):
+        if container.lifecycle is None:
             ops.append({"op": "add", "path": f"/spec/containers/{i}/lifecycle", "value": {"preStop": hook}})
             injected = True
-        elif hooks.get("preStop") is None:
+        elif container.lifecycle.pre_stop is None:
             ops.append({"op": "add", "path": f"/spec/containers/{i}/lifecycle/preStop", "value": hook})
             injected = True
     if injected:
-        grace = spec.get("terminationGracePeriodSeconds")
-        base = DEFAULT_TERMINATION_GRACE_SECONDS if grace is None else int(grace)
+        grace = spec.termination_grace_period_seconds
+        base = DEFAULT_TERMINATION_GRACE_SECONDS if grace is None else grace
         op = "add" if grace is None else "replace"
-        ops.append({"op": op, "path": "/spec/terminationGracePeriodSeconds", "value": base + drain})
+        # Capped at int64, what the API server can store; only an absurd grace period reaches it.
+        ops.append(
+            {"op": op, "path": "/spec/terminationGracePeriodSeconds", "value": min(base + drain, _INT64_MAX)}
+        )
     return ops
 
 

@@ -27,7 +27,8 @@ SLACK = 10.0
 REVIEW = (
     b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u",'
     b'"kind":{"group":"","version":"v1","kind":"Pod"},"resource":{"group":"","version":"v1",'
-    b'"resource":"pods"},"operation":"CREATE","namespace":"ns","object":{"metadata":{"name":"p"}}}}'
+    b'"resource":"pods"},"operation":"CREATE","namespace":"ns","object":{"metadata":{"name":"p"},'
+    b'"spec":{"containers":[{"name":"c","image":"x"}]}}}}'
 )
 
 

@@ -19,7 +19,17 @@ from resourceconsist.webhook import (
     pod_mutation,
     webhook_path,
 )
-from resourceconsist.webhook.admission import BadReview, Verdict, parse_review, review_response, validate_pod
+from resourceconsist.webhook.admission import (
+    BadReview,
+    MalformedPod,
+    Verdict,
+    field_path,
+    parse_review,
+    read_pod,
+    review_response,
+    spec_mutation,
+    validate_pod,
+)
 
 EMPLOYERS = (EmployerRef("Service", "ns", "web"), EmployerRef("Service", "ns", "api"))
 
@@ -141,6 +151,59 @@ def test_parse_review_names_what_is_wrong() -> None:
         validate_pod({"metadata": {"labels": {"a": 1}}})
     with pytest.raises(ValueError, match="missing"):
         validate_pod(None)
+    # Strict: the API server writes a bool as a bool; "yes" is a broken review, not a dry run.
+    with pytest.raises(BadReview, match=r"request\.dryRun: must be true or false, got \"yes\""):
+        parse_review(_review(dryRun="yes"))
+    with pytest.raises(BadReview, match="the body: must be an object, got null"):
+        parse_review(b"null")
+
+
+def test_field_paths_are_json_paths_that_quote_keys_with_dots_and_slashes() -> None:
+    assert (
+        field_path(("spec", "readinessGates", 0, "conditionType"), "x")
+        == "spec.readinessGates[0].conditionType"
+    )
+    assert field_path(("metadata", "labels", "kusionstack.io/control"), "x") == (
+        'metadata.labels["kusionstack.io/control"]'
+    )
+    assert field_path((), "request.object") == "request.object"
+
+
+def test_a_malformed_pod_names_each_field_and_counts_the_rest() -> None:
+    pod = _pod(None)
+    pod["metadata"]["annotations"] = {"a": 1}
+    pod["spec"] = {"readinessGates": [1, "x", {}], "containers": [{"lifecycle": {"preStop": 3}}]}
+    with pytest.raises(MalformedPod) as err:
+        read_pod(pod)
+    assert err.value.path == "metadata.annotations.a"
+    assert [path for path, _ in err.value.problems] == [
+        "metadata.annotations.a",
+        "spec.readinessGates[0]",
+        "spec.readinessGates[1]",
+        "spec.readinessGates[2].conditionType",
+        "spec.containers[0].lifecycle.preStop",
+    ]
+    assert str(err.value) == (
+        "request.object is not a valid Pod: metadata.annotations.a: must be a string, got 1; "
+        "spec.readinessGates[0]: must be an object, got 1; "
+        'spec.readinessGates[1]: must be an object, got "x"; and 2 more'
+    )
+    # The spec mutation reads through the same reader: it refuses rather than crashes.
+    with pytest.raises(MalformedPod, match=r"spec\.readinessGates\[0\]"):
+        spec_mutation({**_pod(None), "spec": {"readinessGates": [1]}}, EMPLOYERS)
+    # Fields the webhook does not read are the API server's business.
+    assert (
+        read_pod({**_pod(None), "status": 1, "spec": {"containers": [], "nodeName": 7}}).spec.containers == []
+    )
+
+
+def test_an_annotation_escaping_a_lone_surrogate_is_refused_not_patched() -> None:
+    pod = _pod({wire.AVAILABLE_CONDITIONS_ANNOTATION: '{"expectedFinalizers": {"\\ud800": "f"}}'})
+    with pytest.raises(lifecycle.MalformedAvailableConditions, match="lone surrogate") as err:
+        pod_mutation(pod, EMPLOYERS)
+    named = MalformedPod.from_annotation(err.value)
+    assert named.path == f'metadata.annotations["{wire.AVAILABLE_CONDITIONS_ANNOTATION}"]'
+    assert str(named).startswith(f"request.object is not a valid Pod: {named.path}: pod p: annotation ")
 
 
 def test_review_response_shapes() -> None:

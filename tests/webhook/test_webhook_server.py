@@ -10,10 +10,13 @@ import base64
 import contextlib
 import itertools
 import json
+import logging
+import random
+import re
 import shutil
 import socket
 import ssl
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -326,10 +329,15 @@ async def _post(
     body: bytes,
     content_type: str = "application/json",
 ) -> tuple[int, Any]:
+    """The status and the JSON answer (its text when it is not JSON, e.g. aiohttp's 500 page)."""
     async with session.post(
         webhook.url(path), data=body, headers={"Content-Type": content_type}, ssl=webhook.client_context()
     ) as resp:
-        return resp.status, await resp.json(content_type=None)
+        text = await resp.text()
+        try:
+            return resp.status, json.loads(text)
+        except ValueError:
+            return resp.status, text
 
 
 async def _good_request_succeeds(session: aiohttp.ClientSession, webhook: Webhook) -> None:
@@ -563,11 +571,21 @@ async def test_replaced_certificate_files_are_served_to_new_connections(
 # -- fuzzing -----------------------------------------------------------------------------------
 
 
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Every path in a JSON document, the document's own (``()``) first."""
+    found = [prefix]
+    if isinstance(node, dict):
+        for key, value in node.items():
+            found += _paths(value, (*prefix, key))
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            found += _paths(value, (*prefix, index))
+    return found
+
+
 def _mutations(seed: int, count: int) -> list[bytes]:
     """``count`` random mutations of a valid AdmissionReview (seeded, so a failure replays):
     values swapped for other types, keys dropped or added, the JSON truncated or bytes flipped."""
-    import random
-
     rng = random.Random(seed)
     odd_values: list[Any] = [
         None,
@@ -585,21 +603,11 @@ def _mutations(seed: int, count: int) -> list[bytes]:
         {"a": {"b": {"c": []}}},
     ]
 
-    def paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        found = [prefix]
-        if isinstance(node, dict):
-            for key, value in node.items():
-                found += paths(value, (*prefix, key))
-        elif isinstance(node, list):
-            for index, value in enumerate(node):
-                found += paths(value, (*prefix, index))
-        return found
-
     bodies: list[bytes] = []
     for _ in range(count):
         review = _review_body(_pod("p", {"app": "x"}, {"note": "n"}))
         review["request"]["oldObject"] = _pod("old", {})
-        target = rng.choice(paths(review)[1:])
+        target = rng.choice(_paths(review)[1:])
         parent: Any = review
         for step in target[:-1]:
             parent = parent[step]
@@ -658,3 +666,524 @@ async def test_fuzzed_reviews_get_400s_or_no_op_answers_and_the_server_keeps_ser
                 status, answer = await _post(session, webhook, "/mutating-generic", body)
                 _no_op_or_refusal(status, answer, what)
             await _good_request_succeeds(session, webhook)
+
+
+# -- bad input on the injection paths ------------------------------------------------------------
+#
+# The reviews below reach the readiness-gate and preStop injection: their namespace is opted in
+# and a controlled Service there selects the pod and asks for its gate and a drain time, so a
+# valid review gets the entry, the gate and the hooks (docs/zero-downtime.md). A malformed one
+# must be denied with code 400 naming the field, never admitted without them.
+
+DRAIN = 7
+AVAILABLE = wire.AVAILABLE_CONDITIONS_ANNOTATION
+FOREIGN_ENTRY = {"Widget/elsewhere/x": "example.com/keep-me"}
+
+
+@pytest.fixture
+async def opted_in(kc: KubeClient, webhook: Webhook, namespace: str) -> str:
+    """``namespace`` labelled for injection, with the controlled Service ``web`` selecting
+    ``app: web`` that asks for its readiness gate and a drain time, once the webhook's caches
+    hold both."""
+    inject = {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}
+    await call_adapter(kc.patch, kube.NAMESPACE, None, namespace, {"metadata": {"labels": inject}})
+    service = _service("web", {"app": "web"}, CONTROLLED)
+    service["metadata"]["annotations"] = {
+        wire.READINESS_GATE_ANNOTATION: "true",
+        wire.DRAIN_SECONDS_ANNOTATION: str(DRAIN),
+    }
+    await call_adapter(kc.create, kube.SERVICE, namespace, service)
+    probe: KubeObject = {"metadata": {"namespace": namespace, "labels": {"app": "web"}}}
+    employers = ControlledServiceAdapter("generic").get_employers_by_employee
+    await async_wait_for(
+        lambda: (
+            employers(probe, webhook.server.reader) == [EmployerRef("Service", namespace, "web")]
+            and employers(probe, webhook.server.reader)[0].readiness_gate
+        ),
+        timeout=30,
+        message="the webhook's caches to hold the opted-in namespace and the Service",
+    )
+    return namespace
+
+
+def _guarded_pod(namespace: str) -> KubeObject:
+    """A pod the Service ``web`` selects, with something already in every place the webhook
+    writes to: a foreign entry, a gate of its own, one container with its own preStop hook, one
+    with an empty lifecycle, one with none, and a grace period."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p",
+            "namespace": namespace,
+            "labels": {**CONTROLLED, "app": "web"},
+            "annotations": {"note": "n", AVAILABLE: json.dumps({"expectedFinalizers": FOREIGN_ENTRY})},
+        },
+        "spec": {
+            "readinessGates": [{"conditionType": "example.com/warm"}],
+            "containers": [
+                {"name": "a", "image": "x"},
+                {"name": "b", "image": "x", "lifecycle": {"preStop": {"exec": {"command": ["drain"]}}}},
+                {"name": "c", "image": "x", "lifecycle": {}},
+            ],
+            "terminationGracePeriodSeconds": 10,
+        },
+    }
+
+
+def _pointer(path: str) -> list[str]:
+    assert path.startswith("/"), path
+    return [p.replace("~1", "/").replace("~0", "~") for p in path[1:].split("/")]
+
+
+def _apply_patch(obj: KubeObject, patch: list[dict[str, Any]]) -> KubeObject:
+    """Apply a JSONPatch as strictly as RFC 6902 says for the two operations the webhook uses:
+    ``add`` needs an existing parent (an object, or a list with an index or ``-``), ``replace``
+    an existing member. An invalid patch fails the assertion, as the API server would refuse it."""
+    out = json.loads(json.dumps(obj))
+    for op in patch:
+        *parents, last = _pointer(op["path"])
+        node: Any = out
+        for step in parents:
+            node = node[int(step)] if isinstance(node, list) else node[step]
+        assert op["op"] in ("add", "replace"), op
+        if isinstance(node, list):
+            assert op["op"] == "add" and last == "-", op
+            node.append(op["value"])
+        else:
+            assert isinstance(node, dict), (op, node)
+            assert op["op"] == "add" or last in node, op
+            node[last] = op["value"]
+    return out
+
+
+def _assert_guarded(pod: KubeObject, employers: Sequence[EmployerRef], what: str) -> None:
+    """The admitted pod carries what each employer asks: its entry (foreign ones kept), its gate,
+    and a preStop hook in every container with the grace period raised by the drain time."""
+    entries = lifecycle.expected_finalizers(pod)
+    for employer in employers:
+        assert entries.get(employer.expected_finalizer_key) == employer.lifecycle_finalizer, what
+        if employer.readiness_gate:
+            assert employer.gate in lifecycle.readiness_gates(pod), what
+    drain = max((e.drain_seconds or 0 for e in employers), default=0)
+    if drain:
+        for container in pod["spec"].get("containers") or []:
+            assert (container.get("lifecycle") or {}).get("preStop") is not None, (what, container)
+
+
+def _as_dict(node: Any, key: str) -> dict[str, Any]:
+    found = node.get(key) if isinstance(node, dict) else None
+    return found if isinstance(found, dict) else {}
+
+
+def _selected(body: bytes, namespace: str) -> bool:
+    """Whether this body is a pod CREATE the Service ``web`` selects, to be answered with its
+    guard (an oracle written from the review, independent of what the webhook decided)."""
+    try:
+        review = json.loads(body)
+    except ValueError:
+        return False
+    request = _as_dict(review, "request")
+    kind = _as_dict(request, "kind")
+    meta = _as_dict(_as_dict(request, "object"), "metadata")
+    ns = request.get("namespace") or meta.get("namespace")
+    return (
+        kind.get("kind") == "Pod"
+        and not kind.get("group")
+        and request.get("operation") == "CREATE"
+        and not request.get("dryRun")
+        and not request.get("subResource")
+        and _as_dict(meta, "labels").get("app") == "web"
+        and ns == namespace
+    )
+
+
+_NAMES_A_FIELD = re.compile(r"^request\.object (is missing|is not a valid Pod: \S)")
+
+
+def _refused_or_guarded(
+    status: int, answer: Any, body: bytes, decisions: list[AdmissionDecision], namespace: str, what: str
+) -> None:
+    """A 400 Status; or a 200 review that denies with code 400 naming a field, or allows with a
+    patch that applies and carries the guard of every employer (none left out when the Service
+    selects the pod)."""
+    assert status in (200, 400), (what, status, answer)
+    if status == 400:
+        assert answer["kind"] == "Status" and answer["code"] == 400 and answer["message"], (what, answer)
+        return
+    response = answer["response"]
+    decision = decisions[-1]
+    assert response["uid"] == decision.uid, what
+    if not response["allowed"]:
+        assert response["status"]["code"] == 400, (what, response)
+        assert _NAMES_A_FIELD.match(response["status"]["message"]), (what, response)
+        return
+    if _selected(body, namespace):
+        assert EmployerRef("Service", namespace, "web") in decision.employers, (what, decision)
+    if not decision.employers:
+        assert "patch" not in response, (what, response)
+        return
+    assert response["patchType"] == "JSONPatch", what
+    patch = json.loads(base64.b64decode(response["patch"]))
+    pod = _apply_patch(json.loads(body)["request"]["object"], patch)
+    _assert_guarded(pod, decision.employers, what)
+
+
+async def test_a_valid_review_in_an_opted_in_namespace_gets_the_entry_the_gate_and_the_hooks(
+    webhook: Webhook, opted_in: str
+) -> None:
+    obj = _guarded_pod(opted_in)
+    body = json.dumps(_review_body(obj, namespace=opted_in)).encode()
+    async with aiohttp.ClientSession() as session:
+        status, review = await _post(session, webhook, "/mutating-generic", body)
+    assert status == 200 and review["response"]["allowed"] is True
+    pod = _apply_patch(obj, json.loads(base64.b64decode(review["response"]["patch"])))
+    gate = lifecycle.readiness_gate("web")
+    assert lifecycle.expected_finalizers(pod) == {
+        **FOREIGN_ENTRY,
+        f"Service/{opted_in}/web": lifecycle.lifecycle_finalizer("web"),
+    }
+    assert lifecycle.readiness_gates(pod) == ["example.com/warm", gate]
+    a, b, c = pod["spec"]["containers"]
+    assert a["lifecycle"] == c["lifecycle"] == {"preStop": {"sleep": {"seconds": DRAIN}}}
+    assert b["lifecycle"] == obj["spec"]["containers"][1]["lifecycle"]  # its own hook stays
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 10 + DRAIN
+
+
+def _set(path: str | tuple[str, ...], value: Any) -> Callable[[KubeObject], None]:
+    """Set the pod's field at a dotted path (list indexes as numbers), or at the path of
+    ``path``'s parts, to ``value``."""
+
+    def change(pod: KubeObject) -> None:
+        *parents, last = path.split(".") if isinstance(path, str) else path
+        node: Any = pod
+        for step in parents:
+            node = node[int(step)] if isinstance(node, list) else node[step]
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return change
+
+
+def _drop(path: str) -> Callable[[KubeObject], None]:
+    def change(pod: KubeObject) -> None:
+        *parents, last = path.split(".")
+        node: Any = pod
+        for step in parents:
+            node = node[step]
+        del node[last]
+
+    return change
+
+
+def _annotation(value: str) -> Callable[[KubeObject], None]:
+    def change(pod: KubeObject) -> None:
+        pod["metadata"]["annotations"][AVAILABLE] = value
+
+    return change
+
+
+_ANNOTATION_PATH = f'metadata.annotations["{AVAILABLE}"]'
+
+#: The known bad shapes of a pod: (what, how, the path the denial names).
+BAD_PODS: list[tuple[str, Callable[[KubeObject], None], str]] = [
+    ("readinessGates [1]", _set("spec.readinessGates", [1]), "spec.readinessGates[0]"),
+    ("readinessGates 'x'", _set("spec.readinessGates", "x"), "spec.readinessGates"),
+    ("readinessGates an object", _set("spec.readinessGates", {"conditionType": "a"}), "spec.readinessGates"),
+    ("readinessGates [null]", _set("spec.readinessGates", [None]), "spec.readinessGates[0]"),
+    (
+        "a gate without conditionType",
+        _set("spec.readinessGates", [{}]),
+        "spec.readinessGates[0].conditionType",
+    ),
+    (
+        "an empty conditionType",
+        _set("spec.readinessGates.0.conditionType", ""),
+        "spec.readinessGates[0].conditionType",
+    ),
+    (
+        "a numeric conditionType",
+        _set("spec.readinessGates.0.conditionType", 1),
+        "spec.readinessGates[0].conditionType",
+    ),
+    ("containers 'x'", _set("spec.containers", "x"), "spec.containers"),
+    ("containers [1]", _set("spec.containers", [1]), "spec.containers[0]"),
+    ("a second container null", _set("spec.containers.1", None), "spec.containers[1]"),
+    ("lifecycle 'x'", _set("spec.containers.0.lifecycle", "x"), "spec.containers[0].lifecycle"),
+    ("lifecycle []", _set("spec.containers.2.lifecycle", []), "spec.containers[2].lifecycle"),
+    (
+        "preStop 'sleep'",
+        _set("spec.containers.2.lifecycle.preStop", "sleep"),
+        "spec.containers[2].lifecycle.preStop",
+    ),
+    ("preStop [1]", _set("spec.containers.1.lifecycle.preStop", [1]), "spec.containers[1].lifecycle.preStop"),
+    ("grace '30'", _set("spec.terminationGracePeriodSeconds", "30"), "spec.terminationGracePeriodSeconds"),
+    ("grace 1.5", _set("spec.terminationGracePeriodSeconds", 1.5), "spec.terminationGracePeriodSeconds"),
+    ("grace true", _set("spec.terminationGracePeriodSeconds", True), "spec.terminationGracePeriodSeconds"),
+    ("grace 2**70", _set("spec.terminationGracePeriodSeconds", 2**70), "spec.terminationGracePeriodSeconds"),
+    ("spec []", _set("spec", []), "spec"),
+    ("no spec", _drop("spec"), "spec"),
+    ("metadata 'x'", _set("metadata", "x"), "metadata"),
+    ("no metadata", _drop("metadata"), "metadata"),
+    ("labels ['app']", _set("metadata.labels", ["app"]), "metadata.labels"),
+    ("a numeric label", _set("metadata.labels.app", 1), "metadata.labels.app"),
+    (
+        "a null control label",
+        _set(("metadata", "labels", wire.CONTROL_LABEL), None),
+        f'metadata.labels["{wire.CONTROL_LABEL}"]',
+    ),
+    ("annotations 'x'", _set("metadata.annotations", "x"), "metadata.annotations"),
+    ("a null annotation", _set("metadata.annotations.note", None), "metadata.annotations.note"),
+    ("namespace 1", _set("metadata.namespace", 1), "metadata.namespace"),
+    ("name {}", _set("metadata.name", {}), "metadata.name"),
+    ("generateName []", _set("metadata.generateName", []), "metadata.generateName"),
+    ("annotation not JSON", _annotation("{not json"), _ANNOTATION_PATH),
+    ("annotation a list", _annotation('["a"]'), _ANNOTATION_PATH),
+    ("annotation entries not strings", _annotation('{"expectedFinalizers": {"k": 1}}'), _ANNOTATION_PATH),
+    ("annotation entries a list", _annotation('{"expectedFinalizers": []}'), _ANNOTATION_PATH),
+    (
+        "annotation escaping a lone surrogate",
+        _annotation('{"expectedFinalizers": {"\\ud800": "f"}}'),
+        _ANNOTATION_PATH,
+    ),
+]
+
+
+async def test_each_known_bad_shape_of_a_pod_is_denied_with_400_naming_its_field(
+    webhook: Webhook, opted_in: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="resourceconsist.webhook")
+    async with aiohttp.ClientSession() as session:
+        for what, change, path in BAD_PODS:
+            obj = _guarded_pod(opted_in)
+            change(obj)
+            caplog.clear()
+            body = json.dumps(_review_body(obj, namespace=opted_in)).encode()
+            status, review = await _post(session, webhook, "/mutating-generic", body)
+            assert status == 200, (what, status, review)
+            response = review["response"]
+            assert response["allowed"] is False and "patch" not in response, what
+            assert response["status"]["code"] == 400 and response["status"]["reason"] == "BadRequest", what
+            message = response["status"]["message"]
+            assert message.startswith(f"request.object is not a valid Pod: {path}: "), (what, message)
+            # One line for the operator, with the field; no traceback, nothing at ERROR.
+            (record,) = [r for r in caplog.records if r.name == "resourceconsist.webhook"]
+            assert record.levelno == logging.WARNING and record.exc_info is None, what
+            assert path in record.getMessage() and "\n" not in record.getMessage(), what
+            assert not [r for r in caplog.records if r.levelno >= logging.ERROR], what
+        # A pod CREATE without its pod says so.
+        body = json.dumps(_review_body(namespace=opted_in, object=None)).encode()
+        status, review = await _post(session, webhook, "/mutating-generic", body)
+        assert status == 200 and review["response"]["status"]["code"] == 400
+        assert (
+            review["response"]["status"]["message"]
+            == "request.object is missing: a pod CREATE carries the pod"
+        )
+        # And the server still mutates a good pod after all of them.
+        status, review = await _post(
+            session,
+            webhook,
+            "/mutating-generic",
+            json.dumps(_review_body(_guarded_pod(opted_in), namespace=opted_in)).encode(),
+        )
+        assert status == 200 and review["response"]["allowed"] is True and review["response"]["patch"]
+
+
+def _envelope(change: Callable[[dict[str, Any]], None]) -> bytes:
+    review = _review_body()
+    change(review)
+    return json.dumps(review).encode()
+
+
+def _in_request(key: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    return lambda review: review["request"].__setitem__(key, value)
+
+
+#: The known bad shapes of an AdmissionReview: (what, body, what the 400's message says).
+BAD_ENVELOPES: list[tuple[str, bytes, str]] = [
+    ("not JSON", b'{"apiVersion": ', "the body is not JSON"),
+    ("a list", b"[1]", "the body: must be an object"),
+    ("null", b"null", "the body: must be an object"),
+    ("a string", b'"AdmissionReview"', "the body: must be an object"),
+    ("wrong apiVersion", _envelope(lambda r: r.__setitem__("apiVersion", "v1")), "apiVersion: must be"),
+    ("wrong kind", _envelope(lambda r: r.__setitem__("kind", "Pod")), "kind: must be"),
+    ("no request", _envelope(lambda r: r.pop("request")), "request: is missing"),
+    ("request a list", _envelope(lambda r: r.__setitem__("request", [])), "request: must be an object"),
+    ("no uid", _envelope(lambda r: r["request"].pop("uid")), "request.uid: is missing"),
+    ("uid a number", _envelope(_in_request("uid", 1)), "request.uid: must be a string"),
+    ("empty uid", _envelope(_in_request("uid", "")), "request.uid: must not be empty"),
+    ("kind a string", _envelope(_in_request("kind", "Pod")), "request.kind: must be an object"),
+    ("kind without kind", _envelope(_in_request("kind", {"version": "v1"})), "request.kind.kind: is missing"),
+    ("operation PATCH", _envelope(_in_request("operation", "PATCH")), "request.operation: must be"),
+    ("object a string", _envelope(_in_request("object", "pod")), "request.object: must be an object"),
+    ("object a list", _envelope(_in_request("object", [])), "request.object: must be an object"),
+    ("dryRun 'yes'", _envelope(_in_request("dryRun", "yes")), "request.dryRun: must be true or false"),
+    ("dryRun 1", _envelope(_in_request("dryRun", 1)), "request.dryRun: must be true or false"),
+    ("namespace a number", _envelope(_in_request("namespace", 1)), "request.namespace: must be a string"),
+    (
+        "subResource null",
+        _envelope(_in_request("subResource", None)),
+        "request.subResource: must be a string",
+    ),
+]
+
+
+async def test_each_known_bad_shape_of_a_review_gets_400_with_a_status_naming_it(webhook: Webhook) -> None:
+    async with aiohttp.ClientSession() as session:
+        for what, body, message in BAD_ENVELOPES:
+            status, answer = await _post(session, webhook, "/mutating-generic", body)
+            assert status == 400, (what, status, answer)
+            assert answer["kind"] == "Status" and answer["apiVersion"] == "v1", what
+            assert answer["code"] == 400 and answer["reason"] == "BadRequest", what
+            assert message in answer["message"], (what, answer["message"])
+        await _good_request_succeeds(session, webhook)
+
+
+#: Values the fuzz puts where the pod had something else: other types, and the shapes of the
+#: fields next to it (a gate where a container was, a hook where a gate was).
+ODD_VALUES: list[Any] = [
+    None,
+    0,
+    -1,
+    1.5,
+    2**70,
+    True,
+    "",
+    "x",
+    "x" * 5000,
+    "\u00e9\u2028",
+    [],
+    [1],
+    ["x"],
+    [None],
+    [{}],
+    {},
+    {"conditionType": 1},
+    {"conditionType": ""},
+    {"preStop": "x"},
+    {"preStop": None},
+    {"lifecycle": []},
+    {"sleep": {"seconds": "7"}},
+    {"a": {"b": {"c": []}}},
+]
+KEYS = ["extra", "", "conditionType", "lifecycle", "preStop", "readinessGates", "containers", "labels"]
+
+
+def _injection_mutations(seed: int, count: int, namespace: str) -> list[bytes]:
+    """``count`` seeded mutations of a review that reaches the injection, one to three changes
+    each, mostly inside the pod: a value swapped for an odd one or for another part of the
+    pod, a key dropped or added, an item appended; now and then the JSON truncated."""
+    rng = random.Random(seed)
+    bodies: list[bytes] = []
+    for _ in range(count):
+        review: Any = _review_body(_guarded_pod(namespace), namespace=namespace)
+        for _ in range(rng.randint(1, 3)):
+            obj = _as_dict(review, "request").get("object")
+            root = obj if isinstance(obj, dict) and rng.random() < 0.85 else review
+            everywhere = _paths(root)
+            if len(everywhere) < 2:
+                break
+            target = rng.choice(everywhere[1:])
+            parent = root
+            for step in target[:-1]:
+                parent = parent[step]
+            key, action = target[-1], rng.randrange(5)
+            if action == 0:
+                parent[key] = json.loads(json.dumps(rng.choice(ODD_VALUES)))
+            elif action == 1:
+                del parent[key]
+            elif action == 2 and isinstance(parent[key], dict):
+                parent[key][rng.choice(KEYS)] = json.loads(json.dumps(rng.choice(ODD_VALUES)))
+            elif action == 2 and isinstance(parent[key], list):
+                parent[key].append(json.loads(json.dumps(rng.choice(ODD_VALUES))))
+            else:
+                # Another part of the same document in its place: shapes the webhook reads elsewhere.
+                source: Any = root
+                for step in rng.choice(everywhere):
+                    source = source[step]
+                parent[key] = json.loads(json.dumps(source))
+        raw = json.dumps(review).encode()
+        if rng.random() < 0.03:
+            raw = raw[: rng.randrange(len(raw))]
+        bodies.append(raw)
+    return bodies
+
+
+@pytest.mark.parametrize("seed", [18, 1803])
+async def test_fuzzed_reviews_on_the_injection_paths_are_refused_or_guarded_never_a_5xx(
+    webhook: Webhook, opted_in: str, seed: int
+) -> None:
+    bodies = _injection_mutations(seed, 1000, opted_in)
+    answers: dict[str, int] = {}
+    async with aiohttp.ClientSession() as session:
+        for i, body in enumerate(bodies):
+            what = f"mutation {i} (seed {seed}): {body[:300]!r}"
+            status, answer = await _post(session, webhook, "/mutating-generic", body)
+            _refused_or_guarded(status, answer, body, webhook.decisions, opted_in, what)
+            if status == 400:
+                outcome = "400"
+            elif not answer["response"]["allowed"]:
+                outcome = "denied"
+            else:
+                outcome = "patched" if "patch" in answer["response"] else "untouched"
+            answers[outcome] = answers.get(outcome, 0) + 1
+        await _good_request_succeeds(session, webhook)
+    # The fuzz reached every kind of answer, the injection included, not only the envelope check.
+    assert answers.keys() == {"400", "denied", "patched", "untouched"}, answers
+    assert answers["denied"] >= 100 and answers["patched"] >= 100, answers
+
+
+async def test_the_api_server_refuses_a_pod_with_a_malformed_readiness_gate_with_the_webhooks_message(
+    control_plane: LocalControlPlane, kc: KubeClient, webhook: Webhook, opted_in: str
+) -> None:
+    async with _install(control_plane, kc, webhook, opted_in, "/mutating-generic"):
+        good = _guarded_pod(opted_in)
+        good["metadata"]["name"] = "good"
+        created = await call_adapter(kc.create, kube.POD, opted_in, good)
+        assert lifecycle.readiness_gate("web") in lifecycle.readiness_gates(created)
+        assert created["spec"]["containers"][0]["lifecycle"]["preStop"] == {"sleep": {"seconds": DRAIN}}
+
+        # The API server decodes the pod before it calls the webhook, so only shapes Go can
+        # decode reach it: a gate without its condition type is one.
+        bad = _guarded_pod(opted_in)
+        bad["metadata"]["name"] = "bad"
+        bad["spec"]["readinessGates"] = [{}]
+        with pytest.raises(ApiError) as err:
+            await call_adapter(kc.create, kube.POD, opted_in, bad)
+        assert (
+            "request.object is not a valid Pod: spec.readinessGates[0].conditionType: must not be empty"
+            in err.value.message
+        ), err.value.message
+        (decision,) = webhook.seen("bad")
+        assert not decision.allowed and decision.code == 400
+        assert await call_adapter(kc.get_or_none, kube.POD, opted_in, "bad") is None
+
+
+class MistypedAdapter:
+    """An (untyped) adapter whose employer names its drain time as a string."""
+
+    name = "mistyped"
+
+    def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> list[EmployerRef]:
+        mistyped: Any = "7"
+        return [EmployerRef("Service", "ns", "web", drain_seconds=mistyped)]
+
+
+async def test_an_unexpected_error_is_answered_with_a_denial_and_its_cause_not_a_500_page(
+    webhook: Webhook, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = webhook.server.add_adapter(MistypedAdapter())
+    try:
+        async with aiohttp.ClientSession() as session:
+            status, review = await _post(session, webhook, path, json.dumps(_review_body()).encode())
+            assert status == 200, (status, review)
+            response = review["response"]
+            assert response["allowed"] is False and response["status"]["code"] == 500
+            assert response["status"]["message"].startswith(
+                "webhook adapter mistyped: the webhook failed unexpectedly on this request (TypeError: "
+            )
+            # A bug, unlike bad input, is logged with its traceback.
+            (record,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
+            assert record.exc_info is not None and "uid=uid-1" in record.getMessage()
+            await _good_request_succeeds(session, webhook)
+    finally:
+        webhook.server.remove_adapter("mistyped")
