@@ -72,7 +72,7 @@ async def test_metrics_show_provider_calls_retries_errors_conflicts_and_leadersh
     retry = RetryPolicy(max_attempts=8, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=10)
     client = SLBClient(slb.credentials(), retry=retry)
     manager = Manager(cluster.client, namespace=cluster.namespace, health_address=("127.0.0.1", 0))
-    adapter = SLBAdapter(client)
+    adapter = SLBAdapter(client, cluster_name="metrics")
     await manager.add(adapter)
     await manager.start()
     try:
