@@ -4,10 +4,12 @@
 of the requests library vendored in ``aliyunsdkcore`` with ``responses`` and serves every
 request to its endpoint host. It parses the RPC parameters (query string and form body), checks
 the HMAC-SHA1 signature (RPC signature v1) against its own key pair, and answers in the API's JSON
-shapes. It holds load balancers, VServer groups with their backend servers, and a health status
-per backend; writes change that state the way the service does (adding a server already in the
-group, removing an absent one, a weight outside 0..100, more than 20 servers in a call, or a
-second write on a load balancer while one is in flight are all rejected).
+shapes. It holds load balancers (listed page by page), VServer groups with their tags and backend
+servers, and a health status per backend; writes change that state the way the service does
+(adding a server already in the group, removing an absent one, a weight outside 0..100, more than
+20 servers in a call, more than 20 tags on a group, or a second write on a load balancer while one
+is in flight are all rejected). ``DescribeVServerGroups`` filters by the ``Tag.N`` parameters the
+SDK sends, as the service does.
 
 Tests steer it directly (load balancers, groups, backends, health, drift), inject faults
 (throttling by seeded chance or for the next N calls, 5xx, dropped connections, latency, and
