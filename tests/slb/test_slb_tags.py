@@ -13,7 +13,7 @@ from typing import Any
 import click
 import pytest
 
-from resourceconsist import kube
+from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import ReconcileContext
 from resourceconsist.adapters import registry
 from resourceconsist.adapters.alibabacloudslb import (
@@ -23,6 +23,7 @@ from resourceconsist.adapters.alibabacloudslb import (
     LOAD_BALANCER_ID_LABEL,
     LOAD_BALANCERS_ENV,
     MODE_ANNOTATION,
+    SERVER_ID_ANNOTATION,
     SERVICE_NAME_TAG,
     SERVICE_NAMESPACE_TAG,
     SERVICE_UID_TAG,
@@ -35,9 +36,10 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ACCESS_SECRET_ENV,
     SLB_ENDPOINT_ENV,
 )
-from resourceconsist.adapters.alibabacloudslb.slbclient import SLBClient
+from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient
 from resourceconsist.cli import _adapter_environ
 from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
 CLUSTER = "prod-a"
@@ -278,3 +280,44 @@ def test_the_cli_flags_set_the_adapters_settings_the_environment_sets(
     adapter.client.close()
     with pytest.raises(click.UsageError, match="add --adapter alibabacloudslb"):
         _adapter_environ(["demo"], flags)
+
+
+async def test_on_the_control_plane_a_group_from_before_the_tags_is_adopted_and_tagged(
+    cluster: Cluster, run_manager: Any, slb: SLBEmulator, client: SLBClient
+) -> None:
+    """Upgrade: the group the adapter made before it tagged groups, already serving web-0, is
+    tagged on the Service's first pass and keeps serving; no second group is made."""
+    lb = slb.add_load_balancer()
+    await cluster.pod(
+        "web-0", {"app": "web"}, readiness_gate=True, annotations={SERVER_ID_ANNOTATION: "eni-0"}
+    )
+    await cluster.set_status("web-0", ready=True, service_ready=True)
+    served = BackendServer(
+        server_id="eni-0",
+        port=80,
+        server_type="eni",
+        server_ip=cluster.ip_of("web-0"),
+        description="resourceconsist/web-0",
+    )
+    legacy = slb.add_vserver_group(lb, f"resourceconsist/{cluster.namespace}/web", backends=[served])
+    service = await cluster.service(
+        "web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
+    )
+    async with run_manager(SLBAdapter(client, cluster_name=CLUSTER, load_balancers=[lb])):
+
+        async def tagged_and_guarded() -> bool:
+            pod = await cluster.get(kube.POD, "web-0")
+            return bool(slb.vserver_group_tags(legacy)) and lifecycle.lifecycle_finalizer(
+                "web"
+            ) in finalizers(pod)
+
+        await async_wait_for(tagged_and_guarded, timeout=60, message="the old group tagged, web-0 guarded")
+        assert slb.vserver_group_tags(legacy) == {
+            CLUSTER_TAG: CLUSTER,
+            SERVICE_NAMESPACE_TAG: cluster.namespace,
+            SERVICE_NAME_TAG: "web",
+            SERVICE_UID_TAG: service["metadata"]["uid"],
+        }
+        assert [g.id for g in slb.vserver_groups(lb)] == [legacy]
+        assert slb.backends(legacy) == [served], "served all along, never re-added"
+        assert not slb.calls_of("CreateVServerGroup") and not slb.calls_of("AddVServerGroupBackendServers")
