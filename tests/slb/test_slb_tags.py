@@ -321,3 +321,19 @@ async def test_on_the_control_plane_a_group_from_before_the_tags_is_adopted_and_
         assert [g.id for g in slb.vserver_groups(lb)] == [legacy]
         assert slb.backends(legacy) == [served], "served all along, never re-added"
         assert not slb.calls_of("CreateVServerGroup") and not slb.calls_of("AddVServerGroupBackendServers")
+
+
+async def test_on_the_control_plane_a_missing_cluster_name_is_a_warning_event_and_nothing_is_touched(
+    cluster: Cluster, run_manager: Any, slb: SLBEmulator, client: SLBClient
+) -> None:
+    lb = slb.add_load_balancer()
+    await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"})
+    async with run_manager(SLBAdapter(client)):
+
+        async def warned() -> str:
+            events = await cluster.events("web")
+            return "\n".join(m for kind, _, m in events if kind == "Warning" and CLUSTER_NAME_ENV in m)
+
+        message = await async_wait_for(warned, timeout=60, message="a Warning event naming the setting")
+        assert "--slb-cluster-name" in message
+    assert slb.vserver_groups(lb) == [] and slb.mutating_calls() == []
