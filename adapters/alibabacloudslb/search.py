@@ -14,7 +14,6 @@ docs/alibabacloudslb.md, "Tags and the garbage search".
 from __future__ import annotations
 
 import functools
-import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,8 +22,7 @@ from resourceconsist.cancellation import call_adapter
 
 from . import config
 from .slbclient import MAX_LOAD_BALANCERS_PER_PAGE, SLBClient, SLBNotFound, VServerGroup
-
-log = logging.getLogger("resourceconsist.adapters.alibabacloudslb.adapter")
+from .strategy import log
 
 
 @dataclass

@@ -14,7 +14,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
 from resourceconsist import lifecycle
 from resourceconsist.adapter import Employee, Employer, Outcome, OwnedItem, ReconcileContext
@@ -23,8 +23,10 @@ from resourceconsist.kube import KubeObject
 
 from . import config
 from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError
-from .search import GroupSearch
 from .slbclient import BackendServer, SLBClient, SLBNotFound
+
+if TYPE_CHECKING:
+    from .search import GroupSearch
 
 #: Both strategies log as the adapter module always has, so logging settings keep applying.
 log = logging.getLogger("resourceconsist.adapters.alibabacloudslb.adapter")
