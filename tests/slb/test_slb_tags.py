@@ -36,7 +36,7 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ACCESS_SECRET_ENV,
     SLB_ENDPOINT_ENV,
 )
-from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient
+from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient, SLBError
 from resourceconsist.cli import _adapter_environ
 from resourceconsist.kube import KubeObject, Resource
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
@@ -337,3 +337,25 @@ async def test_on_the_control_plane_a_missing_cluster_name_is_a_warning_event_an
         message = await async_wait_for(warned, timeout=60, message="a Warning event naming the setting")
         assert "--slb-cluster-name" in message
     assert slb.vserver_groups(lb) == [] and slb.mutating_calls() == []
+
+
+def test_the_emulator_keeps_tags_as_slb_does(slb: SLBEmulator, client: SLBClient) -> None:
+    lb = slb.add_load_balancer()
+    group = client.create_vserver_group(lb, "g", tags={"team": "a", CLUSTER_TAG: CLUSTER})
+    other = slb.add_vserver_group(lb, "h", tags={"team": "b"})
+    # Filtered by SLB: every given tag must match.
+    assert [g.id for g in client.describe_vserver_groups(lb, tags={"team": "a"})] == [group]
+    (found,) = client.describe_vserver_groups(lb, tags={CLUSTER_TAG: CLUSTER, "team": "a"})
+    assert found.tags == {"team": "a", CLUSTER_TAG: CLUSTER}
+    assert client.describe_vserver_groups(lb, tags={CLUSTER_TAG: OTHER}) == []
+    assert {g.id for g in client.describe_vserver_groups(lb)} == {group, other}
+    # TagResources overwrites a key's value and keeps the other tags.
+    client.tag_vserver_group(other, {"team": "c", "env": "prod"})
+    assert slb.vserver_group_tags(other) == {"team": "c", "env": "prod"}
+    with pytest.raises(SLBError, match="InvalidParameter"):
+        client.tag_vserver_group(other, {"aliyun-reserved": "x"})
+    with pytest.raises(SLBError, match="at most 20 tags"):
+        client.tag_vserver_group(other, {f"k{i}": "v" for i in range(19)})
+    assert slb.vserver_group_tags(other) == {"team": "c", "env": "prod"}, "a refused call changes nothing"
+    page = client.describe_load_balancers(1, page_size=10)
+    assert page.load_balancer_ids == (lb,) and page.total_count == 1 and page.last
