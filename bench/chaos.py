@@ -203,6 +203,8 @@ class Controllers:
             "ALIBABA_CLOUD_REGION_ID": info["region_id"],
             # The SDK's own setting for the CA that signed the emulator's certificate.
             "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+            # Manage mode tags its VServer groups with the cluster's name (docs/alibabacloudslb.md).
+            "ALIYUN_SLB_CLUSTER_NAME": "chaos",
         }
 
     def start(self, *, leader_elect: bool = False) -> str:

@@ -495,6 +495,49 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
         )
 
 
+#: ``run``'s settings of the ``alibabacloudslb`` adapter. Adapters read their settings from the
+#: environment (registry.py); these flags set the adapter's variables for the adapters this
+#: command builds (docs/alibabacloudslb.md, "Tags and the garbage search").
+_SLB_ADAPTER = "alibabacloudslb"
+_slb_flags = _flag_group(
+    click.option(
+        "--slb-cluster-name",
+        default=None,
+        metavar="NAME",
+        help="alibabacloudslb: this cluster's name, tagged on every VServer group it creates "
+        "(sets ALIYUN_SLB_CLUSTER_NAME; required for manage mode).",
+    ),
+    click.option(
+        "--slb-load-balancer",
+        "slb_load_balancers",
+        multiple=True,
+        metavar="ID",
+        help="alibabacloudslb: look for orphaned VServer groups only on this load balancer (and those "
+        "live Services name) instead of the whole region (repeatable; sets ALIYUN_SLB_LOAD_BALANCERS).",
+    ),
+)
+
+
+def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> Mapping[str, str]:
+    """The environment the adapters are built from: the process's, with the adapter flags' variables."""
+    cluster, lbs = flags["slb_cluster_name"], flags["slb_load_balancers"]
+    if cluster is None and not lbs:
+        return os.environ
+    if _SLB_ADAPTER not in adapter_names:
+        flag = "--slb-cluster-name" if cluster is not None else "--slb-load-balancer"
+        raise click.UsageError(
+            f"{flag} is a setting of the {_SLB_ADAPTER} adapter; add --adapter {_SLB_ADAPTER}"
+        )
+    from resourceconsist.adapters.alibabacloudslb.settings import CLUSTER_NAME_ENV, LOAD_BALANCERS_ENV
+
+    environ = dict(os.environ)
+    if cluster is not None:
+        environ[CLUSTER_NAME_ENV] = cluster
+    if lbs:
+        environ[LOAD_BALANCERS_ENV] = ",".join(lbs)
+    return environ
+
+
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
@@ -504,6 +547,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
 @_manager_flags
 @_leader_election_flags
 @_webhook_flags
+@_slb_flags
 def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
     import asyncio
@@ -511,7 +555,8 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     manager_options = _manager_options(flags)
     webhook_options = _webhook_options(flags)
     registry = _all_adapters()
-    adapters = _build(registry.controller, adapter_names)
+    environ = _adapter_environ(adapter_names, flags)
+    adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
     asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
 

@@ -20,11 +20,15 @@ from .adapter import CONTROLLER_NAME, SLBAdapter
 from .backoff import RequeueBackoff
 from .config import (
     BACKEND_TYPE_ANNOTATION,
+    CLUSTER_TAG,
     DRAIN_ANNOTATION,
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
     PORT_ANNOTATION,
     SERVER_ID_ANNOTATION,
+    SERVICE_NAME_TAG,
+    SERVICE_NAMESPACE_TAG,
+    SERVICE_UID_TAG,
     WEIGHT_ANNOTATION,
     Mode,
     SLBConfigError,
@@ -32,6 +36,13 @@ from .config import (
 )
 from .credentials import CredentialsError, MissingCredentials, SLBCredentials
 from .manage import Unresolved, annotated_backend
+from .settings import (
+    CLUSTER_NAME_ENV,
+    DEFAULT_GARBAGE_CALL_BUDGET,
+    GARBAGE_CALL_BUDGET_ENV,
+    LOAD_BALANCERS_ENV,
+    SLBSettings,
+)
 from .slbclient import SLBClient, call_deadline_from_env
 from .strategy import BackendResolver
 
@@ -40,12 +51,20 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BACKEND_TYPE_ANNOTATION",
+    "CLUSTER_NAME_ENV",
+    "CLUSTER_TAG",
     "CONTROLLER_NAME",
+    "DEFAULT_GARBAGE_CALL_BUDGET",
     "DRAIN_ANNOTATION",
+    "GARBAGE_CALL_BUDGET_ENV",
+    "LOAD_BALANCERS_ENV",
     "LOAD_BALANCER_ID_LABEL",
     "MODE_ANNOTATION",
     "PORT_ANNOTATION",
     "SERVER_ID_ANNOTATION",
+    "SERVICE_NAMESPACE_TAG",
+    "SERVICE_NAME_TAG",
+    "SERVICE_UID_TAG",
     "WEBHOOK_ADAPTER_NAME",
     "WEIGHT_ANNOTATION",
     "BackendResolver",
@@ -57,6 +76,7 @@ __all__ = [
     "SLBClient",
     "SLBConfigError",
     "SLBCredentials",
+    "SLBSettings",
     "Unresolved",
     "annotated_backend",
     "controller_from_env",
@@ -69,9 +89,16 @@ __all__ = [
 def controller_from_env(environ: Mapping[str, str]) -> SLBAdapter:
     """The registry's controller factory: credentials from ``environ`` (``MissingCredentials`` at
     start-up when they are absent), an ``SLBClient`` on them (its call deadline from
-    ``ALIYUN_SLB_CALL_DEADLINE_SECONDS``), the adapter on that."""
+    ``ALIYUN_SLB_CALL_DEADLINE_SECONDS``), the adapter on that with the settings of
+    ``SLBSettings.from_env`` (cluster name, narrowing load balancers, garbage call budget)."""
     credentials = SLBCredentials.from_env(environ)
-    return SLBAdapter(SLBClient(credentials, call_deadline_seconds=call_deadline_from_env(environ)))
+    settings = SLBSettings.from_env(environ)
+    return SLBAdapter(
+        SLBClient(credentials, call_deadline_seconds=call_deadline_from_env(environ)),
+        cluster_name=settings.cluster_name,
+        load_balancers=settings.load_balancers,
+        garbage_call_budget=settings.garbage_call_budget,
+    )
 
 
 #: Name of the SLB webhook adapter; served at ``/mutating-alibabacloudslb``.

@@ -38,9 +38,11 @@ from resourceconsist.kube import KubeObject, Resource, object_key
 
 from . import config
 from .backoff import RequeueBackoff
-from .config import Mode, SLBConfigError
+from .config import Mode, SLBConfigError, check_cluster_name
 from .manage import ManageStrategy, annotated_backend
 from .observe import ObserveStrategy
+from .search import GroupSearch
+from .settings import DEFAULT_GARBAGE_CALL_BUDGET, check_call_budget
 from .slbclient import SLBClient
 from .strategy import BackendResolver, ModeStrategy, Tools
 
@@ -84,18 +86,33 @@ class SLBAdapter(ReconcileAdapter):
         resolver: BackendResolver = annotated_backend,
         backoff: RequeueBackoff | None = None,
         clock: Callable[[], float] = time.monotonic,
+        cluster_name: str = "",
         load_balancers: Iterable[str] = (),
+        garbage_call_budget: int = DEFAULT_GARBAGE_CALL_BUDGET,
     ) -> None:
+        """``cluster_name`` (required by manage mode) is written on every VServer group the
+        adapter creates and is how it finds its own; ``load_balancers`` narrows the garbage
+        search to these load balancers (and those live Services name) instead of the whole
+        region; ``garbage_call_budget`` bounds that search's SLB calls per garbage pass
+        (docs/alibabacloudslb.md, "Tags and the garbage search"). Bad values raise
+        ``SLBConfigError``."""
         self.client = client
-        #: Load balancers searched for orphaned groups besides those the Services name.
+        self.cluster_name = check_cluster_name(cluster_name, source="cluster_name")
         self.load_balancers = tuple(load_balancers)
         self.name = name
         self.resolver = resolver
         self.backoff = backoff or RequeueBackoff()
         self._clock = clock
+        #: The garbage search and where its sweep stands, kept from one garbage pass to the next.
+        self.search = GroupSearch(
+            client,
+            check_call_budget(garbage_call_budget, source="garbage_call_budget"),
+            self.load_balancers,
+            name=name,
+        )
 
     def __repr__(self) -> str:
-        return f"SLBAdapter(name={self.name!r}, client={self.client!r})"
+        return f"SLBAdapter(name={self.name!r}, cluster_name={self.cluster_name!r}, client={self.client!r})"
 
     def get_controller_name(self) -> str:
         return self.name
@@ -103,7 +120,13 @@ class SLBAdapter(ReconcileAdapter):
     # -- the pass's strategy ------------------------------------------------------------------------
 
     def _tools(self) -> Tools:
-        return Tools(client=self.client, name=self.name, resolver=self.resolver, clock=self._clock)
+        return Tools(
+            client=self.client,
+            name=self.name,
+            resolver=self.resolver,
+            clock=self._clock,
+            cluster_name=self.cluster_name,
+        )
 
     def strategy(self, ctx: ReconcileContext, employer: KubeObject) -> ModeStrategy:
         """The strategy of this pass of ``employer``: made at the pass's first call, from the
@@ -188,7 +211,7 @@ class SLBAdapter(ReconcileAdapter):
     async def list_owned(self, ctx: ReconcileContext) -> list[OwnedItem]:
         owned: list[OwnedItem] = []
         for strategy_class in STRATEGIES.values():
-            owned += await strategy_class.list_owned(self._tools(), ctx, self.load_balancers)
+            owned += await strategy_class.list_owned(self._tools(), ctx, self.search)
         return owned
 
     # -- employer (manage mode's VServer group) ---------------------------------------------------------

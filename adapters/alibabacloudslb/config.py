@@ -12,6 +12,8 @@ a typo surfaces as a Warning event on the Service instead of as silently wrong b
 from __future__ import annotations
 
 import hashlib
+import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Final
 
@@ -51,6 +53,17 @@ GROUP_NAME_PREFIX: Final = "resourceconsist/"
 #: Prefix of the ``Description`` this adapter writes on its backends: ``resourceconsist/<pod>``.
 #: A backend in our group without it was put there by someone else and is never touched.
 MEMBER_DESCRIPTION_PREFIX: Final = "resourceconsist/"
+#: Tags on every VServer group this adapter creates (docs/alibabacloudslb.md, "Tags"): the
+#: cluster that made it, and the Service it was made for. They are how the garbage pass finds the
+#: groups of a Service that is gone, and how two clusters sharing a load balancer tell their groups
+#: apart. Keys under the project's own prefix; wire names, pinned by tests/api/test_wire.py.
+TAG_PREFIX: Final = "resource-consist.kusionstack.io/"
+CLUSTER_TAG: Final = TAG_PREFIX + "cluster"
+SERVICE_NAMESPACE_TAG: Final = TAG_PREFIX + "service-namespace"
+SERVICE_NAME_TAG: Final = TAG_PREFIX + "service-name"
+SERVICE_UID_TAG: Final = TAG_PREFIX + "service-uid"
+#: What a cluster name may be: it is a tag value, and operators type it in flags.
+_CLUSTER_NAME_RE: Final = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 #: SLB's limit on VServer group names and backend descriptions.
 MAX_NAME_LENGTH: Final = 80
 
@@ -122,6 +135,35 @@ def vserver_group_name(service: KubeObject) -> str:
     room = MAX_NAME_LENGTH - len(GROUP_NAME_PREFIX) - len(digest) - 2  # two separators
     half = room // 2
     return f"{GROUP_NAME_PREFIX}{namespace[:half]}/{name[: room - half]}-{digest}"
+
+
+def check_cluster_name(value: str, *, source: str) -> str:
+    """``value`` stripped, when it is a usable cluster name; ``SLBConfigError`` naming ``source``
+    (where it was set) otherwise. Empty stays empty (not set)."""
+    name = value.strip()
+    if name and not _CLUSTER_NAME_RE.fullmatch(name):
+        raise SLBConfigError(
+            f"{source}={value!r} is not a cluster name: use 1 to 63 letters, digits, '.', '_' or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def group_tags(cluster_name: str, service: KubeObject) -> dict[str, str]:
+    """The tags the VServer group of ``service`` carries in cluster ``cluster_name``."""
+    meta = _meta(service)
+    return {
+        CLUSTER_TAG: cluster_name,
+        SERVICE_NAMESPACE_TAG: str(meta.get("namespace") or ""),
+        SERVICE_NAME_TAG: str(meta.get("name") or ""),
+        SERVICE_UID_TAG: str(meta.get("uid") or ""),
+    }
+
+
+def tagged_owner(tags: Mapping[str, str]) -> str | None:
+    """The key (``namespace/name``) of the Service a group's tags name, if they name one."""
+    namespace, name = tags.get(SERVICE_NAMESPACE_TAG, ""), tags.get(SERVICE_NAME_TAG, "")
+    return f"{namespace}/{name}" if namespace and name else None
 
 
 def member_description(pod_name: str) -> str:

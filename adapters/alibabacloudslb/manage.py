@@ -1,12 +1,13 @@
 """Manage mode: ``ManageStrategy``, and how a ready pod's backend is built (``annotated_backend``).
 
-The adapter owns one VServer group, ``resourceconsist/<namespace>/<service>``, and keeps its
-backends (pod IPs on ENIs, or ECIs) equal to the ready pods: adds them (weight from an annotation,
-default 100), sets a leaving pod's weight to 0 first and removes it later (after an optional
-drain), and deletes the group with the Service. It never touches another group, nor a backend of
-its group that it did not write (ours carry the ``resourceconsist/<pod>`` description). Drain
-clocks live in the per-Service ``ctx.memo``, which the frame drops with the Service
-(docs/alibabacloudslb.md, "Manage").
+The adapter owns one VServer group, ``resourceconsist/<namespace>/<service>``, tagged with the
+cluster's name and the Service (``config.group_tags``), and keeps its backends (pod IPs on ENIs,
+or ECIs) equal to the ready pods: adds them (weight from an annotation, default 100), sets a
+leaving pod's weight to 0 first and removes it later (after an optional drain), and deletes the
+group with the Service. It never touches another group (one of that name tagged with another
+cluster included), nor a backend of its group that it did not write (ours carry the
+``resourceconsist/<pod>`` description). Drain clocks live in the per-Service ``ctx.memo``, which
+the frame drops with the Service (docs/alibabacloudslb.md, "Manage").
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
 
 from . import config
-from .config import LOAD_BALANCER_ID_LABEL, Mode
+from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError
 from .items import Attached, Desired, GroupEmployer, GroupStatus, ManagedEmployee
+from .search import GroupSearch, claims
+from .settings import MISSING_CLUSTER_NAME
 from .slbclient import BackendKey, BackendServer, SLBError, SLBNotFound, VServerGroup
-from .strategy import Change, ModeStrategy, Tools, pod_name
+from .strategy import Change, ModeStrategy, Tools, log, pod_name
 
 #: Where the drain clocks live in the frame's per-Service ``ctx.memo``.
 _DRAIN_KEY: Final = "alibabacloudslb.drain_since"
@@ -86,6 +89,8 @@ class ManageStrategy(ModeStrategy):
     mode = Mode.MANAGE
 
     group_name: str = field(default="", init=False)
+    #: The tags our group carries (``config.group_tags``).
+    tags: dict[str, str] = field(default_factory=dict, init=False)
     drain_seconds: float = field(default=0.0, init=False)
     group: VServerGroup | None = field(default=None, init=False)
     group_read: bool = field(default=False, init=False)
@@ -95,7 +100,10 @@ class ManageStrategy(ModeStrategy):
     attached: dict[str, tuple[BackendServer, ...]] = field(default_factory=dict, init=False)
 
     def read_settings(self) -> None:
+        if not self.tools.cluster_name:
+            raise SLBConfigError(f"Service {self.ctx.employer_key}: {MISSING_CLUSTER_NAME}")
         self.group_name = config.vserver_group_name(self.service)
+        self.tags = config.group_tags(self.tools.cluster_name, self.service)
         self.drain_seconds = config.drain_seconds(self.service)
 
     def selected_employee_names(self) -> list[str]:
@@ -114,38 +122,42 @@ class ManageStrategy(ModeStrategy):
         return names
 
     @classmethod
-    async def list_owned(
-        cls, tools: Tools, ctx: ReconcileContext, load_balancers: Sequence[str]
-    ) -> list[OwnedItem]:
-        """Our VServer groups (``resourceconsist/<ns>/<svc>``) on the load balancers the
-        Services name and on ``load_balancers``; each owned by the Service its name names.
+    async def list_owned(cls, tools: Tools, ctx: ReconcileContext, search: GroupSearch) -> list[OwnedItem]:
+        """Our VServer groups found by this pass's share of the garbage search (search.py), each
+        owned by the Service its tags name (an untagged one from before the tags: the Service
+        its name names, unless the name may be shortened, which names no Service for sure).
 
-        A group whose name was shortened (past SLB's 80 characters) names no Service it can be
-        traced back to: it is never listed, so never collected. The stand-in of a gone owner
-        says manage mode, so collecting a group is this strategy's ``delete_employers``.
+        Without a cluster name nothing is ours for sure: nothing is listed, so nothing collected.
+        The stand-in of a gone owner says manage mode, so collecting a group is this strategy's
+        ``delete_employers``.
         """
-        lbs = set(load_balancers)
-        for service in ctx.reader.list(kube.SERVICE):
-            if config.is_slb_service(service):
-                lbs.add(config.load_balancer_id(service))
+        services = [s for s in ctx.reader.list(kube.SERVICE) if config.is_slb_service(s)]
+        if not tools.cluster_name:
+            # Loud only where manage mode is in use: observe mode needs no cluster name.
+            managed = any(
+                config.MODE_ANNOTATION in (s["metadata"].get("annotations") or {}) for s in services
+            )
+            level = logging.WARNING if managed else logging.DEBUG
+            log.log(level, "%s: no garbage search for VServer groups: %s", tools.name, MISSING_CLUSTER_NAME)
+            return []
+        named = {config.load_balancer_id(service) for service in services}
         owned: list[OwnedItem] = []
-        for lb in sorted(lb for lb in lbs if lb):
-            try:
-                groups = await call_adapter(tools.client.describe_vserver_groups, lb)
-            except SLBNotFound:
-                continue  # the load balancer is gone, and its groups with it
-            for group in groups:
-                owner = _group_owner(group.name)
-                if owner is None:
-                    continue
-                owned.append(
-                    OwnedItem(
-                        owner=owner,
-                        id=f"VServer group {group.name} ({group.id}) on {lb}",
-                        labels={LOAD_BALANCER_ID_LABEL: lb},
-                        annotations={config.MODE_ANNOTATION: cls.mode.value},
-                    )
+        for lb, group in await search.next_groups(tools.cluster_name, named):
+            owner = (
+                config.tagged_owner(group.tags)
+                if config.CLUSTER_TAG in group.tags
+                else _group_owner(group.name)
+            )
+            if owner is None:
+                continue
+            owned.append(
+                OwnedItem(
+                    owner=owner,
+                    id=f"VServer group {group.name} ({group.id}) on {lb}",
+                    labels={LOAD_BALANCER_ID_LABEL: lb},
+                    annotations={config.MODE_ANNOTATION: cls.mode.value},
                 )
+            )
         return owned
 
     # -- employer: our VServer group ------------------------------------------------------------------
@@ -159,6 +171,8 @@ class ManageStrategy(ModeStrategy):
         await self._read_group()
         if self.group is None:
             return []
+        if not self.deleting:
+            await self._ensure_tags(self.group)
         return [
             GroupEmployer(
                 id=self.group_name,
@@ -172,10 +186,14 @@ class ManageStrategy(ModeStrategy):
             if item.id != self.group_name:
                 raise self.not_ours("create", item)
             try:
-                group_id = await call_adapter(self.tools.client.create_vserver_group, self.lb_id, item.id)
+                group_id = await call_adapter(
+                    functools.partial(
+                        self.tools.client.create_vserver_group, self.lb_id, item.id, tags=self.tags
+                    )
+                )
             except SLBError as err:
                 return self._deferred("creating VServer group", err, done, to_create)
-            self.group = VServerGroup(id=group_id, name=item.id, load_balancer_id=self.lb_id)
+            self.group = VServerGroup(id=group_id, name=item.id, load_balancer_id=self.lb_id, tags=self.tags)
             self.log(logging.INFO, "created VServer group %s (%s) on %s", item.id, group_id, self.lb_id)
             done.append(item)
         return done, []
@@ -247,7 +265,29 @@ class ManageStrategy(ModeStrategy):
         )
         if groups is None:
             return
-        ours = sorted((g for g in groups if g.name == self.group_name), key=lambda g: g.id)
+        named = [g for g in groups if g.name == self.group_name]
+        cluster = self.tools.cluster_name
+        for other in named:
+            if not claims(other, cluster):
+                self.log(
+                    logging.DEBUG,
+                    "VServer group %s (%s) on %s belongs to cluster %r: left alone",
+                    other.name,
+                    other.id,
+                    self.lb_id,
+                    other.tags.get(config.CLUSTER_TAG),
+                )
+        # Ours: tagged with this cluster (this very Service first), else untagged from before the
+        # tags; a group tagged with another cluster is never read, changed or deleted.
+        uid = self.tags.get(config.SERVICE_UID_TAG)
+        ours = sorted(
+            (g for g in named if claims(g, cluster)),
+            key=lambda g: (
+                0 if uid and g.tags.get(config.SERVICE_UID_TAG) == uid else 1,
+                0 if config.CLUSTER_TAG in g.tags else 1,
+                g.id,
+            ),
+        )
         if len(ours) > 1:
             self.log(
                 logging.WARNING,
@@ -259,6 +299,33 @@ class ManageStrategy(ModeStrategy):
                 ours[0].id,
             )
         self.group = ours[0] if ours else None
+
+    async def _ensure_tags(self, group: VServerGroup) -> None:
+        """Give our group the tags it lacks: one made before the tags, or kept by a Service
+        re-created under the same name (a new UID). A transient failure waits for a later pass."""
+        missing = {k: v for k, v in self.tags.items() if group.tags.get(k) != v}
+        if not missing:
+            return
+        try:
+            await call_adapter(
+                functools.partial(
+                    self.tools.client.tag_vserver_group, group.id, self.tags, load_balancer_id=self.lb_id
+                )
+            )
+        except SLBError as err:
+            if not err.transient:
+                raise
+            self.log(logging.INFO, "tagging VServer group %s (%s) deferred: %s", group.name, group.id, err)
+            return
+        self.group = group.model_copy(update={"tags": {**group.tags, **self.tags}})
+        self.log(
+            logging.INFO,
+            "tagged VServer group %s (%s) on %s: %s",
+            group.name,
+            group.id,
+            self.lb_id,
+            ", ".join(f"{k}={v}" for k, v in sorted(missing.items())),
+        )
 
     async def _members(self) -> list[BackendServer]:
         await self._read_group()

@@ -59,6 +59,7 @@ from aliyunsdkslb.request.v20140515.AddVServerGroupBackendServersRequest import 
 from aliyunsdkslb.request.v20140515.CreateVServerGroupRequest import CreateVServerGroupRequest
 from aliyunsdkslb.request.v20140515.DeleteVServerGroupRequest import DeleteVServerGroupRequest
 from aliyunsdkslb.request.v20140515.DescribeHealthStatusRequest import DescribeHealthStatusRequest
+from aliyunsdkslb.request.v20140515.DescribeLoadBalancersRequest import DescribeLoadBalancersRequest
 from aliyunsdkslb.request.v20140515.DescribeVServerGroupAttributeRequest import (
     DescribeVServerGroupAttributeRequest,
 )
@@ -67,7 +68,8 @@ from aliyunsdkslb.request.v20140515.RemoveVServerGroupBackendServersRequest impo
     RemoveVServerGroupBackendServersRequest,
 )
 from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVServerGroupAttributeRequest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from aliyunsdkslb.request.v20140515.TagResourcesRequest import TagResourcesRequest
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from resourceconsist.cancellation import PassCancelled, current_cancellation
 from resourceconsist.errors import ResourceConsistError
@@ -80,14 +82,17 @@ __all__ = [
     "CALL_DEADLINE_ENV",
     "DEFAULT_CALL_DEADLINE_SECONDS",
     "MAX_BACKENDS_PER_CALL",
+    "MAX_LOAD_BALANCERS_PER_PAGE",
     "MUTATING_ACTIONS",
     "NOT_FOUND_CODES",
     "TRANSIENT_CODES",
+    "VSERVER_GROUP_RESOURCE_TYPE",
     "BackendHealth",
     "BackendKey",
     "BackendServer",
     "BackendServerType",
     "CallRecord",
+    "LoadBalancerPage",
     "RetryPolicy",
     "SLBAuthError",
     "SLBCancelled",
@@ -107,6 +112,10 @@ _log = logging.getLogger(__name__)
 API_VERSION: Final = "2014-05-15"
 #: The most backend servers one SLB call accepts (``TooManyBackendServers`` beyond).
 MAX_BACKENDS_PER_CALL: Final = 20
+#: The largest page ``DescribeLoadBalancers`` returns.
+MAX_LOAD_BALANCERS_PER_PAGE: Final = 100
+#: ``TagResources``' name for a VServer group (``ResourceType``).
+VSERVER_GROUP_RESOURCE_TYPE: Final = "vservergroup"
 #: Provider name in the metrics.
 PROVIDER: Final = "alibabacloudslb"
 #: Seconds one SLB operation may take, retries included. Shorter than the default leader lease
@@ -167,6 +176,7 @@ MUTATING_ACTIONS: Final = frozenset(
         "RemoveVServerGroupBackendServers",
         "SetVServerGroupAttribute",
         "ModifyVServerGroupBackendServers",
+        "TagResources",
     }
 )
 
@@ -431,11 +441,39 @@ class BackendHealth(_APIModel):
 
 
 class VServerGroup(_APIModel):
-    """A VServer group of a load balancer."""
+    """A VServer group of a load balancer, with its tags (``DescribeVServerGroups`` lists them)."""
 
     id: str = Field(validation_alias="VServerGroupId", min_length=1)
     name: str = Field(default="", validation_alias="VServerGroupName")
     load_balancer_id: str | None = Field(default=None, validation_alias="LoadBalancerId")
+    tags: Mapping[str, str] = Field(default_factory=dict, validation_alias="Tags")
+
+    @field_validator("tags", mode="before")
+    @classmethod
+    def _tag_list(cls, value: Any) -> Any:
+        # The API answers {"Tags": {"Tag": [{"TagKey": ..., "TagValue": ...}]}}.
+        if isinstance(value, Mapping) and "Tag" in value:
+            return {
+                str(tag.get("TagKey")): str(tag.get("TagValue") or "")
+                for tag in _items(value, "Tag", "Tag")
+                if tag.get("TagKey")
+            }
+        return value
+
+
+@dataclass(frozen=True)
+class LoadBalancerPage:
+    """One page of ``DescribeLoadBalancers``: the ids on it and how many there are in all."""
+
+    load_balancer_ids: tuple[str, ...]
+    page_number: int
+    page_size: int
+    total_count: int
+
+    @property
+    def last(self) -> bool:
+        """No page follows this one."""
+        return not self.load_balancer_ids or self.page_number * self.page_size >= self.total_count
 
 
 @dataclass(frozen=True)
@@ -490,6 +528,11 @@ def _items(response: Mapping[str, Any], outer: str, inner: str) -> list[Mapping[
     if not isinstance(value, list):
         raise TypeError(f"{outer} is neither a list nor a {inner} wrapper")
     return [item for item in value if isinstance(item, Mapping)]
+
+
+def _tag_list(tags: Mapping[str, str]) -> list[dict[str, str]]:
+    """Tags as the SDK's ``set_Tags`` sends them (``Tag.N.Key``, ``Tag.N.Value``), in key order."""
+    return [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
 
 
 def _batches(items: Sequence[T], size: int = MAX_BACKENDS_PER_CALL) -> Iterator[list[T]]:
@@ -619,12 +662,44 @@ class SLBClient:
             ],
         )
 
-    def describe_vserver_groups(self, load_balancer_id: str) -> list[VServerGroup]:
-        """The load balancer's VServer groups."""
+    def describe_load_balancers(
+        self, page_number: int = 1, *, page_size: int = MAX_LOAD_BALANCERS_PER_PAGE
+    ) -> LoadBalancerPage:
+        """One page (1-based) of the region's load balancers (``DescribeLoadBalancers``)."""
+
+        def build() -> Any:
+            request = DescribeLoadBalancersRequest()
+            request.set_PageNumber(page_number)
+            request.set_PageSize(page_size)
+            return request
+
+        action = "DescribeLoadBalancers"
+        response = self._retrying(action, lambda attempt: self._call(action, build(), attempt))
+
+        def parse() -> LoadBalancerPage:
+            ids = tuple(
+                str(item["LoadBalancerId"])
+                for item in _items(response, "LoadBalancers", "LoadBalancer")
+                if item.get("LoadBalancerId")
+            )
+            total = response.get("TotalCount", len(ids))
+            if isinstance(total, bool) or not isinstance(total, int):
+                raise TypeError("TotalCount is not an integer")
+            return LoadBalancerPage(ids, page_number, page_size, total)
+
+        return self._parse(action, parse)
+
+    def describe_vserver_groups(
+        self, load_balancer_id: str, *, tags: Mapping[str, str] | None = None
+    ) -> list[VServerGroup]:
+        """The load balancer's VServer groups; with ``tags``, only those carrying all of them
+        (filtered by SLB itself)."""
 
         def build() -> Any:
             request = DescribeVServerGroupsRequest()
             request.set_LoadBalancerId(load_balancer_id)
+            if tags:
+                request.set_Tags(_tag_list(tags))
             return request
 
         action = "DescribeVServerGroups"
@@ -654,22 +729,26 @@ class SLBClient:
 
     # ---- writes -------------------------------------------------------------------------
 
-    def create_vserver_group(self, load_balancer_id: str, name: str) -> str:
-        """Create an empty VServer group and return its id.
+    def create_vserver_group(
+        self, load_balancer_id: str, name: str, *, tags: Mapping[str, str] | None = None
+    ) -> str:
+        """Create an empty VServer group carrying ``tags`` (set in the same call) and return its id.
 
         CreateVServerGroup has no idempotency token, so the client lists the groups of that name
-        first; when a create fails ambiguously, a group of that name that was not there before is
-        the one this call created, and it is adopted instead of creating a second one.
+        (and tags) first; when a create fails ambiguously, such a group that was not there before
+        is the one this call created, and it is adopted instead of creating a second one.
         """
         action = "CreateVServerGroup"
         with self._write_lock(load_balancer_id):
-            before = {g.id for g in self.describe_vserver_groups(load_balancer_id) if g.name == name}
+            before = {
+                g.id for g in self.describe_vserver_groups(load_balancer_id, tags=tags) if g.name == name
+            }
 
             def attempt(number: int) -> str:
                 if number > 1:
                     created = sorted(
                         g.id
-                        for g in self.describe_vserver_groups(load_balancer_id)
+                        for g in self.describe_vserver_groups(load_balancer_id, tags=tags)
                         if g.name == name and g.id not in before
                     )
                     if created:
@@ -685,6 +764,8 @@ class SLBClient:
                 request = CreateVServerGroupRequest()
                 request.set_LoadBalancerId(load_balancer_id)
                 request.set_VServerGroupName(name)
+                if tags:
+                    request.set_Tags(_tag_list(tags))
                 response = self._call(action, request, number)
                 group_id = response.get("VServerGroupId")
                 if not isinstance(group_id, str) or not group_id:
@@ -700,6 +781,23 @@ class SLBClient:
         with self._locks_guard:
             self._group_lb[group_id] = load_balancer_id
         return group_id
+
+    def tag_vserver_group(
+        self, vserver_group_id: str, tags: Mapping[str, str], *, load_balancer_id: str | None = None
+    ) -> None:
+        """Set ``tags`` on a VServer group (``TagResources``: a key it already has takes the new
+        value, its other tags stay). Repeating it changes nothing, so it is simply retried."""
+        action = "TagResources"
+
+        def attempt(number: int) -> None:
+            request = TagResourcesRequest()
+            request.set_ResourceType(VSERVER_GROUP_RESOURCE_TYPE)
+            request.set_ResourceIds([vserver_group_id])
+            request.set_Tags(_tag_list(tags))
+            self._call(action, request, number)
+
+        with self._write_lock(load_balancer_id or self._load_balancer_of(vserver_group_id)):
+            self._retrying(action, attempt)
 
     def delete_vserver_group(self, vserver_group_id: str, *, load_balancer_id: str | None = None) -> None:
         """Delete a VServer group; ``SLBNotFound`` if it was already gone before this call."""

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
 from resourceconsist import lifecycle
 from resourceconsist.adapter import Employee, Employer, Outcome, OwnedItem, ReconcileContext
@@ -24,6 +24,9 @@ from resourceconsist.kube import KubeObject
 from . import config
 from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError
 from .slbclient import BackendServer, SLBClient, SLBNotFound
+
+if TYPE_CHECKING:
+    from .search import GroupSearch
 
 #: Both strategies log as the adapter module always has, so logging settings keep applying.
 log = logging.getLogger("resourceconsist.adapters.alibabacloudslb.adapter")
@@ -46,6 +49,8 @@ class Tools:
     name: str
     resolver: BackendResolver
     clock: Callable[[], float]
+    #: The cluster name written on our VServer groups; empty: not set (manage mode refuses).
+    cluster_name: str = ""
 
 
 def pod_name(obj: KubeObject) -> str:
@@ -133,12 +138,10 @@ class ModeStrategy(ABC):
         return [pod_name(pod) for pod in self.ctx.reader.pods_selected_by(self.service)]
 
     @classmethod
-    async def list_owned(
-        cls, tools: Tools, ctx: ReconcileContext, load_balancers: Sequence[str]
-    ) -> list[OwnedItem]:
+    async def list_owned(cls, tools: Tools, ctx: ReconcileContext, search: GroupSearch) -> list[OwnedItem]:
         """What this mode leaves on the load balancers that the frame may collect once its
-        Service is gone (``load_balancers``: searched besides those the Services name). A mode
-        that makes nothing leaves nothing."""
+        Service is gone, as far as this pass's share of ``search`` finds. A mode that makes
+        nothing leaves nothing."""
         return []
 
     # -- what each mode must say ------------------------------------------------------------------

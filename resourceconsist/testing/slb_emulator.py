@@ -4,10 +4,12 @@
 of the requests library vendored in ``aliyunsdkcore`` with ``responses`` and serves every
 request to its endpoint host. It parses the RPC parameters (query string and form body), checks
 the HMAC-SHA1 signature (RPC signature v1) against its own key pair, and answers in the API's JSON
-shapes. It holds load balancers, VServer groups with their backend servers, and a health status
-per backend; writes change that state the way the service does (adding a server already in the
-group, removing an absent one, a weight outside 0..100, more than 20 servers in a call, or a
-second write on a load balancer while one is in flight are all rejected).
+shapes. It holds load balancers (listed page by page), VServer groups with their tags and backend
+servers, and a health status per backend; writes change that state the way the service does
+(adding a server already in the group, removing an absent one, a weight outside 0..100, more than
+20 servers in a call, more than 20 tags on a group, or a second write on a load balancer while one
+is in flight are all rejected). ``DescribeVServerGroups`` filters by the ``Tag.N`` parameters the
+SDK sends, as the service does.
 
 Tests steer it directly (load balancers, groups, backends, health, drift), inject faults
 (throttling by seeded chance or for the next N calls, 5xx, dropped connections, latency, and
@@ -63,6 +65,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     API_VERSION,
     MAX_BACKENDS_PER_CALL,
     MUTATING_ACTIONS,
+    VSERVER_GROUP_RESOURCE_TYPE,
     BackendKey,
     BackendServer,
     BackendServerType,
@@ -149,8 +152,19 @@ KNOWN_ERRORS: Final[Mapping[str, tuple[int, str]]] = {
 
 #: The read actions the emulator answers (every other action it answers is in ``MUTATING_ACTIONS``).
 READ_ACTIONS: Final = frozenset(
-    {"DescribeHealthStatus", "DescribeVServerGroups", "DescribeVServerGroupAttribute"}
+    {
+        "DescribeHealthStatus",
+        "DescribeLoadBalancers",
+        "DescribeVServerGroups",
+        "DescribeVServerGroupAttribute",
+    }
 )
+#: SLB's limits on tags: per resource, key and value length, and the page sizes it accepts.
+MAX_TAGS_PER_RESOURCE: Final = 20
+MAX_TAG_KEY_LENGTH: Final = 64
+MAX_TAG_VALUE_LENGTH: Final = 128
+_RESERVED_TAG_PREFIXES: Final = ("aliyun", "acs:", "http://", "https://")
+_DEFAULT_PAGE_SIZE: Final = 10
 
 #: Fault kinds settable as rates (``SLBEmulator.set_fault_rates``): the code answered, and whether
 #: the call is carried out first ("did it but reported failure") or the connection dropped.
@@ -284,6 +298,7 @@ class _Group:
     load_balancer_id: str
     listener_ports: tuple[int, ...]
     backends: dict[BackendKey, BackendServer] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -486,13 +501,14 @@ class SLBEmulator:
         backends: Iterable[BackendServer] = (),
         listener_ports: Iterable[int] = (),
         vserver_group_id: str | None = None,
+        tags: Mapping[str, str] | None = None,
     ) -> str:
         """Create a VServer group directly; ``listener_ports`` are the listeners that use it."""
         with self._lock:
             if load_balancer_id not in self._load_balancers:
                 raise KeyError(load_balancer_id)
             group_id = vserver_group_id or self._new_id("rsp-")
-            group = _Group(group_id, name, load_balancer_id, tuple(listener_ports))
+            group = _Group(group_id, name, load_balancer_id, tuple(listener_ports), tags=dict(tags or {}))
             self._groups[group_id] = group
             self._replace_backends(group, backends)
             return group_id
@@ -504,10 +520,14 @@ class SLBEmulator:
     def vserver_groups(self, load_balancer_id: str) -> list[VServerGroup]:
         with self._lock:
             return [
-                VServerGroup(id=g.id, name=g.name, load_balancer_id=g.load_balancer_id)
+                VServerGroup(id=g.id, name=g.name, load_balancer_id=g.load_balancer_id, tags=dict(g.tags))
                 for g in self._groups.values()
                 if g.load_balancer_id == load_balancer_id
             ]
+
+    def vserver_group_tags(self, vserver_group_id: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._groups[vserver_group_id].tags)
 
     def backends(self, vserver_group_id: str) -> list[BackendServer]:
         with self._lock:
@@ -533,6 +553,7 @@ class SLBEmulator:
                         "load_balancer_id": g.load_balancer_id,
                         "listener_ports": list(g.listener_ports),
                         "backends": [_backend_json(b) for b in g.backends.values()],
+                        "tags": dict(g.tags),
                     }
                     for g in self._groups.values()
                 ],
@@ -924,7 +945,7 @@ class SLBEmulator:
             return
         with self._lock:
             lb_id = params.get("LoadBalancerId") or ""
-            group = self._groups.get(params.get("VServerGroupId", ""))
+            group = self._groups.get(params.get("VServerGroupId") or params.get("ResourceId.1") or "")
             if group is not None:
                 lb_id = group.load_balancer_id
             if not lb_id:
@@ -945,6 +966,8 @@ class SLBEmulator:
     def _dispatch(self, action: str, params: Mapping[str, str]) -> dict[str, Any]:
         handlers: dict[str, Callable[[Mapping[str, str]], dict[str, Any]]] = {
             "DescribeHealthStatus": self._describe_health_status,
+            "DescribeLoadBalancers": self._describe_load_balancers,
+            "TagResources": self._tag_resources,
             "DescribeVServerGroups": self._describe_vserver_groups,
             "DescribeVServerGroupAttribute": self._describe_vserver_group_attribute,
             "CreateVServerGroup": self._create_vserver_group,
@@ -1075,6 +1098,7 @@ class SLBEmulator:
 
     def _describe_vserver_groups(self, params: Mapping[str, str]) -> dict[str, Any]:
         lb = self._load_balancer(params)
+        wanted = self._parse_tags(params, values_required=False)
         groups = [
             {
                 "VServerGroupId": g.id,
@@ -1084,9 +1108,12 @@ class SLBEmulator:
                     "Listeners": {"Listener": [{"Port": p, "Protocol": "tcp"} for p in g.listener_ports]},
                     "Rules": {"Rule": []},
                 },
+                "Tags": {"Tag": [{"TagKey": k, "TagValue": v} for k, v in g.tags.items()]},
             }
             for g in self._groups.values()
             if g.load_balancer_id == lb.id
+            # A tag given without a value matches any value of that key.
+            and all(k in g.tags and (v is None or g.tags[k] == v) for k, v in wanted.items())
         ]
         return {"VServerGroups": _wrap(groups, "VServerGroup")}
 
@@ -1108,7 +1135,16 @@ class SLBEmulator:
     def _create_vserver_group(self, params: Mapping[str, str]) -> dict[str, Any]:
         lb = self._load_balancer(params)
         servers = self._parse_servers(params.get("BackendServers"), required=False)
-        group = _Group(self._new_id("rsp-"), params.get("VServerGroupName", ""), lb.id, ())
+        tags = self._parse_tags(params, values_required=True)
+        if len(tags) > MAX_TAGS_PER_RESOURCE:
+            raise _APIError("InvalidParameter", f"A resource can have at most {MAX_TAGS_PER_RESOURCE} tags.")
+        group = _Group(
+            self._new_id("rsp-"),
+            params.get("VServerGroupName", ""),
+            lb.id,
+            (),
+            tags={k: v or "" for k, v in tags.items()},
+        )
         self._groups[group.id] = group
         return self._group_payload(group, self._insert(group, servers))
 
@@ -1117,6 +1153,65 @@ class SLBEmulator:
         if group.listener_ports:
             raise _APIError("RspoolVipExist")
         self._drop_group(group.id)
+        return {}
+
+    def _describe_load_balancers(self, params: Mapping[str, str]) -> dict[str, Any]:
+        try:
+            number = _int_field(params, "PageNumber") or 1
+            size = _int_field(params, "PageSize") or _DEFAULT_PAGE_SIZE
+        except ValueError:
+            raise _APIError("InvalidParameter", "The specified PageNumber or PageSize is invalid.") from None
+        if number < 1 or not 1 <= size <= 100:
+            raise _APIError("InvalidParameter", "The specified PageNumber or PageSize is invalid.")
+        region = params.get("RegionId", self.region_id)
+        listed = [lb for lb in self._load_balancers.values() if lb.region_id == region]
+        page = listed[(number - 1) * size : number * size]
+        return {
+            "LoadBalancers": _wrap(
+                [
+                    {"LoadBalancerId": lb.id, "LoadBalancerName": lb.name, "RegionId": lb.region_id}
+                    for lb in page
+                ],
+                "LoadBalancer",
+            ),
+            "TotalCount": len(listed),
+            "PageNumber": number,
+            "PageSize": size,
+        }
+
+    def _parse_tags(self, params: Mapping[str, str], *, values_required: bool) -> dict[str, str | None]:
+        """``Tag.N.Key`` / ``Tag.N.Value`` (N from 1); a value without its key is refused."""
+        tags: dict[str, str | None] = {}
+        numbers = sorted(
+            {int(m.group(1)) for k in params if (m := re.fullmatch(r"Tag\.(\d+)\.(?:Key|Value)", k))}
+        )
+        for n in numbers:
+            key, value = params.get(f"Tag.{n}.Key"), params.get(f"Tag.{n}.Value")
+            if not key:
+                raise _APIError("InvalidParameter", f"Tag.{n}.Value is set without Tag.{n}.Key.")
+            if len(key) > MAX_TAG_KEY_LENGTH or key.lower().startswith(_RESERVED_TAG_PREFIXES):
+                raise _APIError("InvalidParameter", f"The specified tag key {key!r} is invalid.")
+            if value is not None and (
+                len(value) > MAX_TAG_VALUE_LENGTH or value.lower().startswith(_RESERVED_TAG_PREFIXES[:2])
+            ):
+                raise _APIError("InvalidParameter", f"The specified tag value {value!r} is invalid.")
+            tags[key] = value if value is not None or not values_required else ""
+        return tags
+
+    def _tag_resources(self, params: Mapping[str, str]) -> dict[str, Any]:
+        if params.get("ResourceType") != VSERVER_GROUP_RESOURCE_TYPE:
+            # Load balancers, certificates and ACLs can be tagged too; the emulator holds none of them.
+            raise _APIError("InvalidParameter", "The specified ResourceType is invalid.")
+        ids = [params[k] for k in sorted(params) if re.fullmatch(r"ResourceId\.\d+", k)]
+        tags = self._parse_tags(params, values_required=True)
+        if not ids or not tags:
+            raise _APIError("MissingParameter", "The input parameters ResourceId and Tag are mandatory.")
+        groups = [self._group({**params, "VServerGroupId": group_id}) for group_id in ids]
+        too_many = f"A resource can have at most {MAX_TAGS_PER_RESOURCE} tags."
+        if any(len({**group.tags, **tags}) > MAX_TAGS_PER_RESOURCE for group in groups):
+            raise _APIError("InvalidParameter", too_many)
+        for group in groups:
+            group.tags.update({k: v or "" for k, v in tags.items()})
         return {}
 
     def _insert(self, group: _Group, servers: list[_WireServer]) -> list[BackendServer]:

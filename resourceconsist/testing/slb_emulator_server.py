@@ -196,6 +196,7 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
             ("GET", "/history"): self._history,
             ("GET", "/calls"): self._calls,
             ("POST", "/load-balancers"): self._add_load_balancer,
+            ("POST", "/vserver-groups"): self._add_vserver_group,
             ("PUT", "/faults"): self._set_faults,
             ("DELETE", "/faults"): self._clear_faults,
         }
@@ -247,6 +248,16 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
         if lb_id is not None and (not isinstance(lb_id, str) or not lb_id):
             raise ValueError("id must be a non-empty string (or absent for a generated one)")
         return {"id": self.server.emulator.add_load_balancer(lb_id, name=str(body.get("name") or ""))}
+
+    def _add_vserver_group(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
+        lb_id, name, tags = body.get("load_balancer_id"), body.get("name", ""), body.get("tags") or {}
+        if not isinstance(lb_id, str) or lb_id not in self.server.emulator.load_balancers():
+            raise ValueError(f"load_balancer_id {lb_id!r} is not a load balancer of the emulator")
+        if not isinstance(name, str):
+            raise ValueError("name must be a string")
+        if not isinstance(tags, dict) or not all(isinstance(v, str) for v in [*tags, *tags.values()]):
+            raise ValueError("tags must be an object of strings")
+        return {"id": self.server.emulator.add_vserver_group(lb_id, name, tags=tags)}
 
     def _set_faults(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
         apply_faults(self.server.emulator, body)
@@ -366,6 +377,13 @@ class EmulatorAdmin:
     def add_load_balancer(self, load_balancer_id: str | None = None, *, name: str = "") -> str:
         body = {"name": name} if load_balancer_id is None else {"id": load_balancer_id, "name": name}
         return str(self._call("POST", "/load-balancers", body)["id"])
+
+    def add_vserver_group(
+        self, load_balancer_id: str, name: str, *, tags: Mapping[str, str] | None = None
+    ) -> str:
+        """A VServer group made behind the controllers' backs (e.g. by another cluster); its id."""
+        body = {"load_balancer_id": load_balancer_id, "name": name, "tags": dict(tags or {})}
+        return str(self._call("POST", "/vserver-groups", body)["id"])
 
     def state(self) -> dict[str, Any]:
         return dict(self._call("GET", "/state"))

@@ -16,6 +16,7 @@ import pytest
 from resourceconsist import lifecycle, wire
 from resourceconsist.adapters.alibabacloudslb import config as slb_config
 from resourceconsist.adapters.alibabacloudslb import credentials as slb_credentials
+from resourceconsist.adapters.alibabacloudslb import settings as slb_settings
 from resourceconsist.wire import EventReason, GateReason
 
 PINNED: dict[str, Any] = {
@@ -55,6 +56,14 @@ SLB_PINNED: dict[tuple[ModuleType, str], str] = {
     (slb_credentials, "SLB_ACCESS_KEY_ENV"): "ALIYUN_SLB_AK_KEY",
     (slb_credentials, "SLB_ACCESS_SECRET_ENV"): "ALIYUN_SLB_AK_SECRET",
     (slb_credentials, "SLB_ENDPOINT_ENV"): "ALIYUN_SLB_ENDPOINT",
+    # The adapter's own (docs/alibabacloudslb.md): tags on its VServer groups, its settings.
+    (slb_config, "CLUSTER_TAG"): "resource-consist.kusionstack.io/cluster",
+    (slb_config, "SERVICE_NAMESPACE_TAG"): "resource-consist.kusionstack.io/service-namespace",
+    (slb_config, "SERVICE_NAME_TAG"): "resource-consist.kusionstack.io/service-name",
+    (slb_config, "SERVICE_UID_TAG"): "resource-consist.kusionstack.io/service-uid",
+    (slb_settings, "CLUSTER_NAME_ENV"): "ALIYUN_SLB_CLUSTER_NAME",
+    (slb_settings, "LOAD_BALANCERS_ENV"): "ALIYUN_SLB_LOAD_BALANCERS",
+    (slb_settings, "GARBAGE_CALL_BUDGET_ENV"): "ALIYUN_SLB_GARBAGE_CALL_BUDGET",
 }
 
 EVENT_REASONS: dict[str, str] = {

@@ -111,7 +111,7 @@ async def test_a_group_left_by_a_service_deleted_while_down_is_reported_then_col
     cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, slb_client: SLBClient
 ) -> None:
     lb = slb.add_load_balancer()
-    adapter = SLBAdapter(slb_client, load_balancers=[lb])
+    adapter = SLBAdapter(slb_client, cluster_name="orphans", load_balancers=[lb])
     group = await _served_web(cluster, run_manager, slb, adapter, lb)
     await _delete_stripped(cluster)
     key = f"{cluster.namespace}/web"
@@ -154,7 +154,7 @@ async def test_a_recreated_service_of_the_same_name_keeps_its_group(
     cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, slb_client: SLBClient
 ) -> None:
     lb = slb.add_load_balancer()
-    adapter = SLBAdapter(slb_client, load_balancers=[lb])
+    adapter = SLBAdapter(slb_client, cluster_name="orphans", load_balancers=[lb])
     group = await _served_web(cluster, run_manager, slb, adapter, lb)
     await _delete_stripped(cluster)
     await cluster.service("web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"})

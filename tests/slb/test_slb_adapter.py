@@ -43,6 +43,8 @@ from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tAdapterKeyId7Q2"
 SECRET = "Adapter/Secret+Value=9Zq"
+#: The cluster name the adapter tags its VServer groups with.
+CLUSTER = "slb-tests"
 ADD = "AddVServerGroupBackendServers"
 SET = "SetVServerGroupAttribute"
 REMOVE = "RemoveVServerGroupBackendServers"
@@ -82,7 +84,7 @@ def adapter(slb: SLBEmulator) -> Iterator[SLBAdapter]:
     # Retries as in production, only with short waits so that the tests stay fast.
     retry = RetryPolicy(max_attempts=8, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=10)
     client = SLBClient(slb.credentials(), retry=retry)
-    yield SLBAdapter(client)
+    yield SLBAdapter(client, cluster_name=CLUSTER)
     client.close()
 
 
@@ -507,7 +509,7 @@ async def test_rejected_credentials_surface_as_a_warning_without_the_credentials
     await _slb_service(cluster, lb, manage=False)
     await _ready_pods(cluster, ["web-0"], eni=False)
     with SLBClient(slb.credentials(access_key_secret=wrong)) as client:
-        async with run_manager(SLBAdapter(client)):
+        async with run_manager(SLBAdapter(client, cluster_name=CLUSTER)):
 
             async def warned() -> str:
                 text = await _events_text(cluster, "web")

@@ -202,7 +202,7 @@ def _ctx(reader: PodsReader | None = None) -> ReconcileContext:
 @pytest.fixture
 def emulated() -> Iterator[tuple[SLBEmulator, SLBAdapter]]:
     with SLBEmulator() as slb, SLBClient(slb.credentials()) as client:
-        yield slb, SLBAdapter(client)
+        yield slb, SLBAdapter(client, cluster_name="unit")
 
 
 async def test_the_mode_annotation_chooses_the_strategy_once_per_pass(
