@@ -48,6 +48,8 @@ _DRAIN_KEY: Final = "alibabacloudslb.drain_since"
 _ORPHAN_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 #: The tail ``config.vserver_group_name`` gives a shortened name.
 _SHORTENED = re.compile(r"-[0-9a-f]{10}$")
+#: Groups whose tagging SLB refused for good, already said in the log (once per process).
+_TAG_REFUSALS_TOLD: set[str] = set()
 
 
 class Unresolved(ResourceConsistError):
@@ -313,9 +315,23 @@ class ManageStrategy(ModeStrategy):
                 )
             )
         except SLBError as err:
-            if not err.transient:
-                raise
-            self.log(logging.INFO, "tagging VServer group %s (%s) deferred: %s", group.name, group.id, err)
+            # Serving never waits on a tag: an untagged group keeps its backends and is still
+            # found by name where the search is narrowed to its load balancer
+            # (docs/alibabacloudslb.md, "Tags and the garbage search"). A refusal that is not
+            # transient (an account whose API takes no tags on groups) is said once per group.
+            if err.transient:
+                self.log(logging.INFO, "tagging group %s (%s) deferred: %s", group.name, group.id, err)
+            elif group.id not in _TAG_REFUSALS_TOLD:
+                _TAG_REFUSALS_TOLD.add(group.id)
+                self.log(
+                    logging.WARNING,
+                    "SLB refused tagging VServer group %s (%s): %s; it keeps serving, and the garbage "
+                    "search finds it only where --slb-load-balancer names %s",
+                    group.name,
+                    group.id,
+                    err,
+                    self.lb_id,
+                )
             return
         self.group = group.model_copy(update={"tags": {**group.tags, **self.tags}})
         self.log(

@@ -172,6 +172,26 @@ async def test_a_group_from_before_the_tags_is_tagged_on_its_services_next_pass(
     assert slb.mutating_calls() == []
 
 
+async def test_a_refused_tagging_never_stops_the_service_and_is_said_once(
+    slb: SLBEmulator, client: SLBClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    # SLB's documentation names no ResourceType for VServer groups in TagResources: if an
+    # account's API refuses it, the group must keep serving (docs/alibabacloudslb.md).
+    lb = slb.add_load_balancer()
+    legacy = slb.add_vserver_group(lb, "resourceconsist/ns/web")
+    adapter = SLBAdapter(client, cluster_name=CLUSTER)
+    service = _service(lb)
+    slb.fail_next("TagResources", times=2, code="InvalidParameter.ResourceType", status=400)
+    with caplog.at_level(logging.INFO):
+        for _ in range(2):
+            (current,) = await adapter.get_current_employer(_ctx(service, key="ns/web"), service)
+            assert current.statuses.vserver_group_id == legacy  # type: ignore[union-attr]
+    assert slb.vserver_group_tags(legacy) == {}, "the refused call changed nothing"
+    refusals = [r for r in caplog.records if "refused tagging" in r.getMessage()]
+    assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
+    assert legacy in refusals[0].getMessage() and "--slb-load-balancer" in refusals[0].getMessage()
+
+
 async def test_a_group_of_another_cluster_is_never_listed_collected_or_changed(
     slb: SLBEmulator, client: SLBClient
 ) -> None:
