@@ -1,0 +1,166 @@
+"""Events that come before the caches their handler reads have synced (docs/concepts.md, "Events
+before the caches sync"): they wait for that cache and are mapped again, with no error logged and
+none lost; a handler failing for any other reason is logged once with the object's key and every
+employer gets a full pass.
+
+Here the controller's rule, in a manager against the real control plane; the step logic
+(``ParkedEvents``, ``Informer.when_synced``) is tested in test_cache.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import pytest
+
+from resourceconsist import handler, kube, lifecycle, wire
+from resourceconsist.cache import WatchEvent
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeClient
+from resourceconsist.manager import Manager
+from resourceconsist.testing import Cluster, LocalControlPlane, annotation, async_wait_for, finalizers
+
+
+def _held_service_lists(client: KubeClient) -> threading.Event:
+    """Hold back ``client``'s LISTs of Services until the returned event is set: the API server
+    answers the Service list late, so pod events come first (what a start sees at random)."""
+    release = threading.Event()
+    plain = client.list
+
+    def list_late(resource: kube.Resource, *args: Any, **kwargs: Any) -> Any:
+        if resource == kube.SERVICE:
+            release.wait(60)
+        return plain(resource, *args, **kwargs)
+
+    client.list = list_late  # type: ignore[method-assign]
+    return release
+
+
+def _loud(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        f"{r.levelname} {r.name}: {r.getMessage()}"
+        for r in caplog.records
+        if r.levelno >= logging.ERROR or r.exc_info
+    ]
+
+
+async def test_a_start_with_pod_events_before_the_service_cache_logs_no_error_and_loses_nothing(
+    cluster: Cluster, control_plane: LocalControlPlane, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    pods = [f"pod-{i}" for i in range(6)]
+    for name in pods:
+        await cluster.pod(name, {"app": "web"})
+        await cluster.set_status(name)
+    await cluster.service("web", {"app": "web"})
+    client = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    release = _held_service_lists(client)
+    manager = Manager(client, namespace=cluster.namespace)
+    controller = await manager.add(DemoAdapter(FakeProvider()))
+    wanted = lifecycle.lifecycle_finalizer("web")
+    starting = asyncio.create_task(manager.start())
+    try:
+        await async_wait_for(
+            lambda: controller.events_waiting().get("services") == len(pods),
+            timeout=30,
+            message="every pod's event waiting for the Service cache",
+        )
+        # A pod changing while it waits: still one object waiting.
+        await cluster.patch(kube.POD, "pod-0", {"metadata": {"labels": {"tick": "1"}}})
+        release.set()
+        await asyncio.wait_for(starting, timeout=60)
+
+        async def all_guarded() -> bool:
+            return all(wanted in finalizers(p) for p in await cluster.pods({"app": "web"}))
+
+        await async_wait_for(all_guarded, timeout=60, interval=0.5, message="every pod guarded")
+        assert controller.events_waiting() == {}
+    finally:
+        release.set()
+        await asyncio.gather(starting, return_exceptions=True)
+        await manager.stop(timeout=5)
+        client.close()
+    assert _loud(caplog) == []
+    assert any("events wait for the services cache" in r.getMessage() for r in caplog.records)
+
+
+class _BrokenForOnePod(DemoAdapter):
+    """The demo adapter with an employee handler that raises on the first event of a pod
+    labelled ``broken`` (a handler bug that one object's state triggers)."""
+
+    def __init__(self, provider: FakeProvider) -> None:
+        super().__init__(provider)
+        self.failures = 0
+
+    def employer_predicates(self) -> Any:
+        return handler.control_predicate
+
+    def employee_predicates(self) -> Any:
+        return handler.accept_all
+
+    def employer_event_handler(self) -> Any:
+        return handler.enqueue_self
+
+    def employee_event_handler(self) -> Any:
+        def services(event: WatchEvent, reader: Any) -> list[str]:
+            if (event.obj["metadata"].get("labels") or {}).get("broken") and not self.failures:
+                self.failures += 1
+                raise ValueError("this handler cannot read pods labelled broken")
+            return handler.enqueue_services_by_pod(event, reader)
+
+        return services
+
+    def new_employer(self) -> kube.Resource:
+        return kube.SERVICE
+
+    def new_employee(self) -> kube.Resource:
+        return kube.POD
+
+
+async def test_a_handler_failure_is_logged_once_with_the_pods_key_and_every_employer_gets_a_pass(
+    cluster: Cluster, run_manager: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    await cluster.pod("steady", {"app": "web"})
+    await cluster.set_status("steady")
+    await cluster.pod("late", {"app": "elsewhere"})
+    await cluster.set_status("late")
+    await cluster.service("web", {"app": "web"})
+    wanted = lifecycle.lifecycle_finalizer("web")
+
+    async def has_finalizer(name: str) -> bool:
+        pod = await cluster.get(kube.POD, name)
+        return pod is not None and wanted in finalizers(pod)
+
+    adapter = _BrokenForOnePod(FakeProvider())
+    async with run_manager(adapter) as manager:
+        controller = manager.controllers[adapter.name]
+        key = f"{cluster.namespace}/web"
+
+        async def settled() -> bool:
+            # The pass recorded steady in the Service, that write's own event has been handled,
+            # and nothing more is queued: from now on only pod events bring the Service a pass.
+            service = controller.reader.get(kube.SERVICE, cluster.namespace, "web")
+            recorded = annotation(service, wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) if service else None
+            return (
+                await has_finalizer("steady")
+                and "steady" in (recorded or "")
+                and not controller.queue.holds(key)
+            )
+
+        await async_wait_for(settled, timeout=60, message="steady guarded and the Service settled")
+        assert not await has_finalizer("late")
+        # The pod joins the Service's selector in the one change its handler cannot map: only
+        # the full pass every employer gets makes the Service take it in.
+        await cluster.patch(kube.POD, "late", {"metadata": {"labels": {"app": "web", "broken": "yes"}}})
+        await async_wait_for(lambda: has_finalizer("late"), timeout=60, message="late guarded")
+
+    failed = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(failed) == 1, [r.getMessage() for r in failed]
+    assert f"{cluster.namespace}/late" in failed[0].getMessage()
+    assert "queued every Service for a full pass" in failed[0].getMessage()
+    assert failed[0].exc_info is not None
+    assert adapter.failures == 1
