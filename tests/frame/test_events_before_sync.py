@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any
 
 import pytest
@@ -19,24 +18,8 @@ import pytest
 from resourceconsist import handler, kube, lifecycle, wire
 from resourceconsist.cache import WatchEvent
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
-from resourceconsist.testing import Cluster, LocalControlPlane, annotation, async_wait_for, finalizers
-
-
-def _held_service_lists(client: KubeClient) -> threading.Event:
-    """Hold back ``client``'s LISTs of Services until the returned event is set: the API server
-    answers the Service list late, so pod events come first (what a start sees at random)."""
-    release = threading.Event()
-    plain = client.list
-
-    def list_late(resource: kube.Resource, *args: Any, **kwargs: Any) -> Any:
-        if resource == kube.SERVICE:
-            release.wait(60)
-        return plain(resource, *args, **kwargs)
-
-    client.list = list_late  # type: ignore[method-assign]
-    return release
+from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
 
 
 def _loud(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -48,7 +31,7 @@ def _loud(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 async def test_a_start_with_pod_events_before_the_service_cache_logs_no_error_and_loses_nothing(
-    cluster: Cluster, control_plane: LocalControlPlane, caplog: pytest.LogCaptureFixture
+    cluster: Cluster, late_service_lists: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
     pods = [f"pod-{i}" for i in range(6)]
@@ -56,9 +39,7 @@ async def test_a_start_with_pod_events_before_the_service_cache_logs_no_error_an
         await cluster.pod(name, {"app": "web"})
         await cluster.set_status(name)
     await cluster.service("web", {"app": "web"})
-    client = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
-    release = _held_service_lists(client)
-    manager = Manager(client, namespace=cluster.namespace)
+    manager = Manager(late_service_lists.client, namespace=cluster.namespace)
     controller = await manager.add(DemoAdapter(FakeProvider()))
     wanted = lifecycle.lifecycle_finalizer("web")
     starting = asyncio.create_task(manager.start())
@@ -68,9 +49,9 @@ async def test_a_start_with_pod_events_before_the_service_cache_logs_no_error_an
             timeout=30,
             message="every pod's event waiting for the Service cache",
         )
-        # A pod changing while it waits: still one object waiting.
+        # A pod changes while its events wait.
         await cluster.patch(kube.POD, "pod-0", {"metadata": {"labels": {"tick": "1"}}})
-        release.set()
+        late_service_lists.release.set()
         await asyncio.wait_for(starting, timeout=60)
 
         async def all_guarded() -> bool:
@@ -79,10 +60,9 @@ async def test_a_start_with_pod_events_before_the_service_cache_logs_no_error_an
         await async_wait_for(all_guarded, timeout=60, interval=0.5, message="every pod guarded")
         assert controller.events_waiting() == {}
     finally:
-        release.set()
+        late_service_lists.release.set()
         await asyncio.gather(starting, return_exceptions=True)
         await manager.stop(timeout=5)
-        client.close()
     assert _loud(caplog) == []
     assert any("events wait for the services cache" in r.getMessage() for r in caplog.records)
 
