@@ -169,19 +169,21 @@ class Controller:
         def on_event(event: WatchEvent, again: bool = False) -> None:
             if self.queue.shutting_down:
                 return
+            accepted = False
             try:
                 if not predicate(event):
                     return
+                accepted = True
                 keys = to_keys(event, reader)
             except CacheNotSynced as err:
                 # A cache the handler reads has not synced (a pod event before the Service
                 # list): the event waits for it, then is mapped again (docs/concepts.md, "Events
                 # before the caches sync").
                 if not parked.park(event, err, again=again):
-                    self._unmapped(side, resource, event)
+                    self._unmapped(side, resource, event, accepted)
                 return
             except Exception:
-                self._unmapped(side, resource, event)
+                self._unmapped(side, resource, event, accepted)
                 return
             meta = event.obj.get("metadata", {})
             # What changed is noted before the keys are queued: a pass that starts at once sees it.
@@ -214,32 +216,42 @@ class Controller:
         self._parked.append(parked)
         self._unsubscribe.append(informers.informer(resource).add_handler(on_event))
 
-    def _unmapped(self, side: str, resource: Resource, event: WatchEvent) -> None:
+    def _unmapped(self, side: str, resource: Resource, event: WatchEvent, accepted: bool) -> None:
         """An event the adapter's predicate or handler failed on (called from the ``except``):
-        logged once with the object's key, and not lost. The employers it meant are unknown, so
-        an employee event gives every employer a full pass, an employer event its own employer."""
+        logged once with the object's key, and made up for, since the employers it meant are
+        unknown: an employee event gives every employer a full pass; an employer event that
+        passed the predicate gives that employer one. An employer whose predicate failed is not
+        queued: whether it is this controller's is unknown, and a pass writes to its pods."""
         key = kube.object_key(event.obj)
-        if side == "employer":
+        if side == "employee":
             log.error(
-                "%s: the employer handler failed on %s %s; queued %s for a full pass",
+                "%s: the employee %s failed on %s %s; queued every %s for a full pass",
                 self.name,
+                "handler" if accepted else "predicate",
                 resource.kind,
                 key,
+                self.spec.employer.kind,
+                exc_info=True,
+            )
+            self._requeue_every_employer()
+        elif accepted:
+            log.error(
+                "%s: the employer handler failed on %s %s; queued it for a full pass",
+                self.name,
+                resource.kind,
                 key,
                 exc_info=True,
             )
             self.reconciler.employer_changed(key)
             self.queue.add(key)
-            return
-        log.error(
-            "%s: the employee handler failed on %s %s; queued every %s for a full pass",
-            self.name,
-            resource.kind,
-            key,
-            self.spec.employer.kind,
-            exc_info=True,
-        )
-        self._requeue_every_employer()
+        else:
+            log.error(
+                "%s: the employer predicate failed on %s %s; not queued (its next event asks again)",
+                self.name,
+                resource.kind,
+                key,
+                exc_info=True,
+            )
 
     def _requeue_every_employer(self) -> None:
         """Feed every employer in the cache to the employer subscription (as the informer's
