@@ -26,10 +26,11 @@ from resourceconsist.testing import Cluster, annotation, async_wait_for, finaliz
 
 
 def _loud(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """What an operator sees (INFO and above) that looks like a crash: an ERROR or a traceback."""
     return [
         f"{r.levelname} {r.name}: {r.getMessage()}"
         for r in caplog.records
-        if r.levelno >= logging.ERROR or r.exc_info
+        if r.levelno >= logging.ERROR or (r.exc_info and r.levelno >= logging.INFO)
     ]
 
 
