@@ -207,6 +207,10 @@ class Informer:
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._synced = threading.Event()
+        #: Callbacks waiting for the first list (``when_synced``), and the lock that makes a
+        #: callback registered as the list completes run once, not never.
+        self._sync_waiters: list[Callable[[], None]] = []
+        self._sync_lock = threading.Lock()
         self._watch: WatchStream | None = None
         self._resync_handle: asyncio.TimerHandle | None = None
         #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone).
@@ -239,6 +243,33 @@ class Informer:
                     self._handlers.remove(handler)
 
         return remove
+
+    def when_synced(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` on the event loop once the first list is in the store (soon, if it
+        already is), after the handlers have been sent that list's events. Returns a function
+        that withdraws a callback not yet called. Nothing waits: this is how code on the loop
+        waits for a cache (``CacheNotSynced``, docs/concepts.md "Events before the caches sync")."""
+        with self._sync_lock:
+            if not self._synced.is_set():
+                self._sync_waiters.append(callback)
+
+                def withdraw() -> None:
+                    with self._sync_lock:
+                        if callback in self._sync_waiters:
+                            self._sync_waiters.remove(callback)
+
+                return withdraw
+        self._call_on_loop(callback)
+        return lambda: None
+
+    def _call_on_loop(self, callback: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            loop.call_soon_threadsafe(callback)
+        except RuntimeError:  # loop closed between the check and the call
+            return
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._thread is not None:
@@ -319,6 +350,11 @@ class Informer:
                 self._emit(event)
         self.relists += 1
         self._synced.set()
+        with self._sync_lock:
+            waiters, self._sync_waiters = self._sync_waiters, []
+        for callback in waiters:
+            # Scheduled after the list's events (sent above): the cache a waiter needs is full.
+            self._call_on_loop(callback)
         return str(page.get("metadata", {}).get("resourceVersion", ""))
 
     def _run(self) -> None:
@@ -457,7 +493,16 @@ class InformerFactory:
 
 
 class CacheNotSynced(ResourceConsistError, TimeoutError):
-    """A read of a cache whose first list is not in yet, made where it cannot wait for it."""
+    """A read of a cache whose first list is not in yet, made where it cannot wait for it.
+
+    ``resource`` names the kind whose cache it is, so that whoever catches it can wait for that
+    cache (``Informer.when_synced``): the controller keeps an event whose handler raised it and
+    maps it again once that cache has synced (docs/concepts.md, "Events before the caches sync").
+    """
+
+    def __init__(self, message: str, resource: Resource | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
 
 
 def _on_event_loop() -> bool:
@@ -498,10 +543,11 @@ class CacheReader:
                 f"the cache of {resource.plural} has not synced yet and this read runs on the event "
                 f"loop, where it must not wait: await the informer's wait_synced() first (a "
                 f"controller does so for the kinds its watch options name), or read from a plain "
-                f"adapter method, which runs in a worker thread and may wait"
+                f"adapter method, which runs in a worker thread and may wait",
+                resource,
             )
         if not informer._synced.wait(60):
-            raise CacheNotSynced(f"the cache of {resource.plural} did not sync within 60s")
+            raise CacheNotSynced(f"the cache of {resource.plural} did not sync within 60s", resource)
         return informer.store
 
     def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:

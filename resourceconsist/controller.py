@@ -24,7 +24,7 @@ from resourceconsist.adapter import (
     ReconcileOptions,
     ReconcileWatchOptions,
 )
-from resourceconsist.cache import CacheReader, InformerFactory, WatchEvent
+from resourceconsist.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
 from resourceconsist.cancellation import Cancellation, PassCancelled, running_pass
 from resourceconsist.events import EventRecorder
 from resourceconsist.kube import KubeClient, Resource
@@ -125,6 +125,12 @@ class Controller:
         #: The cancellations of the passes running now; ``stop`` cancels them.
         self._in_flight: set[Cancellation] = set()
         self._unsubscribe: list[Callable[[], None]] = []
+        #: The events of each subscription waiting for a cache to sync (``ParkedEvents``).
+        self._parked: list[handler.ParkedEvents] = []
+        #: The employer subscription's event function, fed every employer when an employee event
+        #: could not be mapped; and whether that full pass is already on its way.
+        self._employer_events: Callable[[WatchEvent], None] | None = None
+        self._requeue_pending = False
         self.reconciles = 0
         self.failures = 0
 
@@ -158,16 +164,26 @@ class Controller:
         suffix = f"{wire.MULTI_CLUSTER_SEPARATOR}{employees_of}" if employees_of else ""
         # The cache this cluster's pod writes are checked against (podwriter.RecentWrites).
         written_in = self._clusters[employees_of][1] if employees_of else self.reader
+        side = "employer" if employees_of is None else "employee"
 
-        def on_event(event: WatchEvent) -> None:
+        def on_event(event: WatchEvent, again: bool = False) -> None:
             if self.queue.shutting_down:
                 return
+            accepted = False
             try:
                 if not predicate(event):
                     return
+                accepted = True
                 keys = to_keys(event, reader)
+            except CacheNotSynced as err:
+                # A cache the handler reads has not synced (a pod event before the Service
+                # list): the event waits for it, then is mapped again (docs/concepts.md, "Events
+                # before the caches sync").
+                if not parked.park(event, err, again=again):
+                    self._unmapped(side, resource, event, accepted)
+                return
             except Exception:
-                log.exception("%s: event handler failed on %s", self.name, kube.object_key(event.obj))
+                self._unmapped(side, resource, event, accepted)
                 return
             meta = event.obj.get("metadata", {})
             # What changed is noted before the keys are queued: a pass that starts at once sees it.
@@ -188,7 +204,80 @@ class Controller:
                 except Exception:  # only a shortcut: the next pass reads the cache regardless
                     log.debug("%s: settling %s failed", self.name, kube.object_key(event.obj), exc_info=True)
 
+        cluster = f" of cluster {employees_of}" if employees_of else ""
+        parked = handler.ParkedEvents(
+            f"{self.name} ({side} {resource.plural}{cluster})",
+            self.informers,
+            lambda event: on_event(event, again=True),
+        )
+        if employees_of is None:
+            self._employer_events = on_event
+        self._unsubscribe.append(parked.clear)
+        self._parked.append(parked)
         self._unsubscribe.append(informers.informer(resource).add_handler(on_event))
+
+    def _unmapped(self, side: str, resource: Resource, event: WatchEvent, accepted: bool) -> None:
+        """An event the adapter's predicate or handler failed on (called from the ``except``):
+        logged once with the object's key, and made up for, since the employers it meant are
+        unknown: an employee event gives every employer a full pass; an employer event that
+        passed the predicate gives that employer one. An employer whose predicate failed is not
+        queued: whether it is this controller's is unknown, and a pass writes to its pods."""
+        key = kube.object_key(event.obj)
+        if side == "employee":
+            log.error(
+                "%s: the employee %s failed on %s %s; queued every %s for a full pass",
+                self.name,
+                "handler" if accepted else "predicate",
+                resource.kind,
+                key,
+                self.spec.employer.kind,
+                exc_info=True,
+            )
+            self._requeue_every_employer()
+        elif accepted:
+            log.error(
+                "%s: the employer handler failed on %s %s; queued it for a full pass",
+                self.name,
+                resource.kind,
+                key,
+                exc_info=True,
+            )
+            self.reconciler.employer_changed(key)
+            self.queue.add(key)
+        else:
+            log.error(
+                "%s: the employer predicate failed on %s %s; not queued (its next event asks again)",
+                self.name,
+                resource.kind,
+                key,
+                exc_info=True,
+            )
+
+    def _requeue_every_employer(self) -> None:
+        """Feed every employer in the cache to the employer subscription (as the informer's
+        periodic resync does), once the employer cache has synced; coalesced while pending."""
+        if self._requeue_pending:
+            return
+        self._requeue_pending = True
+        informer = self.informers.informer(self.spec.employer)
+
+        def requeue() -> None:
+            self._requeue_pending = False
+            on_employer = self._employer_events
+            if on_employer is None or self.queue.shutting_down:
+                return
+            for obj in informer.store.list():
+                on_employer(WatchEvent("MODIFIED", obj, obj))
+
+        informer.when_synced(requeue)
+
+    def events_waiting(self) -> dict[str, int]:
+        """The objects whose events wait for a cache to sync, by cache (for tests and debugging)."""
+        waiting: dict[str, int] = {}
+        for parked in self._parked:
+            for plural, count in parked.waiting_for().items():
+                waiting[plural] = waiting.get(plural, 0) + count
+        return waiting
 
     def add_member_cluster(self, name: str, client: KubeClient, informers: InformerFactory) -> None:
         """Start watching employees in a new member cluster (multi-cluster adapters)."""
@@ -265,6 +354,9 @@ class Controller:
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe.clear()
+        self._parked.clear()
+        self._employer_events = None
+        self._requeue_pending = False
         if self._garbage_task is not None:
             self._garbage_task.cancel()
             await asyncio.gather(self._garbage_task, return_exceptions=True)

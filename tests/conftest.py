@@ -5,13 +5,16 @@
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Callable
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from resourceconsist import kube
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
@@ -29,6 +32,7 @@ CONTROL_PLANE_FIXTURES = frozenset(
         "local_cluster",
         "local_cluster_api",
         "local_cluster_namespace",
+        "late_service_lists",
     }
 )
 
@@ -64,11 +68,14 @@ def cluster(kube_client: KubeClient, namespace: str) -> Cluster:
 
 @pytest.fixture
 def run_manager(cluster: Cluster) -> Callable[..., Any]:
-    """``async with run_manager(adapter, ...) as manager:`` runs a manager on the test namespace."""
+    """``async with run_manager(adapter, ...) as manager:`` runs a manager on the test namespace
+    (through ``client`` when given, else the cluster's)."""
 
     @asynccontextmanager
-    async def run(*adapters: ReconcileAdapter, **options: Any) -> AsyncIterator[Manager]:
-        manager = Manager(cluster.client, namespace=cluster.namespace, **options)
+    async def run(
+        *adapters: ReconcileAdapter, client: KubeClient | None = None, **options: Any
+    ) -> AsyncIterator[Manager]:
+        manager = Manager(client or cluster.client, namespace=cluster.namespace, **options)
         for adapter in adapters:
             await manager.add(adapter)
         await manager.start()
@@ -78,6 +85,34 @@ def run_manager(cluster: Cluster) -> Callable[..., Any]:
             await manager.stop(timeout=5)
 
     return run
+
+
+@dataclass
+class LateServiceLists:
+    """A client whose LISTs of Services wait until ``release`` is set."""
+
+    client: KubeClient
+    release: threading.Event
+
+
+@pytest.fixture
+def late_service_lists(control_plane: LocalControlPlane) -> Iterator[LateServiceLists]:
+    """A client of the control plane that the API server answers Service LISTs late (until
+    ``release``): a manager on it gets pod events before its Service cache has synced, what a
+    start meets at random (docs/concepts.md, "Events before the caches sync")."""
+    client = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    release = threading.Event()
+    plain = client.list
+
+    def list_late(resource: kube.Resource, *args: Any, **kwargs: Any) -> Any:
+        if resource == kube.SERVICE:
+            release.wait(60)
+        return plain(resource, *args, **kwargs)
+
+    client.list = list_late  # type: ignore[method-assign]
+    yield LateServiceLists(client, release)
+    release.set()
+    client.close()
 
 
 @pytest.fixture

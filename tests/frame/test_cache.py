@@ -1,18 +1,20 @@
 """The kube client and informer caches against a real API server: typed errors, list + watch
-into an indexed store, selector lookups without scans, prompt stop."""
+into an indexed store, selector lookups without scans, prompt stop; and, on informers fed by a
+slow list, how events whose handler read an unsynced cache wait for it (``ParkedEvents``)."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from resourceconsist import kube
-from resourceconsist.cache import Informer, InformerFactory, Store, WatchEvent
+from resourceconsist import handler, kube
+from resourceconsist.cache import CacheNotSynced, Informer, InformerFactory, Store, WatchEvent
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound
 from resourceconsist.testing import LocalControlPlane, async_wait_for
@@ -117,14 +119,19 @@ async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClien
 
 class _OneServiceThenQuiet:
     """The list + watch protocol an Informer reads: one Service, then a watch that stays quiet
-    until it is closed (the outside world; the informer under test is the real one)."""
+    until it is closed (the outside world; the informer under test is the real one). The list
+    answers once ``release`` is set (at once unless ``held``): an API server slow to list."""
 
-    def __init__(self) -> None:
+    def __init__(self, service: dict[str, Any] | None = None, *, held: bool = False) -> None:
+        self.service = service or {"metadata": {"name": "svc", "namespace": "n", "resourceVersion": "1"}}
         self.closed = threading.Event()
+        self.release = threading.Event()
+        if not held:
+            self.release.set()
 
     def list(self, *_: Any, **__: Any) -> dict[str, Any]:
-        svc = {"metadata": {"name": "svc", "namespace": "n", "resourceVersion": "1"}}
-        return {"items": [svc], "metadata": {"resourceVersion": "1"}}
+        self.release.wait(30)
+        return {"items": [self.service], "metadata": {"resourceVersion": "1"}}
 
     def watch(self, *_: Any, **__: Any) -> _OneServiceThenQuiet:
         return self
@@ -135,6 +142,7 @@ class _OneServiceThenQuiet:
 
     def close(self) -> None:
         self.closed.set()
+        self.release.set()
 
 
 class _SyncedOnRelease(threading.Event):
@@ -174,3 +182,119 @@ async def test_a_handler_added_before_the_informer_says_synced_still_gets_every_
     finally:
         synced.release.set()
         await asyncio.to_thread(informer.stop)
+
+
+# ---- events before the caches sync (docs/concepts.md, "Events before the caches sync") ----------
+
+
+def _listed_pod(name: str, labels: dict[str, str], rv: str = "1") -> dict[str, Any]:
+    """A pod as an informer delivers it (kind set, in namespace n)."""
+    meta = {"name": name, "namespace": "n", "labels": labels, "resourceVersion": rv}
+    return {"kind": "Pod", "metadata": meta}
+
+
+@dataclass
+class _Parking:
+    """A factory whose Service list is held back, its Service informer, and a ``ParkedEvents``
+    recording what it hands back."""
+
+    api: _OneServiceThenQuiet
+    factory: InformerFactory
+    services: Informer
+    parked: handler.ParkedEvents
+    remapped: list[WatchEvent]
+
+    def unmappable(self, event: WatchEvent) -> CacheNotSynced:
+        """The error the default pod handler raises on ``event`` while the Service cache is empty."""
+        with pytest.raises(CacheNotSynced) as raised:
+            handler.enqueue_services_by_pod(event, self.factory.reader())
+        return raised.value
+
+
+@pytest.fixture
+async def parking() -> AsyncIterator[_Parking]:
+    web = {
+        "metadata": {
+            "name": "web",
+            "namespace": "n",
+            "resourceVersion": "1",
+            "labels": {"kusionstack.io/control": "true"},
+        },
+        "spec": {"selector": {"app": "web"}},
+    }
+    api = _OneServiceThenQuiet(web, held=True)
+    factory = InformerFactory(api)  # type: ignore[arg-type]
+    factory.start(asyncio.get_running_loop())
+    remapped: list[WatchEvent] = []
+    parked = handler.ParkedEvents("test", factory, remapped.append)
+    yield _Parking(api, factory, factory.informer(kube.SERVICE), parked, remapped)
+    api.close()
+    await asyncio.to_thread(factory.stop)
+
+
+async def test_an_event_whose_cache_has_not_synced_waits_and_is_mapped_once_it_has(parking: _Parking) -> None:
+    parked, remapped, reader = parking.parked, parking.remapped, parking.factory.reader()
+    a_added = WatchEvent("ADDED", _listed_pod("a", {"app": "other"}))
+    a_moved = WatchEvent("MODIFIED", _listed_pod("a", {"app": "web"}, "2"), a_added.obj)
+    a_latest = WatchEvent("MODIFIED", _listed_pod("a", {"app": "web", "tick": "3"}, "3"), a_moved.obj)
+    b_added = WatchEvent("ADDED", _listed_pod("b", {"app": "web"}))
+    for event in (a_added, a_moved, a_latest, b_added):
+        err = parking.unmappable(event)
+        assert err.resource == kube.SERVICE, "the error names the cache to wait for"
+        assert parked.park(event, err)
+    assert parked.waiting_for() == {"services": 2}, "kept per object, not per event"
+    await asyncio.sleep(0)  # a loop turn: nothing is handed back while the cache has not synced
+    assert remapped == [] and not parking.services.has_synced
+
+    parking.api.release.set()
+    await async_wait_for(lambda: len(remapped) == 3, timeout=10, message="the parked events handed back")
+    # Per object the first (as it was before) and the latest (as it is), in the order they came.
+    assert remapped == [a_added, a_latest, b_added]
+    assert parked.waiting_for() == {}
+    # Now the handler maps them: the Service of pod a's latest state, and of pod b.
+    assert handler.enqueue_services_by_pod(a_latest, reader) == ["n/web"]
+    assert handler.enqueue_services_by_pod(b_added, reader) == ["n/web"]
+    assert handler.enqueue_services_by_pod(a_added, reader) == []
+
+
+async def test_nothing_to_wait_for_is_refused_and_a_cleared_wait_hands_nothing_back(
+    parking: _Parking,
+) -> None:
+    parked, remapped = parking.parked, parking.remapped
+    event = WatchEvent("ADDED", _listed_pod("a", {"app": "web"}))
+    # A CacheNotSynced naming no kind gives nothing to wait for: the caller treats it as a failure.
+    assert not parked.park(event, CacheNotSynced("somebody's own cache"))
+    # Parked, then the subscription stops (the controller stops): the sync hands nothing back.
+    assert parked.park(event, parking.unmappable(event))
+    parked.clear()
+    assert parked.waiting_for() == {}
+    after_clear = asyncio.Event()
+    parking.services.when_synced(after_clear.set)
+    parking.api.release.set()
+    await asyncio.wait_for(after_clear.wait(), timeout=10)
+    assert remapped == [], "a withdrawn wait is not called back"
+
+    # A re-map that finds the cache still unsynced although this factory's has synced (the
+    # handler reads another factory's cache) is refused, so an event cannot bounce forever.
+    assert parking.services.has_synced
+    assert not parked.park(event, CacheNotSynced("another factory's", kube.SERVICE), again=True)
+    # The first time, it waits (the cache may have synced between the read and the park).
+    assert parked.park(event, CacheNotSynced("raced the sync", kube.SERVICE))
+    await async_wait_for(lambda: remapped == [event], timeout=10, message="handed back at once")
+
+
+async def test_when_synced_calls_back_after_the_lists_events_and_at_once_when_synced(
+    parking: _Parking,
+) -> None:
+    services = parking.services
+    seen: list[str] = []
+    services.add_handler(lambda e: seen.append(f"{e.type} {e.obj['metadata']['name']}"))
+    services.when_synced(lambda: seen.append("synced"))
+    withdrawn = services.when_synced(lambda: seen.append("withdrawn"))
+    withdrawn()
+    parking.api.release.set()
+    await async_wait_for(lambda: "synced" in seen, timeout=10, message="the sync callback")
+    assert seen == ["ADDED web", "synced"], "the cache's events reach the handlers first"
+    late = asyncio.Event()
+    services.when_synced(late.set)
+    await asyncio.wait_for(late.wait(), timeout=10)
