@@ -181,6 +181,23 @@ def _digest(finalizer: str) -> str:
     return finalizer.rpartition("/")[2]
 
 
+def _share_finalizers(employers: Sequence[_Employer]) -> None:
+    """Employers of one name in one namespace (of different kinds) share their finalizers (the
+    hash is of the name alone, as in Go): a pod any of them holds is held, and one unknown makes
+    them all unknown."""
+    groups: dict[tuple[str, str], list[_Employer]] = {}
+    for employer in employers:
+        groups.setdefault((employer.namespace, employer.entry.guard_finalizer), []).append(employer)
+    for group in groups.values():
+        if len(group) < 2:
+            continue
+        unknown = next((e for e in group if e.held is None), None)
+        held = set().union(*(e.held or set() for e in group))
+        for employer in group:
+            employer.held = None if unknown is not None else held
+            employer.error = unknown.error if unknown is not None else employer.error
+
+
 class Handover:
     """Hands the pods of one cluster over from the given adapters to the Go original."""
 
@@ -295,6 +312,7 @@ class Handover:
         employers = await asyncio.to_thread(self._employers, carried)
         for employer in employers:
             await self._consult(employer)
+        _share_finalizers(employers)
         owned: set[tuple[str, str]] = set()
         for employer in employers:
             owned.add((employer.namespace, _digest(employer.entry.guard_finalizer)))

@@ -24,9 +24,16 @@ import pytest
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, ProviderError, RealServer
-from resourceconsist.handover import ControllerRunning, HandoverReport, hand_over
+from resourceconsist.handover import (
+    ControllerRunning,
+    HandoverReport,
+    _Employer,
+    _share_finalizers,
+    hand_over,
+)
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.options import LeaderElectionOptions
+from resourceconsist.podwriter import EmployerEntry
 from resourceconsist.testing import (
     Cluster,
     LocalControlPlane,
@@ -323,3 +330,30 @@ async def test_the_command_refuses_while_the_lease_is_renewed_then_releases_a_po
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"did released: pod {ns}/p (Service {ns}/web)" in done.stdout
     assert finalizers(await _pod(cluster, "p")) == []
+
+
+def test_employers_sharing_a_name_share_what_the_provider_holds() -> None:
+    """A Service and a custom employer named alike in one namespace share their finalizers: a
+    pod either provider holds is held for both, and one unknown answer leaves both unknown."""
+
+    def employer(kind: str, held: set[str] | None) -> _Employer:
+        entry = EmployerEntry(
+            key=f"{kind}/ns/web",
+            lifecycle_finalizer=lifecycle.lifecycle_finalizer("web"),
+            guard_finalizer=lifecycle.guard_finalizer("web"),
+        )
+        resource = kube.Resource("example.com", "v1", kind, kind.lower() + "s")
+        obj = {"metadata": {"name": "web", "namespace": "ns"}}
+        return _Employer(
+            obj, resource, [], entry, held=held, error="" if held is not None else "lookup failed"
+        )
+
+    service, custom = employer("Service", {"a"}), employer("Web", {"b"})
+    _share_finalizers([service, custom])
+    assert service.held == custom.held == {"a", "b"}
+
+    service, custom = employer("Service", {"a"}), employer("Web", None)
+    _share_finalizers([service, custom])
+    assert service.held is None
+    assert custom.held is None
+    assert service.error == "lookup failed"
