@@ -98,11 +98,12 @@ class HandoverReport:
 
     def lines(self) -> list[str]:
         """The report for people, one line per pod and per warning."""
-        verb = "would" if self.dry_run else "did"
+        would = "[dry run] " if self.dry_run else ""
+        words = {"lifecycle finalizer": "handed over (lifecycle finalizer, no guard)", "released": "released"}
         out = [f"warning: {w}" for w in self.warnings]
-        out += [f"{verb} {d.action}: pod {d.pod} ({d.employer})" for d in self.done if d.changed]
-        out += [f"{verb} open readiness gate: {g}" for g in self.gates_opened]
-        out += [f"kept guard: pod {k.pod} ({k.employer}): {k.why}" for k in self.kept]
+        out += [f"{would}{words[d.action]}: pod {d.pod} ({d.employer})" for d in self.done if d.changed]
+        out += [f"{would}opened readiness gate: pod {g}" for g in self.gates_opened]
+        out += [f"kept the guard: pod {k.pod} ({k.employer}): {k.why}" for k in self.kept]
         released = sum(d.action == "released" for d in self.done)
         out.append(
             f"{len(self.done) - released} pods with the lifecycle finalizer, {released} released, "

@@ -23,6 +23,9 @@ from typing import Any
 import pytest
 
 from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import MODE_ANNOTATION, SERVER_ID_ANNOTATION, SLBAdapter
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, ProviderError, RealServer
 from resourceconsist.handover import (
     ControllerRunning,
@@ -42,6 +45,7 @@ from resourceconsist.testing import (
     condition,
     finalizers,
 )
+from resourceconsist.testing.slb_emulator import SLBEmulator
 
 
 @dataclass
@@ -328,7 +332,7 @@ async def test_the_command_refuses_while_the_lease_is_renewed_then_releases_a_po
     await cluster.call(kube_client.delete, kube.LEASE, ns, "handover-test")
     done = await asyncio.to_thread(_cli, *args)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"did released: pod {ns}/p (Service {ns}/web)" in done.stdout
+    assert f"released: pod {ns}/p (Service {ns}/web)" in done.stdout
     assert finalizers(await _pod(cluster, "p")) == []
 
 
@@ -357,3 +361,48 @@ def test_employers_sharing_a_name_share_what_the_provider_holds() -> None:
     assert service.held is None
     assert custom.held is None
     assert service.error == "lookup failed"
+
+
+async def test_the_slb_adapter_hands_over_through_the_real_sdk(cluster: Cluster, run_manager: Any) -> None:
+    """The SLB adapter in manage mode, on the real SDK answered by the SLB emulator, whose state
+    outlives the controller: the pod it holds at weight 0 trades its guard for the lifecycle
+    finalizer; while the load balancer cannot be read, nothing changes."""
+    ns = cluster.namespace
+    guard, served_by = lifecycle.guard_finalizer("web"), lifecycle.lifecycle_finalizer("web")
+    retry = RetryPolicy(max_attempts=2, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=5)
+    with SLBEmulator(
+        access_key_id="LTAI5tHandoverKey9", access_key_secret="Handover/Secret=1", seed=5
+    ) as slb:
+        lb = slb.add_load_balancer()
+        labels = {LOAD_BALANCER_ID_LABEL: lb}
+        await cluster.service("web", labels=labels, annotations={MODE_ANNOTATION: "manage"})
+        for index, name in enumerate(("web-0", "web-1")):
+            annotations = {SERVER_ID_ANNOTATION: f"eni-node{index}"}
+            await cluster.pod(name, {"app": "web"}, readiness_gate=True, annotations=annotations)
+            await cluster.set_status(name, ready=True, service_ready=True)
+
+        def adapter() -> SLBAdapter:
+            return SLBAdapter(SLBClient(slb.credentials(), retry=retry))
+
+        async def finalizers_are(name: str, want: list[str]) -> bool:
+            return finalizers(await cluster.get(kube.POD, name)) == want
+
+        async with run_manager(adapter()):
+            for name in ("web-0", "web-1"):
+                await async_wait_for(lambda n=name: finalizers_are(n, [served_by]), timeout=45, message=name)
+            # PodOpsLifecycle takes web-1 out of traffic: its backend goes to weight 0, guarded.
+            await cluster.set_status("web-1", ready=True, service_ready=False)
+            await async_wait_for(lambda: finalizers_are("web-1", [guard]), timeout=45, message="web-1 held")
+
+        mutating = len(slb.mutating_calls())
+        slb.fail_next("DescribeVServerGroupAttribute", times=10, code="ServiceUnavailable", status=503)
+        unknown = await hand_over(cluster.client, [adapter()], _lease(ns), namespace=ns)
+        assert set(_kept(unknown)) == {"web-1"}
+        assert finalizers(await cluster.get(kube.POD, "web-1")) == [guard]
+
+        slb.clear_faults()
+        report = await hand_over(cluster.client, [adapter()], _lease(ns), namespace=ns)
+        assert report.complete, report.lines()
+        for name in ("web-0", "web-1"):
+            assert finalizers(await cluster.get(kube.POD, name)) == [served_by], name
+        assert len(slb.mutating_calls()) == mutating, "the hand-over only reads the load balancer"
