@@ -1,5 +1,6 @@
 """``resourceconsist handover``: leave every pod in a state the Go original (KusionStack
-ResourceConsist) handles, before it takes over from this controller (docs/handover.md).
+ResourceConsist) handles, before it takes over from this controller (docs/wire-contract.md,
+"Switching back to the Go original").
 
 The Go original knows the lifecycle finalizer, not the guard (docs/concepts.md, "The guard"):
 a pod left with our guard could never be deleted under it. The hand-over reads, for every
@@ -9,7 +10,8 @@ mutating), then writes each pod once through the frame's pod writer:
 - the provider holds a registration of the pod: the guard is exchanged for the lifecycle
   finalizer and its ``expectedFinalizers`` entry, in one merge patch carrying the pod's
   resourceVersion, so the pod is never without one of the two;
-- the provider holds nothing for it: both finalizers go;
+- the provider holds nothing for it: the guard goes, and so does the lifecycle finalizer unless
+  the Go original looks after it (a live pod its live employer selects);
 - the provider's state is unknown (the lookup failed, no employer of the given adapters owns
   the finalizer): nothing changes, the pod is reported; unknown never releases a pod.
 
@@ -336,14 +338,22 @@ class Handover:
         return self.report
 
     def _check_webhook(self) -> None:
-        found = self.client.get_or_none(
-            kube.MUTATING_WEBHOOK_CONFIGURATION, None, wire.MUTATING_WEBHOOK_CONFIGURATION
-        )
+        """Warn while our mutating webhook is still registered (step 1 of the switch)."""
+        try:
+            found = self.client.get_or_none(
+                kube.MUTATING_WEBHOOK_CONFIGURATION, None, wire.MUTATING_WEBHOOK_CONFIGURATION
+            )
+        except kube.ApiError as err:  # e.g. no right to read it: say so, and go on
+            self.report.warnings.append(
+                f"could not check for MutatingWebhookConfiguration {wire.MUTATING_WEBHOOK_CONFIGURATION} "
+                f"({err}); make sure it is deleted (docs/wire-contract.md)"
+            )
+            return
         if found is not None:
             self.report.warnings.append(
                 f"MutatingWebhookConfiguration {wire.MUTATING_WEBHOOK_CONFIGURATION} still exists: new "
                 "controlled pods get readiness gates nobody opens under the Go original (or cannot be "
-                "created while its server is down); delete it (docs/handover.md)"
+                "created while its server is down); delete it (docs/wire-contract.md)"
             )
 
     async def _hand_over(self, employer: _Employer, pods: list[KubeObject]) -> None:
@@ -523,7 +533,8 @@ async def hand_over(
     namespace: str | None = None,
     dry_run: bool = False,
 ) -> HandoverReport:
-    """Hold the controller's Lease and hand every pod over (docs/handover.md)."""
+    """Hold the controller's Lease and hand every pod over (docs/wire-contract.md, "Switching
+    back to the Go original")."""
     handover = Handover(client, adapters, namespace=namespace, dry_run=dry_run)
     async with holding_lease(client, lease) as lost:
         work = asyncio.create_task(handover.run())

@@ -84,7 +84,7 @@ class GateReason(StrEnum):
     NOT_SELECTED = "NotSelected"  # True: the employer no longer employs the pod
     TIMEOUT = "ReadinessGateTimeout"  # True: the fail-safe's timeout ran out (also a Warning Event)
     #: True: ``resourceconsist handover`` opened it for a controller that does not write the
-    #: frame's gates (docs/handover.md).
+    #: frame's gates (docs/wire-contract.md, "Switching back to the Go original").
     HANDED_OVER = "HandedOver"
 
 
