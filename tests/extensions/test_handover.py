@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -29,6 +29,8 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBC
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, ProviderError, RealServer
 from resourceconsist.handover import (
     ControllerRunning,
+    Handover,
+    HandoverError,
     HandoverReport,
     _Employer,
     _share_finalizers,
@@ -406,3 +408,12 @@ async def test_the_slb_adapter_hands_over_through_the_real_sdk(cluster: Cluster,
         for name in ("web-0", "web-1"):
             assert finalizers(await cluster.get(kube.POD, name)) == [served_by], name
         assert len(slb.mutating_calls()) == mutating, "the hand-over only reads the load balancer"
+
+
+def test_an_adapter_whose_pods_live_in_member_clusters_is_refused_with_the_reason() -> None:
+    class InMembers(DemoAdapter):
+        def employee_fed(self) -> bool:
+            return False
+
+    with pytest.raises(HandoverError, match="member clusters; the hand-over covers one cluster's pods"):
+        Handover(cast(KubeClient, None), [InMembers()])
