@@ -5,6 +5,8 @@
   experimental, or third-party by entry point) against the current kubeconfig or the
   in-cluster config, with health/metrics endpoints and graceful shutdown on SIGTERM/SIGINT.
 - ``resourceconsist adapters``: list the adapters this installation knows.
+- ``resourceconsist handover --adapter NAME ...``: leave every pod in a state the Go original
+  handles, before switching back to it (see ``handover``).
 
 Bad input exits non-zero with a message that says what is wrong and what to do.
 """
@@ -579,6 +581,63 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, its graceful stop.
     asyncio.run(_run(kubeconfig, [], webhooks, ManagerOptions(), options))
+
+
+@main.command()
+@click.option(
+    "--adapter",
+    "adapter_names",
+    multiple=True,
+    required=True,
+    help="Adapter the controller ran (repeatable).",
+)
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@click.option("--namespace", default=None, help="Only this namespace's pods (default: all).")
+@click.option("--dry-run", is_flag=True, help="Only report what the hand-over would do.")
+@_field_flag(
+    "--leader-election-namespace",
+    LeaderElectionOptions,
+    "namespace",
+    "Namespace of the controller's Lease (default: $POD_NAMESPACE or resourceconsist).",
+)
+@_field_flag("--leader-election-id", LeaderElectionOptions, "name", "Name of the controller's Lease.")
+def handover(
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    namespace: str | None,
+    dry_run: bool,
+    leader_election_namespace: str | None,
+    leader_election_id: str,
+) -> None:
+    """Hand the pods over to the Go original: the guard becomes the lifecycle finalizer where
+    the provider holds the pod, and goes where it holds nothing (docs/wire-contract.md,
+    "Switching back to the Go original"). Stop the controller first: this holds its Lease.
+
+    Exit status: 0 every pod handed over, 3 some pods keep the guard (listed; run again once
+    their cause is fixed), 1 nothing done (the controller still runs, an API error).
+    """
+    import asyncio
+
+    from resourceconsist.handover import HandoverError, hand_over
+    from resourceconsist.kube import ApiError, is_unreachable
+
+    with _flags(LeaderElectionOptions):
+        lease = LeaderElectionOptions(name=leader_election_id, namespace=leader_election_namespace)
+    adapters = _build(_all_adapters().controller, adapter_names)
+    client = _kube_client(kubeconfig)
+    try:
+        report = asyncio.run(hand_over(client, adapters, lease, namespace=namespace, dry_run=dry_run))
+    except (HandoverError, ApiError) as err:
+        raise click.ClickException(str(err)) from err
+    except Exception as err:
+        if not is_unreachable(err):
+            raise
+        raise click.ClickException(f"cannot reach the API server ({err}); check --kubeconfig") from err
+    finally:
+        client.close()
+    for line in report.lines():
+        click.echo(line)
+    sys.exit(0 if report.complete else 3)
 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:

@@ -84,6 +84,16 @@ class LeaderElector:
             spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
         return self._update(lease, spec)
 
+    def holder(self) -> str | None:
+        """Who holds the Lease now: its holder while renewed in time, None when nobody does
+        (no Lease, released, or expired)."""
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
+        spec = (lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if not holder or self._expired(spec, _now()):
+            return None
+        return str(holder)
+
     @staticmethod
     def _expired(spec: dict[str, Any], now: datetime.datetime) -> bool:
         renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))

@@ -83,6 +83,9 @@ class GateReason(StrEnum):
     EMPLOYER_DELETED = "EmployerDeleted"  # True: the employer is deleted
     NOT_SELECTED = "NotSelected"  # True: the employer no longer employs the pod
     TIMEOUT = "ReadinessGateTimeout"  # True: the fail-safe's timeout ran out (also a Warning Event)
+    #: True: ``resourceconsist handover`` opened it for a controller that does not write the
+    #: frame's gates (docs/wire-contract.md, "Switching back to the Go original").
+    HANDED_OVER = "HandedOver"
 
 
 class EventReason(StrEnum):

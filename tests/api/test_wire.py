@@ -8,6 +8,7 @@ purpose: do not derive them from ``resourceconsist.wire``.
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -90,6 +91,7 @@ GATE_REASONS: dict[str, str] = {
     "EMPLOYER_DELETED": "EmployerDeleted",
     "NOT_SELECTED": "NotSelected",
     "TIMEOUT": "ReadinessGateTimeout",
+    "HANDED_OVER": "HandedOver",
 }
 
 
@@ -164,3 +166,11 @@ def test_readiness_gate_is_our_domain_and_the_name_or_a_hashed_form() -> None:
     digest = hashlib.md5(long.encode()).hexdigest()[8:24]
     assert lifecycle.readiness_gate(long) == f"readiness.resource-consist.kusionstack.io/{'a' * 46}-{digest}"
     assert lifecycle.readiness_gate("b" * 63) == "readiness.resource-consist.kusionstack.io/" + "b" * 63
+
+
+def test_the_wire_contract_page_lists_every_wire_name() -> None:
+    """docs/wire-contract.md is the contract people read: each name on the wire is written there."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "wire-contract.md").read_text()
+    values = [v for v in PINNED.values() if isinstance(v, str)] + list(GATE_REASONS.values())
+    missing = [v for v in values if v not in page]
+    assert not missing, f"docs/wire-contract.md does not name {missing}"
