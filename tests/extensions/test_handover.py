@@ -384,7 +384,7 @@ async def test_the_slb_adapter_hands_over_through_the_real_sdk(cluster: Cluster,
             await cluster.set_status(name, ready=True, service_ready=True)
 
         def adapter() -> SLBAdapter:
-            return SLBAdapter(SLBClient(slb.credentials(), retry=retry))
+            return SLBAdapter(SLBClient(slb.credentials(), retry=retry), cluster_name="handover-test")
 
         async def finalizers_are(name: str, want: list[str]) -> bool:
             return finalizers(await cluster.get(kube.POD, name)) == want
