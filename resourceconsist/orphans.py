@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -105,6 +106,9 @@ class GarbageCollector:
         #: (pod key, employer) pairs and (namespace, employer) pairs the operator was told about:
         #: once each per controller lifetime.
         self._told: set[tuple[str, str]] = set()
+        #: The other controllers of this manager that employ the same kind (set by the manager):
+        #: a gone employer that no listed item ties to this controller may be one of theirs.
+        self.peers: Callable[[], list[str]] = list
 
     @property
     def wanted(self) -> bool:
@@ -350,6 +354,12 @@ class GarbageCollector:
             pods = sorted({hold.pod for _, hold in holds})
             if pods:
                 report.held[key] = pods
+            peers = self.peers()
+            if why_not is None and not items and peers:
+                why_not = (
+                    f"controllers {', '.join(sorted(peers))} of this manager employ "
+                    f"{resource.kind} too, and nothing listed ties {key} to {controller.name}"
+                )
             if why_not is not None:
                 report.uncollectable[key] = why_not
                 await self._tell_operator(key, holds, why_not)

@@ -454,3 +454,19 @@ async def test_a_recreated_service_of_the_same_name_keeps_its_resources(
         await async_wait_for(adopted, timeout=30, message="the new Service adopted")
     assert key in provider.vips and "web-0" in provider.query_rs(key)
     assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+
+async def test_a_gone_employer_no_listed_item_ties_to_one_of_two_controllers_keeps_its_pods(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    _provider_side_gone(provider, key)
+    # Another controller of the manager employs Services too: web may have been its employer,
+    # and its provider may still route to web-0.
+    other = DemoAdapter(FakeProvider(), name="other-controller")
+    async with run_manager(adapter, other, garbage=START_ONLY) as manager:
+        for controller in manager.controllers.values():
+            report = await _report(controller)
+            assert report.collected == [] and list(report.uncollectable) == [key]
+            assert "of this manager employ Service too" in report.uncollectable[key]
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
