@@ -172,7 +172,9 @@ class GarbageCollector:
                 by_owner = {}
                 for item in owned:
                     by_owner.setdefault(item.owner, []).append(item)
-        held = self.gone_holds()
+        # Off the event loop: a scan of the cached pods (about 0.15 s at 10k served pods) and,
+        # for a hash no known name explains, a list of the namespace's Events.
+        held = await asyncio.to_thread(self.gone_holds)
         for key in sorted(set(by_owner or {}) | set(held)):
             if not self.watches(key):
                 continue
@@ -249,9 +251,22 @@ class GarbageCollector:
             ):
                 by_namespace.setdefault(str(pod["metadata"].get("namespace") or ""), []).append(pod)
         found: dict[str, list[tuple[KubeObject, Hold]]] = {}
-        for namespace, pods in sorted(by_namespace.items()):
+        for namespace, marked in sorted(by_namespace.items()):
             alive = {obj["metadata"]["name"] for obj in controller.reader.list(resource, namespace)}
-            known = alive | {name for pod in pods for name in marks.entry_names(pod, kind)}
+            alive_digests = {marks.name_digest(name) for name in alive}
+            # Steady state: every mark is a live employer's; a few lookups per pod, no parsing.
+            pods = [
+                pod
+                for pod in marked
+                if not all(name in alive for name in marks.entry_names(pod, kind))
+                or not all(
+                    digest is None or digest in alive_digests
+                    for digest in map(marks.digest_of, pod["metadata"].get("finalizers") or [])
+                )
+            ]
+            if not pods:
+                continue
+            known = alive | {name for pod in marked for name in marks.entry_names(pod, kind)}
             holds = [(pod, hold) for pod in pods for hold in marks.holds(pod, kind, known)]
             if any(not hold.employer for _, hold in holds):
                 # Only a hash is left: the employer's Events may still name it.

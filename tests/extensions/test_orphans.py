@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import kube, lifecycle, marks, wire
 from resourceconsist.adapters.alibabacloudslb import (
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
@@ -37,7 +37,13 @@ from resourceconsist.explain import Explainer, pod_lines
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
 from resourceconsist.options import GarbageOptions
-from resourceconsist.orphans import CANNOT_LIST, COLLECTED_REASON, HELD_BY_GONE_REASON, GarbageReport
+from resourceconsist.orphans import (
+    CANNOT_LIST,
+    COLLECTED_REASON,
+    HELD_BY_GONE_REASON,
+    NAME_UNKNOWN,
+    GarbageReport,
+)
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
@@ -470,3 +476,41 @@ async def test_a_gone_employer_no_listed_item_ties_to_one_of_two_controllers_kee
             assert report.collected == [] and list(report.uncollectable) == [key]
             assert "of this manager employ Service too" in report.uncollectable[key]
     assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+
+async def test_a_bare_finalizer_is_tied_to_its_gone_employer_by_the_employer_s_events(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    # Only the finalizer is left on web-0: its hash is all that names web.
+    await cluster.patch(
+        kube.POD, "web-0", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
+    )
+    assert any(r == "EnsureEmployerCleanFinalizerSucceed" for _, r, _ in await cluster.events("web"))
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {key: ["web-0"]} and report.collected == [key]
+    assert FLZ not in finalizers(await cluster.get(kube.POD, "web-0"))
+    assert key not in provider.vips
+
+
+async def test_a_finalizer_of_an_unknown_gone_employer_is_reported_never_released(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    stray = lifecycle.lifecycle_finalizer("nobody-knows")
+    await cluster.pod("web-0", {"app": "web"})
+    await cluster.patch(kube.POD, "web-0", {"metadata": {"finalizers": [stray]}})
+    key = f"{cluster.namespace}/#{marks.name_digest('nobody-knows')}"
+    adapter = DemoAdapter(FakeProvider())
+    try:
+        async with run_manager(adapter, garbage=START_ONLY) as manager:
+            report = await _report(_controller(manager))
+            assert report.held == {key: ["web-0"]} and report.uncollectable == {key: NAME_UNKNOWN}
+            assert _held_gauge(manager, adapter.name) == 1
+            (message,) = [m for _, r, m in await cluster.events("web-0") if r == HELD_BY_GONE_REASON]
+            assert "an unknown Service" in message and "kubectl patch pod web-0" in message
+        assert finalizers(await cluster.get(kube.POD, "web-0")) == [stray]
+        answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+        assert [(g.collectable, g.why) for g in answer.gone] == [("no", NAME_UNKNOWN)]
+    finally:
+        await cluster.patch(kube.POD, "web-0", {"metadata": {"finalizers": None}})
