@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 
 from resourceconsist import kube, lifecycle, marks, wire
 from resourceconsist.adapter import (
+    CompleteListingOptions,
     Employee,
     Employer,
     OrphanCollectOptions,
@@ -35,7 +36,7 @@ from resourceconsist.diff import diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.labels import label_selector_selects, map_selects
-from resourceconsist.orphans import CANNOT_LIST, NAME_UNKNOWN
+from resourceconsist.orphans import CANNOT_LIST, NAME_UNKNOWN, NOT_COMPLETE
 
 #: How many of an employer's latest Warning Events explain shows.
 RECENT_WARNINGS = 5
@@ -468,6 +469,11 @@ class Explainer:
                 )
                 return gone
             held += [item.id for item in owned if item.owner == hold.key]
+        if not held and not any(
+            isinstance(a, CompleteListingOptions) and a.lists_everything_owned() for a in listing
+        ):
+            gone.collectable, gone.why, gone.action = "no", NOT_COMPLETE, by_hand
+            return gone
         gone.collectable = "yes"
         gone.why = (
             f"the provider still holds {', '.join(held)} for it"

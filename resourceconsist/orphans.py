@@ -16,8 +16,9 @@ next pass runs after the collection and re-creates what it needs.
 Every adapter, listing or not: the pods say which employers they belonged to (their entries and
 the hash their guard and lifecycle finalizers carry; resourceconsist/marks.py), so an employer
 gone while its marks remain is found too (docs/lifecycle-hooks.md, "Gone employers"). Its pods
-are released only through the stand-in pass of an adapter whose ``list_owned`` answered; when
-the adapter cannot list, its listing failed, or only the hash is left, nothing is released and
+are released only through a stand-in pass, when the adapter's ``list_owned`` answered and either
+named items of it or is complete (``CompleteListingOptions``); when the adapter cannot list, its
+listing failed or may be partial, or only the hash is left, nothing is released and
 the operator is told once per pod and employer: a Warning Event on the pod and on the Namespace
 with the ``kubectl`` command that releases the pod by hand, the
 ``resourceconsist_pods_held_by_gone_employers`` gauge, and ``resourceconsist explain pod``.
@@ -33,7 +34,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from resourceconsist import kube, marks
-from resourceconsist.adapter import OrphanCollectOptions, OwnedItem, ReconcileContext
+from resourceconsist.adapter import (
+    CompleteListingOptions,
+    OrphanCollectOptions,
+    OwnedItem,
+    ReconcileContext,
+)
 from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
 from resourceconsist.kube import KubeObject
 from resourceconsist.marks import Hold
@@ -53,6 +59,10 @@ BUSY = "a pass is queued or running"
 HELD_BY_GONE_REASON = "HeldByGoneEmployer"
 #: Why a gone employer's pods wait for a person, by cause.
 CANNOT_LIST = "its adapter cannot list what the provider holds (no OrphanCollectOptions.list_owned)"
+NOT_COMPLETE = (
+    "its adapter lists nothing of it, but its list may be partial (no CompleteListingOptions), "
+    "so the provider may still route to the pods"
+)
 NAME_UNKNOWN = "only the hash of its name is left on the pod: no entry, readiness gate or Event names it"
 
 
@@ -342,6 +352,21 @@ class GarbageCollector:
             "balancer routes to it any more.",
         )
 
+    def _unlisted_why_not(self, key: str) -> str | None:
+        """Why the pods of gone ``key``, which the adapter's list does not name, cannot be released
+        (None: they can, once the bare stand-in's pass confirms the provider holds nothing)."""
+        adapter = self.controller.adapter
+        if not (isinstance(adapter, CompleteListingOptions) and adapter.lists_everything_owned()):
+            return NOT_COMPLETE
+        peers = self.peers()
+        if peers:
+            return (
+                f"controllers {', '.join(sorted(peers))} of this manager employ "
+                f"{self.controller.spec.employer.kind} too, and nothing listed ties {key} to "
+                f"{self.controller.name}"
+            )
+        return None
+
     async def _one_owner(
         self,
         key: str,
@@ -369,12 +394,8 @@ class GarbageCollector:
             pods = sorted({hold.pod for _, hold in holds})
             if pods:
                 report.held[key] = pods
-            peers = self.peers()
-            if why_not is None and not items and peers:
-                why_not = (
-                    f"controllers {', '.join(sorted(peers))} of this manager employ "
-                    f"{resource.kind} too, and nothing listed ties {key} to {controller.name}"
-                )
+            if why_not is None and not items:
+                why_not = self._unlisted_why_not(key)
             if why_not is not None:
                 report.uncollectable[key] = why_not
                 await self._tell_operator(key, holds, why_not)

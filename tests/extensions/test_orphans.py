@@ -42,6 +42,7 @@ from resourceconsist.orphans import (
     COLLECTED_REASON,
     HELD_BY_GONE_REASON,
     NAME_UNKNOWN,
+    NOT_COMPLETE,
     GarbageReport,
 )
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
@@ -514,3 +515,54 @@ async def test_a_finalizer_of_an_unknown_gone_employer_is_reported_never_release
         assert [(g.collectable, g.why) for g in answer.gone] == [("no", NAME_UNKNOWN)]
     finally:
         await cluster.patch(kube.POD, "web-0", {"metadata": {"finalizers": None}})
+
+
+class PartialListingDemoAdapter(DemoAdapter):
+    """A demo adapter whose list, as far as the frame knows, may miss what the provider holds
+    (the SLB adapter's, when a load balancer is named by no live Service and not configured)."""
+
+    def lists_everything_owned(self) -> bool:
+        return False
+
+
+async def test_a_partial_listing_that_names_nothing_of_a_gone_employer_releases_nothing(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    adapter = PartialListingDemoAdapter(provider)
+    key = f"{cluster.namespace}/web"
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    # What the partial list misses: the provider still routes to web-0, under another name.
+    provider.real_servers["elsewhere/web"] = provider.real_servers.pop(key)
+    provider.vips.pop(key)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.collected == [] and report.uncollectable == {key: NOT_COMPLETE}
+        assert _held_gauge(manager, adapter.name) == 1
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+    answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+    assert [(g.collectable, g.why) for g in answer.gone] == [("no", NOT_COMPLETE)]
+
+
+async def test_the_issue_s_slb_service_force_deleted_is_never_released_while_its_group_routes(
+    cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, slb_client: SLBClient
+) -> None:
+    """A manage-mode Service whose load balancer no other Service names (nor the adapter's
+    configuration), force-deleted while the manager was down: either the adapter's list names its
+    group and the pass collects it before releasing web-0, or web-0 stays held and the operator is
+    told. Never released while the group still routes to it."""
+    lb = slb.add_load_balancer()
+    adapter = SLBAdapter(slb_client)
+    key = f"{cluster.namespace}/web"
+    group = await _served_web(cluster, run_manager, slb, adapter, lb)
+    await _delete_stripped(cluster)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {key: ["web-0"]}
+        assert (report.collected, list(report.uncollectable)) in (([key], []), ([], [key]))
+        if report.uncollectable:
+            assert any(r == HELD_BY_GONE_REASON for _, r, _ in await cluster.events("web-0"))
+            assert _held_gauge(manager, adapter.name) == 1
+    held = finalizers(await cluster.get(kube.POD, "web-0"))
+    routed = _group(slb, lb, group.name) is not None and bool(slb.backends(group.id))
+    assert not routed or FLZ in held or GUARD in held
