@@ -114,7 +114,7 @@ class GarbageCollector:
         self.last_report: GarbageReport | None = None
         self.passes = 0
         #: (pod key, employer) pairs and (namespace, employer) pairs the operator was told about:
-        #: once each per controller lifetime.
+        #: once each per controller lifetime (forgotten once the employer's marks are gone).
         self._told: set[tuple[str, str]] = set()
         #: The other controllers of this manager that employ the same kind (set by the manager):
         #: a gone employer that no listed item ties to this controller may be one of theirs.
@@ -193,6 +193,9 @@ class GarbageCollector:
                 await self._unknown_employer(key, holds, report)
             else:
                 await self._one_owner(key, (by_owner or {}).get(key, []), holds, report, why_not)
+        # What was told about employers whose marks are gone is forgotten: the set stays as small
+        # as what is held now.
+        self._told = {told for told in self._told if told[1] in held}
         still_held = {
             f"{hold.namespace}/{hold.pod}"
             for key, pods in held.items()
