@@ -355,6 +355,19 @@ class GarbageCollector:
             "balancer routes to it any more.",
         )
 
+    async def _open_gates(self, key: str) -> None:
+        """The pass of a deleted employer, which its delete event would have brought: its readiness
+        gate goes True on the pods still waiting on it (docs/zero-downtime.md), so a gone employer
+        that cannot be collected keeps no pod un-Ready. Its finalizers stay."""
+        controller = self.controller
+        try:
+            with controller.metrics.bound(controller.name):
+                await controller.reconciler.reconcile(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            log.warning("%s: opening the readiness gates of gone %s failed: %s", controller.name, key, err)
+
     def _unlisted_why_not(self, key: str) -> str | None:
         """Why the pods of gone ``key``, which the adapter's list does not name, cannot be released
         (None: they can, once the bare stand-in's pass confirms the provider holds nothing)."""
@@ -402,6 +415,8 @@ class GarbageCollector:
             if why_not is not None:
                 report.uncollectable[key] = why_not
                 await self._tell_operator(key, holds, why_not)
+                if not self.options.dry_run:
+                    await self._open_gates(key)
                 return
             if items:
                 report.orphans[key] = [item.id for item in items]

@@ -45,7 +45,7 @@ from resourceconsist.orphans import (
     NOT_COMPLETE,
     GarbageReport,
 )
-from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.testing import Cluster, async_wait_for, condition, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
 GROUP = "resourceconsist/{ns}/web"
@@ -566,3 +566,39 @@ async def test_the_issue_s_slb_service_force_deleted_is_never_released_while_its
     held = finalizers(await cluster.get(kube.POD, "web-0"))
     routed = _group(slb, lb, group.name) is not None and bool(slb.backends(group.id))
     assert not routed or FLZ in held or GUARD in held
+
+
+async def test_a_gone_employer_that_cannot_be_collected_keeps_no_pod_un_ready(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    adapter = PartialListingDemoAdapter(provider)
+    key = f"{cluster.namespace}/web"
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    _provider_side_gone(provider, key)  # nothing listed: the partial list cannot vouch for web
+    # web-1 was created while web still existed: the webhook gave it web's gate and entry.
+    gate = lifecycle.readiness_gate("web")
+    entries = {lifecycle.expected_finalizer_key("Service", cluster.namespace, "web"): FLZ}
+    body = {
+        "metadata": {
+            "name": "web-1",
+            "labels": {"app": "web"},
+            "annotations": {
+                wire.AVAILABLE_CONDITIONS_ANNOTATION: lifecycle.render_available_conditions(entries)
+            },
+        },
+        "spec": {
+            "containers": [{"name": "app", "image": "nginx"}],
+            "readinessGates": [{"conditionType": gate}],
+        },
+    }
+    await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {key: ["web-0", "web-1"]} and report.uncollectable == {key: NOT_COMPLETE}
+
+        async def gate_open() -> bool:
+            return condition(await cluster.get(kube.POD, "web-1"), gate) == "True"
+
+        await async_wait_for(gate_open, timeout=30, message="web-1's gate of gone web opened")
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0")), "the finalizers stay"
