@@ -24,6 +24,7 @@ from resourceconsist.adapter import (
     Employee,
     Employer,
     OrphanCollectOptions,
+    OwnedItem,
     ProviderBackend,
     ProviderDescribeOptions,
     ProviderView,
@@ -256,6 +257,8 @@ class Explainer:
         self.client = client
         self.adapters = list(adapters)
         self.reader = SnapshotReader(client)
+        #: What each listing adapter's ``list_owned`` answered, asked once per explain.
+        self._owned: dict[str, list[OwnedItem]] = {}
 
     # -- shared pieces ----------------------------------------------------------------------------
 
@@ -418,7 +421,13 @@ class Explainer:
             alive = {obj["metadata"]["name"] for obj in self.reader.list(resource, namespace)}
             pods = self.reader.list(kube.POD, namespace)
             known = alive | {n for other in pods for n in marks.entry_names(other, resource.kind)}
-            for hold in marks.holds(pod, resource.kind, known):
+            found = marks.holds(pod, resource.kind, known)
+            if any(not hold.employer for hold in found):
+                # Only a hash is left: the employer's Events may still name it (as the garbage
+                # pass looks it up).
+                known |= marks.event_names(self.reader.list(kube.EVENT, namespace), resource.kind)
+                found = marks.holds(pod, resource.kind, known)
+            for hold in found:
                 if hold.employer in alive:
                     continue
                 answer.gone.append(await self._gone_answer(resource, pod, hold))
@@ -459,7 +468,9 @@ class Explainer:
             name = adapter.get_controller_name()
             ctx = ReconcileContext(reader=self.reader, controller=name, employer_key="")
             try:
-                owned = await call_adapter(adapter.list_owned, ctx)
+                if name not in self._owned:
+                    self._owned[name] = list(await call_adapter(adapter.list_owned, ctx))
+                owned = self._owned[name]
             except Exception as err:
                 gone.collectable = "no"
                 gone.why = f"listing what the provider holds failed: {name}: {err}"

@@ -80,6 +80,17 @@ def gate_names(pod: Mapping[str, Any]) -> list[str]:
     return found
 
 
+def event_names(events: Iterable[Mapping[str, Any]], kind: str) -> set[str]:
+    """The names of the objects of ``kind`` that ``events`` are about: an employer's Events outlive
+    it for the API server's event TTL (an hour by default), so they still name a gone one."""
+    return {
+        str(involved.get("name") or "")
+        for event in events
+        for involved in [event.get("involvedObject") or {}]
+        if involved.get("kind") == kind
+    } - {""}
+
+
 def holds(pod: Mapping[str, Any], kind: str, known_names: Iterable[str] = ()) -> list[Hold]:
     """The marks employers of ``kind`` left on the pod, one ``Hold`` per employer.
 

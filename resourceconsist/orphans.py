@@ -293,8 +293,7 @@ class GarbageCollector:
         return found
 
     def _names_in_events(self, namespace: str, kind: str) -> set[str]:
-        """Names of the objects of ``kind`` that the namespace's Events are about (they outlive
-        their object for the API server's event TTL, an hour by default)."""
+        """Names of the objects of ``kind`` the namespace's Events are about (``marks.event_names``)."""
         try:
             events = self.controller.client.list(
                 kube.EVENT, namespace, field_selector=f"involvedObject.kind={kind}"
@@ -302,9 +301,7 @@ class GarbageCollector:
         except Exception as err:  # only a hint: the hold stays unknown
             log.info("%s: listing Events of %s failed: %s", self.controller.name, namespace, err)
             return set()
-        return {
-            str((event.get("involvedObject") or {}).get("name") or "") for event in events.get("items") or []
-        } - {""}
+        return marks.event_names(events.get("items") or [], kind)
 
     async def _unknown_employer(
         self, key: str, holds: list[tuple[KubeObject, Hold]], report: GarbageReport

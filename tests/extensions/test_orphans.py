@@ -488,6 +488,8 @@ async def test_a_bare_finalizer_is_tied_to_its_gone_employer_by_the_employer_s_e
         kube.POD, "web-0", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
     )
     assert any(r == "EnsureEmployerCleanFinalizerSucceed" for _, r, _ in await cluster.events("web"))
+    answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+    assert [(g.employer, g.collectable) for g in answer.gone] == [(f"Service/{key}", "yes")]
     async with run_manager(adapter, garbage=START_ONLY) as manager:
         report = await _report(_controller(manager))
         assert report.held == {key: ["web-0"]} and report.collected == [key]

@@ -70,3 +70,12 @@ def test_the_release_patch_tests_what_it_removes_and_keeps_other_entries() -> No
     command = shlex.split(marks.release_command(pod, hold))
     assert command[:6] == ["kubectl", "patch", "pod", "web-0", "-n", "ns"]
     assert json.loads(command[-1]) == ops
+
+
+def test_events_name_the_objects_of_a_kind_they_are_about() -> None:
+    events = [
+        {"involvedObject": {"kind": "Service", "name": "web"}},
+        {"involvedObject": {"kind": "Pod", "name": "web-0"}},
+        {"involvedObject": {"kind": "Service"}},
+    ]
+    assert marks.event_names(events, "Service") == {"web"}
