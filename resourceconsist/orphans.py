@@ -41,6 +41,7 @@ from resourceconsist.adapter import (
     ReconcileContext,
 )
 from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
+from resourceconsist.events import MAX_MESSAGE
 from resourceconsist.kube import KubeObject
 from resourceconsist.marks import Hold
 from resourceconsist.options import GarbageOptions
@@ -322,13 +323,16 @@ class GarbageCollector:
         fresh = [(pod, hold) for pod, hold in holds if (f"{namespace}/{hold.pod}", key) not in self._told]
         for pod, hold in fresh:
             self._told.add((f"{namespace}/{hold.pod}", key))
-            await recorder.event(
-                {**pod, "apiVersion": "v1", "kind": "Pod"},
-                "Warning",
-                HELD_BY_GONE_REASON,
+            message = (
                 f"held by gone {marks.describe(hold, kind)}, which {controller.name} cannot collect: "
                 f"{why}. Once no load balancer routes to this pod any more, release it by hand: "
-                + marks.release_command(pod, hold),
+            )
+            command = marks.release_command(pod, hold)
+            if len(message) + len(command) > MAX_MESSAGE:
+                # A cut command would do harm; explain prints it whole.
+                command = f"the command `resourceconsist explain pod {namespace}/{hold.pod}` prints"
+            await recorder.event(
+                {**pod, "apiVersion": "v1", "kind": "Pod"}, "Warning", HELD_BY_GONE_REASON, message + command
             )
         if (namespace, key) in self._told or not fresh:
             return
@@ -346,7 +350,8 @@ class GarbageCollector:
             _namespace_object(namespace),
             "Warning",
             HELD_BY_GONE_REASON,
-            f"{len(pods)} pods held by gone {who}, which {controller.name} cannot collect: {why}. "
+            f"{len(pods)} pod{'' if len(pods) == 1 else 's'} held by gone {who}, which "
+            f"{controller.name} cannot collect: {why}. "
             f"Pods: {', '.join(pods)}. Each pod's own Warning Event (and `resourceconsist explain pod "
             f"{namespace}/<pod>`) gives the kubectl command that releases it by hand, once no load "
             "balancer routes to it any more.",

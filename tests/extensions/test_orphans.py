@@ -604,3 +604,29 @@ async def test_a_gone_employer_that_cannot_be_collected_keeps_no_pod_un_ready(
 
         await async_wait_for(gate_open, timeout=30, message="web-1's gate of gone web opened")
     assert FLZ in finalizers(await cluster.get(kube.POD, "web-0")), "the finalizers stay"
+
+
+async def test_a_release_command_too_long_for_an_event_is_left_to_explain(
+    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path, tutorial: dict[str, Any]
+) -> None:
+    adapter = tutorial["FileAdapter"](tutorial["BackendsDir"](tmp_path))
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    # web-0 also belongs to 30 employers of another kind: its annotation is long.
+    entries = lifecycle.expected_finalizers(await cluster.get(kube.POD, "web-0"))
+    entries |= {
+        f"Gateway/{cluster.namespace}/gw-{i}": lifecycle.lifecycle_finalizer(f"gw-{i}") for i in range(30)
+    }
+    value = lifecycle.render_available_conditions(entries)
+    await cluster.patch(
+        kube.POD, "web-0", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: value}}}
+    )
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        await _report(_controller(manager))
+        (message,) = [m for _, r, m in await cluster.events("web-0") if r == HELD_BY_GONE_REASON]
+    assert f"resourceconsist explain pod {cluster.namespace}/web-0" in message and len(message) <= 1024
+    (gone,) = (await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")).gone
+    ops = json.loads(shlex.split(gone.release_command)[-1])
+    await cluster.call(cluster.client.patch, kube.POD, cluster.namespace, "web-0", ops, patch_type="json")
+    pod = await cluster.get(kube.POD, "web-0")
+    assert FLZ not in finalizers(pod)
+    assert set(lifecycle.expected_finalizers(pod)) == {k for k in entries if k.startswith("Gateway/")}
