@@ -313,6 +313,10 @@ class DemoAdapter(ReconcileAdapter):
         (docs/lifecycle-hooks.md, "Orphans")."""
         return [OwnedItem(owner=key, id=f"vip {key}") for key in self.provider.employers()]
 
+    def lists_everything_owned(self) -> bool:
+        """``list_owned`` names every employer the provider holds anything for."""
+        return True
+
     def describe_provider(self, ctx: ReconcileContext, employer: KubeObject) -> ProviderView:
         """What the fake provider holds for the Service, for ``resourceconsist explain``: the VIP
         and each real server, serving when its traffic is on with a weight above 0."""

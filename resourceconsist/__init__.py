@@ -20,6 +20,7 @@ from resourceconsist.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import (
+        CompleteListingOptions,
         CUDResults,
         Employee,
         Employer,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 _HOMES: dict[str, str] = {
     **dict.fromkeys(
         (
+            "CompleteListingOptions",
             "CUDResults",
             "Employee",
             "Employer",
@@ -95,6 +97,7 @@ __all__ = [
     "ApiError",
     "CUDResults",
     "CacheReader",
+    "CompleteListingOptions",
     "Conflict",
     "Controller",
     "Employee",

@@ -397,9 +397,24 @@ class OrphanCollectOptions(Protocol):
     the frame collects those whose owner is gone. Default: nothing is ever collected.
 
     ``ctx`` is a context with no employer (``employer_key`` is empty). List only what this
-    adapter made (its naming convention, its tag): the frame deletes what is listed."""
+    adapter made (its naming convention, its tag): the frame deletes what is listed. Raise when
+    the listing fails: unknown releases nothing (docs/lifecycle-hooks.md, "Gone employers")."""
 
     def list_owned(self, ctx: ReconcileContext) -> MaybeAwaitable[list[OwnedItem]]: ...
+
+
+@runtime_checkable
+class CompleteListingOptions(Protocol):
+    """Whether ``OrphanCollectOptions.list_owned`` names **everything** the provider may route
+    for any employer of this adapter (account-wide, not only what live employers point at).
+
+    True: a gone employer whose pods still carry its marks and that the list does not name holds
+    nothing at the provider, so its pods are released once a pass over a bare stand-in of it
+    (no labels, no annotations) confirms that too. Default (absent, or False): the list may be
+    partial, and such pods wait for a person, who is told (docs/lifecycle-hooks.md, "Gone
+    employers")."""
+
+    def lists_everything_owned(self) -> bool: ...
 
 
 @runtime_checkable

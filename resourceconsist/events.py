@@ -21,7 +21,8 @@ from resourceconsist.kube import KubeClient, KubeObject
 
 log = logging.getLogger(__name__)
 
-_MAX_MESSAGE = 1024
+#: What one Event message holds; the rest is cut.
+MAX_MESSAGE = 1024
 _FOLD_WINDOW = 600.0
 _REMEMBERED = 4096
 
@@ -43,7 +44,7 @@ class EventRecorder:
     async def event(self, obj: KubeObject, type_: EventType, reason: str, message: str) -> None:
         """Record an Event about ``obj``; failures are logged, never raised."""
         try:
-            await asyncio.to_thread(self._record, obj, type_, reason, message[:_MAX_MESSAGE])
+            await asyncio.to_thread(self._record, obj, type_, reason, message[:MAX_MESSAGE])
         except Exception as err:
             # While the API server is unreachable, the client has said so once already.
             quiet = kube.is_unreachable(err) or self.client.reachability.down

@@ -18,10 +18,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic_core import to_jsonable_python
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import kube, lifecycle, marks, wire
 from resourceconsist.adapter import (
+    CompleteListingOptions,
     Employee,
     Employer,
+    OrphanCollectOptions,
+    OwnedItem,
     ProviderBackend,
     ProviderDescribeOptions,
     ProviderView,
@@ -34,6 +37,7 @@ from resourceconsist.diff import diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.labels import label_selector_selects, map_selects
+from resourceconsist.orphans import CANNOT_LIST, NAME_UNKNOWN, NOT_COMPLETE
 
 #: How many of an employer's latest Warning Events explain shows.
 RECENT_WARNINGS = 5
@@ -78,6 +82,26 @@ class FinalizerAnswer(BaseModel):
     pending: str = ""
 
 
+class GoneEmployerAnswer(BaseModel):
+    """An employer that no longer exists while its marks still hold the pod (docs/explain.md,
+    "Held by a gone employer")."""
+
+    #: ``Kind/namespace/name``; ``Kind/namespace/#<hash>`` when only its finalizers' hash is left.
+    employer: str
+    finalizers: list[str] = Field(default_factory=list)
+    #: The pod's ``expectedFinalizers`` entry that names it, if any.
+    entry: str | None = None
+    #: ``yes``: a consulted adapter lists what it holds, so its controller collects it;
+    #: ``no``: nothing is collected automatically; ``unknown``: no ``--adapter`` of its kind.
+    collectable: Literal["yes", "no", "unknown"] = "unknown"
+    #: Why, in words (what the provider still holds for it, when the adapter could list).
+    why: str = ""
+    #: What the operator must do.
+    action: str = ""
+    #: The ``kubectl patch`` that releases the pod by hand, for once no load balancer routes to it.
+    release_command: str = ""
+
+
 class PodExplanation(BaseModel):
     kind: Literal["Pod"] = "Pod"
     namespace: str
@@ -96,6 +120,8 @@ class PodExplanation(BaseModel):
     served_while_stopped: list[str] = Field(default_factory=list)
     #: Adapters whose provider was consulted.
     adapters: list[str] = Field(default_factory=list)
+    #: Employers that are gone while their marks still hold the pod.
+    gone: list[GoneEmployerAnswer] = Field(default_factory=list)
 
 
 class ItemChange(BaseModel):
@@ -231,6 +257,8 @@ class Explainer:
         self.client = client
         self.adapters = list(adapters)
         self.reader = SnapshotReader(client)
+        #: What each listing adapter's ``list_owned`` answered, asked once per explain.
+        self._owned: dict[str, list[OwnedItem]] = {}
 
     # -- shared pieces ----------------------------------------------------------------------------
 
@@ -380,7 +408,95 @@ class Explainer:
             answer.finalizers.append(item_f)
             if answer.containers_ready == "False" and any(b.serving for b in item_f.provider):
                 answer.served_while_stopped = sorted({*answer.served_while_stopped, *item_f.employers})
+        await self._explain_gone(namespace, pod, answer)
         return answer
+
+    # -- employers gone while their marks hold the pod ---------------------------------------------
+
+    async def _explain_gone(self, namespace: str, pod: KubeObject, answer: PodExplanation) -> None:
+        """Fill ``answer.gone``, and say of each of their finalizers that its employer is gone."""
+        for resource in self._employer_resources():
+            if not resource.namespaced:
+                continue
+            alive = {obj["metadata"]["name"] for obj in self.reader.list(resource, namespace)}
+            pods = self.reader.list(kube.POD, namespace)
+            known = alive | {n for other in pods for n in marks.entry_names(other, resource.kind)}
+            found = marks.holds(pod, resource.kind, known)
+            if any(not hold.employer for hold in found):
+                # Only a hash is left: the employer's Events may still name it (as the garbage
+                # pass looks it up).
+                known |= marks.event_names(self.reader.list(kube.EVENT, namespace), resource.kind)
+                found = marks.holds(pod, resource.kind, known)
+            for hold in found:
+                if hold.employer in alive:
+                    continue
+                answer.gone.append(await self._gone_answer(resource, pod, hold))
+        for gone in answer.gone:
+            then = {
+                "yes": "the controller's garbage pass releases it",
+                "no": "the controller cannot collect it: release it by hand (see gone)",
+            }.get(gone.collectable, "pass --adapter NAME to learn whether the controller can collect it")
+            for item in answer.finalizers:
+                if item.finalizer in gone.finalizers:
+                    item.pending = f"its employer {gone.employer} is gone; {then}"
+
+    async def _gone_answer(self, resource: Resource, pod: KubeObject, hold: marks.Hold) -> GoneEmployerAnswer:
+        """Whether the controller of ``resource`` can collect the gone employer of ``hold``, and
+        what the operator must do (resourceconsist/orphans.py decides the same way)."""
+        ref = _ref(resource, hold.namespace, hold.employer or f"#{hold.digest}")
+        command = marks.release_command(pod, hold)
+        by_hand = f"once no load balancer routes to the pod any more, release it by hand: {command}"
+        gone = GoneEmployerAnswer(
+            employer=ref, finalizers=list(hold.finalizers), entry=hold.entry, release_command=command
+        )
+        adapters = self._adapters_for(resource)
+        if not hold.employer:
+            gone.collectable, gone.why, gone.action = "no", NAME_UNKNOWN, by_hand
+            return gone
+        if not adapters:
+            gone.why = f"no --adapter NAME given for {resource.kind}: explain cannot tell"
+            gone.action = (
+                "run explain again with --adapter NAME; if that adapter cannot list what it holds, " + by_hand
+            )
+            return gone
+        listing = [a for a in adapters if isinstance(a, OrphanCollectOptions)]
+        if not listing:
+            gone.collectable, gone.why, gone.action = "no", CANNOT_LIST, by_hand
+            return gone
+        held: list[str] = []
+        for adapter in listing:
+            name = adapter.get_controller_name()
+            ctx = ReconcileContext(reader=self.reader, controller=name, employer_key="")
+            try:
+                if name not in self._owned:
+                    self._owned[name] = list(await call_adapter(adapter.list_owned, ctx))
+                owned = self._owned[name]
+            except Exception as err:
+                gone.collectable = "no"
+                gone.why = f"listing what the provider holds failed: {name}: {err}"
+                gone.action = (
+                    "the controller retries and releases nothing meanwhile: fix the provider access, or "
+                    + by_hand
+                )
+                return gone
+            held += [item.id for item in owned if item.owner == hold.key]
+        if not held and not any(
+            isinstance(a, CompleteListingOptions) and a.lists_everything_owned() for a in listing
+        ):
+            gone.collectable, gone.why, gone.action = "no", NOT_COMPLETE, by_hand
+            return gone
+        gone.collectable = "yes"
+        gone.why = (
+            f"the provider still holds {', '.join(held)} for it"
+            if held
+            else "the provider holds nothing for it"
+        )
+        gone.action = (
+            "the controller's garbage pass (at start-up and every 10 minutes) "
+            + ("deletes that, then releases the pod" if held else "releases the pod")
+            + "; is the controller running?"
+        )
+        return gone
 
     def _names(self) -> list[str]:
         return [a.get_controller_name() for a in self.adapters]
@@ -616,6 +732,19 @@ def pod_lines(answer: PodExplanation) -> list[str]:
         owners = ", ".join(f.employers) or "unknown employer"
         who = f"{f.role} finalizer of {owners}" if f.role != "other" else "not resourceconsist's"
         lines.append(f"  {f.finalizer} [{who}]: {f.pending}")
+    lines += _gone_lines(answer)
+    return lines
+
+
+def _gone_lines(answer: PodExplanation) -> list[str]:
+    """One paragraph per employer gone while its marks hold the pod."""
+    lines = []
+    for gone in answer.gone:
+        can = {"yes": "the controller collects it", "no": "the controller CANNOT collect it"}.get(
+            gone.collectable, "whether the controller can collect it is unknown"
+        )
+        lines.append(f"  held by gone {gone.employer}: {can} ({gone.why})")
+        lines.append(f"    to do: {gone.action}")
     return lines
 
 

@@ -119,6 +119,13 @@ class Manager:
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
+        # A gone employer found only from its pods' marks may be any of these controllers'
+        # (docs/lifecycle-hooks.md, "Gone employers").
+        controller.garbage.peers = lambda: [
+            n
+            for n, c in self.controllers.items()
+            if c is not controller and c.spec.employer == controller.spec.employer
+        ]
         self.controllers[name] = controller
         if self._started and self.leading:
             await controller.start()

@@ -109,6 +109,14 @@ class Metrics:
             ["controller"],
             registry=self.registry,
         )
+        #: Set by each garbage pass (docs/lifecycle-hooks.md, "Gone employers").
+        self.pods_held_by_gone_employers = Gauge(
+            "resourceconsist_pods_held_by_gone_employers",
+            "Pods still carrying the entry, guard or lifecycle finalizer of an employer that no "
+            "longer exists, as the controller's last garbage pass found them; should read 0.",
+            ["controller"],
+            registry=self.registry,
+        )
         #: Lifecycle notifications dropped because a controller's subscriber queue was full.
         self.subscriber_drops = Counter(
             "resourceconsist_subscriber_dropped_total",

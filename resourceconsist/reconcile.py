@@ -198,6 +198,11 @@ class Reconciler:
     def employees_are_pods(self) -> bool:
         return self.employee_resource == kube.POD
 
+    @property
+    def follows_lifecycle(self) -> bool:
+        """The employers' pods carry their marks: entries, guard and lifecycle finalizers."""
+        return self._follows_lifecycle()
+
     def _follows_lifecycle(self) -> bool:
         if not self.employees_are_pods:
             return False
@@ -791,9 +796,11 @@ class Reconciler:
             removed = {n for n in p.expected_removes if n in written.done and n not in written.deferred}
             kept = [n for n in p.expected_added_record if n not in removed]
             added = sorted(set(kept) | {n for n in p.expected_adds if n in written.done})
-            value = ",".join(added)
-            if value != ",".join(p.expected_added_record):
-                annotations[wire.EXPECTED_FINALIZER_ADDED_ANNOTATION] = value
+            # Compared as a set: the Go original writes the record unsorted, and a takeover
+            # rewrites nothing only to re-sort it (docs/concepts.md, "The finalizers and what
+            # they protect").
+            if set(added) != set(p.expected_added_record):
+                annotations[wire.EXPECTED_FINALIZER_ADDED_ANNOTATION] = ",".join(added)
         if p.deleting:
             p.expected_clean = all(
                 n in written.done and n not in written.deferred for n in p.expected_removes
@@ -803,7 +810,7 @@ class Reconciler:
             having = sorted(
                 n for n in {*recorded, *p.carriers, *written.finalizers} if self._carries_lifecycle(p, n)
             )
-            if set(having) != set(recorded):
+            if set(having) != set(recorded):  # a set, as above
                 annotations[wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION] = ",".join(having)
         if annotations and not p.stand_in:
             await self._patch_employer_annotations(p, annotations)

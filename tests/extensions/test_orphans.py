@@ -4,16 +4,26 @@ group in the SLB emulator; the next start reports it in dry-run and collects it 
 releasing the pods only once the group is gone. A re-created Service of the same name keeps its
 group; an owner whose pass is queued or running, or that a live GET finds, is left alone; the
 demo adapter's items are collected the same way (the tutorial's: tests/api/test_tutorial.py).
+
+Gone employers found from their pods' marks (docs/lifecycle-hooks.md, "Gone employers"): a
+Service force-deleted while the manager is down has, at the next start, its provider side
+collected and its pods released (deleting one completes) for the demo and tutorial adapters,
+even when the provider side went first; an adapter that cannot list, or whose listing fails,
+releases nothing and tells the operator (Warning Events on pod and Namespace with the kubectl
+command, the gauge, ``explain pod``); a re-created Service of the same name keeps its resources.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import kube, lifecycle, marks, wire
 from resourceconsist.adapters.alibabacloudslb import (
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
@@ -23,17 +33,26 @@ from resourceconsist.adapters.alibabacloudslb import (
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, VServerGroup
 from resourceconsist.controller import Controller
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
+from resourceconsist.explain import Explainer, pod_lines
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
 from resourceconsist.options import GarbageOptions
-from resourceconsist.orphans import COLLECTED_REASON, GarbageReport
-from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.orphans import (
+    CANNOT_LIST,
+    COLLECTED_REASON,
+    HELD_BY_GONE_REASON,
+    NAME_UNKNOWN,
+    NOT_COMPLETE,
+    GarbageReport,
+)
+from resourceconsist.testing import Cluster, async_wait_for, condition, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
 GROUP = "resourceconsist/{ns}/web"
 FLZ = lifecycle.lifecycle_finalizer("web")
 GUARD = lifecycle.guard_finalizer("web")
 START_ONLY = GarbageOptions(interval=None)
+OFF = GarbageOptions(enabled=False)
 
 
 @pytest.fixture
@@ -255,3 +274,359 @@ async def test_a_dry_run_never_calls_a_mutating_provider_api(
         report = await _report(_controller(manager))
     assert list(report.orphans) == [f"{cluster.namespace}/gone"]
     assert provider.mutating_calls() == before
+
+
+# -- employers gone while their marks remain (docs/lifecycle-hooks.md, "Gone employers") ------------
+
+
+def _held_gauge(manager: Manager, controller: str) -> float | None:
+    return manager.metrics.registry.get_sample_value(
+        "resourceconsist_pods_held_by_gone_employers", {"controller": controller}
+    )
+
+
+async def _web_deleted_while_down(cluster: Cluster, run_manager: Callable[..., Any], adapter: Any) -> None:
+    """Service web with ready pod web-0, served and holding web's lifecycle finalizer; then,
+    with the manager stopped, web deleted as an operator would: finalizers stripped."""
+    await cluster.service("web")
+    await cluster.pod("web-0", {"app": "web"})
+    await cluster.set_status("web-0", ready=True)
+    async with run_manager(adapter, garbage=OFF):
+
+        async def served() -> bool:
+            return FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+        await async_wait_for(served, timeout=30, message="web-0 served")
+    await _delete_stripped(cluster)
+
+
+async def _demo_web_deleted_while_down(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> tuple[FakeProvider, DemoAdapter, str]:
+    """``_web_deleted_while_down`` with the demo adapter: its provider, the adapter, web's key."""
+    provider = FakeProvider()
+    adapter = DemoAdapter(provider)
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    return provider, adapter, f"{cluster.namespace}/web"
+
+
+def _provider_side_gone(provider: FakeProvider, key: str) -> None:
+    """The provider side went too (by hand, or the provider's own clean-up): only marks remain."""
+    provider.vips.pop(key)
+    provider.real_servers.pop(key)
+
+
+async def _deleting_web_0(cluster: Cluster) -> None:
+    """Delete pod web-0: it stays, deleting, while web's finalizer holds it."""
+    await cluster.delete(kube.POD, "web-0")
+    pod = await cluster.get(kube.POD, "web-0")
+    assert pod is not None and lifecycle.is_deleting(pod) and FLZ in finalizers(pod)
+
+
+async def _web_0_gone(cluster: Cluster) -> None:
+    async def gone() -> bool:
+        return await cluster.get(kube.POD, "web-0") is None
+
+    await async_wait_for(gone, timeout=30, message="web-0's deletion completes")
+
+
+async def test_a_demo_service_force_deleted_while_down_is_collected_and_its_pod_released(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    await _deleting_web_0(cluster)
+    assert key in provider.vips and provider.query_rs(key), "the provider side outlives the Service"
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.collected == [key]
+        assert report.held == {key: ["web-0"]} and report.uncollectable == {}
+        await _web_0_gone(cluster)
+        assert _held_gauge(manager, adapter.name) == 0
+    assert key not in provider.vips and not provider.query_rs(key)
+
+
+async def test_a_gone_demo_service_the_provider_holds_nothing_for_has_its_pod_released(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    _provider_side_gone(provider, key)
+    await _deleting_web_0(cluster)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.orphans == {} and report.collected == [key]
+        await _web_0_gone(cluster)
+        events = await cluster.events(cluster.namespace)
+        assert any(r == COLLECTED_REASON and "released pods web-0" in m for _, r, m in events)
+
+
+async def test_the_tutorial_adapter_finds_its_own_after_a_force_delete(
+    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path, tutorial: dict[str, Any]
+) -> None:
+    backends = tutorial["BackendsDir"](tmp_path)
+    adapter = tutorial["CollectingFileAdapter"](backends)
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    await _deleting_web_0(cluster)
+    assert backends.read(cluster.namespace, "web") is not None
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.collected == [f"{cluster.namespace}/web"]
+        await _web_0_gone(cluster)
+    assert backends.read(cluster.namespace, "web") is None
+
+
+async def test_an_adapter_that_cannot_list_releases_nothing_and_tells_the_operator(
+    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path, tutorial: dict[str, Any]
+) -> None:
+    backends = tutorial["BackendsDir"](tmp_path)
+    adapter = tutorial["FileAdapter"](backends)  # no list_owned
+    name = adapter.get_controller_name()
+    key = f"{cluster.namespace}/web"
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        controller = _controller(manager)
+        report = await _report(controller)
+        assert report.held == {key: ["web-0"]}
+        assert report.uncollectable == {key: CANNOT_LIST}
+        assert report.collected == []
+        assert _held_gauge(manager, name) == 1
+        # Unknown never releases: the file still routes to web-0, and web-0 keeps its finalizer.
+        assert backends.read(cluster.namespace, "web")["pods"]["web-0"]["weight"] == 100
+        pod = await cluster.get(kube.POD, "web-0")
+        assert FLZ in finalizers(pod)
+        pod_events = [m for t, r, m in await cluster.events("web-0") if r == HELD_BY_GONE_REASON]
+        assert len(pod_events) == 1 and f"Service {key}" in pod_events[0]
+        assert CANNOT_LIST in pod_events[0] and "kubectl patch pod web-0" in pod_events[0]
+        ns_events = [
+            (t, m) for t, r, m in await cluster.events(cluster.namespace) if r == HELD_BY_GONE_REASON
+        ]
+        assert ns_events == [("Warning", ns_events[0][1])] and "web-0" in ns_events[0][1]
+        # A second pass tells nobody again (once per pod and employer per controller lifetime).
+        again = await controller.garbage.run_once()
+        assert again.uncollectable == {key: CANNOT_LIST}
+        assert len([r for _, r, _ in await cluster.events("web-0") if r == HELD_BY_GONE_REASON]) == 1
+
+    # explain pod says which employer is gone, that it cannot be collected, and what to do.
+    answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+    (gone,) = answer.gone
+    assert (gone.employer, gone.collectable, gone.why) == (f"Service/{key}", "no", CANNOT_LIST)
+    assert gone.release_command in gone.action and FLZ in gone.finalizers
+    text = "\n".join(pod_lines(answer))
+    assert f"held by gone Service/{key}: the controller CANNOT collect it" in text
+    assert "provider not consulted" not in text
+    unknown = (await Explainer(cluster.client).pod(cluster.namespace, "web-0")).gone
+    assert [g.collectable for g in unknown] == ["unknown"]
+
+    # The operator checked the provider and runs the command the Event gave: web-0 is released.
+    backends.remove(cluster.namespace, "web")
+    ops = json.loads(shlex.split(gone.release_command)[-1])
+    await cluster.call(cluster.client.patch, kube.POD, cluster.namespace, "web-0", ops, patch_type="json")
+    pod = await cluster.get(kube.POD, "web-0")
+    assert FLZ not in finalizers(pod) and GUARD not in finalizers(pod)
+    assert lifecycle.expected_finalizer_key("Service", cluster.namespace, "web") not in (
+        lifecycle.expected_finalizers(pod)
+    )
+    await cluster.delete(kube.POD, "web-0")
+    await _web_0_gone(cluster)
+
+
+async def test_a_failing_listing_releases_nothing(cluster: Cluster, run_manager: Callable[..., Any]) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    _provider_side_gone(provider, key)  # nothing held: yet a failed listing cannot know that
+    provider.fail_next("list_employers", times=1, message="403 Forbidden")
+    async with run_manager(adapter, garbage=OFF) as manager:
+        report = await _controller(manager).garbage.run_once()
+        assert report.list_error is not None and "403 Forbidden" in report.list_error
+        assert list(report.uncollectable) == [key] and report.collected == []
+        assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+        assert _held_gauge(manager, adapter.name) == 1
+        # Once the listing answers, the pass releases the pod.
+        report = await _controller(manager).garbage.run_once()
+        assert report.collected == [key]
+        assert _held_gauge(manager, adapter.name) == 0
+    assert FLZ not in finalizers(await cluster.get(kube.POD, "web-0"))
+
+
+async def test_a_recreated_service_of_the_same_name_keeps_its_resources(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    await cluster.service("web")
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {} and report.collected == [] and report.uncollectable == {}
+
+        async def adopted() -> bool:
+            return wire.CLEAN_FINALIZER in finalizers(await cluster.get(kube.SERVICE, "web"))
+
+        await async_wait_for(adopted, timeout=30, message="the new Service adopted")
+    assert key in provider.vips and "web-0" in provider.query_rs(key)
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+
+async def test_a_gone_employer_no_listed_item_ties_to_one_of_two_controllers_keeps_its_pods(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    _provider_side_gone(provider, key)
+    # Another controller of the manager employs Services too: web may have been its employer,
+    # and its provider may still route to web-0.
+    other = DemoAdapter(FakeProvider(), name="other-controller")
+    async with run_manager(adapter, other, garbage=START_ONLY) as manager:
+        for controller in manager.controllers.values():
+            report = await _report(controller)
+            assert report.collected == [] and list(report.uncollectable) == [key]
+            assert "of this manager employ Service too" in report.uncollectable[key]
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+
+
+async def test_a_bare_finalizer_is_tied_to_its_gone_employer_by_the_employer_s_events(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider, adapter, key = await _demo_web_deleted_while_down(cluster, run_manager)
+    # Only the finalizer is left on web-0: its hash is all that names web.
+    await cluster.patch(
+        kube.POD, "web-0", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
+    )
+    assert any(r == "EnsureEmployerCleanFinalizerSucceed" for _, r, _ in await cluster.events("web"))
+    answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+    assert [(g.employer, g.collectable) for g in answer.gone] == [(f"Service/{key}", "yes")]
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {key: ["web-0"]} and report.collected == [key]
+    assert FLZ not in finalizers(await cluster.get(kube.POD, "web-0"))
+    assert key not in provider.vips
+
+
+async def test_a_finalizer_of_an_unknown_gone_employer_is_reported_never_released(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    stray = lifecycle.lifecycle_finalizer("nobody-knows")
+    await cluster.pod("web-0", {"app": "web"})
+    await cluster.patch(kube.POD, "web-0", {"metadata": {"finalizers": [stray]}})
+    key = f"{cluster.namespace}/#{marks.name_digest('nobody-knows')}"
+    adapter = DemoAdapter(FakeProvider())
+    try:
+        async with run_manager(adapter, garbage=START_ONLY) as manager:
+            report = await _report(_controller(manager))
+            assert report.held == {key: ["web-0"]} and report.uncollectable == {key: NAME_UNKNOWN}
+            assert _held_gauge(manager, adapter.name) == 1
+            (message,) = [m for _, r, m in await cluster.events("web-0") if r == HELD_BY_GONE_REASON]
+            assert "an unknown Service" in message and "kubectl patch pod web-0" in message
+        assert finalizers(await cluster.get(kube.POD, "web-0")) == [stray]
+        answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+        assert [(g.collectable, g.why) for g in answer.gone] == [("no", NAME_UNKNOWN)]
+    finally:
+        await cluster.patch(kube.POD, "web-0", {"metadata": {"finalizers": None}})
+
+
+class PartialListingDemoAdapter(DemoAdapter):
+    """A demo adapter whose list, as far as the frame knows, may miss what the provider holds
+    (the SLB adapter's, when a load balancer is named by no live Service and not configured)."""
+
+    def lists_everything_owned(self) -> bool:
+        return False
+
+
+async def test_a_partial_listing_that_names_nothing_of_a_gone_employer_releases_nothing(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    adapter = PartialListingDemoAdapter(provider)
+    key = f"{cluster.namespace}/web"
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    # What the partial list misses: the provider still routes to web-0, under another name.
+    provider.real_servers["elsewhere/web"] = provider.real_servers.pop(key)
+    provider.vips.pop(key)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.collected == [] and report.uncollectable == {key: NOT_COMPLETE}
+        assert _held_gauge(manager, adapter.name) == 1
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0"))
+    answer = await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")
+    assert [(g.collectable, g.why) for g in answer.gone] == [("no", NOT_COMPLETE)]
+
+
+async def test_the_issue_s_slb_service_force_deleted_is_never_released_while_its_group_routes(
+    cluster: Cluster, run_manager: Callable[..., Any], slb: SLBEmulator, slb_client: SLBClient
+) -> None:
+    """A manage-mode Service whose load balancer no other Service names (nor the adapter's
+    configuration), force-deleted while the manager was down: either the adapter's list names its
+    group and the pass collects it before releasing web-0, or web-0 stays held and the operator is
+    told. Never released while the group still routes to it."""
+    lb = slb.add_load_balancer()
+    adapter = SLBAdapter(slb_client)
+    key = f"{cluster.namespace}/web"
+    group = await _served_web(cluster, run_manager, slb, adapter, lb)
+    await _delete_stripped(cluster)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {key: ["web-0"]}
+        assert (report.collected, list(report.uncollectable)) in (([key], []), ([], [key]))
+        if report.uncollectable:
+            assert any(r == HELD_BY_GONE_REASON for _, r, _ in await cluster.events("web-0"))
+            assert _held_gauge(manager, adapter.name) == 1
+    held = finalizers(await cluster.get(kube.POD, "web-0"))
+    routed = _group(slb, lb, group.name) is not None and bool(slb.backends(group.id))
+    assert not routed or FLZ in held or GUARD in held
+
+
+async def test_a_gone_employer_that_cannot_be_collected_keeps_no_pod_un_ready(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    provider = FakeProvider()
+    adapter = PartialListingDemoAdapter(provider)
+    key = f"{cluster.namespace}/web"
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    _provider_side_gone(provider, key)  # nothing listed: the partial list cannot vouch for web
+    # web-1 was created while web still existed: the webhook gave it web's gate and entry.
+    gate = lifecycle.readiness_gate("web")
+    entries = {lifecycle.expected_finalizer_key("Service", cluster.namespace, "web"): FLZ}
+    body = {
+        "metadata": {
+            "name": "web-1",
+            "labels": {"app": "web"},
+            "annotations": {
+                wire.AVAILABLE_CONDITIONS_ANNOTATION: lifecycle.render_available_conditions(entries)
+            },
+        },
+        "spec": {
+            "containers": [{"name": "app", "image": "nginx"}],
+            "readinessGates": [{"conditionType": gate}],
+        },
+    }
+    await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        report = await _report(_controller(manager))
+        assert report.held == {key: ["web-0", "web-1"]} and report.uncollectable == {key: NOT_COMPLETE}
+
+        async def gate_open() -> bool:
+            return condition(await cluster.get(kube.POD, "web-1"), gate) == "True"
+
+        await async_wait_for(gate_open, timeout=30, message="web-1's gate of gone web opened")
+    assert FLZ in finalizers(await cluster.get(kube.POD, "web-0")), "the finalizers stay"
+
+
+async def test_a_release_command_too_long_for_an_event_is_left_to_explain(
+    cluster: Cluster, run_manager: Callable[..., Any], tmp_path: Path, tutorial: dict[str, Any]
+) -> None:
+    adapter = tutorial["FileAdapter"](tutorial["BackendsDir"](tmp_path))
+    await _web_deleted_while_down(cluster, run_manager, adapter)
+    # web-0 also belongs to 30 employers of another kind: its annotation is long.
+    entries = lifecycle.expected_finalizers(await cluster.get(kube.POD, "web-0"))
+    entries |= {
+        f"Gateway/{cluster.namespace}/gw-{i}": lifecycle.lifecycle_finalizer(f"gw-{i}") for i in range(30)
+    }
+    value = lifecycle.render_available_conditions(entries)
+    await cluster.patch(
+        kube.POD, "web-0", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: value}}}
+    )
+    async with run_manager(adapter, garbage=START_ONLY) as manager:
+        await _report(_controller(manager))
+        (message,) = [m for _, r, m in await cluster.events("web-0") if r == HELD_BY_GONE_REASON]
+    assert f"resourceconsist explain pod {cluster.namespace}/web-0" in message and len(message) <= 1024
+    (gone,) = (await Explainer(cluster.client, [adapter]).pod(cluster.namespace, "web-0")).gone
+    ops = json.loads(shlex.split(gone.release_command)[-1])
+    await cluster.call(cluster.client.patch, kube.POD, cluster.namespace, "web-0", ops, patch_type="json")
+    pod = await cluster.get(kube.POD, "web-0")
+    assert FLZ not in finalizers(pod)
+    assert set(lifecycle.expected_finalizers(pod)) == {k for k in entries if k.startswith("Gateway/")}

@@ -252,3 +252,37 @@ async def test_record_mode_releases_a_pod_whose_server_vanished_before_unselecti
             )
 
         await async_wait_for(released, timeout=20, message="finalizer removed and record emptied")
+
+
+async def test_a_takeover_from_go_rewrites_no_unsorted_record(cluster: Cluster, run_manager: Any) -> None:
+    """The Go original writes the record annotations unsorted; read as sets, a record with the
+    right members is left alone (no write: the Service's resourceVersion stays)."""
+    provider = FakeProvider()
+    adapter = DemoAdapter(provider, record_lifecycle_finalizers=True)
+    await cluster.service("web")
+    for pod in ("web-0", "web-1"):
+        await cluster.pod(pod, {"app": "web"})
+        await cluster.set_status(pod, ready=True)
+    records = (wire.EXPECTED_FINALIZER_ADDED_ANNOTATION, wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION)
+    async with run_manager(adapter):
+
+        async def recorded() -> bool:
+            svc = await cluster.get(kube.SERVICE, "web")
+            return all(annotation(svc, a) == "web-0,web-1" for a in records)
+
+        await async_wait_for(recorded, timeout=20, message="both pods recorded")
+    # The Go controller ran meanwhile and wrote its records in its own order.
+    taken = await cluster.patch(
+        kube.SERVICE, "web", {"metadata": {"annotations": dict.fromkeys(records, "web-1,web-0")}}
+    )
+    async with run_manager(adapter) as manager:
+        (controller,) = manager.controllers.values()
+
+        async def passed() -> bool:
+            return controller.reconciles >= 1 and len(controller.queue) == 0 and not controller._in_flight
+
+        await async_wait_for(passed, timeout=20, message="a pass of web after the takeover")
+        svc = await cluster.get(kube.SERVICE, "web")
+    assert svc is not None
+    assert svc["metadata"]["resourceVersion"] == taken["metadata"]["resourceVersion"]
+    assert all(annotation(svc, a) == "web-1,web-0" for a in records)
