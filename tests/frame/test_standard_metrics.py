@@ -5,7 +5,7 @@ real API server, and the webhook admitting those pods when the real API server c
 Each series is there with controller-runtime's label names; every counter and histogram count
 grows during the reconcile (scraped before and after); every request the Kubernetes client sends,
 watches included, is in ``rest_client_requests_total``; and every metric the sample Grafana
-dashboard (config/grafana/resourceconsist-dashboard.json) queries was seen in that scrape.
+dashboard (docs/grafana/resourceconsist-dashboard.json) queries was seen in that scrape.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.webhook import BootstrapOptions, ControlledServiceAdapter, WebhookOptions, serve
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "config" / "grafana" / "resourceconsist-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "resourceconsist-dashboard.json"
 CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}
 
 #: Each standard series and controller-runtime's label names for it (``le`` of buckets aside).
