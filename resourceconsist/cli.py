@@ -88,9 +88,10 @@ class _LoggedGroup(click.Group):
     group_class = type  # its subgroups (``explain``) are logged groups too
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
-        cmd.params.extend(_log_flags())
-        if not isinstance(cmd, click.Group) and cmd.callback is not None:
-            cmd.callback = _logged(cmd.callback)
+        if not any(param.name == "log_level" for param in cmd.params):  # once, under any name
+            cmd.params.extend(_log_flags())
+            if not isinstance(cmd, click.Group) and cmd.callback is not None:
+                cmd.callback = _logged(cmd.callback)
         super().add_command(cmd, name)
 
 
