@@ -88,7 +88,11 @@ class Manager:
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
         self.leading = election is None
-        self.metrics.leader.set(1 if self.leading else 0)
+        #: client-go's ``leader_election_master_status{name}`` of the Lease, with leader election.
+        self._lease_status = (
+            self.metrics.standard.leader_status.labels(election.name) if election is not None else None
+        )
+        self._report_leading()
         self._servers: list[web.AppRunner] = []
         #: The port ``/healthz`` and ``/readyz`` are served on, once started (None: not served).
         self.health_port: int | None = None
@@ -187,6 +191,11 @@ class Manager:
             )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
 
+    def _report_leading(self) -> None:
+        self.metrics.leader.set(1 if self.leading else 0)
+        if self._lease_status is not None:
+            self._lease_status.set(1 if self.leading else 0)
+
     async def _serve_endpoints(self) -> None:
         """``/healthz`` and ``/readyz`` on the health probe address, ``/metrics`` on the metrics
         address: one server when both name the same port (or the deprecated ``health_address``)."""
@@ -230,12 +239,12 @@ class Manager:
 
     async def _start_controllers(self) -> None:
         self.leading = True
-        self.metrics.leader.set(1)
+        self._report_leading()
         await asyncio.gather(*(c.start() for c in self.controllers.values()))
 
     async def _stop_controllers(self) -> None:
         self.leading = self._elector is None
-        self.metrics.leader.set(1 if self.leading else 0)
+        self._report_leading()
         await asyncio.gather(*(c.stop(self._stop_timeout) for c in self.controllers.values()))
 
     async def stop(self, timeout: float | None = None) -> None:

@@ -368,6 +368,13 @@ class StandardSeries:
             ["webhook"],
             registry=registry,
         )
+        self.leader_status = Gauge(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, "
+            "1 indicates master. 'name' is the string used to identify the lease.",
+            ["name"],
+            registry=registry,
+        )
         # A registry of our own has none of the default collectors: process_* (memory, CPU, open
         # files) and python_* (garbage collector, version) are registered here.
         ProcessCollector(registry=registry)
