@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import os
 import signal
 import sys
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from resourceconsist.kube import KubeClient
     from resourceconsist.manager import Manager, Runnable
     from resourceconsist.registry import AdapterRegistry
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -523,10 +526,11 @@ def _serving_options(flags: Mapping[str, Any]) -> ManagerKeywords:
             "--health-address (deprecated) serves /healthz, /readyz and /metrics on one port; drop it, "
             "or drop --metrics-bind-address and --health-probe-bind-address"
         )
-    click.echo(
+    # A log line, not a bare print: with --log-format json it is JSON like every other line.
+    log.warning(
         "deprecated: --health-address; use --health-probe-bind-address and --metrics-bind-address "
-        f"(serving /healthz, /readyz and /metrics on {legacy[0]}:{legacy[1]} as before)",
-        err=True,
+        "(serving /healthz, /readyz and /metrics on %s:%d as before)",
+        *legacy,
     )
     return {"health_address": legacy}
 

@@ -61,6 +61,17 @@ def test_the_log_flags_work_before_and_after_the_subcommand(argv: tuple[str, ...
     assert "demo\t" in done.stdout
 
 
+def test_the_deprecated_health_address_says_so_in_one_log_line(tmp_path: Any) -> None:
+    missing = str(tmp_path / "kubeconfig")
+    done = _cli(
+        "run", "--adapter", "demo", "--health-address", ":0", "--log-format", "json", "--kubeconfig", missing
+    )
+    assert done.returncode == 2  # the missing kubeconfig, after the flags were read
+    (deprecation,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert deprecation["level"] == "warn"
+    assert deprecation["msg"].startswith("deprecated: --health-address; use --health-probe-bind-address")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -266,10 +266,11 @@ def test_the_standard_bind_flags_set_the_metrics_and_probe_addresses() -> None:
     assert cli._serving_options(webhook) == {"metrics_address": ("", 7070), "health_probe_address": None}
 
 
-def test_the_deprecated_health_address_serves_all_three_alone(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_deprecated_health_address_serves_all_three_alone(caplog: pytest.LogCaptureFixture) -> None:
     options = cli._manager_options(_flags(cli.run, "--health-address", "127.0.0.1:9090"))
     assert options == ManagerOptions(health_address=("127.0.0.1", 9090))
-    (line,) = capsys.readouterr().err.splitlines()
-    assert line.startswith("deprecated: --health-address; use --health-probe-bind-address")
+    (record,) = [r for r in caplog.records if r.name == "resourceconsist.cli"]
+    assert record.levelname == "WARNING"
+    assert record.getMessage().startswith("deprecated: --health-address; use --health-probe-bind-address")
     with pytest.raises(click.UsageError, match="drop it, or drop --metrics-bind-address"):
         cli._manager_options(_flags(cli.run, "--health-address", ":9090", "--metrics-bind-address", ":1"))
