@@ -92,7 +92,10 @@ def ours() -> Kind:
             str(kubeconfig),
             "--namespace",
             ns,
-            "--health-address",
+            # No metrics, probes on a free port: the :8080/:8081 defaults may be taken.
+            "--metrics-bind-address",
+            "0",
+            "--health-probe-bind-address",
             f"127.0.0.1:{free_port()}",
         ]
 

@@ -222,7 +222,10 @@ class Controllers:
             str(self.kubeconfig),
             "--namespace",
             NAMESPACE,
-            "--health-address",
+            # One port for /metrics and the probes (docs/observability.md).
+            "--metrics-bind-address",
+            f"127.0.0.1:{port}",
+            "--health-probe-bind-address",
             f"127.0.0.1:{port}",
             "--shutdown-timeout",
             str(SHUTDOWN_TIMEOUT),

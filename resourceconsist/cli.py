@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
+from resourceconsist import logs
 from resourceconsist.errors import InvalidOptions
-from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerKeywords, ManagerOptions
 from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
     from resourceconsist.kube import KubeClient
     from resourceconsist.manager import Manager, Runnable
     from resourceconsist.registry import AdapterRegistry
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -49,22 +53,66 @@ def _all_adapters() -> AdapterRegistry:
     return combined(builtin, experimental)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    # The official client logs every request body at DEBUG; keep it quiet.
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+#: Where the chosen ``--log-level`` and ``--log-format`` wait in the context until a command runs.
+_LOG_CHOICE = "resourceconsist.logging"
 
 
-@click.group()
-@click.option("--log-level", default="info", type=click.Choice(["debug", "info", "warning", "error"]))
-def main(log_level: str) -> None:
+def _remember_log_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # Given before and after the subcommand, the later (the subcommand's) wins: it is parsed last.
+    if value is not None and param.name is not None:
+        ctx.meta.setdefault(_LOG_CHOICE, {})[param.name] = value
+    return value
+
+
+def _log_flags() -> list[click.Parameter]:
+    """``--log-level`` and ``--log-format``, for the root and for every command."""
+    return [
+        click.Option(
+            ["--log-level"],
+            type=click.Choice(logs.LEVELS),
+            default=None,
+            expose_value=False,
+            callback=_remember_log_flag,
+            help="Least severe level logged (default: info).",
+        ),
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(logs.FORMATS),
+            default=None,
+            expose_value=False,
+            callback=_remember_log_flag,
+            help="text (the default), or json: one object a line with zap's keys (docs/observability.md).",
+        ),
+    ]
+
+
+class _LoggedGroup(click.Group):
+    """A group whose every command takes the log flags too (also after the subcommand's name:
+    ``resourceconsist run --log-level debug``) and sets logging up before it runs."""
+
+    group_class = type  # its subgroups (``explain``) are logged groups too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any(param.name == "log_level" for param in cmd.params):  # once, under any name
+            cmd.params.extend(_log_flags())
+            if not isinstance(cmd, click.Group) and cmd.callback is not None:
+                cmd.callback = _logged(cmd.callback)
+        super().add_command(cmd, name)
+
+
+def _logged(callback: F) -> F:
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        chosen = click.get_current_context().meta.get(_LOG_CHOICE, {})
+        logs.setup(chosen.get("log_level", "info"), chosen.get("log_format", "text"))
+        return callback(*args, **kwargs)
+
+    return cast(F, run)
+
+
+@click.group(cls=_LoggedGroup, params=_log_flags())
+def main() -> None:
     """Keep external resources consistent with Kubernetes employers and employees."""
-    _setup_logging(log_level)
 
 
 @main.command()
@@ -197,19 +245,26 @@ _DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
 class _HostPort(click.ParamType):  # type: ignore[type-arg]
-    """``host:port`` (``[v6]:port`` too; an empty host means every interface)."""
+    """``host:port``, ``[v6]:port`` or ``:port`` (an empty host: every interface, IPv4 and IPv6);
+    with ``off``, ``0`` too, which turns the endpoint off (None)."""
 
     name = "HOST:PORT"
 
+    def __init__(self, off: bool = False) -> None:
+        self.off = off
+
     def convert(
         self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> tuple[str, int]:
+    ) -> tuple[str, int] | None:
         if isinstance(value, tuple):
             return value
+        if self.off and str(value) == "0":
+            return None
         host, sep, port = str(value).rpartition(":")
         if not sep or not port.isdigit() or int(port) > 65535:
-            self.fail(f"{value!r} is not HOST:PORT; give e.g. 0.0.0.0:8081 or 127.0.0.1:8081", param, ctx)
-        return host.strip("[]") or "0.0.0.0", int(port)
+            off = "; 0 turns it off" if self.off else ""
+            self.fail(f"{value!r} is not HOST:PORT; give e.g. :8081 or 127.0.0.1:8081{off}", param, ctx)
+        return host.strip("[]"), int(port)
 
 
 def _default(options: type[Any], name: str) -> Any:
@@ -425,22 +480,66 @@ _leader_election_flags = _flag_group(
 )
 
 
-#: The CLI serves health and metrics by default (the manifests probe it); a ``Manager`` built in
-#: Python does not (``ManagerOptions.health_address`` is None).
-_HEALTH_ADDRESS = "0.0.0.0:8081"
+#: The CLI serves metrics and health probes by default (the manifests scrape and probe them),
+#: where controller-runtime does; a ``Manager`` built in Python does not.
+_METRICS_ADDRESS, _PROBE_ADDRESS = ":8080", ":8081"
+
+#: Where ``run`` and ``webhook`` serve ``/metrics``, ``/healthz`` and ``/readyz``
+#: (controller-runtime's flags; docs/observability.md).
+_serving_flags = _flag_group(
+    _field_flag(
+        "--metrics-bind-address",
+        ManagerOptions,
+        "metrics_address",
+        "host:port or :port of /metrics; 0: off.",
+        default=_METRICS_ADDRESS,
+        type=_HostPort(off=True),
+    ),
+    _field_flag(
+        "--health-probe-bind-address",
+        ManagerOptions,
+        "health_probe_address",
+        "host:port or :port of /healthz and /readyz; 0: off.",
+        default=_PROBE_ADDRESS,
+        type=_HostPort(off=True),
+    ),
+    _field_flag(
+        "--health-address",
+        ManagerOptions,
+        "health_address",
+        "Deprecated: host:port of /healthz, /readyz and /metrics on one port; use the two above.",
+        type=_HostPort(),
+    ),
+)
+
+
+def _serving_options(flags: Mapping[str, Any]) -> ManagerKeywords:
+    """The address fields of ``ManagerOptions`` the parsed ``_serving_flags`` say."""
+    legacy = flags["health_address"]
+    metrics, probes = flags["metrics_bind_address"], flags["health_probe_bind_address"]
+    if legacy is None:
+        return {"metrics_address": metrics, "health_probe_address": probes}
+    defaults = (
+        _HostPort().convert(_METRICS_ADDRESS, None, None),
+        _HostPort().convert(_PROBE_ADDRESS, None, None),
+    )
+    if (metrics, probes) != defaults:
+        raise click.UsageError(
+            "--health-address (deprecated) serves /healthz, /readyz and /metrics on one port; drop it, "
+            "or drop --metrics-bind-address and --health-probe-bind-address"
+        )
+    # A log line, not a bare print: with --log-format json it is JSON like every other line.
+    log.warning(
+        "deprecated: --health-address; use --health-probe-bind-address and --metrics-bind-address "
+        "(serving /healthz, /readyz and /metrics on %s:%d as before)",
+        *legacy,
+    )
+    return {"health_address": legacy}
 
 
 #: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
 _manager_flags = _flag_group(
     _field_flag("--namespace", ManagerOptions, "namespace", "Watch only this namespace (default: all)."),
-    _field_flag(
-        "--health-address",
-        ManagerOptions,
-        "health_address",
-        "host:port of /healthz /readyz /metrics.",
-        default=_HEALTH_ADDRESS,
-        type=_HostPort(),
-    ),
     _field_flag(
         "--resync-seconds",
         ManagerOptions,
@@ -482,11 +581,14 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 renew_deadline=flags["renew_deadline"],
                 retry_period=flags["retry_period"],
             )
+    serving = _serving_options(flags)
     with _flags(ManagerOptions, GarbageOptions):
         return ManagerOptions(
             namespace=flags["namespace"],
             resync_period=flags["resync_seconds"] or None,
-            health_address=flags["health_address"],
+            metrics_address=serving.get("metrics_address"),
+            health_probe_address=serving.get("health_probe_address"),
+            health_address=serving.get("health_address"),
             shutdown_timeout=flags["shutdown_timeout"],
             leader_election=election,
             garbage=GarbageOptions(
@@ -547,6 +649,7 @@ def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> 
     "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
 )
 @_manager_flags
+@_serving_flags
 @_leader_election_flags
 @_webhook_flags
 @_slb_flags
@@ -568,6 +671,7 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_serving_flags
 @_webhook_flags
 def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
@@ -578,9 +682,12 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     import asyncio
 
     options = _webhook_options(flags)
+    with _flags(ManagerOptions):
+        manager_options = ManagerOptions(**_serving_options(flags))
     webhooks = _build(_all_adapters().webhook, adapter_names)
-    # The webhook rides on a manager without controllers: its informers, its graceful stop.
-    asyncio.run(_run(kubeconfig, [], webhooks, ManagerOptions(), options))
+    # The webhook rides on a manager without controllers: its informers, metrics, probes and
+    # graceful stop.
+    asyncio.run(_run(kubeconfig, [], webhooks, manager_options, options))
 
 
 @main.command()
@@ -692,7 +799,11 @@ def _webhook_runnable(
     server: list[WebhookServer] = []
 
     async def start() -> None:
-        server.append(await serve(webhooks, options, client=manager.client, informers=manager.informers))
+        server.append(
+            await serve(
+                webhooks, options, client=manager.client, informers=manager.informers, metrics=manager.metrics
+            )
+        )
 
     async def stop() -> None:
         if server:

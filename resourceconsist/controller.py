@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resourceconsist import errors, handler, kube, wire
+from resourceconsist import errors, handler, kube, logs, wire
 from resourceconsist.adapter import (
     EventHandler,
     MultiClusterOptions,
@@ -97,7 +97,9 @@ class Controller:
             max_concurrent, limiter = adapter.get_max_concurrent(), adapter.get_rate_limiter()
         self.max_concurrent = max(1, max_concurrent)
         self.rate_limiter: RateLimiter = limiter
-        self.queue = WorkQueue(limiter, name=self.name)
+        #: controller-runtime's series of this controller and its queue (docs/observability.md).
+        self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
+        self.queue = WorkQueue(limiter, name=self.name, metrics=self.series.queue)
         self.reader: CacheReader = informers.reader()
         self.member_clusters = member_clusters if member_clusters is not None else {}
         self._clusters: dict[str, tuple[KubeClient, CacheReader]] = {
@@ -310,7 +312,7 @@ class Controller:
     async def start(self) -> None:
         """Subscribe to the caches and start the workers (again, after a ``stop``)."""
         if self.queue.shutting_down:
-            self.queue = WorkQueue(self.rate_limiter, name=self.name)
+            self.queue = WorkQueue(self.rate_limiter, name=self.name, metrics=self.series.queue)
         self._subscribe(
             self.informers, self.spec.employer, self.spec.employer_predicate, self.spec.employer_handler
         )
@@ -388,7 +390,9 @@ class Controller:
             if key is None:
                 return
             try:
-                await self._process(key)
+                # Every line logged for this pass carries the controller and the employer.
+                with logs.employer_fields(self.name, key):
+                    await self._process(key)
             finally:
                 self.queue.done(key)
 
@@ -398,6 +402,7 @@ class Controller:
         # One cancellation per pass, current for everything the pass runs (adapter threads too).
         cancellation = Cancellation()
         self._in_flight.add(cancellation)
+        self.series.active.inc()
         try:
             with running_pass(cancellation), self.metrics.bound(self.name):
                 result = await self.reconciler.reconcile(key)
@@ -442,5 +447,8 @@ class Controller:
         finally:
             self._in_flight.discard(cancellation)
             self.reconciles += 1
-            self.metrics.observe_reconcile(self.name, outcome, time.monotonic() - started)
+            seconds = time.monotonic() - started
+            self.series.active.dec()
+            self.series.reconciled(outcome, seconds)
+            self.metrics.observe_reconcile(self.name, outcome, seconds)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))

@@ -4,7 +4,9 @@ It rides on the official client's ``ApiClient`` for configuration, authenticatio
 (kubeconfig, in-cluster, exec plugins), and speaks plain JSON so any kind works the same,
 CRDs included, without the official models' deserialization cost. Blocking calls run in worker
 threads; the ``a*`` methods are their awaitable twins for the event loop. Every request is
-counted per verb so tests and metrics can prove steady state makes no writes.
+counted per verb so tests and metrics can prove steady state makes no writes, and handed with its
+answer code and duration to the observers (``observe_requests``: the manager's ``rest_client_*``
+series, docs/observability.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -25,6 +28,8 @@ from resourceconsist.errors import ResourceConsistError
 log = logging.getLogger(__name__)
 
 KubeObject = dict[str, Any]
+#: Told of every request: its HTTP method, the answer's status (0: no answer), its seconds.
+RequestObserver = Callable[[str, int, float], None]
 PatchType = Literal["merge", "json", "strategic"]
 
 _PATCH_CONTENT_TYPES: dict[str, str] = {
@@ -250,6 +255,7 @@ class KubeClient:
         self._counter_lock = threading.Lock()
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
         self.reachability = Reachability(name or "API server")
+        self._observers: tuple[RequestObserver, ...] = ()
         logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)  # once: filters are a set
 
     # -- construction ------------------------------------------------------------------
@@ -293,6 +299,27 @@ class KubeClient:
     def close(self) -> None:
         self.api_client.close()
 
+    @property
+    def host(self) -> str:
+        """``host:port`` of the API server (client-go's ``host`` label of its request metrics)."""
+        configuration = getattr(self.api_client, "configuration", None)
+        return urllib.parse.urlsplit(str(getattr(configuration, "host", "") or "")).netloc
+
+    def observe_requests(self, observer: RequestObserver) -> Callable[[], None]:
+        """Tell ``observer`` of every request from now on (watches when their answer starts);
+        returns what stops it."""
+        self._observers = (*self._observers, observer)
+
+        def stop() -> None:
+            self._observers = tuple(o for o in self._observers if o is not observer)
+
+        return stop
+
+    def _observed(self, method: str, status: int, started: float) -> None:
+        seconds = time.monotonic() - started
+        for observer in self._observers:
+            observer(method, status, seconds)
+
     # -- the one request primitive --------------------------------------------------------
 
     def _send(
@@ -317,14 +344,18 @@ class KubeClient:
         _, url, headers, body_out, _ = self.api_client.param_serialize(
             method, path, query_params=params, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
+        started = time.monotonic()
         try:
             response = self.api_client.call_api(method, url, headers, body_out, _request_timeout=timeout)
         except ApiException as err:
+            self._observed(method, err.status or 0, started)
             raise _api_error(err.status or 0, err.reason or "", err.body, method, path) from None
         except Exception as err:
+            self._observed(method, 0, started)
             if is_unreachable(err):
                 self.reachability.failed(err)
             raise
+        self._observed(method, response.status, started)
         self.reachability.answered()
         if response.status >= 400:
             raise _api_error(response.status, response.reason, response.read(), method, path)

@@ -88,9 +88,16 @@ class Manager:
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
         self.leading = election is None
-        self.metrics.leader.set(1 if self.leading else 0)
-        self._health: web.AppRunner | None = None
+        #: client-go's ``leader_election_master_status{name}`` of the Lease, with leader election.
+        self._lease_status = (
+            self.metrics.standard.leader_status.labels(election.name) if election is not None else None
+        )
+        self._report_leading()
+        self._servers: list[web.AppRunner] = []
+        #: The port ``/healthz`` and ``/readyz`` are served on, once started (None: not served).
         self.health_port: int | None = None
+        #: The port ``/metrics`` is served on, once started (None: not served).
+        self.metrics_port: int | None = None
 
     @property
     def started(self) -> bool:
@@ -174,15 +181,7 @@ class Manager:
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
         self.informers.start(loop)
         self.clusters.bind(loop)
-        address = self.options.health_address
-        if address is not None:
-            from aiohttp import web
-
-            self._health = web.AppRunner(health_app(self.metrics, self.ready), access_log=None)
-            await self._health.setup()
-            site = web.TCPSite(self._health, *address)
-            await site.start()
-            self.health_port = _bound_port(self._health, address[1])
+        await self._serve_endpoints()
         for runnable in self.runnables:
             await runnable.start()
         self._started = True
@@ -199,14 +198,60 @@ class Manager:
             )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
 
+    def _report_leading(self) -> None:
+        self.metrics.leader.set(1 if self.leading else 0)
+        if self._lease_status is not None:
+            self._lease_status.set(1 if self.leading else 0)
+
+    async def _serve_endpoints(self) -> None:
+        """``/healthz`` and ``/readyz`` on the health probe address, ``/metrics`` on the metrics
+        address: one server when both name the same port (or the deprecated ``health_address``)."""
+        options = self.options
+        endpoints: list[tuple[tuple[str, int], bool, bool]] = []  # (address, probes, metrics)
+        if options.health_address is not None:
+            endpoints.append((options.health_address, True, True))
+        elif options.metrics_address is not None and _one_port(
+            options.metrics_address, options.health_probe_address
+        ):
+            endpoints.append((options.metrics_address, True, True))
+        else:
+            if options.health_probe_address is not None:
+                endpoints.append((options.health_probe_address, True, False))
+            if options.metrics_address is not None:
+                endpoints.append((options.metrics_address, False, True))
+        if not endpoints:
+            return
+        from aiohttp import web
+
+        try:
+            for address, probes, exposition in endpoints:
+                runner = web.AppRunner(
+                    health_app(self.metrics, self.ready, probes=probes, exposition=exposition),
+                    access_log=None,
+                )
+                await runner.setup()
+                self._servers.append(runner)
+                await web.TCPSite(runner, *address).start()
+                port = _bound_port(runner, address[1])
+                if probes:
+                    self.health_port = port
+                if exposition:
+                    self.metrics_port = port
+        except BaseException:
+            # A port in use: nothing stays bound for a start that failed.
+            for server in self._servers:
+                await server.cleanup()
+            self._servers.clear()
+            raise
+
     async def _start_controllers(self) -> None:
         self.leading = True
-        self.metrics.leader.set(1)
+        self._report_leading()
         await asyncio.gather(*(c.start() for c in self.controllers.values()))
 
     async def _stop_controllers(self) -> None:
         self.leading = self._elector is None
-        self.metrics.leader.set(1 if self.leading else 0)
+        self._report_leading()
         await asyncio.gather(*(c.stop(self._stop_timeout) for c in self.controllers.values()))
 
     async def stop(self, timeout: float | None = None) -> None:
@@ -224,9 +269,9 @@ class Manager:
                 await runnable.stop()
             except Exception:
                 log.exception("stopping %s failed", runnable.name)
-        if self._health is not None:
-            await self._health.cleanup()
-            self._health = None
+        for server in self._servers:
+            await server.cleanup()
+        self._servers.clear()
         self.clusters.stop_all()
         await asyncio.to_thread(self.informers.stop)
         self._started = False
@@ -244,6 +289,11 @@ class Manager:
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
     """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
     return await manager.add(adapter)
+
+
+def _one_port(metrics: tuple[str, int], probes: tuple[str, int] | None) -> bool:
+    """Metrics and probes name the same port (port 0 asks each server for a free one of its own)."""
+    return metrics == probes and metrics[1] != 0
 
 
 def _bound_port(runner: web.AppRunner, fallback: int) -> int:

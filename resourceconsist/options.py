@@ -96,8 +96,17 @@ class ManagerOptions:
     namespace: str | None = None
     #: Seconds between full resyncs of every informer cache; None: never (events only).
     resync_period: float | None = None
-    #: ``(host, port)`` of ``/healthz``, ``/readyz`` and ``/metrics`` (port 0: any free port);
-    #: None: not served. ``resourceconsist run`` serves them on ``0.0.0.0:8081``.
+    #: ``(host, port)`` of ``/metrics`` (controller-runtime's ``Metrics.BindAddress``; an empty
+    #: host: every interface; port 0: any free port); None: not served. ``resourceconsist run``
+    #: and ``webhook`` serve it on ``:8080`` (``--metrics-bind-address``; ``0`` turns it off).
+    metrics_address: tuple[str, int] | None = None
+    #: ``(host, port)`` of ``/healthz`` and ``/readyz`` (controller-runtime's
+    #: ``HealthProbeBindAddress``); None: not served. The CLI serves them on ``:8081``
+    #: (``--health-probe-bind-address``). The same address and port as ``metrics_address``: one server.
+    health_probe_address: tuple[str, int] | None = None
+    #: Deprecated (``--health-address``): ``(host, port)`` of ``/healthz``, ``/readyz`` and
+    #: ``/metrics`` together, as before ``metrics_address`` and ``health_probe_address``; it
+    #: excludes them.
     health_address: tuple[str, int] | None = None
     #: Seconds in-flight reconciles get to finish when the manager stops.
     shutdown_timeout: float = 30.0
@@ -109,12 +118,21 @@ class ManagerOptions:
     def __post_init__(self) -> None:
         check_seconds("resync_period", self.resync_period)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
-        if self.health_address is not None:
-            host, port = self.health_address
-            if not 0 <= port <= 65535:
+        for name in ("metrics_address", "health_probe_address", "health_address"):
+            address = getattr(self, name)
+            if address is not None and not 0 <= address[1] <= 65535:
                 raise InvalidOptions(
-                    f"health address {host}:{port} has no valid port (0 to 65535)", "health_address"
+                    f"{name.replace('_', ' ')} {address[0]}:{address[1]} has no valid port (0 to 65535)",
+                    name,
                 )
+        beside = [n for n in ("metrics_address", "health_probe_address") if getattr(self, n) is not None]
+        if self.health_address is not None and beside:
+            raise InvalidOptions(
+                "health address (deprecated) serves /healthz, /readyz and /metrics together; give it "
+                "alone, or the metrics and health probe addresses without it",
+                "health_address",
+                *beside,
+            )
 
 
 class ManagerKeywords(TypedDict, total=False):
@@ -122,6 +140,8 @@ class ManagerKeywords(TypedDict, total=False):
 
     namespace: str | None
     resync_period: float | None
+    metrics_address: tuple[str, int] | None
+    health_probe_address: tuple[str, int] | None
     health_address: tuple[str, int] | None
     shutdown_timeout: float
     leader_election: LeaderElectionOptions | None

@@ -945,7 +945,11 @@ class Reconciler:
                 except Exception as err:
                     failures[name] = err
                     return
-            log.info("%s: pod %s: readiness gate %s %s (%s)", self.name, name, gate, want.status, want.reason)
+            log.info(
+                "%s: pod %s: readiness gate %s %s (%s)",
+                *(self.name, name, gate, want.status, want.reason),
+                extra={"pod": name},
+            )
             if want.reason is wire.GateReason.TIMEOUT:
                 await self.recorder.event(
                     {**pod, "apiVersion": "v1", "kind": "Pod"}, "Warning", want.reason, want.message

@@ -11,6 +11,10 @@ Semantics (client-go's ``workqueue.RateLimitingInterface``):
 
 All methods run on the event loop's thread (not thread-safe by design: informer threads
 hand their events to the loop first).
+
+Given ``QueueMetrics`` (the controller's ``metrics.QueueSeries``), a queue reports client-go's
+workqueue series: adds, delayed adds (retries), how long a key waited and how long its work took;
+its depth and the work in progress are read from it when scraped (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import Protocol
 
 # The protocol is part of the adapter API (an adapter may bring its own limiter).
 from resourceconsist.adapter import RateLimiter
@@ -96,10 +101,31 @@ def default_controller_rate_limiter() -> RateLimiter:
     return MaxOfRateLimiter(ItemExponentialFailureRateLimiter(0.005, 1000.0), BucketRateLimiter(10.0, 100))
 
 
+class QueueMetrics(Protocol):
+    """Where a ``WorkQueue`` reports what client-go's workqueue metrics count."""
+
+    def track(self, queue: WorkQueue) -> None:
+        """``queue`` is the one whose depth and unfinished work are scraped from now on."""
+
+    def added(self) -> None:
+        """A key was queued (not one already waiting)."""
+
+    def retried(self) -> None:
+        """A key is to be added after a delay (a rate-limited retry, a requeue-after)."""
+
+    def waited(self, seconds: float) -> None:
+        """A key was handed to a worker ``seconds`` after it was added."""
+
+    def worked(self, seconds: float) -> None:
+        """A worker finished a key after ``seconds``."""
+
+
 class WorkQueue:
     """A rate-limited, coalescing, delaying queue of string keys."""
 
-    def __init__(self, rate_limiter: RateLimiter | None = None, name: str = "") -> None:
+    def __init__(
+        self, rate_limiter: RateLimiter | None = None, name: str = "", metrics: QueueMetrics | None = None
+    ) -> None:
         self.name = name
         self.rate_limiter = rate_limiter or default_controller_rate_limiter()
         self._queue: OrderedDict[str, None] = OrderedDict()
@@ -110,6 +136,12 @@ class WorkQueue:
         self._has_items = asyncio.Event()
         self._shutting_down = False
         self.adds = 0
+        self._metrics = metrics
+        #: When each queued key was added, and each key being processed was handed out (metrics).
+        self._added_at: dict[str, float] = {}
+        self._started_at: dict[str, float] = {}
+        if metrics is not None:
+            metrics.track(self)
 
     def __len__(self) -> int:
         return len(self._queue)
@@ -140,6 +172,9 @@ class WorkQueue:
             return
         self.adds += 1
         self._dirty.add(key)
+        if self._metrics is not None:
+            self._metrics.added()
+            self._added_at.setdefault(key, time.monotonic())
         if key in self._processing:
             return
         self._queue[key] = None
@@ -149,6 +184,8 @@ class WorkQueue:
         """Add ``key`` after ``delay`` seconds; an earlier pending add-after wins."""
         if self._shutting_down:
             return
+        if self._metrics is not None:
+            self._metrics.retried()
         if delay <= 0:
             self.add(key)
             return
@@ -192,14 +229,29 @@ class WorkQueue:
         key, _ = self._queue.popitem(last=False)
         self._processing.add(key)
         self._dirty.discard(key)
+        if self._metrics is not None:
+            now = time.monotonic()
+            added = self._added_at.pop(key, None)
+            if added is not None:
+                self._metrics.waited(now - added)
+            self._started_at[key] = now
         return key
 
     def done(self, key: str) -> None:
         """A worker finished ``key``; if it was added meanwhile, queue it again."""
         self._processing.discard(key)
+        started = self._started_at.pop(key, None)
+        if started is not None and self._metrics is not None:
+            self._metrics.worked(time.monotonic() - started)
         if key in self._dirty and not self._shutting_down:
             self._queue[key] = None
             self._notify()
+
+    def unfinished_work(self) -> tuple[float, float]:
+        """Seconds of work in progress, summed over the keys being processed, and the longest."""
+        now = time.monotonic()
+        ages = [now - started for started in tuple(self._started_at.values())]
+        return sum(ages), max(ages, default=0.0)
 
     async def shutdown(self) -> None:
         self._shutting_down = True

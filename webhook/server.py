@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -79,6 +79,9 @@ from resourceconsist.webhook.bootstrap import (
 from resourceconsist.webhook.listener import ConnectionStats, Listener, listening_sockets
 from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.tls import CertificateReloader
+
+if TYPE_CHECKING:
+    from resourceconsist.metrics import Metrics
 
 log = logging.getLogger("resourceconsist.webhook")
 
@@ -152,9 +155,12 @@ class WebhookServer:
         informers: InformerFactory,
         own_informers: bool = False,
         observer: Observer | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         #: The settings this server runs with.
         self.options = options if options is not None else WebhookOptions()
+        #: Where the adapters' paths report controller-runtime's webhook series (the manager's).
+        self.metrics = metrics
         self._informers = informers
         self._reader: CacheReader = informers.reader()
         self._own_informers = own_informers
@@ -226,7 +232,8 @@ class WebhookServer:
         return self._listener.stats
 
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=[self._track_phase])
+        middlewares = [self._track_phase] if self.metrics is None else [self._track_phase, self._measure]
+        app = web.Application(client_max_size=self.options.max_body_bytes, middlewares=middlewares)
         app.router.add_post(PATH_PREFIX + "{name}", self._admit)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
@@ -245,6 +252,24 @@ class WebhookServer:
         finally:
             if guard is not None:
                 guard.request_finished()
+
+    @web.middleware
+    async def _measure(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        # controller-runtime's webhook series, for the adapters' paths only: a stray path must
+        # not make a series of its own (docs/observability.md).
+        if self.metrics is None or request.match_info.get("name") not in self._adapters:
+            return await handler(request)
+        series = self.metrics.standard.webhook(request.path)
+        series.in_flight.inc()
+        started = time.monotonic()
+        status: int = HTTPStatus.INTERNAL_SERVER_ERROR
+        try:
+            response = await handler(request)
+            status = response.status
+            return response
+        finally:
+            series.in_flight.dec()
+            series.answered(status, time.monotonic() - started)
 
     async def start(self) -> None:
         """Bootstrap certificates (if configured), load the certificate, start listening."""
@@ -609,6 +634,7 @@ async def serve(
     client: KubeClient,
     informers: InformerFactory | None = None,
     observer: Observer | None = None,
+    metrics: Metrics | None = None,
 ) -> WebhookServer:
     """Start the webhook on the running event loop as ``options`` say (default
     ``WebhookOptions()``) and return the started server; ``await server.stop()`` shuts it down.
@@ -617,7 +643,8 @@ async def serve(
     ``resourceconsist-webhook-certs``, caBundles, files in ``cert_dir``) and re-checked
     periodically; without it ``cert_dir`` must already hold ``tls.crt`` and ``tls.key`` (e.g.
     from cert-manager). Either way the files are reloaded when they change. Pass the manager's
-    ``informers`` to share its caches; otherwise the server runs its own on ``client``.
+    ``informers`` to share its caches; otherwise the server runs its own on ``client``, and its
+    ``metrics`` to have the adapters' paths counted there (docs/observability.md).
     """
     server = WebhookServer(
         adapters,
@@ -625,6 +652,7 @@ async def serve(
         informers=informers if informers is not None else InformerFactory(client),
         own_informers=informers is None,
         observer=observer,
+        metrics=metrics,
     )
     await server.start()
     return server

@@ -42,6 +42,12 @@ BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
     (ManagerOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
     (ManagerOptions, {"resync_period": 0}, "resync period must be more than 0 seconds (got 0)"),
     (ManagerOptions, {"health_address": ("127.0.0.1", 70000)}, "has no valid port (0 to 65535)"),
+    (ManagerOptions, {"metrics_address": ("", -1)}, "metrics address :-1 has no valid port"),
+    (
+        ManagerOptions,
+        {"health_address": ("", 8081), "metrics_address": ("", 8080)},
+        "health address (deprecated) serves /healthz, /readyz and /metrics together",
+    ),
     (GarbageOptions, {"interval": -5}, "interval must be more than 0 seconds (got -5)"),
     (GarbageOptions, {"retry": 0}, "retry must be more than 0 seconds (got 0)"),
     (WebhookOptions, {"port": -1}, "port must be 0 to 65535 (got -1)"),
@@ -148,8 +154,10 @@ def _flags(command: click.Command, *argv: str) -> Mapping[str, Any]:
 
 def test_without_flags_the_cli_builds_the_options_defaults() -> None:
     flags = _flags(cli.run)
-    # The one default of its own: the CLI serves health and metrics, a Manager in Python not.
-    assert cli._manager_options(flags) == ManagerOptions(health_address=("0.0.0.0", 8081))
+    # The one default of its own: the CLI serves metrics and health probes where controller-runtime
+    # does (":8080", ":8081": every interface), a Manager in Python not.
+    serving = ManagerOptions(metrics_address=("", 8080), health_probe_address=("", 8081))
+    assert cli._manager_options(flags) == serving
     assert cli._webhook_options(flags) == WebhookOptions()
     assert cli._webhook_options(_flags(cli.webhook)) == WebhookOptions()
 
@@ -236,3 +244,33 @@ def test_a_bad_flag_is_a_usage_error_naming_the_flag(argv: tuple[str, ...], flag
         cli._webhook_options(flags)
     assert message in err.value.message
     assert err.value.message.endswith(f"; adjust {flag}")
+
+
+# -- where metrics and probes are served (docs/observability.md, "Flags") -------------------
+
+
+def test_the_standard_bind_flags_set_the_metrics_and_probe_addresses() -> None:
+    flags = _flags(
+        cli.run, "--metrics-bind-address", "127.0.0.1:9090", "--health-probe-bind-address", ":9091"
+    )
+    options = cli._manager_options(flags)
+    assert (options.metrics_address, options.health_probe_address) == (("127.0.0.1", 9090), ("", 9091))
+    assert options.health_address is None
+    # "0" turns an endpoint off, as controller-runtime's "0" does; a v6 host keeps its colons.
+    off = cli._manager_options(_flags(cli.run, "--metrics-bind-address", "0"))
+    assert (off.metrics_address, off.health_probe_address) == (None, ("", 8081))
+    v6 = cli._manager_options(_flags(cli.run, "--health-probe-bind-address", "[::1]:8081"))
+    assert v6.health_probe_address == ("::1", 8081)
+    # The webhook command serves them too.
+    webhook = _flags(cli.webhook, "--metrics-bind-address", ":7070", "--health-probe-bind-address", "0")
+    assert cli._serving_options(webhook) == {"metrics_address": ("", 7070), "health_probe_address": None}
+
+
+def test_the_deprecated_health_address_serves_all_three_alone(caplog: pytest.LogCaptureFixture) -> None:
+    options = cli._manager_options(_flags(cli.run, "--health-address", "127.0.0.1:9090"))
+    assert options == ManagerOptions(health_address=("127.0.0.1", 9090))
+    (record,) = [r for r in caplog.records if r.name == "resourceconsist.cli"]
+    assert record.levelname == "WARNING"
+    assert record.getMessage().startswith("deprecated: --health-address; use --health-probe-bind-address")
+    with pytest.raises(click.UsageError, match="drop it, or drop --metrics-bind-address"):
+        cli._manager_options(_flags(cli.run, "--health-address", ":9090", "--metrics-bind-address", ":1"))

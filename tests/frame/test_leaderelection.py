@@ -169,6 +169,9 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
         await async_wait_for(lambda: elector.attempts >= 3, timeout=20, message="the standby campaigning")
         assert not standby.leading
         assert standby.metrics.registry.get_sample_value("resourceconsist_leader") == 0
+        # client-go's series of the Lease too (docs/observability.md).
+        lease_status = {"name": "crash-leader"}
+        assert standby.metrics.registry.get_sample_value("leader_election_master_status", lease_status) == 0
 
         leader.kill()
         await asyncio.to_thread(leader.wait)
@@ -185,6 +188,7 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
         assert taken is not None
         assert taken["spec"]["holderIdentity"] == "standby"
         assert standby.metrics.registry.get_sample_value("resourceconsist_leader") == 1
+        assert standby.metrics.registry.get_sample_value("leader_election_master_status", lease_status) == 1
     finally:
         if leader.poll() is None:
             leader.kill()

@@ -470,3 +470,48 @@ def test_each_default_limiter_is_independent() -> None:
         first.when("k")
     assert second.num_requeues("k") == 0
     assert second.when("k") == pytest.approx(0.005)
+
+
+# -- client-go's workqueue series (docs/observability.md) -------------------------------------
+
+
+async def test_the_queue_reports_client_gos_workqueue_series() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from resourceconsist.metrics import Metrics
+
+    metrics = Metrics()
+    series = metrics.standard.controller("shop", 3)
+    queue = WorkQueue(FixedLimiter(0.01), name="shop", metrics=series.queue)
+    labels = {"name": "shop", "controller": "shop"}
+
+    def value(name: str) -> float:
+        found = metrics.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    queue.add("ns/a")
+    queue.add("ns/a")  # coalesced: one add
+    queue.add("ns/b")
+    assert value("workqueue_adds_total") == 2
+    assert value("workqueue_depth") == 2
+    key = await asyncio.wait_for(queue.get(), TIMEOUT)
+    assert value("workqueue_queue_duration_seconds_count") == 1
+    assert value("workqueue_depth") == 1
+    # Held by a worker: its work is unfinished and the longest running.
+    assert value("workqueue_unfinished_work_seconds") > 0
+    assert value("workqueue_longest_running_processor_seconds") > 0
+    queue.add_rate_limited("ns/c")
+    queue.add_after("ns/d", 0)
+    assert value("workqueue_retries_total") == 2
+    assert key is not None
+    queue.done(key)
+    assert value("workqueue_work_duration_seconds_count") == 1
+    assert value("workqueue_unfinished_work_seconds") == 0
+    # A queue made again (a controller restarted) reports under the same series.
+    again = WorkQueue(name="shop", metrics=series.queue)
+    again.add("ns/e")
+    assert value("workqueue_adds_total") == 4  # a, b, d (no delay: added at once), e; c still waits
+    assert value("workqueue_depth") == 1
+    exposition = metrics.exposition().decode()
+    families = {family.name for family in text_string_to_metric_families(exposition)}
+    assert {"workqueue_depth", "workqueue_adds", "workqueue_retries"} <= families

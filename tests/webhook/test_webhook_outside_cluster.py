@@ -12,11 +12,13 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from resourceconsist import certs, kube, lifecycle, wire
 from resourceconsist.kube import ApiError, KubeClient
@@ -47,6 +49,9 @@ def test_the_apiserver_calls_a_local_webhook_through_a_url_configuration(
     command += ["--kubeconfig", str(control_plane.kubeconfig), "--cert-dir", str(tmp_path)]
     command += ["--webhook-host", "127.0.0.1", "--webhook-port", str(port), "--webhook-url", url]
     command += ["--webhook-cert-host", "localhost", "--webhook-cert-host", "dev.example.test"]
+    # Its own metrics port, no probe port: the defaults (:8080, :8081) may be taken on this machine.
+    metrics = _free_port()
+    command += ["--metrics-bind-address", f"127.0.0.1:{metrics}", "--health-probe-bind-address", "0"]
     process = subprocess.Popen(
         command,
         env={**os.environ, wire.POD_NAMESPACE_ENV: namespace},
@@ -101,6 +106,17 @@ def test_the_apiserver_calls_a_local_webhook_through_a_url_configuration(
         # The API server reads configurations and the webhook fills its cache asynchronously:
         # new pods are created until one arrives mutated by the webhook through the URL.
         wait_for(pod_gets_its_entry, timeout=60, interval=0.5, message="a pod mutated through the URL")
+        # The webhook command serves controller-runtime's webhook series (docs/observability.md).
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
+            exposition = response.read().decode()
+        counted = sum(
+            sample.value
+            for family in text_string_to_metric_families(exposition)
+            for sample in family.samples
+            if sample.name == "controller_runtime_webhook_requests_total"
+            and sample.labels == {"webhook": "/mutating-demo", "code": "200"}
+        )
+        assert counted >= 1, exposition
 
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=30) == 0

@@ -1,0 +1,137 @@
+"""The command line as a platform team runs it (docs/observability.md): controller-runtime's
+``--metrics-bind-address`` and ``--health-probe-bind-address`` on every command that serves, the
+log flags before or after the subcommand, and JSON log lines with zap's keys carrying the
+controller and the employer of the pass that wrote them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from resourceconsist import kube, wire
+from resourceconsist.testing import Cluster, finalizers, wait_for
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "resourceconsist", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "COLUMNS": "200"},
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "webhook"])
+def test_every_serving_command_shows_the_standard_flags(command: str) -> None:
+    done = _cli(command, "--help")
+    assert done.returncode == 0, done.stderr
+    text = " ".join(done.stdout.split())
+    assert "--metrics-bind-address HOST:PORT host:port or :port of /metrics; 0: off. [default: :8080]" in text
+    assert "--health-probe-bind-address HOST:PORT host:port or :port of /healthz and /readyz" in text
+    assert "[default: :8081]" in text
+    assert "--log-level [debug|info|warning|error]" in text
+    assert "--log-format [text|json]" in text
+    assert "--health-address HOST:PORT Deprecated" in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("--log-level", "debug", "--log-format", "json", "adapters"),
+        ("adapters", "--log-level", "debug", "--log-format", "json"),
+        ("--log-level", "error", "adapters", "--log-level", "debug"),
+    ],
+)
+def test_the_log_flags_work_before_and_after_the_subcommand(argv: tuple[str, ...]) -> None:
+    done = _cli(*argv)
+    assert done.returncode == 0, done.stderr
+    assert "demo\t" in done.stdout
+
+
+def test_the_deprecated_health_address_says_so_in_one_log_line(tmp_path: Any) -> None:
+    missing = str(tmp_path / "kubeconfig")
+    done = _cli(
+        "run", "--adapter", "demo", "--health-address", ":0", "--log-format", "json", "--kubeconfig", missing
+    )
+    assert done.returncode == 2  # the missing kubeconfig, after the flags were read
+    (deprecation,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert deprecation["level"] == "warn"
+    assert deprecation["msg"].startswith("deprecated: --health-address; use --health-probe-bind-address")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _status(port: int, path: str) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, cluster: Cluster) -> None:
+    metrics, probes = _free_port(), _free_port()
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "resourceconsist", "--log-level", "info"),
+            *("run", "--adapter", "demo", "--kubeconfig", str(control_plane.kubeconfig)),
+            *("--namespace", cluster.namespace, "--metrics-bind-address", f"127.0.0.1:{metrics}"),
+            *("--health-probe-bind-address", f"127.0.0.1:{probes}"),
+            # After the subcommand, and it wins over the root's --log-level info.
+            *("--log-level", "debug", "--log-format", "json"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _status(probes, "/readyz") == 200, timeout=60, message="/readyz on the probe port")
+        assert _status(probes, "/metrics") == 404
+        assert _status(metrics, "/healthz") == 404
+        asyncio.run(cluster.service("svc"))
+        wait_for(
+            lambda: wire.CLEAN_FINALIZER in finalizers(asyncio.run(cluster.get(kube.SERVICE, "svc"))),
+            timeout=60,
+            message="the demo controller adding its clean finalizer",
+        )
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        assert 'controller_runtime_reconcile_total{controller="demo-controller",result="success"}' in text
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    lines = [line for line in (process.stdout.read() if process.stdout else "").splitlines() if line]
+    entries = [json.loads(line) for line in lines]  # every line is one JSON object
+    for entry in entries:
+        assert {"level", "ts", "logger", "caller", "msg"} <= set(entry), entry
+        assert isinstance(entry["ts"], float)
+    assert any(entry["level"] == "debug" for entry in entries), "the subcommand's --log-level debug lost"
+    (finalized,) = [e for e in entries if e["msg"].endswith(": added clean finalizer")]
+    assert finalized["controller"] == "demo-controller"
+    assert (finalized["namespace"], finalized["name"]) == (cluster.namespace, "svc")
+    assert finalized["logger"] == "resourceconsist.reconcile"
+    assert finalized["caller"].startswith("resourceconsist/reconcile.py:")
+    assert any(e["msg"] == "manager stopped" for e in entries)

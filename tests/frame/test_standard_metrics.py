@@ -1,0 +1,277 @@
+"""controller-runtime's standard series on ``/metrics`` (docs/observability.md), scraped from a
+real manager during a real reconcile: the demo adapter, a controlled Service and its pods on the
+real API server, and the webhook admitting those pods when the real API server calls it over TLS.
+
+Each series is there with controller-runtime's label names; every counter and histogram count
+grows during the reconcile (scraped before and after); every request the Kubernetes client sends,
+watches included, is in ``rest_client_requests_total``; and every metric the sample Grafana
+dashboard (docs/grafana/resourceconsist-dashboard.json) queries was seen in that scrape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import re
+import socket
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import ApiError
+from resourceconsist.manager import Manager
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.webhook import BootstrapOptions, ControlledServiceAdapter, WebhookOptions, serve
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "resourceconsist-dashboard.json"
+CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}
+
+#: Each standard series and controller-runtime's label names for it (``le`` of buckets aside).
+LABELS: dict[str, set[str]] = {
+    "controller_runtime_reconcile_total": {"controller", "result"},
+    "controller_runtime_reconcile_errors_total": {"controller"},
+    "controller_runtime_reconcile_time_seconds_count": {"controller"},
+    "controller_runtime_active_workers": {"controller"},
+    "controller_runtime_max_concurrent_reconciles": {"controller"},
+    "workqueue_depth": {"name", "controller"},
+    "workqueue_adds_total": {"name", "controller"},
+    "workqueue_queue_duration_seconds_count": {"name", "controller"},
+    "workqueue_work_duration_seconds_count": {"name", "controller"},
+    "workqueue_unfinished_work_seconds": {"name", "controller"},
+    "workqueue_longest_running_processor_seconds": {"name", "controller"},
+    "workqueue_retries_total": {"name", "controller"},
+    "rest_client_requests_total": {"code", "method", "host"},
+    "rest_client_request_duration_seconds_count": {"verb", "host"},
+    "controller_runtime_webhook_requests_total": {"webhook", "code"},
+    "controller_runtime_webhook_latency_seconds_count": {"webhook"},
+    "controller_runtime_webhook_requests_in_flight": {"webhook"},
+    "process_resident_memory_bytes": set(),
+    "process_cpu_seconds_total": set(),
+    "python_gc_objects_collected_total": {"generation"},
+}
+
+#: The counters and histogram counts a reconcile with one provider failure makes grow (the
+#: process's CPU and its garbage collections grow at their own pace).
+GROWING = [
+    name
+    for name in LABELS
+    if name.endswith(("_total", "_count")) and not name.startswith(("process_", "python_"))
+]
+
+Samples = dict[str, list[tuple[dict[str, str], float]]]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(port: int | None, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, ""
+
+
+def _scrape(port: int | None) -> Samples:
+    """Every sample on ``/metrics``, by sample name."""
+    status, text = _get(port, "/metrics")
+    assert status == 200, status
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return samples
+
+
+def _total(samples: Samples, series: str, **labels: str) -> float:
+    return sum(v for found, v in samples.get(series, []) if labels.items() <= found.items())
+
+
+# -- the dashboard's PromQL ----------------------------------------------------------------------
+
+#: What an identifier in PromQL may be that is no metric: aggregation and binary keywords.
+_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless"}
+_KEYWORDS |= {"offset", "inf", "nan"}
+
+
+def promql_metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects: identifiers that are not a function or
+    aggregation (followed by ``(``), not a keyword, a label (in ``{...}``, ``by (...)``, ...), a
+    string, a duration or a number."""
+    text = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # strings may hold anything
+    text = re.sub(r"\{[^}]*\}", " ", text)  # label matchers
+    text = re.sub(r"\[[^\]]*\]", " ", text)  # ranges and subqueries
+    text = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", " ", text)
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", text):
+        name = match.group(0)
+        preceding = text[match.start() - 1] if match.start() else " "
+        if preceding.isdigit() or preceding == ".":  # 1e3, 0.99
+            continue
+        if re.match(r"\s*\(", text[match.end() :]) or name.lower() in _KEYWORDS:
+            continue
+        names.add(name)
+    return names
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard: its panels' targets and its variables' queries
+    (``label_values(<metric selector>, label)`` gives its selector)."""
+    dashboard = json.loads(DASHBOARD.read_text())
+    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    for variable in dashboard["templating"]["list"]:
+        if variable["type"] == "query":
+            found = re.fullmatch(r"label_values\((.*),\s*\w+\)", variable["query"]["query"])
+            assert found, variable["query"]
+            queries.append(found.group(1))
+    return queries
+
+
+def test_promql_metric_names_finds_metrics_and_nothing_else() -> None:
+    expr = (
+        'histogram_quantile(0.99, sum by (controller, le) (rate(a_seconds_bucket{controller=~"x|y"}'
+        "[$__rate_interval]))) / on (pod) group_left b_total offset 5m > 1e3 and c"
+    )
+    assert promql_metric_names(expr) == {"a_seconds_bucket", "b_total", "c"}
+    assert promql_metric_names('max by (pod) (up{job="by (x)"})') == {"up"}
+
+
+def test_every_dashboard_query_names_a_metric() -> None:
+    queries = dashboard_queries()
+    assert len(queries) >= 20
+    for query in queries:
+        assert promql_metric_names(query), query
+
+
+# -- the scrape ------------------------------------------------------------------------------------
+
+
+async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    provider = FakeProvider()
+    adapter = DemoAdapter(provider)
+    controller_name = adapter.get_controller_name()
+    manager = Manager(
+        cluster.client,
+        namespace=cluster.namespace,
+        metrics_address=("127.0.0.1", 0),
+        health_probe_address=("127.0.0.1", 0),
+    )
+    await manager.add(adapter)
+    port = _free_port()
+    options = WebhookOptions(
+        host="127.0.0.1",
+        port=port,
+        cert_dir=tmp_path,
+        bootstrap=BootstrapOptions(namespace=cluster.namespace, webhook_url=f"https://127.0.0.1:{port}"),
+    )
+    await manager.start()
+    server = await serve(
+        [ControlledServiceAdapter("demo")],
+        options,
+        client=manager.client,
+        informers=manager.informers,
+        metrics=manager.metrics,
+    )
+    try:
+        await async_wait_for(lambda: manager.ready() and server.ready, timeout=60, message="ready")
+        # Metrics and probes each on their own port, as controller-runtime serves them.
+        assert manager.metrics_port != manager.health_port
+        assert (await asyncio.to_thread(_get, manager.health_port, "/readyz"))[0] == 200
+        assert (await asyncio.to_thread(_get, manager.health_port, "/metrics"))[0] == 404
+        assert (await asyncio.to_thread(_get, manager.metrics_port, "/healthz"))[0] == 404
+        before = await asyncio.to_thread(_scrape, manager.metrics_port)
+        # Started at 0 by every controller: a rate() sees its first reconcile.
+        for result in ("success", "error", "requeue", "requeue_after"):
+            assert _total(before, "controller_runtime_reconcile_total", result=result) == 0
+        assert _total(before, "controller_runtime_max_concurrent_reconciles", controller=controller_name) == 5
+
+        # One provider failure: an error result, a rate-limited retry, then convergence.
+        provider.fail_next("create_vip")
+        await cluster.service("web")
+        names = (f"web-{i}" for i in itertools.count())
+        admitted: list[str] = []
+        entry = {f"Service/{cluster.namespace}/web": lifecycle.lifecycle_finalizer("web")}
+
+        async def admitted_by_the_webhook() -> bool:
+            name = next(names)
+            try:
+                pod = await cluster.pod(name, {**CONTROLLED, "app": "web"})
+            except ApiError:  # the API server may still be reading the new configuration
+                return False
+            if lifecycle.expected_finalizers(pod) != entry:
+                return False
+            admitted.append(name)
+            return len(admitted) == 2
+
+        await async_wait_for(
+            admitted_by_the_webhook, timeout=60, interval=0.5, message="two pods mutated by the webhook"
+        )
+        for name in admitted:
+            await cluster.set_status(name, ready=True)
+
+        async def guarded() -> bool:
+            pods = [await cluster.get(kube.POD, name) for name in admitted]
+            return all(entry[f"Service/{cluster.namespace}/web"] in finalizers(pod) for pod in pods)
+
+        await async_wait_for(guarded, timeout=60, message="the lifecycle finalizer on both pods")
+
+        async def settled() -> Samples | None:
+            samples = await asyncio.to_thread(_scrape, manager.metrics_port)
+            # Every request the client sent (watches included) has been answered and counted;
+            # the test's own requests ride on the same client, so they count as well.
+            sent = sum(manager.client.requests.values())
+            counted = _total(samples, "rest_client_requests_total")
+            busy = _total(samples, "controller_runtime_active_workers")
+            queued = _total(samples, "workqueue_depth")
+            return samples if counted == sent and busy == 0 and queued == 0 else None
+
+        after = await async_wait_for(settled, timeout=60, message="the client's requests all counted")
+    finally:
+        await server.stop()
+        await manager.stop(timeout=5)
+        # failurePolicy Fail: left behind, it would refuse every controlled pod of later tests.
+        with contextlib.suppress(kube.NotFound):
+            await cluster.call(
+                cluster.client.delete,
+                kube.MUTATING_WEBHOOK_CONFIGURATION,
+                None,
+                wire.MUTATING_WEBHOOK_CONFIGURATION,
+            )
+
+    for name, labels in LABELS.items():
+        assert after.get(name), f"{name} is not on /metrics"
+        for found, _ in after[name]:
+            assert set(found) - {"le"} == labels, (name, found)
+    for name in GROWING:
+        assert _total(after, name) > _total(before, name), f"{name} did not grow during the reconcile"
+    ours = {"controller": controller_name}
+    assert _total(after, "controller_runtime_reconcile_total", **ours, result="success") >= 1
+    assert _total(after, "controller_runtime_reconcile_total", **ours, result="error") >= 1
+    assert _total(after, "controller_runtime_reconcile_errors_total", **ours) >= 1
+    assert _total(after, "workqueue_retries_total", name=controller_name, controller=controller_name) >= 1
+    # Reads, watches and writes, each by method and answer code, for the API server's host.
+    host = manager.client.host
+    assert host and all(found["host"] == host for found, _ in after["rest_client_requests_total"])
+    assert _total(after, "rest_client_requests_total", method="GET", code="200") > 0
+    assert _total(after, "rest_client_requests_total", method="POST", code="201") > 0
+    assert _total(after, "rest_client_requests_total", method="PATCH", code="200") > 0
+    assert manager.client.requests["watch"] > 0
+    webhook = {"webhook": "/mutating-demo"}
+    assert _total(after, "controller_runtime_webhook_requests_total", **webhook, code="200") >= 2
+    assert _total(after, "controller_runtime_webhook_requests_in_flight", **webhook) == 0
+    assert _total(after, "process_resident_memory_bytes") > 10_000_000
+
+    # The sample dashboard queries nothing that was not on /metrics.
+    unseen = {name for query in dashboard_queries() for name in promql_metric_names(query)} - set(after)
+    assert not unseen, f"the dashboard queries series the manager does not export: {sorted(unseen)}"
