@@ -261,6 +261,13 @@ def test_the_default_rendering_installs_on_a_real_api_server(
     assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     assert not [key for key in stored if key[0] in {"ServiceMonitor", "Certificate", "Issuer"}]
 
+    # A pod of the template is admitted in the release namespace with the priority class's value
+    # (the API server's Priority admission; the class is not limited to kube-system).
+    template = deployment["spec"]["template"]
+    pod_doc = {"metadata": {**template["metadata"], "name": "manager-0"}, "spec": template["spec"]}
+    created = chart_cluster.create(kube.POD, wire.DEFAULT_NAMESPACE, pod_doc)
+    assert created["spec"]["priority"] == 2_000_000_000
+
 
 def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
     return dict(deployment["spec"]["template"]["metadata"]["labels"])
