@@ -1,7 +1,7 @@
 """The Helm chart (charts/resourceconsist, docs/install.md), through the real helm binary the
 project builds (hack/helm/go.mod): it lints clean, config/ is exactly its default rendering, and
-what it renders with default and with non-default values is created on a real API server and
-reads back as the values say."""
+`helm install` with default and with non-default values puts on a real API server objects that
+read back as the values say."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 import yaml
 
 from resourceconsist import kube, wire
-from resourceconsist.kube import Conflict, KubeClient
+from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.testing import HELM_VERSION, LocalControlPlane, find_helm, schemaless_crd, wait_for
 
 # helm lives beside the control plane's binaries (find_helm): CI's run without them skips this
@@ -26,6 +27,8 @@ pytestmark = pytest.mark.controlplane
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "resourceconsist"
 CONFIG = REPO / "config"
+#: An object of a release: (kind, name).
+Key = tuple[str, str]
 
 #: Everything the defaults leave alone or set otherwise (docs/install.md, "Values").
 NON_DEFAULT_VALUES: dict[str, Any] = {
@@ -74,17 +77,24 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
 }
 
 
-def _helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(find_helm()), *args], check=False, capture_output=True, text=True, timeout=120)
+def _helm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(find_helm()), *args], check=False, capture_output=True, text=True, timeout=180, env=env
+    )
+
+
+def _values_args(values: dict[str, Any] | None, tmp_path: Path) -> list[str]:
+    if values is None:
+        return []
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    return ["--values", str(values_file)]
 
 
 def _template(namespace: str, values: dict[str, Any] | None, tmp_path: Path) -> list[dict[str, Any]]:
-    args = ["template", "resourceconsist", str(CHART), "--namespace", namespace]
-    if values is not None:
-        values_file = tmp_path / "values.yaml"
-        values_file.write_text(yaml.safe_dump(values))
-        args += ["--values", str(values_file)]
-    rendered = _helm(*args)
+    rendered = _helm(
+        "template", "resourceconsist", str(CHART), "--namespace", namespace, *_values_args(values, tmp_path)
+    )
     assert rendered.returncode == 0, rendered.stderr
     return [d for d in yaml.safe_load_all(rendered.stdout) if d]
 
@@ -93,55 +103,71 @@ def _by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]
     return {(d["kind"], d["metadata"]["name"]): d for d in docs}
 
 
-def _apply(kc: KubeClient, doc: dict[str, Any]) -> dict[str, Any]:
-    """Create the object, or replace the one a previous rendering created (what `kubectl apply`
-    and `helm upgrade` end with); the answer is what the API server stored."""
-    resource = wait_for(
-        lambda: kc.resource(doc["apiVersion"], doc["kind"]),
-        timeout=60,
-        message=f"the API server to serve {doc['kind']}",
-        ignore=(LookupError,),
-    )
-    namespace = doc["metadata"].get("namespace") if resource.namespaced else None
-    try:
-        return dict(kc.create(resource, namespace, doc))
-    except Conflict:
-        current = kc.get(resource, namespace, doc["metadata"]["name"])
-        body = {
-            **doc,
-            "metadata": {**doc["metadata"], "resourceVersion": current["metadata"]["resourceVersion"]},
-        }
-        return dict(kc.replace(resource, namespace, doc["metadata"]["name"], body))
+@dataclass
+class ChartCluster:
+    """A control plane of one test, and the environment that points helm at it."""
+
+    client: KubeClient
+    helm_env: dict[str, str]
+
+    def install(self, namespace: str, values: dict[str, Any] | None, tmp_path: Path) -> dict[Key, KubeObject]:
+        """`helm install --create-namespace` of the chart on the real API server; every object
+        of the release's manifest as the API server stored it."""
+        installed = _helm(
+            "install",
+            "resourceconsist",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            *_values_args(values, tmp_path),
+            env=self.helm_env,
+        )
+        assert installed.returncode == 0, installed.stderr
+        manifest = _helm("get", "manifest", "resourceconsist", "--namespace", namespace, env=self.helm_env)
+        assert manifest.returncode == 0, manifest.stderr
+        stored: dict[Key, KubeObject] = {}
+        for doc in yaml.safe_load_all(manifest.stdout):
+            if not doc:
+                continue
+            resource = self.client.resource(doc["apiVersion"], doc["kind"])
+            where = doc["metadata"].get("namespace") if resource.namespaced else None
+            stored[(doc["kind"], doc["metadata"]["name"])] = self.client.get(
+                resource, where, doc["metadata"]["name"]
+            )
+        return stored
+
+    def create(self, doc: dict[str, Any]) -> KubeObject:
+        """Create a cluster-scoped object, once the API server serves its kind (a CRD's kind is
+        served a moment after the CRD is created)."""
+        resource = wait_for(
+            lambda: self.client.resource(doc["apiVersion"], doc["kind"]),
+            timeout=60,
+            message=f"the API server to serve {doc['kind']}",
+            ignore=(LookupError,),
+        )
+        return self.client.create(resource, None, doc)
 
 
-def _read_back(kc: KubeClient, doc: dict[str, Any]) -> dict[str, Any]:
-    resource = kc.resource(doc["apiVersion"], doc["kind"])
-    namespace = doc["metadata"].get("namespace") if resource.namespaced else None
-    return dict(kc.get(resource, namespace, doc["metadata"]["name"]))
-
-
-def _install(
-    kc: KubeClient, namespace: str, docs: list[dict[str, Any]]
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """What `helm install --create-namespace` does, object by object, on the real API server;
-    returns every object as read back."""
-    if kc.get_or_none(kube.NAMESPACE, None, namespace) is None:
-        kc.create(kube.NAMESPACE, None, {"metadata": {"name": namespace}})
-    for doc in docs:
-        _apply(kc, doc)
-    return {(d["kind"], d["metadata"]["name"]): _read_back(kc, d) for d in docs}
-
-
-@pytest.fixture(scope="module")
-def chart_cluster() -> Iterator[KubeClient]:
-    """A control plane of its own: the chart's webhook configuration (failurePolicy Fail on
-    controlled pods) is created for real, and must not reach the session's other tests."""
+@pytest.fixture
+def chart_cluster(tmp_path: Path) -> Iterator[ChartCluster]:
+    """A control plane for each installation: the chart's webhook configuration (failurePolicy
+    Fail on controlled pods) is created for real and must not reach the session's other tests,
+    and one cluster holds one release (its cluster-scoped objects have fixed names)."""
+    helm_home = tmp_path / "helm-home"
     with LocalControlPlane() as cp:
-        kc = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cp.kubeconfig),
+            "HELM_CACHE_HOME": str(helm_home / "cache"),
+            "HELM_CONFIG_HOME": str(helm_home / "config"),
+            "HELM_DATA_HOME": str(helm_home / "data"),
+        }
         try:
-            yield kc
+            yield ChartCluster(client, env)
         finally:
-            kc.close()
+            client.close()
 
 
 def _container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -202,11 +228,28 @@ def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp
     assert "image.tag: latest is a moving tag" in refused.stderr
 
 
-def test_the_default_rendering_installs_on_a_real_api_server(
-    chart_cluster: KubeClient, tmp_path: Path
+@pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ("webhook.failurePolicy=fail", "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'"),
+        ("replicaCount=0", "at '/replicaCount': minimum: got 0, want 1"),
+        ("logFormat=yaml", "at '/logFormat': value must be one of 'text', 'json'"),
+        (
+            "extraArgs[0]=resync-seconds=5",
+            "at '/extraArgs/0': 'resync-seconds=5' does not match pattern '^--'",
+        ),
+    ],
+)
+def test_bad_values_are_refused_naming_the_value(setting: str, error: str) -> None:
+    refused = _helm("template", "x", str(CHART), "--set", setting)
+    assert refused.returncode != 0
+    assert error in refused.stderr
+
+
+def test_helm_install_with_default_values_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
 ) -> None:
-    docs = _template(wire.DEFAULT_NAMESPACE, None, tmp_path)
-    stored = _install(chart_cluster, wire.DEFAULT_NAMESPACE, docs)
+    stored = chart_cluster.install(wire.DEFAULT_NAMESPACE, None, tmp_path)
 
     # The names the code relies on (docs/wire-contract.md).
     assert ("Service", "resourceconsist-manager") in stored
@@ -265,7 +308,7 @@ def test_the_default_rendering_installs_on_a_real_api_server(
     # (the API server's Priority admission; the class is not limited to kube-system).
     template = deployment["spec"]["template"]
     pod_doc = {"metadata": {**template["metadata"], "name": "manager-0"}, "spec": template["spec"]}
-    created = chart_cluster.create(kube.POD, wire.DEFAULT_NAMESPACE, pod_doc)
+    created = chart_cluster.client.create(kube.POD, wire.DEFAULT_NAMESPACE, pod_doc)
     assert created["spec"]["priority"] == 2_000_000_000
 
 
@@ -273,24 +316,26 @@ def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
     return dict(deployment["spec"]["template"]["metadata"]["labels"])
 
 
-def test_non_default_values_install_on_a_real_api_server(chart_cluster: KubeClient, tmp_path: Path) -> None:
-    kc = chart_cluster
+def test_helm_install_with_non_default_values_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
     for crd in (
         schemaless_crd("cert-manager.io", "Certificate", "certificates"),
         schemaless_crd("cert-manager.io", "Issuer", "issuers"),
         schemaless_crd("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
     ):
-        _apply(kc, crd)
-    priority = {
-        "apiVersion": "scheduling.k8s.io/v1",
-        "kind": "PriorityClass",
-        "metadata": {"name": "platform-controllers"},
-    }
-    _apply(kc, {**priority, "value": 1000000})
+        chart_cluster.create(crd)
+    chart_cluster.create(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "platform-controllers"},
+            "value": 1000000,
+        }
+    )
 
     namespace = "platform-lb"
-    docs = _template(namespace, NON_DEFAULT_VALUES, tmp_path)
-    stored = _install(kc, namespace, docs)
+    stored = chart_cluster.install(namespace, NON_DEFAULT_VALUES, tmp_path)
 
     deployment = stored[("Deployment", "resourceconsist-manager")]
     assert deployment["metadata"]["namespace"] == namespace
@@ -321,9 +366,7 @@ def test_non_default_values_install_on_a_real_api_server(chart_cluster: KubeClie
     token_file = env["ALIBABA_CLOUD_OIDC_TOKEN_FILE"]
     assert container["envFrom"] == [{"secretRef": {"name": "slb-credentials"}}]
     account = stored[("ServiceAccount", "resourceconsist-manager")]
-    assert account["metadata"]["annotations"] == {
-        "pod-identity.alibabacloud.com/role-name": "resourceconsist"
-    }
+    assert account["metadata"]["annotations"]["pod-identity.alibabacloud.com/role-name"] == "resourceconsist"
     token = next(v for v in pod["volumes"] if v["name"] == "rrsa-token")
     (source,) = token["projected"]["sources"]
     assert source["serviceAccountToken"]["audience"] == "sts.aliyuncs.com"
