@@ -347,7 +347,6 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     for flag in (
         "--namespace=shop",
         "--no-bootstrap-certs",
-        "--webhook-cert-host=resourceconsist.platform.example",
         "--log-level=debug",
         "--lease-duration=30",
         "--renew-deadline=20",
@@ -384,6 +383,9 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     certificate = stored[("Certificate", cert_name)]
     assert certificate["metadata"]["namespace"] == cert_namespace == namespace
     assert f"resourceconsist-manager.{namespace}.svc" in certificate["spec"]["dnsNames"]
+    # The extra host goes to cert-manager; the manager, which makes no certificate, is not told.
+    assert "resourceconsist.platform.example" in certificate["spec"]["dnsNames"]
+    assert not [a for a in args if a.startswith("--webhook-cert-host")]
     issuer = stored[("Issuer", certificate["spec"]["issuerRef"]["name"])]
     assert issuer["spec"] == {"selfSigned": {}}
     cert_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--cert-dir="))
@@ -409,3 +411,46 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     assert endpoint["interval"] == "15s"
     assert endpoint["port"] in {p["name"] for p in metrics["spec"]["ports"]}
     assert metrics["spec"]["selector"].items() <= pod_labels(deployment).items()
+
+
+#: Every switch the defaults turn on, off.
+SWITCHES_OFF: dict[str, Any] = {
+    "replicaCount": 1,
+    "leaderElection": {"enabled": False},
+    "webhook": {"enabled": False},
+    "metrics": {"enabled": False},
+    "credentials": {"secretName": ""},
+    "priorityClassName": "",
+    "configureDefaultAffinity": False,
+    "topologySpreadConstraints": [],
+    "resources": None,
+}
+
+
+def test_helm_install_with_every_switch_off_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
+    stored = chart_cluster.install("controllers", SWITCHES_OFF, tmp_path)
+
+    kinds = {kind for kind, _ in stored}
+    assert "MutatingWebhookConfiguration" not in kinds and "PodDisruptionBudget" not in kinds
+    assert not [name for kind, name in stored if kind == "Service"]  # neither webhook nor metrics
+    assert not [name for kind, name in stored if kind in {"Role", "RoleBinding"}]  # no Lease, no cert Secret
+    assert ("ClusterRole", "resourceconsist-webhook") not in stored
+    deployment = stored[("Deployment", "resourceconsist-manager")]
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert container["args"] == [
+        "run",
+        "--adapter=alibabacloudslb",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=:8081",
+        "--log-format=json",
+        "--no-leader-elect",
+        "--shutdown-timeout=30",
+    ]
+    assert [p["name"] for p in container["ports"]] == ["health"]
+    for absent in ("priorityClassName", "affinity", "topologySpreadConstraints", "volumes"):
+        assert absent not in pod, absent
+    assert "envFrom" not in container and "volumeMounts" not in container
+    assert container["resources"] == {}
