@@ -215,7 +215,9 @@ def test_config_is_the_chart_rendered_with_default_values(tmp_path: Path) -> Non
 
 
 def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp_path: Path) -> None:
-    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    app_version = chart["appVersion"]
+    assert chart["version"] == app_version  # released together (Chart.yaml)
     pyproject = (REPO / "pyproject.toml").read_text()
     assert re.search(rf'^version = "{re.escape(app_version)}"$', pyproject, re.M)
     deployment = _by_kind(_template("resourceconsist", None, tmp_path))[
