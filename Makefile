@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit bench chaos lint typecheck docs check clean
+.PHONY: setup demo test test-unit bench chaos lint typecheck docs wheel-check config check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,17 @@ docs: setup
 	rm -rf build/docs-package
 	$(BIN)/python -m pip install --quiet --no-deps --no-compile --target build/docs-package .
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The sdist and the wheel through the standard build frontend (`python -m build`), the wheel
+# installed (not editable) into a fresh virtualenv and checked from outside the checkout: the
+# command, the pytest plugin and the testing kit on a real control plane (docs/install.md).
+wheel-check: setup
+	PYTHON=$(abspath $(BIN)/python) hack/wheel-check.sh
+
+# config/ (the kustomize install) rewritten from the Helm chart's default rendering; a test
+# fails when the committed config/ differs (docs/install.md).
+config: setup
+	hack/generate-config.sh
 
 check: lint typecheck test
 

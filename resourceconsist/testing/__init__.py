@@ -16,9 +16,10 @@ same served as its own process) need the ``testing`` extra: ``pip install
 'resourceconsist[testing]'``. They are not imported here, so the rest of the kit works without it.
 """
 
-from resourceconsist.testing.cluster import Cluster, annotation, condition, finalizers
+from resourceconsist.testing.cluster import Cluster, annotation, condition, finalizers, schemaless_crd
 from resourceconsist.testing.controlplane import (
     ETCD_VERSION,
+    HELM_VERSION,
     KUBERNETES_VERSION,
     SERVICE_CLUSTER_IP_RANGE,
     ControlPlaneBinariesMissing,
@@ -26,6 +27,7 @@ from resourceconsist.testing.controlplane import (
     LocalControlPlane,
     default_assets_dir,
     find_binaries,
+    find_helm,
 )
 from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
 from resourceconsist.testing.wait import WaitTimeout, async_wait_for, wait_for
@@ -33,6 +35,7 @@ from resourceconsist.testing.wait import WaitTimeout, async_wait_for, wait_for
 __all__ = [
     "CONTROLLERS",
     "ETCD_VERSION",
+    "HELM_VERSION",
     "KUBERNETES_VERSION",
     "SERVICE_CLUSTER_IP_RANGE",
     "Cluster",
@@ -47,5 +50,7 @@ __all__ = [
     "default_assets_dir",
     "finalizers",
     "find_binaries",
+    "find_helm",
+    "schemaless_crd",
     "wait_for",
 ]

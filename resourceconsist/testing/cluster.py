@@ -246,3 +246,29 @@ def finalizers(obj: KubeObject | None) -> list[str]:
 def annotation(obj: KubeObject | None, key: str) -> str | None:
     """One annotation of the object, None when absent (or for None)."""
     return ((obj or {}).get("metadata", {}).get("annotations") or {}).get(key)
+
+
+def schemaless_crd(group: str, kind: str, plural: str) -> KubeObject:
+    """A namespaced CustomResourceDefinition of ``kind`` in ``group``, version v1, that stores
+    any spec: for tests needing a kind to exist (a CRD employer, another project's kinds a
+    chart renders), not its validation."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                    },
+                }
+            ],
+        },
+    }

@@ -9,7 +9,8 @@ it even when it is killed). ``restart_apiserver()`` stops and starts kube-apiser
 port while etcd keeps running, so a test can show that clients survive an API-server restart.
 
 Binaries are found in ``$KUBEBUILDER_ASSETS`` (envtest's convention), else in
-``$RESOURCECONSIST_ASSETS_DIR``, else in the cache that ``hack/build-controlplane.sh`` fills.
+``$RESOURCECONSIST_ASSETS_DIR``, else in the cache that ``hack/build-controlplane.sh`` fills;
+``find_helm()`` finds the helm that script builds beside them, for tests of the chart.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ ETCD_VERSION = "3.6.4"
 
 #: The binaries a plain control plane runs; ``LocalCluster`` needs more (docs/testing.md).
 CONTROL_PLANE_BINARIES = ("kube-apiserver", "etcd")
+#: The helm version hack/build-controlplane.sh builds beside them (hack/helm/go.mod).
+HELM_VERSION = "3.22.0"
 #: The Service IP range: a /16, so a test can create thousands of Services.
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 _TMP_PREFIX = "resourceconsist-cp-"
@@ -83,6 +86,22 @@ def find_binaries(names: tuple[str, ...] = CONTROL_PLANE_BINARIES) -> dict[str, 
             "e.g. the one printed by controller-runtime's `setup-envtest use -p path`."
         )
     return found
+
+
+def find_helm() -> Path:
+    """The helm binary beside the control plane's (built from hack/helm/go.mod), or an error
+    saying how to get it. Never one from $PATH: the chart is tested with the pinned version."""
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    directory = Path(assets) if assets else default_assets_dir()
+    helm = directory / "helm"
+    if not os.access(helm, os.X_OK):
+        source = "$KUBEBUILDER_ASSETS" if assets else "the default cache"
+        raise ControlPlaneBinariesMissing(
+            f"helm not found in {directory} ({source}). Build it: hack/build-controlplane.sh "
+            f"(needs Go; builds helm {HELM_VERSION} into {default_assets_dir()} beside the control "
+            "plane, and only what is missing), or copy a helm v3 binary to that path."
+        )
+    return helm
 
 
 def free_port() -> int:

@@ -22,32 +22,9 @@ from resourceconsist.adapter import (
 )
 from resourceconsist.cache import CacheReader, WatchEvent
 from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.testing import Cluster, async_wait_for, finalizers, schemaless_crd
 
 GROUP = "test.resourceconsist.io"
-
-
-def _crd(kind: str, plural: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
-                    },
-                }
-            ],
-        },
-    }
 
 
 class PoolAdapter(ReconcileAdapter):
@@ -153,7 +130,7 @@ async def test_a_crd_employer_with_crd_employees_converges(cluster: Cluster, run
     crd = await cluster.call(client.resource, "apiextensions.k8s.io/v1", "CustomResourceDefinition")
     for kind, plural in (("Pool", "pools"), ("Backend", "backends")):
         if await cluster.call(client.get_or_none, crd, None, f"{plural}.{GROUP}") is None:
-            await cluster.call(client.create, crd, None, _crd(kind, plural))
+            await cluster.call(client.create, crd, None, schemaless_crd(GROUP, kind, plural))
 
     async def established() -> bool:
         for plural in ("pools", "backends"):

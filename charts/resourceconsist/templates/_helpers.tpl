@@ -1,0 +1,43 @@
+{{/*
+Names the code relies on (docs/wire-contract.md): fixed, whatever the release is called.
+*/}}
+{{- define "resourceconsist.manager" -}}resourceconsist-manager{{- end }}
+
+{{/*
+Labels on every object.
+*/}}
+{{- define "resourceconsist.labels" -}}
+app.kubernetes.io/name: resourceconsist
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: resourceconsist
+{{- with .Values.additionalLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+The manager pods' selector: the label config/ has always used, so that the Deployment's
+(immutable) selector is the same whichever way it was installed.
+*/}}
+{{- define "resourceconsist.selectorLabels" -}}
+control-plane: resourceconsist-manager
+{{- end }}
+
+{{/*
+The image: the tag defaults to the chart's appVersion, the package version.
+*/}}
+{{- define "resourceconsist.image" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- if eq (toString $tag) "latest" -}}
+{{- fail "image.tag: latest is a moving tag (two replicas could run different code behind one Lease); set a version, e.g. the chart's appVersion" -}}
+{{- end -}}
+{{ .Values.image.repository }}:{{ $tag }}
+{{- end }}
+
+{{/*
+Whether the manager makes its own webhook certificates (no cert-manager).
+*/}}
+{{- define "resourceconsist.bootstrapCerts" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end }}
+{{- end }}

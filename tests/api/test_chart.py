@@ -1,0 +1,458 @@
+"""The Helm chart (charts/resourceconsist, docs/install.md), through the real helm binary the
+project builds (hack/helm/go.mod): it lints clean, config/ is exactly its default rendering, and
+`helm install` with default and with non-default values puts on a real API server objects that
+read back as the values say."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resourceconsist import kube, wire
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.testing import HELM_VERSION, LocalControlPlane, find_helm, schemaless_crd, wait_for
+
+# helm lives beside the control plane's binaries (find_helm): CI's run without them skips this
+# module by the marker, never by a missing binary.
+pytestmark = pytest.mark.controlplane
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "resourceconsist"
+CONFIG = REPO / "config"
+#: An object of a release: (kind, name).
+Key = tuple[str, str]
+
+#: Everything the defaults leave alone or set otherwise (docs/install.md, "Values").
+NON_DEFAULT_VALUES: dict[str, Any] = {
+    "replicaCount": 3,
+    "image": {"repository": "registry.example.com/platform/resourceconsist", "tag": "0.1.0-rc1"},
+    "leaderElection": {"leaseDuration": 30, "renewDeadline": 20, "retryPeriod": 4},
+    "watchNamespace": "shop",
+    "webhook": {
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": 5,
+        "namespaceSelector": {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}
+            ]
+        },
+        "certHosts": ["resourceconsist.platform.example"],
+        "certManager": {"enabled": True},
+    },
+    "logLevel": "debug",
+    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prometheus"}, "interval": "15s"},
+    "podDisruptionBudget": {"minAvailable": 2},
+    "priorityClassName": "platform-controllers",
+    "affinity": {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "topologyKey": "kubernetes.io/hostname",
+                    "labelSelector": {"matchLabels": {"control-plane": "resourceconsist-manager"}},
+                }
+            ]
+        }
+    },
+    "topologySpreadConstraints": [],
+    "resources": {"requests": {"cpu": "200m", "memory": "512Mi"}, "limits": {"cpu": None, "memory": "1Gi"}},
+    "serviceAccount": {"annotations": {"pod-identity.alibabacloud.com/role-name": "resourceconsist"}},
+    "credentials": {
+        "secretName": "slb-credentials",
+        "rrsa": {
+            "enabled": True,
+            "roleArn": "acs:ram::1:role/rc",
+            "oidcProviderArn": "acs:ram::1:oidc-provider/c",
+        },
+    },
+    "extraArgs": ["--resync-seconds=600", "--garbage-dry-run"],
+    "extraEnv": [{"name": "ALIYUN_SLB_CALL_DEADLINE_SECONDS", "value": "8"}],
+}
+
+
+def _helm(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(find_helm()), *args], check=False, capture_output=True, text=True, timeout=180, env=env
+    )
+
+
+def _values_args(values: dict[str, Any] | None, tmp_path: Path) -> list[str]:
+    if values is None:
+        return []
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    return ["--values", str(values_file)]
+
+
+def _template(namespace: str, values: dict[str, Any] | None, tmp_path: Path) -> list[dict[str, Any]]:
+    rendered = _helm(
+        "template", "resourceconsist", str(CHART), "--namespace", namespace, *_values_args(values, tmp_path)
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d]
+
+
+def _by_kind(docs: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(d["kind"], d["metadata"]["name"]): d for d in docs}
+
+
+@dataclass
+class ChartCluster:
+    """A control plane of one test, and the environment that points helm at it."""
+
+    client: KubeClient
+    helm_env: dict[str, str]
+
+    def install(self, namespace: str, values: dict[str, Any] | None, tmp_path: Path) -> dict[Key, KubeObject]:
+        """`helm install --create-namespace` of the chart on the real API server; every object
+        of the release's manifest as the API server stored it."""
+        installed = _helm(
+            "install",
+            "resourceconsist",
+            str(CHART),
+            "--namespace",
+            namespace,
+            "--create-namespace",
+            *_values_args(values, tmp_path),
+            env=self.helm_env,
+        )
+        assert installed.returncode == 0, installed.stderr
+        manifest = _helm("get", "manifest", "resourceconsist", "--namespace", namespace, env=self.helm_env)
+        assert manifest.returncode == 0, manifest.stderr
+        stored: dict[Key, KubeObject] = {}
+        for doc in yaml.safe_load_all(manifest.stdout):
+            if not doc:
+                continue
+            resource = self.client.resource(doc["apiVersion"], doc["kind"])
+            where = doc["metadata"].get("namespace") if resource.namespaced else None
+            stored[(doc["kind"], doc["metadata"]["name"])] = self.client.get(
+                resource, where, doc["metadata"]["name"]
+            )
+        return stored
+
+    def create(self, doc: dict[str, Any]) -> KubeObject:
+        """Create a cluster-scoped object, once the API server serves its kind (a CRD's kind is
+        served a moment after the CRD is created)."""
+        resource = wait_for(
+            lambda: self.client.resource(doc["apiVersion"], doc["kind"]),
+            timeout=60,
+            message=f"the API server to serve {doc['kind']}",
+            ignore=(LookupError,),
+        )
+        return self.client.create(resource, None, doc)
+
+
+@pytest.fixture
+def chart_cluster(tmp_path: Path) -> Iterator[ChartCluster]:
+    """A control plane for each installation: the chart's webhook configuration (failurePolicy
+    Fail on controlled pods) is created for real and must not reach the session's other tests,
+    and one cluster holds one release (its cluster-scoped objects have fixed names)."""
+    helm_home = tmp_path / "helm-home"
+    with LocalControlPlane() as cp:
+        client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(cp.kubeconfig),
+            "HELM_CACHE_HOME": str(helm_home / "cache"),
+            "HELM_CONFIG_HOME": str(helm_home / "config"),
+            "HELM_DATA_HOME": str(helm_home / "data"),
+        }
+        try:
+            yield ChartCluster(client, env)
+        finally:
+            client.close()
+
+
+def _container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return dict(container)
+
+
+def test_the_pinned_helm_is_the_one_built() -> None:
+    go_mod = (REPO / "hack" / "helm" / "go.mod").read_text()
+    assert re.search(rf"^require helm\.sh/helm/v3 v{re.escape(HELM_VERSION)}$", go_mod, re.M)
+    version = _helm("version", "--short")
+    assert version.returncode == 0, version.stderr
+    assert version.stdout.startswith(f"v{HELM_VERSION}")
+
+
+@pytest.mark.parametrize("values", [None, NON_DEFAULT_VALUES], ids=["default", "non-default"])
+def test_helm_lint_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    if values is not None:
+        (tmp_path / "values.yaml").write_text(yaml.safe_dump(values))
+        args += ["--values", str(tmp_path / "values.yaml")]
+    linted = _helm(*args)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    assert "1 chart(s) linted, 0 chart(s) failed" in linted.stdout
+    assert not re.search(r"\[(WARNING|ERROR)\]", linted.stdout + linted.stderr)
+
+
+def test_config_is_the_chart_rendered_with_default_values(tmp_path: Path) -> None:
+    """config/ is generated (hack/generate-config.sh): edit the chart and run the script."""
+    fresh = tmp_path / "config"
+    generated = subprocess.run(
+        [str(REPO / "hack" / "generate-config.sh"), str(fresh)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "HELM": str(find_helm())},
+    )
+    assert generated.returncode == 0, generated.stderr
+    committed = {p.relative_to(CONFIG): p.read_text() for p in CONFIG.rglob("*") if p.is_file()}
+    rendered = {p.relative_to(fresh): p.read_text() for p in fresh.rglob("*") if p.is_file()}
+    assert sorted(committed) == sorted(rendered), "config/ has other files than the chart renders"
+    stale = [str(path) for path in rendered if committed[path] != rendered[path]]
+    assert not stale, f"config/ differs from the chart in {stale}: run hack/generate-config.sh"
+
+
+def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp_path: Path) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    app_version = chart["appVersion"]
+    assert chart["version"] == app_version  # released together (Chart.yaml)
+    pyproject = (REPO / "pyproject.toml").read_text()
+    assert re.search(rf'^version = "{re.escape(app_version)}"$', pyproject, re.M)
+    deployment = _by_kind(_template("resourceconsist", None, tmp_path))[
+        ("Deployment", "resourceconsist-manager")
+    ]
+    assert _container(deployment)["image"] == f"resourceconsist:{app_version}"
+
+    refused = _helm("template", "x", str(CHART), "--set", "image.tag=latest")
+    assert refused.returncode != 0
+    assert "image.tag: latest is a moving tag" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ("webhook.failurePolicy=fail", "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'"),
+        ("replicaCount=0", "at '/replicaCount': minimum: got 0, want 1"),
+        ("logFormat=yaml", "at '/logFormat': value must be one of 'text', 'json'"),
+        (
+            "extraArgs[0]=resync-seconds=5",
+            "at '/extraArgs/0': 'resync-seconds=5' does not match pattern '^--'",
+        ),
+    ],
+)
+def test_bad_values_are_refused_naming_the_value(setting: str, error: str) -> None:
+    refused = _helm("template", "x", str(CHART), "--set", setting)
+    assert refused.returncode != 0
+    assert error in refused.stderr
+
+
+def test_helm_install_with_default_values_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
+    stored = chart_cluster.install(wire.DEFAULT_NAMESPACE, None, tmp_path)
+
+    # The names the code relies on (docs/wire-contract.md).
+    assert ("Service", "resourceconsist-manager") in stored
+    webhook = stored[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]
+    (hook,) = webhook["webhooks"]
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["objectSelector"] == {"matchLabels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}}
+    assert hook["clientConfig"]["service"] == {
+        "namespace": wire.DEFAULT_NAMESPACE,
+        "name": "resourceconsist-manager",
+        "path": "/mutating-alibabacloudslb",
+        "port": 443,
+    }
+    role = stored[("Role", "resourceconsist-webhook-certs")]
+    assert [wire.WEBHOOK_CERT_SECRET] in [r.get("resourceNames") for r in role["rules"]]
+
+    deployment = stored[("Deployment", "resourceconsist-manager")]
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["terminationGracePeriodSeconds"] == 40
+    preferred = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert preferred[0]["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    (spread,) = pod["topologySpreadConstraints"]
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    assert spread["labelSelector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    assert container["resources"] == {
+        "requests": {"cpu": "100m", "memory": "256Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    args = container["args"]
+    assert args[:2] == ["run", "--adapter=alibabacloudslb"]
+    for flag in ("--webhook", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081"):
+        assert flag in args
+    assert "--log-format=json" in args and "--leader-elect" in args and "--lease-duration=15" in args
+    assert "--no-bootstrap-certs" not in args
+    assert container["envFrom"] == [{"secretRef": {"name": "resourceconsist-slb-credentials"}}]
+    certs = next(v for v in pod["volumes"] if v["name"] == "certs")
+    assert certs == {"name": "certs", "emptyDir": {}}
+
+    pdb = stored[("PodDisruptionBudget", "resourceconsist-manager")]
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    # /metrics on the port named `metrics`, behind its own Service; no ServiceMonitor by default.
+    metrics = stored[("Service", "resourceconsist-manager-metrics")]
+    (port,) = metrics["spec"]["ports"]
+    assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 8080, 8080)
+    assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert not [key for key in stored if key[0] in {"ServiceMonitor", "Certificate", "Issuer"}]
+
+    # A pod of the template is admitted in the release namespace with the priority class's value
+    # (the API server's Priority admission; the class is not limited to kube-system).
+    template = deployment["spec"]["template"]
+    pod_doc = {"metadata": {**template["metadata"], "name": "manager-0"}, "spec": template["spec"]}
+    created = chart_cluster.client.create(kube.POD, wire.DEFAULT_NAMESPACE, pod_doc)
+    assert created["spec"]["priority"] == 2_000_000_000
+
+
+def pod_labels(deployment: dict[str, Any]) -> dict[str, str]:
+    return dict(deployment["spec"]["template"]["metadata"]["labels"])
+
+
+def test_helm_install_with_non_default_values_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
+    for crd in (
+        schemaless_crd("cert-manager.io", "Certificate", "certificates"),
+        schemaless_crd("cert-manager.io", "Issuer", "issuers"),
+        schemaless_crd("monitoring.coreos.com", "ServiceMonitor", "servicemonitors"),
+    ):
+        chart_cluster.create(crd)
+    chart_cluster.create(
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": "platform-controllers"},
+            "value": 1000000,
+        }
+    )
+
+    namespace = "platform-lb"
+    stored = chart_cluster.install(namespace, NON_DEFAULT_VALUES, tmp_path)
+
+    deployment = stored[("Deployment", "resourceconsist-manager")]
+    assert deployment["metadata"]["namespace"] == namespace
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert deployment["spec"]["replicas"] == 3
+    assert container["image"] == "registry.example.com/platform/resourceconsist:0.1.0-rc1"
+    args = container["args"]
+    for flag in (
+        "--namespace=shop",
+        "--no-bootstrap-certs",
+        "--log-level=debug",
+        "--lease-duration=30",
+        "--renew-deadline=20",
+        "--retry-period=4",
+        "--resync-seconds=600",
+        "--garbage-dry-run",
+    ):
+        assert flag in args
+    assert pod["priorityClassName"] == "platform-controllers"
+    assert "requiredDuringSchedulingIgnoredDuringExecution" in pod["affinity"]["podAntiAffinity"]
+    assert "topologySpreadConstraints" not in pod
+    assert container["resources"]["limits"] == {"memory": "1Gi"}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["ALIYUN_SLB_CALL_DEADLINE_SECONDS"] == "8"
+    assert env["ALIBABA_CLOUD_ROLE_ARN"] == "acs:ram::1:role/rc"
+    token_file = env["ALIBABA_CLOUD_OIDC_TOKEN_FILE"]
+    assert container["envFrom"] == [{"secretRef": {"name": "slb-credentials"}}]
+    account = stored[("ServiceAccount", "resourceconsist-manager")]
+    assert account["metadata"]["annotations"]["pod-identity.alibabacloud.com/role-name"] == "resourceconsist"
+    token = next(v for v in pod["volumes"] if v["name"] == "rrsa-token")
+    (source,) = token["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "sts.aliyuncs.com"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "rrsa-token")
+    assert token_file == f"{mount['mountPath']}/{source['serviceAccountToken']['path']}"
+
+    pdb = stored[("PodDisruptionBudget", "resourceconsist-manager")]
+    assert pdb["spec"]["minAvailable"] == 2 and "maxUnavailable" not in pdb["spec"]
+
+    # cert-manager: its Certificate's Secret is what the manager mounts at its cert dir, and the
+    # webhook configuration asks its CA injector for that Certificate's CA.
+    webhook = stored[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]
+    inject = webhook["metadata"]["annotations"]["cert-manager.io/inject-ca-from"]
+    cert_namespace, cert_name = inject.split("/")
+    certificate = stored[("Certificate", cert_name)]
+    assert certificate["metadata"]["namespace"] == cert_namespace == namespace
+    assert f"resourceconsist-manager.{namespace}.svc" in certificate["spec"]["dnsNames"]
+    # The extra host goes to cert-manager; the manager, which makes no certificate, is not told.
+    assert "resourceconsist.platform.example" in certificate["spec"]["dnsNames"]
+    assert not [a for a in args if a.startswith("--webhook-cert-host")]
+    issuer = stored[("Issuer", certificate["spec"]["issuerRef"]["name"])]
+    assert issuer["spec"] == {"selfSigned": {}}
+    cert_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--cert-dir="))
+    cert_mount = next(m for m in container["volumeMounts"] if m["mountPath"] == cert_dir)
+    cert_volume = next(v for v in pod["volumes"] if v["name"] == cert_mount["name"])
+    assert cert_volume["secret"]["secretName"] == certificate["spec"]["secretName"]
+    (hook,) = webhook["webhooks"]
+    assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
+    assert hook["clientConfig"]["service"]["namespace"] == namespace
+    assert hook["namespaceSelector"] == NON_DEFAULT_VALUES["webhook"]["namespaceSelector"]
+    # Without the bootstrap, the manager gets none of the RBAC it needs: least privilege.
+    assert ("Role", "resourceconsist-webhook-certs") not in stored
+    webhook_role = stored[("ClusterRole", "resourceconsist-webhook")]
+    assert not [r for r in webhook_role["rules"] if "admissionregistration.k8s.io" in r["apiGroups"]]
+
+    # The ServiceMonitor selects the metrics Service and scrapes its `metrics` port.
+    monitor = stored[("ServiceMonitor", "resourceconsist-manager")]
+    metrics = stored[("Service", "resourceconsist-manager-metrics")]
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= metrics["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [namespace]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["interval"] == "15s"
+    assert endpoint["port"] in {p["name"] for p in metrics["spec"]["ports"]}
+    assert metrics["spec"]["selector"].items() <= pod_labels(deployment).items()
+
+
+#: Every switch the defaults turn on, off.
+SWITCHES_OFF: dict[str, Any] = {
+    "replicaCount": 1,
+    "leaderElection": {"enabled": False},
+    "webhook": {"enabled": False},
+    "metrics": {"enabled": False},
+    "credentials": {"secretName": ""},
+    "priorityClassName": "",
+    "configureDefaultAffinity": False,
+    "topologySpreadConstraints": [],
+    "resources": None,
+}
+
+
+def test_helm_install_with_every_switch_off_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
+    stored = chart_cluster.install("controllers", SWITCHES_OFF, tmp_path)
+
+    kinds = {kind for kind, _ in stored}
+    assert "MutatingWebhookConfiguration" not in kinds and "PodDisruptionBudget" not in kinds
+    assert not [name for kind, name in stored if kind == "Service"]  # neither webhook nor metrics
+    assert not [name for kind, name in stored if kind in {"Role", "RoleBinding"}]  # no Lease, no cert Secret
+    assert ("ClusterRole", "resourceconsist-webhook") not in stored
+    deployment = stored[("Deployment", "resourceconsist-manager")]
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert container["args"] == [
+        "run",
+        "--adapter=alibabacloudslb",
+        "--metrics-bind-address=0",
+        "--health-probe-bind-address=:8081",
+        "--log-format=json",
+        "--no-leader-elect",
+        "--shutdown-timeout=30",
+    ]
+    assert [p["name"] for p in container["ports"]] == ["health"]
+    for absent in ("priorityClassName", "affinity", "topologySpreadConstraints", "volumes"):
+        assert absent not in pod, absent
+    assert "envFrom" not in container and "volumeMounts" not in container
+    assert container["resources"] == {}
