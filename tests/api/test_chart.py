@@ -72,6 +72,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
             "oidcProviderArn": "acs:ram::1:oidc-provider/c",
         },
     },
+    "clusterName": "prod-a",
+    "slb": {"loadBalancers": ["lb-1", "lb-2"]},
     "extraArgs": ["--resync-seconds=600", "--garbage-dry-run"],
     "extraEnv": [{"name": "ALIYUN_SLB_CALL_DEADLINE_SECONDS", "value": "8"}],
 }
@@ -355,6 +357,9 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
         "--retry-period=4",
         "--resync-seconds=600",
         "--garbage-dry-run",
+        "--slb-cluster-name=prod-a",
+        "--slb-load-balancer=lb-1",
+        "--slb-load-balancer=lb-2",
     ):
         assert flag in args
     assert pod["priorityClassName"] == "platform-controllers"
