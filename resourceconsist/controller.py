@@ -114,6 +114,8 @@ class Controller:
         )
         gauge = self.metrics.unguarded_routing_pods.labels(self.name)
         self.reconciler.report_unguarded = gauge.set
+        retried = self.metrics.retried_failures
+        self.reconciler.report_retried = lambda reason: retried.labels(self.name, reason).inc()
         self.reconciler.api_down = lambda: client.reachability.down
         self.subscribers = SubscriberBus(
             self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc

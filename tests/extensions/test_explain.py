@@ -178,11 +178,52 @@ def test_the_command_line_prints_json_that_matches_the_cluster(
         answer = json.loads(done.stdout)
         ready = next(c for c in truth["status"]["conditions"] if c["type"] == "Ready")
         assert (answer["namespace"], answer["name"]) == (cluster.namespace, "plain")
-        assert answer["ready"] == ready["status"] == "False"
+        assert ready["status"] == "False" and answer["ready"] is False
         assert [(f["finalizer"], f["role"]) for f in answer["finalizers"]] == [("example.com/keep", "other")]
         assert answer["adapters"] == []
     finally:
         cluster.client.patch(kube.POD, cluster.namespace, "plain", {"metadata": {"finalizers": []}})
+
+
+def test_the_command_line_exits_1_for_an_object_that_does_not_exist(
+    control_plane: LocalControlPlane, cluster: Cluster
+) -> None:
+    """As kubectl does: the answer ("not found", or JSON with "exists": false) and exit code 1."""
+    base = [sys.executable, "-m", "resourceconsist", "explain"]
+    where = ["--kubeconfig", str(control_plane.kubeconfig)]
+    for args, output in (
+        (["pod", f"{cluster.namespace}/nosuch"], "text"),
+        (["employer", "Service", f"{cluster.namespace}/nosuch"], "json"),
+    ):
+        done = subprocess.run(
+            [*base, *args, *where, "--output", output],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert done.returncode == 1, done.stderr
+        if output == "json":
+            assert json.loads(done.stdout)["exists"] is False
+        else:
+            assert done.stdout.strip() == f"pod {cluster.namespace}/nosuch: not found"
+    present = subprocess.run(
+        [*base, "pod", f"{cluster.namespace}/here", *where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert present.returncode == 1  # not created yet
+    asyncio.run(cluster.pod("here", {"app": "x"}))
+    present = subprocess.run(
+        [*base, "pod", f"{cluster.namespace}/here", *where],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert present.returncode == 0, present.stderr
 
 
 def test_the_command_line_refuses_a_reference_without_a_namespace() -> None:
@@ -244,8 +285,8 @@ async def test_a_gated_pod_the_provider_does_not_serve_names_its_gate_employer_a
     truth = await lc.get(kube.POD, name)
     assert truth is not None
     cond = lifecycle.pod_condition(truth, gate)
-    assert answer.ready == condition(truth, "Ready") == "False"
-    assert answer.containers_ready == "True"
+    assert condition(truth, "Ready") == "False" and answer.ready is False
+    assert answer.containers_ready is True
     assert [g.gate for g in answer.not_ready] == [gate]
     found = answer.not_ready[0]
     assert found.employer == f"Service/{lc.namespace}/{SERVICE}"

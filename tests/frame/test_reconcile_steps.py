@@ -130,7 +130,9 @@ class Events:
     def __init__(self) -> None:
         self.recorded: list[tuple[str, str, str]] = []
 
-    async def event(self, obj: KubeObject, type_: Any, reason: str, message: str) -> None:
+    async def event(
+        self, obj: KubeObject, type_: Any, reason: str, message: str, annotations: Any = None
+    ) -> None:
         self.recorded.append((type_, reason, message))
 
 
