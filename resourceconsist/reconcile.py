@@ -29,6 +29,7 @@ import datetime
 import functools
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,7 @@ from resourceconsist.adapter import (
 )
 from resourceconsist.cancellation import call_adapter, current_cancellation
 from resourceconsist.diff import Diff, diff
-from resourceconsist.errors import ResourceConsistError
+from resourceconsist.errors import ResourceConsistError, RetryAfter
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
 from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult, RecentWrites
@@ -72,6 +73,10 @@ DEFAULT_WARN_AFTER_PASSES = 3
 DEFAULT_WARN_AFTER_SECONDS = 20.0
 #: At most this many item failures of one pass become Warning Events (the rest are counted).
 MAX_ITEM_WARNINGS = 5
+#: A pass that met only 409 Conflicts is tried again after 0.1 s, doubling with each consecutive
+#: conflicting pass up to this many seconds (jittered), not after the controller's exponential
+#: backoff: another writer is busy, not broken, and 1000 s would leave pods unguarded for long.
+MAX_CONFLICT_RETRY_SECONDS = 5.0
 
 
 @dataclass
@@ -367,10 +372,16 @@ class Reconciler:
         """A failure a retry may resolve (a 409 Conflict): an INFO line and a metric, until the
         same failure outlasts its retries; then the Warning Event of ``_fail``."""
         if self._outlasted(p, failures):
-            return await self._fail(p, reason, message)
-        self.report_retried(reason)
-        log.info("%s %s: %s; retrying", self.name, p.key, message)
-        return ReconcileError(reason, message)
+            error = await self._fail(p, reason, message)
+        else:
+            self.report_retried(reason)
+            log.info("%s %s: %s; retrying", self.name, p.key, message)
+            error = ReconcileError(reason, message)
+        streaks = self._streaks.get(p.key, {})
+        passes = max((streaks[f].passes for f in failures if f in streaks), default=1)
+        delay = min(MAX_CONFLICT_RETRY_SECONDS, 0.1 * 2 ** (passes - 1)) * random.uniform(0.5, 1.0)
+        error.__cause__ = RetryAfter(delay, message)
+        return error
 
     async def _report_refused(self, p: _Pass, side: _Side, results: CUDResults[Any]) -> None:
         """Items the provider refused with a reason (``ReconcileContext.fail_item``): each pod's
@@ -1142,9 +1153,11 @@ class Reconciler:
             message = f"sync employees failed: patch record annotations failed, err: {err}"
             if isinstance(err, kube.Conflict):
                 failure = ("conflict", str(EventReason.SYNC_EMPLOYEES_FAILED), "")
-                raise await self._fail_unless_retrying(
+                retrying = await self._fail_unless_retrying(
                     p, EventReason.SYNC_EMPLOYEES_FAILED, message, [failure]
-                ) from err
+                )
+                # Its cause is the retry it asks for (errors.steering reads the cause chain).
+                raise retrying from retrying.__cause__
             raise await self._fail(p, EventReason.SYNC_EMPLOYEES_FAILED, message) from err
         if patched is not None:
             p.employer = patched
