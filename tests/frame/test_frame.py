@@ -66,7 +66,8 @@ async def test_five_services_sharing_flapping_pods_converge_without_a_warning(
     guarded = {lifecycle.guard_finalizer(s) for s in services}
     rng = random.Random(18)
     ready = dict.fromkeys(pods, True)
-    async with run_manager(DemoAdapter(FakeProvider())) as manager:
+    adapter = DemoAdapter(FakeProvider())
+    async with run_manager(adapter) as manager:
         flips = 0
         deadline = time.monotonic() + 15
 
@@ -103,7 +104,12 @@ async def test_five_services_sharing_flapping_pods_converge_without_a_warning(
         listing = await cluster.call(
             cluster.client.list, kube.EVENT, cluster.namespace, field_selector="type=Warning"
         )
-        warnings = [(e["involvedObject"]["name"], e["reason"], e["message"]) for e in listing["items"]]
+        # The controller's own Warnings (the API server's repair loops report theirs too).
+        warnings = [
+            (e["involvedObject"]["name"], e["reason"], e["message"])
+            for e in listing["items"]
+            if (e.get("source") or {}).get("component") == adapter.get_controller_name()
+        ]
         print(f"{flips} readiness flips; {cluster.client.conflicts['pods']} pod write conflicts retried")
         assert flips > 100
         assert warnings == []
