@@ -330,7 +330,8 @@ class Controller:
             elif isinstance(steer, errors.RetryAfter):
                 self.queue.forget(key)
                 self.queue.add_after(key, steer.seconds)
-                log.info("%s %s: retry in %.3gs as the adapter asked: %s", self.name, key, steer.seconds, err)
+                # Asked by the adapter, or by the frame for a conflict (docs/concepts.md).
+                log.info("%s %s: retry in %.3gs as asked: %s", self.name, key, steer.seconds, err)
             elif isinstance(err, ReconcileError | SyncFailedExist):
                 delay = self.queue.add_rate_limited(key)
                 log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)

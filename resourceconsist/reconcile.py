@@ -375,7 +375,7 @@ class Reconciler:
             error = await self._fail(p, reason, message)
         else:
             self.report_retried(reason)
-            log.info("%s %s: %s; retrying", self.name, p.key, message)
+            # The controller logs the retry at INFO with this message: one line per pass.
             error = ReconcileError(reason, message)
         streaks = self._streaks.get(p.key, {})
         passes = max((streaks[f].passes for f in failures if f in streaks), default=1)
