@@ -132,6 +132,16 @@ class CUDResults(Generic[ItemT]):
 Outcome = tuple[list[T], list[T]]
 
 
+@dataclass(frozen=True)
+class ItemFailure:
+    """Why the provider refused an item a create/update/delete returns as failed, in the
+    provider's words (``ReconcileContext.fail_item``)."""
+
+    message: str
+    #: The provider's error code, e.g. ``ServiceUnavailable``; empty when it gives none.
+    code: str = ""
+
+
 @dataclass
 class ReconcileContext:
     """What an adapter method gets besides the employer: who is asking, cache-backed reads, a
@@ -166,6 +176,19 @@ class ReconcileContext:
     memo: dict[str, Any] = field(default_factory=dict)
     scratch: dict[str, Any] = field(default_factory=dict)
     changed: frozenset[str] | None = None
+    #: Why the items returned as failed in this pass failed, by item id (``fail_item``).
+    failures: dict[str, ItemFailure] = field(default_factory=dict)
+
+    def fail_item(self, item_id: str, message: str, code: str = "") -> None:
+        """Say why the provider refused the item ``item_id``, which the create/update/delete
+        call then returns as failed. An item failed with a reason is a provider failure: the
+        frame writes it on the pod's readiness gate, and records a Warning Event when the same
+        failure outlasts its retries (docs/concepts.md, "When a failure becomes a Warning").
+        An item returned as failed without one is "not done yet" (a drain, a cloud controller
+        still catching up): retried, never a Warning. ``message`` must not vary between two
+        tries of the same failure (leave request ids out), so that repeats fold into one Event.
+        """
+        self.failures[item_id] = ItemFailure(message=message, code=code)
 
 
 class ReconcileAdapter(ABC):

@@ -184,7 +184,7 @@ def _explain(
 ) -> None:
     import asyncio
 
-    from resourceconsist.explain import ExplainError, run_explain, split_ref
+    from resourceconsist.explain import ExplainError, NotFoundAnswer, run_explain, split_ref
     from resourceconsist.kube import ApiError, is_unreachable
 
     try:
@@ -195,6 +195,11 @@ def _explain(
     client = _kube_client(kubeconfig)
     try:
         click.echo(asyncio.run(run_explain(client, adapters, kind, ref, output)))
+    except NotFoundAnswer as missing:
+        # The answer still goes to stdout (scripts read "exists": false); the exit code says it,
+        # as kubectl's does (docs/explain.md).
+        click.echo(missing.text)
+        raise SystemExit(1) from None
     except ExplainError as err:
         raise click.UsageError(str(err)) from err
     except ApiError as err:

@@ -116,6 +116,8 @@ class Controller:
         )
         gauge = self.metrics.unguarded_routing_pods.labels(self.name)
         self.reconciler.report_unguarded = gauge.set
+        retried = self.metrics.retried_failures
+        self.reconciler.report_retried = lambda reason: retried.labels(self.name, reason).inc()
         self.reconciler.api_down = lambda: client.reachability.down
         self.subscribers = SubscriberBus(
             self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
@@ -425,7 +427,8 @@ class Controller:
             elif isinstance(steer, errors.RetryAfter):
                 self.queue.forget(key)
                 self.queue.add_after(key, steer.seconds)
-                log.info("%s %s: retry in %.3gs as the adapter asked: %s", self.name, key, steer.seconds, err)
+                # Asked by the adapter, or by the frame for a conflict (docs/concepts.md).
+                log.info("%s %s: retry in %.3gs as asked: %s", self.name, key, steer.seconds, err)
             elif isinstance(err, ReconcileError | SyncFailedExist):
                 delay = self.queue.add_rate_limited(key)
                 log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)

@@ -3,6 +3,8 @@
 Repeats of the same (object, type, reason, message) within a short window are folded into one
 Event whose ``count`` grows, as client-go's correlator does, so a failing employer retried with
 backoff does not flood the API server. Recording never raises: a lost Event is logged.
+An Event may carry annotations (the provider failure of docs/concepts.md, "When a failure
+becomes a Warning"), set when it is created; a fold only moves its count and last time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
+from collections.abc import Mapping
 
 from resourceconsist import kube
 from resourceconsist.interfaces import EventType
@@ -41,17 +44,28 @@ class EventRecorder:
         # (uid, type, reason, message) -> (event name, namespace, count, first seen)
         self._seen: OrderedDict[tuple[str, str, str, str], tuple[str, str, int, float]] = OrderedDict()
 
-    async def event(self, obj: KubeObject, type_: EventType, reason: str, message: str) -> None:
+    async def event(
+        self,
+        obj: KubeObject,
+        type_: EventType,
+        reason: str,
+        message: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None:
         """Record an Event about ``obj``; failures are logged, never raised."""
         try:
-            await asyncio.to_thread(self._record, obj, type_, reason, message[:MAX_MESSAGE])
+            await asyncio.to_thread(
+                self._record, obj, type_, reason, message[:MAX_MESSAGE], dict(annotations or {})
+            )
         except Exception as err:
             # While the API server is unreachable, the client has said so once already.
             quiet = kube.is_unreachable(err) or self.client.reachability.down
             level = logging.DEBUG if quiet else logging.WARNING
             log.log(level, "could not record event %s on %s: %s", reason, kube.object_key(obj), err)
 
-    def _record(self, obj: KubeObject, type_: EventType, reason: str, message: str) -> None:
+    def _record(
+        self, obj: KubeObject, type_: EventType, reason: str, message: str, annotations: dict[str, str]
+    ) -> None:
         meta = obj.get("metadata", {})
         namespace = meta.get("namespace") or "default"
         key = (str(meta.get("uid", kube.object_key(obj))), type_, reason, message)
@@ -68,7 +82,11 @@ class EventRecorder:
                 pass  # the folded Event expired: record a new one
         stamp = _now()
         body = {
-            "metadata": {"generateName": f"{meta.get('name', 'object')}.", "namespace": namespace},
+            "metadata": {
+                "generateName": f"{meta.get('name', 'object')}.",
+                "namespace": namespace,
+                **({"annotations": annotations} if annotations else {}),
+            },
             "involvedObject": {
                 "apiVersion": obj.get("apiVersion", ""),
                 "kind": obj.get("kind", ""),

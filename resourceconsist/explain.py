@@ -11,6 +11,7 @@ and the readable lines say the same thing.
 from __future__ import annotations
 
 import builtins
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -51,11 +52,35 @@ class ExplainError(ResourceConsistError):
 # -- answers ------------------------------------------------------------------------------------
 
 
+class FailureAnswer(BaseModel):
+    """A provider failure the controller recorded as a Warning Event once it outlasted its
+    retries (docs/concepts.md, "When a failure becomes a Warning"), read from the Event's
+    ``resource-consist.kusionstack.io/provider-failure`` annotation."""
+
+    #: ``Kind/namespace/name`` of the employer the Event is about.
+    employer: str
+    #: The Event's reason, e.g. ``SyncEmployeesFailed``.
+    reason: str
+    #: The call the provider refused: ``syncCreate``, ``syncUpdate`` or ``syncDelete``.
+    operation: str
+    #: The provider item's id, and the employee (pod) it stands for.
+    item: str
+    name: str = ""
+    #: The provider's error code and message.
+    code: str = ""
+    message: str = ""
+    #: How many times the Event was recorded, and its first and last time.
+    count: int = 1
+    first: str | None = None
+    last: str | None = None
+
+
 class GateAnswer(BaseModel):
     """A readiness gate of the pod that is not True."""
 
     gate: str
-    #: The condition's status: ``False``, ``Unknown``, or ``missing`` (no condition yet).
+    #: The condition's status as Kubernetes writes it: ``False``, ``Unknown``, or ``missing``
+    #: (no condition yet).
     status: str
     reason: str = ""
     message: str = ""
@@ -108,16 +133,20 @@ class PodExplanation(BaseModel):
     name: str
     exists: bool = True
     phase: str = ""
-    ready: str | None = None
+    #: The ``Ready`` condition: True or False, None when the pod has none.
+    ready: bool | None = None
     ready_since: str | None = None
     ready_reason: str = ""
-    containers_ready: str | None = None
+    #: The ``ContainersReady`` condition: True or False, None when the pod has none.
+    containers_ready: bool | None = None
     deleting: bool = False
     deletion_timestamp: str | None = None
     not_ready: list[GateAnswer] = Field(default_factory=list)
     finalizers: list[FinalizerAnswer] = Field(default_factory=list)
     #: Employers whose provider serves the pod while its containers are not ready (traffic fails).
     served_while_stopped: list[str] = Field(default_factory=list)
+    #: Failures of its employers' providers about this pod that outlasted their retries.
+    provider_failures: list[FailureAnswer] = Field(default_factory=list)
     #: Adapters whose provider was consulted.
     adapters: list[str] = Field(default_factory=list)
     #: Employers that are gone while their marks still hold the pod.
@@ -128,10 +157,19 @@ class ItemChange(BaseModel):
     """One difference between what the provider should hold and what it holds."""
 
     action: Literal["create", "update", "delete"]
+    #: What the change does to the registration: ``register`` (the provider will hold one that
+    #: may route), ``deregister`` (it will hold none), ``change`` (it holds one before and after).
+    effect: Literal["register", "deregister", "change"] = "change"
     id: str
     name: str = ""
+    #: The pod the provider ties the item to (its backend's description, else the item's name).
+    pod: str | None = None
+    #: Whether that pod exists; None when the item names no pod.
+    pod_exists: bool | None = None
     expected: Any = None
     current: Any = None
+    #: The provider's last refusal of this item, once it outlasted its retries.
+    failure: FailureAnswer | None = None
 
 
 class EventAnswer(BaseModel):
@@ -139,14 +177,20 @@ class EventAnswer(BaseModel):
     reason: str
     message: str
     count: int = 1
+    first: str | None = None
     last: str | None = None
+    #: The provider failure the Event records, when it records one.
+    failure: FailureAnswer | None = None
 
 
 class PodState(BaseModel):
     """A pod the employer selects or holds: its gate, finalizers and backend."""
 
     name: str
-    gate: str | None = None
+    #: Whether the pod carries this employer's readiness gate, and its condition (None: no
+    #: condition yet, or no gate).
+    has_gate: bool = False
+    gate: bool | None = None
     has_guard: bool = False
     has_lifecycle_finalizer: bool = False
     deleting: bool = False
@@ -174,6 +218,8 @@ class EmployerExplanation(BaseModel):
     provider_error: str | None = None
     pods: list[PodState] = Field(default_factory=list)
     warnings: list[EventAnswer] = Field(default_factory=list)
+    #: Provider failures that outlasted their retries (latest Event per operation and item).
+    failures: list[FailureAnswer] = Field(default_factory=list)
     provider: ProviderView | None = None
 
 
@@ -231,6 +277,12 @@ def _ref(resource: Resource, namespace: str, name: str) -> str:
     return f"{resource.kind}/{namespace}/{name}"
 
 
+def _status(condition: Mapping[str, Any] | None) -> bool | None:
+    """A condition's status as a boolean; None when there is no condition (or it is Unknown)."""
+    status = (condition or {}).get("status")
+    return True if status == "True" else False if status == "False" else None
+
+
 def _plain(value: Any) -> Any:
     """An item's statuses as JSON-able data (pydantic models as their fields)."""
     return to_jsonable_python(value, fallback=str)
@@ -259,6 +311,7 @@ class Explainer:
         self.reader = SnapshotReader(client)
         #: What each listing adapter's ``list_owned`` answered, asked once per explain.
         self._owned: dict[str, list[OwnedItem]] = {}
+        self._event_cache: dict[tuple[str, str, str], list[EventAnswer]] = {}
 
     # -- shared pieces ----------------------------------------------------------------------------
 
@@ -348,10 +401,10 @@ class Explainer:
         status = pod.get("status") or {}
         ready = lifecycle.pod_condition(pod, "Ready") or {}
         answer.phase = str(status.get("phase") or "")
-        answer.ready = ready.get("status")
+        answer.ready = _status(ready)
         answer.ready_since = ready.get("lastTransitionTime")
         answer.ready_reason = str(ready.get("reason") or "")
-        answer.containers_ready = (lifecycle.pod_condition(pod, "ContainersReady") or {}).get("status")
+        answer.containers_ready = _status(lifecycle.pod_condition(pod, "ContainersReady"))
         answer.deleting = lifecycle.is_deleting(pod)
         answer.deletion_timestamp = pod["metadata"].get("deletionTimestamp")
         by_hash = self._employers_by_hash(namespace, pod)
@@ -404,10 +457,17 @@ class Explainer:
                         backend = view.backend(name)
                         if backend is not None:
                             item_f.provider.append(backend)
-            item_f.pending = _finalizer_pending(item_f)
+            item_f.pending = _finalizer_pending(item_f, deleting=answer.deleting)
             answer.finalizers.append(item_f)
-            if answer.containers_ready == "False" and any(b.serving for b in item_f.provider):
+            if answer.containers_ready is False and any(b.serving for b in item_f.provider):
                 answer.served_while_stopped = sorted({*answer.served_while_stopped, *item_f.employers})
+        owners = {(r.kind, e) for owners_ in by_hash.values() for r, e in owners_}
+        for kind, employer in sorted(owners):
+            for event in self._events(kind, namespace, employer):
+                failure = event.failure
+                if failure is not None and name in (failure.name, failure.item):
+                    answer.provider_failures.append(failure)
+        answer.provider_failures = _latest_failures(answer.provider_failures)
         await self._explain_gone(namespace, pod, answer)
         return answer
 
@@ -529,7 +589,9 @@ class Explainer:
         guarded wrongly, recent Warning Events."""
         answer = EmployerExplanation(kind=resource.kind, namespace=namespace, name=name)
         employer = self.reader.get(resource, namespace, name)
-        answer.warnings = self._warnings(resource, namespace, name)
+        events = self._events(resource.kind, namespace, name)
+        answer.warnings = events[-RECENT_WARNINGS:]
+        answer.failures = _latest_failures([e.failure for e in events if e.failure is not None])
         if employer is None:
             answer.exists = False
             return answer
@@ -554,16 +616,15 @@ class Explainer:
             answer.provider_error = view.error
             answer.provider_consulted = view.view is not None
             if view.view is not None:
-                await self._changes(adapter, employer, answer)
+                await self._changes(adapter, employer, answer, view.view)
         for pod_name in sorted(pods):
             pod = pods[pod_name]
             finalizers = lifecycle.get_finalizers(pod)
             cond = lifecycle.pod_condition(pod, gate) if gate in lifecycle.readiness_gates(pod) else None
             state = PodState(
                 name=pod_name,
-                gate=None
-                if gate not in lifecycle.readiness_gates(pod)
-                else str((cond or {}).get("status", "missing")),
+                has_gate=gate in lifecycle.readiness_gates(pod),
+                gate=_status(cond),
                 has_guard=guard in finalizers,
                 has_lifecycle_finalizer=held in finalizers,
                 deleting=lifecycle.is_deleting(pod),
@@ -575,10 +636,12 @@ class Explainer:
             answer.unguarded = sorted(
                 n for n in names if n in pods and not ({guard, held} & set(lifecycle.get_finalizers(pods[n])))
             )
+            # A pod whose registration is pending keeps its guard for it: not one to release.
+            registering = {c.pod for c in answer.employee_changes if c.effect == "register"}
             answer.to_release = sorted(
                 p.name
                 for p in answer.pods
-                if (p.has_guard or p.has_lifecycle_finalizer) and p.name not in names
+                if (p.has_guard or p.has_lifecycle_finalizer) and p.name not in names | registering
             )
             answer.converged = not (
                 answer.employer_changes or answer.employee_changes or answer.unguarded or answer.to_release
@@ -586,10 +649,12 @@ class Explainer:
         return answer
 
     async def _changes(
-        self, adapter: ReconcileAdapter, employer: KubeObject, answer: EmployerExplanation
+        self, adapter: ReconcileAdapter, employer: KubeObject, answer: EmployerExplanation, view: ProviderView
     ) -> None:
-        """The diff the controller's next pass would act on, expected vs current, both sides."""
+        """The diff the controller's next pass would act on, expected vs current, both sides;
+        each employee change with the pod it concerns and the provider's last refusal of it."""
         ctx = self._context(adapter, employer)
+        namespace = answer.namespace
         try:
             for side, expected_fn, current_fn in (
                 ("employer", adapter.get_expected_employer, adapter.get_current_employer),
@@ -624,32 +689,94 @@ class Explainer:
                 if side == "employer":
                     answer.employer_changes = changes
                 else:
+                    for change in changes:
+                        self._describe_change(change, planned, by_id, view, namespace)
                     answer.employee_changes = changes
+                for change in changes:
+                    change.failure = next((f for f in reversed(answer.failures) if f.item == change.id), None)
         except Exception as err:
             answer.provider_error = f"{adapter.get_controller_name()}: {err}"
 
-    def _warnings(self, resource: Resource, namespace: str, name: str) -> list[EventAnswer]:
+    def _describe_change(
+        self,
+        change: ItemChange,
+        planned: Any,
+        by_id: Mapping[str, Employee],
+        view: ProviderView,
+        namespace: str,
+    ) -> None:
+        """Say what an employee change does to the registration, and which pod it concerns."""
+        expected = next((i for i in [*planned.to_create, *planned.to_update] if i.id == change.id), None)
+        current = by_id.get(change.id)
+        before = current is not None and current.registered()
+        after = expected is not None and expected.registered()
+        change.effect = (
+            "register" if after and not before else "deregister" if before and not after else "change"
+        )
+        backend = next((b for b in view.backends if b.id == change.id), None)
+        change.pod = (backend.employee if backend is not None else "") or change.name or None
+        if change.pod and wire.MULTI_CLUSTER_SEPARATOR not in change.pod:
+            change.pod_exists = self.reader.get(kube.POD, namespace, change.pod) is not None
+
+    def _events(self, kind: str, namespace: str, name: str) -> list[EventAnswer]:
+        """The Warning Events about one object, oldest first (listed once per object)."""
+        key = (kind, namespace, name)
+        if key in self._event_cache:
+            return self._event_cache[key]
         listing = self.client.list(
             kube.EVENT,
             namespace,
-            field_selector=f"involvedObject.name={name},involvedObject.kind={resource.kind},type=Warning",
+            field_selector=f"involvedObject.name={name},involvedObject.kind={kind},type=Warning",
         )
-        events = [
-            EventAnswer(
-                type=e.get("type", ""),
-                reason=e.get("reason", ""),
-                message=e.get("message", ""),
-                count=int(e.get("count") or 1),
-                last=e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp"),
-            )
-            for e in listing.get("items") or []
-        ]
+        employer = f"{kind}/{namespace}/{name}"
+        events = [_event_answer(e, employer) for e in listing.get("items") or []]
         events.sort(key=lambda e: e.last or "")
-        return events[-RECENT_WARNINGS:]
+        self._event_cache[key] = events
+        return events
 
 
-def _finalizer_pending(answer: FinalizerAnswer) -> str:
-    """What must happen before this finalizer goes, in words."""
+def _event_answer(event: KubeObject, employer: str) -> EventAnswer:
+    meta = event["metadata"]
+    first = event.get("firstTimestamp") or event.get("eventTime") or meta.get("creationTimestamp")
+    answer = EventAnswer(
+        type=event.get("type", ""),
+        reason=event.get("reason", ""),
+        message=event.get("message", ""),
+        count=int(event.get("count") or 1),
+        first=first,
+        last=event.get("lastTimestamp") or first,
+    )
+    raw = (meta.get("annotations") or {}).get(wire.PROVIDER_FAILURE_ANNOTATION)
+    try:
+        record = json.loads(raw) if raw else None
+    except ValueError:
+        record = None  # not ours to judge: the Event's message still says it
+    if isinstance(record, dict):
+        answer.failure = FailureAnswer(
+            employer=employer,
+            reason=answer.reason,
+            operation=str(record.get("operation", "")),
+            item=str(record.get("item", "")),
+            name=str(record.get("name", "")),
+            code=str(record.get("code", "")),
+            message=str(record.get("message", "")),
+            count=answer.count,
+            first=answer.first,
+            last=answer.last,
+        )
+    return answer
+
+
+def _latest_failures(failures: Sequence[FailureAnswer]) -> list[FailureAnswer]:
+    """The latest failure of each (employer, operation, item), oldest first."""
+    latest: dict[tuple[str, str, str], FailureAnswer] = {}
+    for failure in sorted(failures, key=lambda f: f.last or ""):
+        latest[(failure.employer, failure.operation, failure.item)] = failure
+    return list(latest.values())
+
+
+def _finalizer_pending(answer: FinalizerAnswer, *, deleting: bool) -> str:
+    """What must happen before this finalizer goes, in words (docs/concepts.md, "The guard")."""
     if answer.role == "other":
         return "not ours: the controller that added it removes it"
     if not answer.employers:
@@ -662,13 +789,44 @@ def _finalizer_pending(answer: FinalizerAnswer) -> str:
             "provider not consulted (pass --adapter NAME): "
             "the controller removes it once the provider holds no backend of the pod"
         )
+    held = "; ".join(_backend_words(b) for b in answer.provider)
+    if deleting:
+        if answer.provider:
+            return (
+                f"the provider still holds {held}: the controller deregisters it, then removes the finalizer"
+            )
+        return (
+            "the provider holds no backend of the pod: the controller removes it once a pass confirms "
+            "that (is the controller running?)"
+        )
+    if answer.role == "lifecycle":
+        if any(b.serving for b in answer.provider):
+            return f"the provider serves the pod ({held}); it stays while the pod is served"
+        if answer.provider:
+            return f"the provider holds {held}: it stays while the provider holds the pod's backend"
+        return "the provider holds no backend of the pod: the controller removes it on its next pass"
     if answer.provider:
-        held = "; ".join(_backend_words(b) for b in answer.provider)
-        return f"the provider still holds {held}: the controller deregisters it, then removes the finalizer"
+        return (
+            f"the provider holds {held}: the guard holds the pod while it is registered; the controller "
+            "swaps it for the lifecycle finalizer once the provider serves the ready pod"
+        )
     return (
-        "the provider holds no backend of the pod: the controller removes it once a pass confirms "
-        "that (a failing create keeps it: see explain employer; is the controller running?)"
+        "the provider holds no backend of the pod yet: the guard waits for the controller to register "
+        "it (a refused registration keeps it: see the provider's failures)"
     )
+
+
+def _failure_words(failure: FailureAnswer) -> str:
+    what = ": ".join(x for x in (failure.code, failure.message) if x) or "no reason given"
+    item = failure.name or failure.item
+    return (
+        f"the provider of {failure.employer} refused {failure.operation} of {item}: {what} "
+        f"(x{failure.count}, first {failure.first}, last {failure.last})"
+    )
+
+
+def _yes_no(value: bool | None) -> str:
+    return "unknown" if value is None else str(value)
 
 
 def _backend_words(backend: ProviderBackend) -> str:
@@ -690,16 +848,18 @@ def pod_lines(answer: PodExplanation) -> list[str]:
     since = f" since {answer.ready_since}" if answer.ready_since else ""
     reason = f" ({answer.ready_reason})" if answer.ready_reason else ""
     lines = [
-        f"{ref}: Ready {answer.ready or 'unknown'}{since}{reason}; phase {answer.phase or 'unknown'}, "
-        f"ContainersReady {answer.containers_ready or 'unknown'}"
+        f"{ref}: Ready {_yes_no(answer.ready)}{since}{reason}; phase {answer.phase or 'unknown'}, "
+        f"ContainersReady {_yes_no(answer.containers_ready)}"
     ]
     if answer.served_while_stopped:
         lines.append(
             f"  ! the provider of {', '.join(answer.served_while_stopped)} serves this pod but its "
             "containers are not ready: that traffic fails (docs/zero-downtime.md)"
         )
-    if answer.ready != "True":
-        if answer.containers_ready != "True":
+    for failure in answer.provider_failures:
+        lines.append(f"  ! {_failure_words(failure)}")
+    if answer.ready is not True:
+        if answer.containers_ready is not True:
             lines.append(
                 "  containers stopped (the pod is deleting)"
                 if answer.deleting
@@ -768,7 +928,15 @@ def employer_lines(answer: EmployerExplanation) -> list[str]:
             detail = {"create": f"want {c.expected}", "delete": f"holds {c.current}"}.get(
                 c.action, f"want {c.expected}, holds {c.current}"
             )
-            lines.append(f"  {what} {c.id}: to {c.action} ({detail})")
+            name = c.id
+            if c.pod_exists is False:
+                name = f"{c.pod} (pod not found; provider item {c.id})"
+            elif c.pod and c.pod != c.id:
+                name = f"{c.pod} (provider item {c.id})"
+            effect = f"; {c.effect}" if c.action == "update" and c.effect != "change" else ""
+            lines.append(f"  {what} {name}: to {c.action}{effect} ({detail})")
+            if c.failure is not None:
+                lines.append(f"    ! {_failure_words(c.failure)}")
     if answer.unguarded:
         lines.append(f"  registered without this employer's finalizer: {', '.join(answer.unguarded)}")
     if answer.to_release:
@@ -776,9 +944,14 @@ def employer_lines(answer: EmployerExplanation) -> list[str]:
             "  carry its finalizers without a backend (released once a pass confirms the provider "
             f"holds none): {', '.join(answer.to_release)}"
         )
+    shown = {(c.failure.operation, c.failure.item) for c in answer.employee_changes if c.failure}
+    shown |= {(c.failure.operation, c.failure.item) for c in answer.employer_changes if c.failure}
+    for failure in answer.failures:
+        if (failure.operation, failure.item) not in shown:
+            lines.append(f"  ! {_failure_words(failure)}")
     for pod in answer.pods:
         parts = [
-            f"gate {pod.gate}" if pod.gate else "",
+            f"gate {'missing' if pod.gate is None else pod.gate}" if pod.has_gate else "",
             "guard" if pod.has_guard else "",
             "lifecycle finalizer" if pod.has_lifecycle_finalizer else "",
             "deleting" if pod.deleting else "",
@@ -790,7 +963,7 @@ def employer_lines(answer: EmployerExplanation) -> list[str]:
         )
         lines.append(f"  pod {pod.name}: " + ", ".join(p for p in [*parts, backend] if p))
     for e in answer.warnings:
-        lines.append(f"  Warning {e.reason} x{e.count} (last {e.last}): {e.message}")
+        lines.append(f"  Warning {e.reason} x{e.count} (first {e.first}, last {e.last}): {e.message}")
     return lines
 
 
@@ -805,15 +978,31 @@ def split_ref(ref: str) -> tuple[str, str]:
     return namespace, name
 
 
+class NotFoundAnswer(ExplainError):
+    """The object explained does not exist; ``text`` is the answer to print all the same (the
+    command prints it and exits 1, as ``kubectl get`` does for a missing object)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("not found")
+        self.text = text
+
+
 async def run_explain(
     client: KubeClient, adapters: Sequence[ReconcileAdapter], kind: str | None, ref: str, output: str
 ) -> str:
     """``resourceconsist explain``: the pod's (``kind`` None) or the employer's answer, as
-    readable lines or JSON."""
+    readable lines or JSON; ``NotFoundAnswer`` (carrying that answer) when it does not exist."""
     namespace, name = split_ref(ref)
     explainer = Explainer(client, adapters)
+    answer: PodExplanation | EmployerExplanation
     if kind is None:
-        pod = await explainer.pod(namespace, name)
-        return pod.model_dump_json(indent=2) if output == "json" else "\n".join(pod_lines(pod))
-    employer = await explainer.employer(explainer.resolve_kind(kind), namespace, name)
-    return employer.model_dump_json(indent=2) if output == "json" else "\n".join(employer_lines(employer))
+        answer = await explainer.pod(namespace, name)
+        text = "\n".join(pod_lines(answer))
+    else:
+        answer = await explainer.employer(explainer.resolve_kind(kind), namespace, name)
+        text = "\n".join(employer_lines(answer))
+    if output == "json":
+        text = answer.model_dump_json(indent=2)
+    if not answer.exists:
+        raise NotFoundAnswer(text)
+    return text

@@ -124,12 +124,15 @@ def decide(
     serving: bool | None,
     timeout: float | None,
     now: datetime.datetime,
+    refused: str | None = None,
 ) -> Decision:
     """The gate condition one pod should carry.
 
     ``employed``/``serving`` are None when this pass could not tell (the provider's state is
-    unknown: a call failed or the pass stopped early); the gate then stays as it is, except for
-    the fail-safe, which exists for exactly that case.
+    unknown: a call failed or the pass stopped early); a True gate then stays True, except for
+    the fail-safe, which exists for exactly that case, and a gate that is not True says why it
+    waits. ``refused`` is the provider's reason (code and message) when it refused, in this
+    pass, the call that would serve the pod.
     """
     condition = lifecycle.pod_condition(pod, gate)
     if employer_deleting:
@@ -146,20 +149,11 @@ def decide(
         return Decision(None)  # the fail-safe let it go; it stays so until the provider serves it
     ready = lifecycle.is_lifecycle_ready(pod)
     not_serving: GateState | None = None
-    if serving is None and condition is None:
-        # Not known to serve, and the pod says nothing yet: False is what it is anyway (a gate
-        # without its condition is not True), now with the reason.
-        not_serving = GateState(
-            False, GateReason.NOT_SERVING, f"the provider of {employer} has not confirmed it serves the pod"
-        )
-    elif serving is False:
-        message = (
-            f"the provider of {employer} does not serve the pod yet"
-            if ready
-            else f"the provider of {employer} does not serve the pod: its containers or other "
-            "readiness gates are not ready"
-        )
-        not_serving = GateState(False, GateReason.NOT_SERVING, message)
+    said_true = condition is not None and condition.get("status") == "True"
+    if serving is False or (serving is None and not said_true):
+        # Unknown leaves a True gate as it is (a failed call does not take a served pod out);
+        # a gate that is not True says why, in the terms of docs/zero-downtime.md.
+        not_serving = _not_serving(employer, ready=ready, serving=serving, refused=refused)
     if timeout is None or not ready:
         return Decision(not_serving)
     since = waiting_since(pod, gate)
@@ -174,6 +168,29 @@ def decide(
             )
         )
     return Decision(not_serving, recheck_after=left)
+
+
+def _not_serving(employer: str, *, ready: bool, serving: bool | None, refused: str | None) -> GateState:
+    """Why a gate is False: the pod is not ready, the provider refused it, or it has not (yet)
+    registered and served it."""
+    if not ready:
+        return GateState(
+            False,
+            GateReason.CONTAINERS_NOT_READY,
+            f"the pod's containers or its other readiness gates are not ready; the provider of {employer} "
+            "is not asked to serve it yet",
+        )
+    if refused:
+        return GateState(
+            False,
+            GateReason.PROVIDER_REFUSED,
+            f"the provider of {employer} refused the change that would serve the pod: {refused}",
+        )
+    if serving is None:
+        return GateState(
+            False, GateReason.NOT_SERVING, f"waiting for the provider of {employer} to register the pod"
+        )
+    return GateState(False, GateReason.NOT_SERVING, f"the provider of {employer} does not serve the pod yet")
 
 
 def condition_patch(pod: Pod, gate: str, want: GateState, now: datetime.datetime) -> dict[str, Any]:

@@ -70,4 +70,11 @@ class ObjectWriter(Protocol):
 class EventSink(Protocol):
     """Records Kubernetes Events (where users look); never raises."""
 
-    async def event(self, obj: KubeObject, type_: EventType, reason: str, message: str) -> None: ...
+    async def event(
+        self,
+        obj: KubeObject,
+        type_: EventType,
+        reason: str,
+        message: str,
+        annotations: Mapping[str, str] | None = None,
+    ) -> None: ...

@@ -117,6 +117,16 @@ class Metrics:
             ["controller"],
             registry=self.registry,
         )
+        #: Failures left to a retry without a Warning Event (docs/concepts.md, "When a failure
+        #: becomes a Warning"): a 409 Conflict, or an item the provider refused.
+        self.retried_failures = Counter(
+            "resourceconsist_retried_failures_total",
+            "Failures of a pass left to the next pass without a Warning Event (a conflict, an item "
+            "the provider refused), by the Event reason they would carry; a Warning follows only "
+            "when the same failure outlasts its retries.",
+            ["controller", "reason"],
+            registry=self.registry,
+        )
         #: One per orphaned provider item or stray sub-resource deleted (docs/lifecycle-hooks.md).
         self.orphans_collected = Counter(
             "resourceconsist_orphans_collected_total",

@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
+import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,7 @@ from resourceconsist.adapter import (
     Employer,
     EmployerRequeueOptions,
     ExpectedFinalizerRecordOptions,
+    ItemFailure,
     MultiClusterOptions,
     PodEmployeeStatuses,
     ReconcileAdapter,
@@ -51,7 +54,7 @@ from resourceconsist.adapter import (
 )
 from resourceconsist.cancellation import call_adapter, current_cancellation
 from resourceconsist.diff import Diff, diff
-from resourceconsist.errors import ResourceConsistError
+from resourceconsist.errors import ResourceConsistError, RetryAfter
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
 from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult, RecentWrites
@@ -62,6 +65,18 @@ T = TypeVar("T")
 
 #: The default of ``Reconciler.full_pass_every``: an employer's memo is rebuilt at least this often.
 DEFAULT_FULL_PASS_EVERY = 300.0
+#: The defaults of ``Reconciler.warn_after_passes`` and ``warn_after_seconds``: a failure left to
+#: retries (a 409 Conflict, an item the provider refused) becomes a Warning Event once the same
+#: failure was met on this many consecutive passes of the employer, over at least this long
+#: (docs/concepts.md, "When a failure becomes a Warning").
+DEFAULT_WARN_AFTER_PASSES = 3
+DEFAULT_WARN_AFTER_SECONDS = 20.0
+#: At most this many item failures of one pass become Warning Events (the rest are counted).
+MAX_ITEM_WARNINGS = 5
+#: A pass that met only 409 Conflicts is tried again after 0.1 s, doubling with each consecutive
+#: conflicting pass up to this many seconds (jittered), not after the controller's exponential
+#: backoff: another writer is busy, not broken, and 1000 s would leave pods unguarded for long.
+MAX_CONFLICT_RETRY_SECONDS = 5.0
 
 
 @dataclass
@@ -127,6 +142,18 @@ class _Pass:
     stand_in: bool = False
     collected: bool = False
     verdicts: dict[str, _Verdict] = field(default_factory=dict)
+    #: Failures left to retries met in this pass (``Reconciler._outlasted``), and the provider's
+    #: reason for each pod whose item it refused (for the readiness gates).
+    failing: set[tuple[str, ...]] = field(default_factory=set)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Streak:
+    """How long one failure left to retries has lasted: since when, over how many passes."""
+
+    since: float
+    passes: int = 0
 
 
 class _Verdict(IntEnum):
@@ -191,6 +218,15 @@ class Reconciler:
         self._told: dict[tuple[str, str], str] = {}
         #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
         self.recent = RecentWrites()
+        #: When a failure left to retries becomes a Warning Event: met on this many consecutive
+        #: passes, over at least this many seconds (docs/concepts.md, "When a failure becomes a
+        #: Warning"). An adapter error stays a Warning at once, as in the Go original.
+        self.warn_after_passes: int = DEFAULT_WARN_AFTER_PASSES
+        self.warn_after_seconds: float = DEFAULT_WARN_AFTER_SECONDS
+        #: Per employer key: the failures left to retries its consecutive passes met.
+        self._streaks: dict[str, dict[tuple[str, ...], _Streak]] = {}
+        #: Called with the Event reason of each failure left to a retry without a Warning (the metric).
+        self.report_retried: Callable[[str], None] = lambda reason: None
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -279,6 +315,7 @@ class Reconciler:
         self.memos.pop(key, None)
         self._changes.pop(key, None)
         self._full_pass_at.pop(key, None)
+        self._streaks.pop(key, None)
         if self.unguarded.pop(key, 0):
             self.report_unguarded(sum(self.unguarded.values()))
 
@@ -297,13 +334,113 @@ class Reconciler:
 
     # -- events ---------------------------------------------------------------------------------
 
-    async def _fail(self, p: _Pass, reason: EventReason, message: str) -> ReconcileError:
+    async def _fail(
+        self, p: _Pass, reason: EventReason, message: str, annotations: Mapping[str, str] | None = None
+    ) -> ReconcileError:
         # While the API server is down the client has said so once; a line per failed pass
         # would repeat it (docs/concepts.md, "What an operator sees under faults").
         level = logging.DEBUG if self.api_down() else logging.WARNING
         log.log(level, "%s %s: %s", self.name, p.key, message)
-        await self.recorder.event(p.employer, "Warning", reason, message)
+        await self.recorder.event(p.employer, "Warning", reason, message, annotations)
         return ReconcileError(reason, message)
+
+    # -- failures left to retries (docs/concepts.md, "When a failure becomes a Warning") ------------
+
+    def _outlasted(self, p: _Pass, failures: Sequence[tuple[str, ...]]) -> bool:
+        """Count this pass for each failure; True when one of them has now been met on
+        ``warn_after_passes`` consecutive passes over at least ``warn_after_seconds``."""
+        streaks = self._streaks.setdefault(p.key, {})
+        now = time.monotonic()
+        outlasted = False
+        for failure in failures:
+            streak = streaks.setdefault(failure, _Streak(since=now))
+            if failure not in p.failing:
+                p.failing.add(failure)
+                streak.passes += 1
+            if streak.passes >= self.warn_after_passes and now - streak.since >= self.warn_after_seconds:
+                outlasted = True
+        return outlasted
+
+    def _end_streaks(self, p: _Pass) -> None:
+        """A failure this pass did not meet again was resolved: its streak ends."""
+        streaks = self._streaks.get(p.key)
+        if streaks is None:
+            return
+        for failure in [f for f in streaks if f not in p.failing]:
+            del streaks[failure]
+        if not streaks:
+            del self._streaks[p.key]
+
+    async def _fail_unless_retrying(
+        self, p: _Pass, reason: EventReason, message: str, failures: Sequence[tuple[str, ...]]
+    ) -> ReconcileError:
+        """A failure a retry may resolve (a 409 Conflict): an INFO line and a metric, until the
+        same failure outlasts its retries; then the Warning Event of ``_fail``."""
+        if self._outlasted(p, failures):
+            error = await self._fail(p, reason, message)
+        else:
+            self.report_retried(reason)
+            # The controller logs the retry at INFO with this message: one line per pass.
+            error = ReconcileError(reason, message)
+        streaks = self._streaks.get(p.key, {})
+        passes = max((streaks[f].passes for f in failures if f in streaks), default=1)
+        delay = min(MAX_CONFLICT_RETRY_SECONDS, 0.1 * 2 ** (passes - 1)) * random.uniform(0.5, 1.0)
+        error.__cause__ = RetryAfter(delay, message)
+        return error
+
+    async def _report_refused(self, p: _Pass, side: _Side, results: CUDResults[Any]) -> None:
+        """Items the provider refused with a reason (``ReconcileContext.fail_item``): each pod's
+        reason goes to its readiness gate; each failure is an INFO line and a metric until it
+        outlasts its retries, then a Warning Event in the Go frame's words, annotated with the
+        operation, item, code and message for ``resourceconsist explain``. Items failed without
+        a reason are "not done yet" (a drain, a cloud controller catching up): never a Warning."""
+        refused: list[tuple[str, Any, ItemFailure]] = []
+        for label, items in (
+            ("syncCreate", results.fail_created),
+            ("syncUpdate", results.fail_updated),
+            ("syncDelete", results.fail_deleted),
+        ):
+            for item in items:
+                failure = p.ctx.failures.get(item.id)
+                if failure is not None:
+                    refused.append((label, item, failure))
+        warnings: list[tuple[str, Any, ItemFailure]] = []
+        for label, item, failure in refused:
+            cause = f"{failure.code}: {failure.message}" if failure.code else failure.message
+            if side is _EMPLOYEES and item.name:
+                p.refused[item.name] = cause
+            # The same failure: the same call refused for the same item with the same code.
+            if self._outlasted(p, [(side.what, label, item.id, failure.code or failure.message)]):
+                warnings.append((label, item, failure))
+            else:
+                self.report_retried(side.sync_reason)
+        if len(warnings) < len(refused):
+            label, item, failure = next(r for r in refused if r not in warnings)
+            log.info(
+                "%s %s: the provider refused %d %s items, retrying; first: %s %s: %s",
+                self.name,
+                p.key,
+                len(refused) - len(warnings),
+                side.what,
+                label,
+                item.id,
+                failure.message,
+            )
+        for label, item, failure in sorted(warnings, key=lambda w: (w[0], w[1].id))[:MAX_ITEM_WARNINGS]:
+            cause = f"{failure.code}: {failure.message}" if failure.code else failure.message
+            record = {
+                "operation": label,
+                "item": item.id,
+                "name": getattr(item, "name", "") or "",
+                "code": failure.code,
+                "message": failure.message,
+            }
+            await self._fail(
+                p,
+                side.sync_reason,
+                f"sync {side.what} failed: {label} failed, err: {item.id}: {cause}",
+                {wire.PROVIDER_FAILURE_ANNOTATION: json.dumps(record, sort_keys=True)},
+            )
 
     # -- 1. the whole pass ----------------------------------------------------------------------------
 
@@ -368,6 +505,7 @@ class Reconciler:
                     )
             raise
         finally:
+            self._end_streaks(p)
             if not p.stand_in:
                 if not completed:
                     # Whatever the adapter kept from this pass may be wrong: rebuild it next time.
@@ -594,6 +732,8 @@ class Reconciler:
         except _SyncError as err:
             raise await self._fail(p, side.sync_reason, f"sync {side.what} failed: {err}") from err
         _log_changes(self.name, p.key, side.what, results)
+        if results.any_failed:
+            await self._report_refused(p, side, results)
         return results
 
     # -- 5. employees and lifecycle finalizers ------------------------------------------------------------
@@ -819,19 +959,32 @@ class Reconciler:
         }
         if entry_failures:
             name, err = sorted(entry_failures.items())[0]
-            raise await self._fail(
+            raise await self._pod_write_failed(
                 p,
                 EventReason.ENSURE_EXPECTED_FINALIZER_FAILED,
                 f"ensure employees expected finalizer failed: pod {name}: {err}"
                 + (f" (and {len(entry_failures) - 1} more pods)" if len(entry_failures) > 1 else ""),
+                entry_failures,
             )
         if written.failed:
             name, err = sorted(written.failed.items())[0]
-            raise await self._fail(
+            raise await self._pod_write_failed(
                 p,
                 EventReason.SYNC_EMPLOYEES_FAILED,
                 f"sync employees failed: ensureLifecycleFinalizer failed, err: pod {name}: {err}",
+                written.failed,
             )
+
+    async def _pod_write_failed(
+        self, p: _Pass, reason: EventReason, message: str, failed: Mapping[str, BaseException]
+    ) -> ReconcileError:
+        """Pod writes that failed: conflicts only (other writers of the same pods) are left to
+        the retry until the same pod outlasts it; anything else is a Warning at once."""
+        if all(isinstance(err, kube.Conflict) for err in failed.values()):
+            return await self._fail_unless_retrying(
+                p, reason, message, [("conflict", str(reason), name) for name in sorted(failed)]
+            )
+        return await self._fail(p, reason, message)
 
     # -- readiness gates (docs/zero-downtime.md) ------------------------------------------------------------
 
@@ -913,6 +1066,7 @@ class Reconciler:
                 serving=serving,
                 timeout=timeout,
                 now=now,
+                refused=p.refused.get(name),
             )
             if decision.recheck_after is not None:
                 # A second more than the time left: the next pass finds the timeout run out.
@@ -1007,11 +1161,15 @@ class Reconciler:
                 lambda fresh: {"metadata": {"annotations": annotations}},
             )
         except ApiError as err:
-            raise await self._fail(
-                p,
-                EventReason.SYNC_EMPLOYEES_FAILED,
-                f"sync employees failed: patch record annotations failed, err: {err}",
-            ) from err
+            message = f"sync employees failed: patch record annotations failed, err: {err}"
+            if isinstance(err, kube.Conflict):
+                failure = ("conflict", str(EventReason.SYNC_EMPLOYEES_FAILED), "")
+                retrying = await self._fail_unless_retrying(
+                    p, EventReason.SYNC_EMPLOYEES_FAILED, message, [failure]
+                )
+                # Its cause is the retry it asks for (errors.steering reads the cause chain).
+                raise retrying from retrying.__cause__
+            raise await self._fail(p, EventReason.SYNC_EMPLOYEES_FAILED, message) from err
         if patched is not None:
             p.employer = patched
 

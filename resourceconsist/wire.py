@@ -62,6 +62,11 @@ READINESS_GATE_TIMEOUT_ANNOTATION: Final = "resource-consist.kusionstack.io/read
 #: pods it selects a ``preStop`` sleep that long.
 DRAIN_SECONDS_ANNOTATION: Final = "resource-consist.kusionstack.io/drain-seconds"
 
+#: Annotation of the Warning Events the frame records for a provider failure that outlasted its
+#: retries (docs/concepts.md, "When a failure becomes a Warning"): JSON ``{"operation": ...,
+#: "item": ..., "code": ..., "message": ...}``, read by ``resourceconsist explain``.
+PROVIDER_FAILURE_ANNOTATION: Final = "resource-consist.kusionstack.io/provider-failure"
+
 #: Separator of a multi-cluster employee name: ``<pod name>#<cluster name>``.
 MULTI_CLUSTER_SEPARATOR: Final = "#"
 
@@ -79,7 +84,13 @@ class GateReason(StrEnum):
     """Reasons of the readiness-gate conditions the frame writes on pods (docs/zero-downtime.md)."""
 
     SERVING = "ProviderServing"  # True: the provider confirmed it serves the pod
-    NOT_SERVING = "ProviderNotServing"  # False: it does not (yet, or any more)
+    NOT_SERVING = "ProviderNotServing"  # False: a ready pod it does not serve (yet, or any more)
+    #: False: the pod's containers or other readiness gates are not ready, so the provider is
+    #: not asked to serve it yet.
+    CONTAINERS_NOT_READY = "ContainersNotReady"
+    #: False: the provider refused the call that would register the pod (the message carries
+    #: the provider's code and message).
+    PROVIDER_REFUSED = "ProviderRefused"
     EMPLOYER_DELETED = "EmployerDeleted"  # True: the employer is deleted
     NOT_SELECTED = "NotSelected"  # True: the employer no longer employs the pod
     TIMEOUT = "ReadinessGateTimeout"  # True: the fail-safe's timeout ran out (also a Warning Event)

@@ -30,6 +30,7 @@ from resourceconsist.adapter import (
     Outcome,
     OwnedItem,
     Predicate,
+    ProviderView,
     ReconcileAdapter,
     ReconcileContext,
 )
@@ -39,6 +40,7 @@ from resourceconsist.kube import KubeObject, Resource, object_key
 from . import config
 from .backoff import RequeueBackoff
 from .config import Mode, SLBConfigError, check_cluster_name
+from .items import provider_backend
 from .manage import ManageStrategy, annotated_backend
 from .observe import ObserveStrategy
 from .search import GroupSearch
@@ -213,6 +215,19 @@ class SLBAdapter(ReconcileAdapter):
         for strategy_class in STRATEGIES.values():
             owned += await strategy_class.list_owned(self._tools(), ctx, self.search)
         return owned
+
+    # -- explain: what SLB holds, in its words ---------------------------------------------------------
+
+    async def describe_provider(self, ctx: ReconcileContext, employer: KubeObject) -> ProviderView:
+        """Our VServer group (manage mode) and each backend SLB holds for the Service: its
+        weight (manage) or health (observe), and whether it serves (docs/explain.md). Reads only."""
+        strategy = self._checked(ctx, employer)
+        groups = await strategy.current_employers()
+        items = await strategy.current_employees()
+        return ProviderView(
+            employer={g.id: g.statuses.model_dump() for g in groups if g.statuses is not None},
+            backends=[b for b in map(provider_backend, items) if b is not None],
+        )
 
     # -- employer (manage mode's VServer group) ---------------------------------------------------------
 

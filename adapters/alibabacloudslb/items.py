@@ -2,7 +2,8 @@
 
 Observe mode (the Go adapter's model): one item per selected pod, on both sides, id = pod name;
 ``Traffic.traffic_on`` is "should be in the load balancer" (expected: the pod is lifecycle-ready)
-or "is in the load balancer" (current: its IP is listed by ``DescribeHealthStatus``).
+or "is in the load balancer" (current: its IP is listed by ``DescribeHealthStatus``, whose health
+the current item keeps in ``Traffic.healthy``).
 
 Manage mode: one item per relevant pod, on both sides, id = pod name. The expected side carries
 ``Desired`` (what the pod's backends in our VServer group should be), the current side
@@ -11,6 +12,10 @@ compares the two. Backends of ours that no pod accounts for are current-only ite
 which the diff deletes. On every expected item ``lifecycle_ready`` is True exactly when the pod
 should carry the lifecycle finalizer, because the frame reads it on updated and unchanged items
 to add or remove the finalizer.
+
+In both modes ``registered()`` says whether SLB holds a backend that may route to the pod (the
+guard's question) and ``serves()`` whether that backend carries traffic: a weight above 0, and
+not reported unhealthy (the readiness gate's question; docs/concepts.md, "The guard").
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from resourceconsist.adapter import Employee, Employer, PodEmployeeStatuses
+from resourceconsist.adapter import Employee, Employer, PodEmployeeStatuses, ProviderBackend
 
+from .config import MEMBER_DESCRIPTION_PREFIX
 from .slbclient import BackendServer
 
 #: What a pod's backends should be in manage mode:
@@ -36,6 +42,9 @@ class Traffic(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     traffic_on: bool
+    #: Current side: whether SLB reports the listed backend healthy on some listener (False: every
+    #: listener reports it ``abnormal``); None where SLB reports no health (the expected side).
+    healthy: bool | None = None
 
 
 class Desired(BaseModel):
@@ -76,6 +85,11 @@ def _statuses(item: Employee) -> PodEmployeeStatuses | None:
     return item.statuses if isinstance(item.statuses, PodEmployeeStatuses) else None
 
 
+def _traffic(statuses: PodEmployeeStatuses) -> bool | None:
+    extra = statuses.extra_status
+    return extra.traffic_on if isinstance(extra, Traffic) else None
+
+
 class ObservedEmployee(Employee):
     """A selected pod in observe mode (Go: ``AlibabaSlbPodStatus``)."""
 
@@ -87,12 +101,20 @@ class ObservedEmployee(Employee):
             self.name == other.name
             and mine.ip == theirs.ip
             and mine.ipv6 == theirs.ipv6
-            and mine.extra_status == theirs.extra_status
+            # Health is SLB's to judge, not ours to change: it never makes an update.
+            and _traffic(mine) == _traffic(theirs)
         )
 
     def registered(self) -> bool:
         """Expected: the pod should be in the load balancer; current: its IP is listed."""
         return self.traffic_on
+
+    def serves(self) -> bool:
+        """Listed, and not reported unhealthy on every listener (CCM gives weight; SLB's health
+        list is all observe mode reads)."""
+        statuses = _statuses(self)
+        extra = statuses.extra_status if statuses is not None else None
+        return self.traffic_on and not (isinstance(extra, Traffic) and extra.healthy is False)
 
     @property
     def traffic_on(self) -> bool:
@@ -120,6 +142,16 @@ class ManagedEmployee(Employee):
         if desired is not None:
             return desired.state in ("on", "idle")
         return attached is not None and bool(attached.members)
+
+    def serves(self) -> bool:
+        """Expected: the pod should have its backend at a weight above 0; current: the group
+        holds a backend of ours for the pod at a weight above 0. A backend at weight 0 is
+        registered (it may get traffic back at any moment, so the guard holds) but carries none,
+        so the pod's readiness gate stays False (docs/alibabacloudslb.md, "Manage")."""
+        desired, attached = self.desired, self.attached
+        if desired is not None:
+            return desired.state == "on" and desired.backend is not None and desired.backend.weight > 0
+        return attached is not None and any(member.weight > 0 for member in attached.members)
 
     @property
     def desired(self) -> Desired | None:
@@ -152,3 +184,48 @@ class GroupEmployer(Employer):
         if not isinstance(mine, GroupStatus) or not isinstance(theirs, GroupStatus):
             return False
         return self.id == other.id and mine.load_balancer_id == theirs.load_balancer_id
+
+
+def provider_backend(item: Employee) -> ProviderBackend | None:
+    """What SLB holds for one current item, in SLB's words (``resourceconsist explain``); None
+    when it holds nothing that may route to the pod.
+
+    A backend of ours that no pod accounts for (an orphan) is named by the pod its description
+    names, so explain can say that pod no longer exists."""
+    if not item.registered():
+        return None
+    if isinstance(item, ManagedEmployee) and item.attached is not None:
+        members = item.attached.members
+        described = [
+            m.description[len(MEMBER_DESCRIPTION_PREFIX) :]
+            for m in members
+            if m.description and m.description.startswith(MEMBER_DESCRIPTION_PREFIX)
+        ]
+        return ProviderBackend(
+            employee=described[0] if described and described[0] != item.name else item.name,
+            id=item.id,
+            serving=item.serves(),
+            state=", ".join(f"weight {m.weight}" for m in members),
+            details={
+                "backends": [
+                    {
+                        "server_id": m.server_id,
+                        "ip": m.server_ip,
+                        "port": m.port,
+                        "weight": m.weight,
+                        "type": m.server_type,
+                    }
+                    for m in members
+                ]
+            },
+        )
+    statuses = _statuses(item)
+    extra = statuses.extra_status if statuses is not None else None
+    healthy = extra.healthy if isinstance(extra, Traffic) else None
+    return ProviderBackend(
+        employee=item.name,
+        id=item.id,
+        serving=item.serves(),
+        state="listed" + ("" if healthy is None else ", healthy" if healthy else ", unhealthy"),
+        details={"ip": statuses.ip if statuses is not None else "", "healthy": healthy},
+    )

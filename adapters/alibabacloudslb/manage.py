@@ -234,6 +234,9 @@ class ManageStrategy(ModeStrategy):
         if not err.transient:
             raise err
         self.log(logging.INFO, "%s deferred: %s", what, err)
+        for item in items:
+            if item not in done:
+                self.ctx.fail_item(item.id, f"{err.action}: {err.message}", err.code)
         return done, [i for i in items if i not in done]
 
     # -- employees --------------------------------------------------------------------------------------
@@ -521,6 +524,8 @@ class ManageStrategy(ModeStrategy):
                         raise
                     self.log(logging.INFO, "could not %s %d backends yet: %s", action, len(ops), err)
                     not_done |= {item_id for item_id, _ in ops}
+                    for item_id, _ in ops:
+                        self.ctx.fail_item(item_id, f"{err.action}: {err.message}", err.code)
                     continue
                 self.log(
                     logging.INFO,

@@ -10,7 +10,7 @@ listed (by pod IP), a pod that is not should not; until CCM has caught up the it
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from resourceconsist.adapter import Employee, Employer, Outcome, PodEmployeeStatuses, pod_employee_statuses
@@ -24,6 +24,14 @@ from .strategy import Change, ModeStrategy, pod_name
 def _observed(pod: KubeObject, traffic_on: Callable[[PodEmployeeStatuses], bool]) -> Employee:
     statuses = pod_employee_statuses(pod)
     statuses.extra_status = Traffic(traffic_on=traffic_on(statuses))
+    return ObservedEmployee(id=pod_name(pod), name=pod_name(pod), statuses=statuses)
+
+
+def _listed(pod: KubeObject, listed: Mapping[str, bool]) -> Employee:
+    """The current item of ``pod``: in the load balancer when its IP is listed, with its health."""
+    statuses = pod_employee_statuses(pod)
+    healthy = listed.get(statuses.ip) if statuses.ip else None
+    statuses.extra_status = Traffic(traffic_on=healthy is not None, healthy=healthy)
     return ObservedEmployee(id=pod_name(pod), name=pod_name(pod), statuses=statuses)
 
 
@@ -78,8 +86,8 @@ class ObserveStrategy(ModeStrategy):
         selected_names = {pod_name(p) for p in selected}
         pods = [*selected, *(pod for name, pod in sorted(holding.items()) if name not in selected_names)]
         # No pod, no question to ask the load balancer.
-        listed = await self._listed_ips() if pods else set()
-        return [_observed(pod, lambda statuses: bool(statuses.ip) and statuses.ip in listed) for pod in pods]
+        listed = await self._listed_ips() if pods else {}
+        return [_listed(pod, listed) for pod in pods]
 
     async def change_employees(self, change: Change, items: list[Employee]) -> Outcome[Employee]:
         if change == "delete":
@@ -92,13 +100,21 @@ class ObserveStrategy(ModeStrategy):
 
     # -- reading --------------------------------------------------------------------------------------
 
-    async def _listed_ips(self) -> set[str]:
+    async def _listed_ips(self) -> dict[str, bool]:
+        """The IPs the load balancer lists, each with whether some listener reports it healthy
+        (anything but ``abnormal``: ``unavailable`` means no health check, not a failed one)."""
         health = await self.read_load_balancer(
             self.tools.client.describe_health_status, "treating its pods as out of the load balancer"
         )
-        # Any listed backend counts, whatever its health: an "abnormal" one may turn "normal"
-        # again while the pod still runs, so only absence means the pod is out of rotation.
-        return {ip for backend in health or () for ip in (backend.server_ip, backend.eni_host) if ip}
+        # Any listed backend is registered, whatever its health: an "abnormal" one may turn
+        # "normal" again while the pod still runs, so only absence means the pod is out of
+        # rotation. Health only says whether it serves (the readiness gate).
+        listed: dict[str, bool] = {}
+        for backend in health or ():
+            for ip in (backend.server_ip, backend.eni_host):
+                if ip:
+                    listed[ip] = listed.get(ip, False) or backend.health_status != "abnormal"
+        return listed
 
     def _wait_for_ccm(self, what: str, items: list[Employee]) -> Outcome[Employee]:
         if items:

@@ -37,6 +37,7 @@ PINNED: dict[str, Any] = {
     ),
     "SERVICE_READY_CONDITION": "pod.kusionstack.io/service-ready",
     "MULTI_CLUSTER_SEPARATOR": "#",
+    "PROVIDER_FAILURE_ANNOTATION": "resource-consist.kusionstack.io/provider-failure",
     "READINESS_GATE_DOMAIN": "readiness.resource-consist.kusionstack.io",
     "READINESS_GATE_INJECT_LABEL": "resource-consist.kusionstack.io/readiness-gate-inject",
     "READINESS_GATE_INJECT_VALUE": "enabled",
@@ -88,6 +89,8 @@ EVENT_REASONS: dict[str, str] = {
 GATE_REASONS: dict[str, str] = {
     "SERVING": "ProviderServing",
     "NOT_SERVING": "ProviderNotServing",
+    "CONTAINERS_NOT_READY": "ContainersNotReady",
+    "PROVIDER_REFUSED": "ProviderRefused",
     "EMPLOYER_DELETED": "EmployerDeleted",
     "NOT_SELECTED": "NotSelected",
     "TIMEOUT": "ReadinessGateTimeout",

@@ -178,11 +178,38 @@ def test_the_command_line_prints_json_that_matches_the_cluster(
         answer = json.loads(done.stdout)
         ready = next(c for c in truth["status"]["conditions"] if c["type"] == "Ready")
         assert (answer["namespace"], answer["name"]) == (cluster.namespace, "plain")
-        assert answer["ready"] == ready["status"] == "False"
+        assert ready["status"] == "False" and answer["ready"] is False
         assert [(f["finalizer"], f["role"]) for f in answer["finalizers"]] == [("example.com/keep", "other")]
         assert answer["adapters"] == []
     finally:
         cluster.client.patch(kube.POD, cluster.namespace, "plain", {"metadata": {"finalizers": []}})
+
+
+def test_the_command_line_exits_1_for_an_object_that_does_not_exist(
+    control_plane: LocalControlPlane, cluster: Cluster
+) -> None:
+    """As kubectl does: the answer ("not found", or JSON with "exists": false) and exit code 1;
+    the same pod once created: exit code 0."""
+
+    def explain(*args: str) -> subprocess.CompletedProcess[str]:
+        where = ["--kubeconfig", str(control_plane.kubeconfig)]
+        return subprocess.run(
+            [sys.executable, "-m", "resourceconsist", "explain", *args, *where],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+
+    missing = explain("pod", f"{cluster.namespace}/here")
+    assert missing.returncode == 1, missing.stderr
+    assert missing.stdout.strip() == f"pod {cluster.namespace}/here: not found"
+    as_json = explain("employer", "Service", f"{cluster.namespace}/nosuch", "--output", "json")
+    assert as_json.returncode == 1, as_json.stderr
+    assert json.loads(as_json.stdout)["exists"] is False
+    asyncio.run(cluster.pod("here", {"app": "x"}))
+    present = explain("pod", f"{cluster.namespace}/here")
+    assert present.returncode == 0, present.stderr
 
 
 def test_the_command_line_refuses_a_reference_without_a_namespace() -> None:
@@ -244,8 +271,8 @@ async def test_a_gated_pod_the_provider_does_not_serve_names_its_gate_employer_a
     truth = await lc.get(kube.POD, name)
     assert truth is not None
     cond = lifecycle.pod_condition(truth, gate)
-    assert answer.ready == condition(truth, "Ready") == "False"
-    assert answer.containers_ready == "True"
+    assert condition(truth, "Ready") == "False" and answer.ready is False
+    assert answer.containers_ready is True
     assert [g.gate for g in answer.not_ready] == [gate]
     found = answer.not_ready[0]
     assert found.employer == f"Service/{lc.namespace}/{SERVICE}"

@@ -171,6 +171,26 @@ def test_the_gate_follows_what_the_provider_confirmed() -> None:
     assert left is not None and left.status and left.reason is GateReason.NOT_SELECTED
 
 
+def test_a_gate_that_is_not_true_says_whether_the_pod_the_provider_or_its_refusal_holds_it() -> None:
+    ready = _pod({"ContainersReady": "True", "Ready": "False"}, [GATE])
+    stopped = _pod({"ContainersReady": "False", "Ready": "False"}, [GATE])
+    for serving in (False, None):
+        state = _decide(stopped, serving=serving).want
+        assert state is not None and not state.status and state.reason is GateReason.CONTAINERS_NOT_READY
+    waiting = _decide(ready, serving=None).want
+    assert waiting is not None and waiting.reason is GateReason.NOT_SERVING
+    assert "waiting for the provider of Service ns/web to register the pod" in waiting.message
+    busy = "ServiceUnavailable: AddVServerGroupBackendServers: busy"
+    refused = _decide(ready, serving=None, refused=busy).want
+    assert refused is not None and not refused.status and refused.reason is GateReason.PROVIDER_REFUSED
+    assert refused.message.endswith(busy)
+    # A stale reason is rewritten while the outcome is unknown; a True gate is left alone.
+    stale = _pod({"ContainersReady": "True", GATE: "False"}, [GATE])
+    assert _decide(stale, serving=None).want == waiting
+    served = _pod({"ContainersReady": "True", GATE: "True"}, [GATE])
+    assert _decide(served, serving=None, refused="busy").want is None
+
+
 def test_the_fail_safe_is_off_by_default_and_flips_the_gate_after_its_timeout() -> None:
     ready = _pod({"ContainersReady": "True", "Ready": "False"}, [GATE])
     assert gates.gate_timeout({"metadata": {}}) is None

@@ -130,7 +130,9 @@ class Events:
     def __init__(self) -> None:
         self.recorded: list[tuple[str, str, str]] = []
 
-    async def event(self, obj: KubeObject, type_: Any, reason: str, message: str) -> None:
+    async def event(
+        self, obj: KubeObject, type_: Any, reason: str, message: str, annotations: Any = None
+    ) -> None:
         self.recorded.append((type_, reason, message))
 
 
@@ -284,6 +286,61 @@ async def test_items_failed_without_an_error_end_the_pass_as_sync_failed() -> No
     with pytest.raises(SyncFailedExist):
         await _reconciler(api, Slow(FakeProvider())).reconcile(f"{NS}/svc")
     assert _finalizers(api, "web-0") == [G], "unknown outcome: the guard stays"
+
+
+async def test_a_refused_item_becomes_a_warning_only_once_it_outlasted_its_retries() -> None:
+    """docs/concepts.md, "When a failure becomes a Warning": the same refusal on 3 consecutive
+    passes over at least ``warn_after_seconds``; a pass without it ends the streak."""
+
+    class Refusing(DemoAdapter):
+        refuse = True
+
+        def create_employees(
+            self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+        ) -> Any:
+            if not self.refuse:
+                return super().create_employees(ctx, employer, to_create)
+            for item in to_create:
+                ctx.fail_item(item.id, "AddVServerGroupBackendServers: busy", "ServiceUnavailable")
+            return [], to_create
+
+    api, events = FakeApi(), Events()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    adapter = Refusing(FakeProvider())
+    reconciler = _reconciler(api, adapter, events)
+    retried: list[str] = []
+    reconciler.report_retried = retried.append
+
+    async def one_pass() -> None:
+        with pytest.raises(SyncFailedExist):
+            await reconciler.reconcile(f"{NS}/svc")
+
+    # Passes alone are not enough: the failure must also have lasted warn_after_seconds.
+    reconciler.warn_after_seconds = 3600.0
+    for _ in range(4):
+        await one_pass()
+    assert events.recorded == [] and retried == ["SyncEmployeesFailed"] * 4
+    assert _finalizers(api, "web-0") == [G], "refused: the guard stays"
+    reconciler.warn_after_seconds = 0.0
+    await one_pass()
+    message = (
+        "sync employees failed: syncCreate failed, err: web-0: "
+        "ServiceUnavailable: AddVServerGroupBackendServers: busy"
+    )
+    assert events.recorded == [("Warning", "SyncEmployeesFailed", message)]
+    # A pass that no longer meets it ends the streak: the next refusal counts from one again.
+    adapter.refuse = False
+    await reconciler.reconcile(f"{NS}/svc")
+    assert _finalizers(api, "web-0") == [L]
+    _pod(api, "web-1", ready=True)
+    reconciler.employee_changed(f"{NS}/svc", "web-1")  # as its watch event would
+    adapter.refuse = True
+    await one_pass()
+    await one_pass()
+    assert len(events.recorded) == 1, "two passes: not yet a Warning"
+    await one_pass()
+    assert events.recorded[-1][2] == message.replace("web-0", "web-1")
 
 
 async def test_a_gated_pod_that_reaches_the_cache_during_the_pass_keeps_its_gate_closed() -> None:

@@ -28,7 +28,13 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ACCESS_SECRET_ENV,
     SLB_ENDPOINT_ENV,
 )
-from resourceconsist.adapters.alibabacloudslb.items import Attached, Desired, ManagedEmployee
+from resourceconsist.adapters.alibabacloudslb.items import (
+    Attached,
+    Desired,
+    ManagedEmployee,
+    ObservedEmployee,
+    Traffic,
+)
 from resourceconsist.adapters.alibabacloudslb.manage import ManageStrategy
 from resourceconsist.adapters.alibabacloudslb.observe import ObserveStrategy
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient
@@ -336,6 +342,29 @@ def test_managed_items_compare_desired_with_attached_backends() -> None:
     assert gone.equal(_managed(Attached()))
     assert not gone.equal(_managed(Attached(members=(_member(0),))))
     assert not _managed(Desired(state="pending", reason="no IP")).equal(_managed(Attached()))
+
+
+def test_what_serves_is_a_backend_at_a_weight_above_0_and_not_reported_unhealthy() -> None:
+    # Manage mode: registered at weight 0 (the guard holds) but serving nothing (the gate waits).
+    assert _managed(Attached(members=(_member(0),))).registered()
+    assert not _managed(Attached(members=(_member(0),))).serves()
+    assert _managed(Attached(members=(_member(0), _member(100, port=81)))).serves()
+    assert not _managed(Attached()).serves()
+    assert _managed(Desired(state="on", backend=_member(100))).serves()
+    assert not _managed(Desired(state="on", backend=_member(0))).serves()
+    assert not _managed(Desired(state="idle")).serves()
+    # Observe mode: listed and not abnormal; unknown health (expected side) serves when listed.
+
+    def observed(on: bool, healthy: bool | None) -> ObservedEmployee:
+        extra = Traffic(traffic_on=on, healthy=healthy)
+        return ObservedEmployee(id="p", name="p", statuses=PodEmployeeStatuses(extra_status=extra))
+
+    assert observed(True, True).serves() and observed(True, None).serves()
+    assert observed(True, False).registered() and not observed(True, False).serves()
+    assert not observed(False, None).serves()
+    # Health never makes an update: SLB judges it, the adapter cannot change it.
+    assert observed(True, None).equal(observed(True, False))
+    assert not observed(True, None).equal(observed(False, None))
 
 
 # ---- registration -------------------------------------------------------------------------------
