@@ -29,15 +29,30 @@ class InvalidAnnotation(ResourceConsistError, ValueError):
     """An employer annotation of the zero-downtime options holds a value the frame cannot read."""
 
 
-def parse_duration(value: str, annotation: str) -> float:
-    """Seconds of ``"90"``, ``"90s"``, ``"5m"`` or ``"1h"``; ``InvalidAnnotation`` otherwise."""
+#: The longest drain a Service may ask for: the pods' preStop sleep and the grace period grow by
+#: it, and an hour already holds a rollout far longer than any load balancer needs to let go.
+MAX_DRAIN_SECONDS = 3600.0
+#: The longest fail-safe timeout of a readiness gate (a day).
+MAX_GATE_TIMEOUT_SECONDS = 86400.0
+
+
+def parse_duration(value: str, annotation: str, maximum: float) -> float:
+    """Seconds of ``"90"``, ``"90s"``, ``"5m"`` or ``"1h"``, at most ``maximum``;
+    ``InvalidAnnotation`` otherwise (a number too long for a float is over the maximum too)."""
     match = _DURATION.match(value)
     if match is None:
         raise InvalidAnnotation(
             f"annotation {annotation}: {value!r} is not a duration; "
             'write seconds or a number with a unit, e.g. "90", "90s" or "5m"'
         )
-    return float(match.group(1)) * _UNIT_SECONDS[match.group(2) or ""]
+    seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2) or ""]
+    if not seconds <= maximum:
+        shown = value if len(value) <= 20 else value[:17] + "..."
+        raise InvalidAnnotation(
+            f"annotation {annotation}: {shown!r} is longer than the {maximum:g} seconds allowed; "
+            "write a shorter duration"
+        )
+    return seconds
 
 
 def gate_timeout(employer: Pod) -> float | None:
@@ -45,7 +60,7 @@ def gate_timeout(employer: Pod) -> float | None:
     value = lifecycle.get_annotations(employer).get(wire.READINESS_GATE_TIMEOUT_ANNOTATION)
     if value is None or not value.strip():
         return None
-    return parse_duration(value, wire.READINESS_GATE_TIMEOUT_ANNOTATION)
+    return parse_duration(value, wire.READINESS_GATE_TIMEOUT_ANNOTATION, MAX_GATE_TIMEOUT_SECONDS)
 
 
 def drain_seconds(employer: Pod) -> int | None:
@@ -53,7 +68,7 @@ def drain_seconds(employer: Pod) -> int | None:
     value = lifecycle.get_annotations(employer).get(wire.DRAIN_SECONDS_ANNOTATION)
     if value is None or not value.strip():
         return None
-    seconds = parse_duration(value, wire.DRAIN_SECONDS_ANNOTATION)
+    seconds = parse_duration(value, wire.DRAIN_SECONDS_ANNOTATION, MAX_DRAIN_SECONDS)
     return int(-(-seconds // 1))
 
 

@@ -257,9 +257,20 @@ async def test_a_gated_pod_the_provider_does_not_serve_names_its_gate_employer_a
         await lc.service(SERVICE, annotations={wire.READINESS_GATE_ANNOTATION: "true"})
         await lc.deployment(SERVICE, 1, readiness_gates=(gate,))
 
+        def judged_ready(pod: KubeObject) -> bool:
+            # The gate's reason follows the containers (docs/zero-downtime.md): wait until the
+            # controller has written it for running containers, so explain and the later read
+            # see one state.
+            gate_condition = lifecycle.pod_condition(pod, gate)
+            return (
+                condition(pod, "ContainersReady") == "True"
+                and gate_condition is not None
+                and gate_condition.get("reason") != wire.GateReason.CONTAINERS_NOT_READY
+            )
+
         async def gated() -> KubeObject | None:
             tried = any(kind == "Warning" for kind, _, _ in await lc.events(SERVICE))
-            pods = [p for p in await lc.pods({"app": SERVICE}) if condition(p, "ContainersReady") == "True"]
+            pods = [p for p in await lc.pods({"app": SERVICE}) if judged_ready(p)]
             return pods[0] if tried and pods else None
 
         pod = await async_wait_for(gated, timeout=60, message="a running pod the provider refused")

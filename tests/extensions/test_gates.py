@@ -30,6 +30,7 @@ from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
+from resourceconsist.webhook.adapter import spec_options
 from resourceconsist.webhook.admission import spec_mutation
 from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.server import AdmissionDecision, WebhookServer
@@ -217,6 +218,34 @@ def test_a_bad_duration_says_what_to_write() -> None:
     employer = {"metadata": {"annotations": {wire.READINESS_GATE_TIMEOUT_ANNOTATION: "soon"}}}
     with pytest.raises(gates.InvalidAnnotation, match=r'e\.g\. "90", "90s" or "5m"'):
         gates.gate_timeout(employer)
+
+
+@pytest.mark.parametrize("value", ["9" * 400, "99999999999999999999", "3601", "61m", "2h"])
+def test_a_drain_too_long_or_beyond_a_float_is_refused_naming_the_limit(value: str) -> None:
+    # A drain becomes a preStop sleep and a longer grace period: "9" * 400 seconds is infinite
+    # as a float, and 10**20 does not fit the int64 the API server stores.
+    employer = {"metadata": {"annotations": {wire.DRAIN_SECONDS_ANNOTATION: value}}}
+    with pytest.raises(gates.InvalidAnnotation, match="longer than the 3600 seconds allowed"):
+        gates.drain_seconds(employer)
+    assert gates.drain_seconds({"metadata": {"annotations": {wire.DRAIN_SECONDS_ANNOTATION: "1h"}}}) == 3600
+
+
+def test_a_gate_timeout_longer_than_a_day_is_refused() -> None:
+    employer = {"metadata": {"annotations": {wire.READINESS_GATE_TIMEOUT_ANNOTATION: "25h"}}}
+    with pytest.raises(gates.InvalidAnnotation, match="longer than the 86400 seconds allowed"):
+        gates.gate_timeout(employer)
+
+
+def test_the_webhook_admits_a_pod_whose_service_asks_an_impossible_drain() -> None:
+    # docs/zero-downtime.md: an unreadable drain time is ignored with a warning, never a refusal.
+    service = {
+        "metadata": {
+            "name": "web",
+            "namespace": "ns",
+            "annotations": {wire.READINESS_GATE_ANNOTATION: "true", wire.DRAIN_SECONDS_ANNOTATION: "9" * 400},
+        }
+    }
+    assert spec_options(service) == (True, None)
 
 
 # -- the webhook's spec mutation ----------------------------------------------------------------------
