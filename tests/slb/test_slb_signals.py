@@ -50,7 +50,7 @@ def slb() -> Iterator[SLBEmulator]:
 def adapter(slb: SLBEmulator) -> Iterator[SLBAdapter]:
     retry = RetryPolicy(max_attempts=3, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=5)
     client = SLBClient(slb.credentials(), retry=retry)
-    yield SLBAdapter(client)
+    yield SLBAdapter(client, cluster_name="signals")
     client.close()
 
 
