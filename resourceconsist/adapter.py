@@ -178,6 +178,17 @@ class ReconcileContext:
     changed: frozenset[str] | None = None
     #: Why the items returned as failed in this pass failed, by item id (``fail_item``).
     failures: dict[str, ItemFailure] = field(default_factory=dict)
+    #: Seconds within which the adapter asked for another pass (``look_again_in``); None: none.
+    look_again: float | None = None
+
+    def look_again_in(self, seconds: float) -> None:
+        """Ask for another pass of this employer within ``seconds``, even when this one converged:
+        the provider is still settling something no watch event will announce (a backend's
+        health check, for instance, which decides whether it ``serves()``; docs/reference/adapter.md,
+        "Looking again"). The earliest ask of a pass wins."""
+        if seconds < 0:
+            raise ValueError("look_again_in needs a number of seconds >= 0")
+        self.look_again = seconds if self.look_again is None else min(self.look_again, seconds)
 
     def fail_item(self, item_id: str, message: str, code: str = "") -> None:
         """Say why the provider refused the item ``item_id``, which the create/update/delete

@@ -574,10 +574,11 @@ class Reconciler:
                 + (f" (and {len(p.gate_failures) - 1} more pods)" if len(p.gate_failures) > 1 else ""),
             )
         result = await self._finish(p)
-        if p.gate_recheck is not None and (
-            result.requeue_after is None or p.gate_recheck < result.requeue_after
-        ):
-            result.requeue_after = p.gate_recheck
+        # The gates' fail-safe and the adapter's own ask (ReconcileContext.look_again_in) bring
+        # the next pass forward; the earliest wins.
+        for recheck in (p.gate_recheck, p.ctx.look_again):
+            if recheck is not None and (result.requeue_after is None or recheck < result.requeue_after):
+                result.requeue_after = recheck
         return result
 
     async def _finish(self, p: _Pass) -> Result:

@@ -56,6 +56,10 @@ class Desired(BaseModel):
     backend: BackendServer | None = None
     #: Why a ready pod is ``pending`` (for logs).
     reason: str = ""
+    #: Set on an item this pass just added or raised above weight 0 while a readiness gate waits
+    #: on the Service: SLB's health check has not spoken yet, so it does not serve until a later
+    #: pass reads a health that is not ``abnormal`` (docs/alibabacloudslb.md, "Manage").
+    health_pending: bool = False
 
     def satisfied_by(self, members: tuple[BackendServer, ...]) -> bool:
         if self.state == "on":
@@ -79,6 +83,9 @@ class Attached(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     members: tuple[BackendServer, ...] = ()
+    #: Whether SLB reports these backends healthy on some listener (False: every report about
+    #: them is ``abnormal``); None where health was not read or SLB reports none.
+    healthy: bool | None = None
 
 
 def _statuses(item: Employee) -> PodEmployeeStatuses | None:
@@ -144,14 +151,25 @@ class ManagedEmployee(Employee):
         return attached is not None and bool(attached.members)
 
     def serves(self) -> bool:
-        """Expected: the pod should have its backend at a weight above 0; current: the group
-        holds a backend of ours for the pod at a weight above 0. A backend at weight 0 is
+        """Expected: the pod should have its backend at a weight above 0, and its health is not
+        still pending; current: the group holds a backend of ours for the pod at a weight above
+        0 that SLB does not report ``abnormal`` on every listener. A backend at weight 0 is
         registered (it may get traffic back at any moment, so the guard holds) but carries none,
-        so the pod's readiness gate stays False (docs/alibabacloudslb.md, "Manage")."""
+        and an unhealthy one gets none, so the pod's readiness gate stays False
+        (docs/alibabacloudslb.md, "Manage")."""
         desired, attached = self.desired, self.attached
         if desired is not None:
-            return desired.state == "on" and desired.backend is not None and desired.backend.weight > 0
-        return attached is not None and any(member.weight > 0 for member in attached.members)
+            return (
+                desired.state == "on"
+                and desired.backend is not None
+                and desired.backend.weight > 0
+                and not desired.health_pending
+            )
+        return (
+            attached is not None
+            and attached.healthy is not False
+            and any(member.weight > 0 for member in attached.members)
+        )
 
     @property
     def desired(self) -> Desired | None:

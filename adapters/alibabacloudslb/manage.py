@@ -50,6 +50,9 @@ _ORPHAN_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 _SHORTENED = re.compile(r"-[0-9a-f]{10}$")
 #: Groups whose tagging SLB refused for good, already said in the log (once per process).
 _TAG_REFUSALS_TOLD: set[str] = set()
+#: How soon a pass looks again while SLB's health check has not yet passed a backend that a
+#: readiness gate waits on: SLB's default health-check interval.
+HEALTH_POLL_SECONDS: Final = 2.0
 
 
 class Unresolved(ResourceConsistError):
@@ -100,6 +103,9 @@ class ManageStrategy(ModeStrategy):
     current: list[Employee] | None = field(default=None, init=False)
     #: Our backends in the group, by the item (pod or orphan) they belong to.
     attached: dict[str, tuple[BackendServer, ...]] = field(default_factory=dict, init=False)
+    #: Whether a pod waits on this Service's readiness gate: then SLB's health decides whether
+    #: a backend serves, and is read once per pass (docs/alibabacloudslb.md, "Manage").
+    health_matters: bool = field(default=False, init=False)
 
     def read_settings(self) -> None:
         if not self.tools.cluster_name:
@@ -390,6 +396,12 @@ class ManageStrategy(ModeStrategy):
             relevant.add(owner)
             attached.setdefault(owner, []).append(member)
 
+        gate = lifecycle.readiness_gate(str(self.service["metadata"]["name"]))
+        self.health_matters = not self.deleting and any(
+            _waits_on(by_name[n], gate) for n in relevant if n in selected
+        )
+        health = await self._health() if self.health_matters and members else None
+
         expected: list[Employee] = []
         current: list[Employee] = []
         for name in sorted(relevant):
@@ -402,8 +414,12 @@ class ManageStrategy(ModeStrategy):
             elif not (held or mine):
                 continue  # nothing to release and nothing to remove
             base = pod_employee_statuses(pod)
-            base.extra_status = Attached(members=mine)
+            healthy = _healthy(mine, health)
+            base.extra_status = Attached(members=mine, healthy=healthy)
             current.append(ManagedEmployee(id=name, name=name, statuses=base))
+            if healthy is False and name in selected and any(m.weight > 0 for m in mine):
+                # Its gate waits for a health check no watch event will announce.
+                self.ctx.look_again_in(HEALTH_POLL_SECONDS)
         for member in orphans:
             orphan = _orphan_name(member)
             self.attached[orphan] = (member,)
@@ -543,8 +559,53 @@ class ManageStrategy(ModeStrategy):
                 elif action == "remove":
                     for _, member in ops:
                         clocks.pop(member.key, None)
-        done = [item for item in items if item.id not in not_done]
+        raised = {item_id for item_id, server in (*adds, *sets) if server.weight > 0}
+        done = [
+            _health_pending(item) if self.health_matters and item.id in raised else item
+            for item in items
+            if item.id not in not_done
+        ]
+        if self.health_matters and raised - not_done:
+            self.ctx.look_again_in(HEALTH_POLL_SECONDS)
         return done, [item for item in items if item.id in not_done]
+
+    async def _health(self) -> dict[tuple[str, int], bool] | None:
+        """Per backend (server id, port): whether some listener reports it anything but
+        ``abnormal`` (``unavailable`` means no health check, not a failed one); None when the
+        read fails, which leaves serving to the weight alone for this pass."""
+        try:
+            reports = await call_adapter(self.tools.client.describe_health_status, self.lb_id)
+        except SLBError as err:
+            self.log(logging.INFO, "health of %s not read (%s); judging serving by weight", self.lb_id, err)
+            return None
+        health: dict[tuple[str, int], bool] = {}
+        for report in reports:
+            key = (report.server_id, report.port)
+            health[key] = health.get(key, False) or report.health_status != "abnormal"
+        return health
+
+
+def _waits_on(pod: KubeObject, gate: str) -> bool:
+    """Whether the pod's spec carries the readiness gate ``gate``."""
+    gates = (pod.get("spec") or {}).get("readinessGates") or ()
+    return any(isinstance(g, dict) and g.get("conditionType") == gate for g in gates)
+
+
+def _healthy(members: Sequence[BackendServer], health: dict[tuple[str, int], bool] | None) -> bool | None:
+    """What SLB's health says of a pod's backends: None when it says nothing of them."""
+    if health is None:
+        return None
+    reported = [health[key] for key in ((m.server_id, m.port) for m in members) if key in health]
+    return any(reported) if reported else None
+
+
+def _health_pending(item: Employee) -> Employee:
+    """``item`` as this pass leaves it: its backend is in place, its health not yet known."""
+    statuses = item.statuses
+    if not isinstance(statuses, PodEmployeeStatuses) or not isinstance(statuses.extra_status, Desired):
+        return item
+    desired = statuses.extra_status.model_copy(update={"health_pending": True})
+    return item.model_copy(update={"statuses": statuses.model_copy(update={"extra_status": desired})})
 
 
 def _orphan_name(member: BackendServer) -> str:

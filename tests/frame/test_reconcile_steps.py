@@ -486,3 +486,15 @@ async def test_the_demo_adapter_told_what_changed_gives_what_a_full_rebuild_give
     assert incremental == full
     assert [name for name, _ in incremental] == ["web-0", "web-4"]
     assert not provider.snapshot()[key]["web-0"].traffic_on
+
+
+def test_look_again_in_keeps_the_earliest_ask_and_refuses_negative_seconds() -> None:
+    # docs/reference/adapter.md, "Looking again": the frame requeues within the earliest ask.
+    ctx = ReconcileContext(reader=None, controller="c", employer_key="ns/web")  # type: ignore[arg-type]
+    assert ctx.look_again is None
+    ctx.look_again_in(5.0)
+    ctx.look_again_in(2.0)
+    ctx.look_again_in(3.0)
+    assert ctx.look_again == 2.0
+    with pytest.raises(ValueError, match=">= 0"):
+        ctx.look_again_in(-1)

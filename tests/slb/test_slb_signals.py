@@ -156,6 +156,43 @@ async def test_a_backend_at_weight_0_keeps_the_gate_false_until_its_weight_rises
         await async_wait_for(serving, timeout=30, message="weight 100, then the gate True")
 
 
+async def test_a_backend_slb_reports_abnormal_keeps_the_gate_false_until_its_health_check_passes(
+    cluster: Cluster, run_manager: Any, slb: SLBEmulator, adapter: SLBAdapter
+) -> None:
+    # docs/alibabacloudslb.md, "Manage": weight above 0 *and* not reported abnormal. Health
+    # changes at SLB, not in Kubernetes: the pass must come back by itself to see it pass.
+    lb = slb.add_load_balancer()
+    await _service(cluster, lb)
+    ip = cluster.ip_of("web-0")
+    pods_backend_port = 80
+    slb.set_health(lb, "eni-1", pods_backend_port, "abnormal")
+    await _gated_pod(cluster, "web-0")
+    async with run_manager(adapter):
+        group = await async_wait_for(lambda: _group(slb, lb, cluster.namespace), timeout=30, message="group")
+        backend = await async_wait_for(lambda: _member(slb, group, ip), timeout=30, message="the backend")
+        assert (backend.weight, backend.port) == (100, pods_backend_port)
+        health_reads = len(slb.calls_of("DescribeHealthStatus"))
+
+        async def polled_while_abnormal() -> bool:
+            gate = await _gate(cluster, "web-0")
+            polls = len(slb.calls_of("DescribeHealthStatus")) - health_reads
+            return (
+                gate.get("status") == "False" and gate.get("reason") == GateReason.NOT_SERVING and polls >= 2
+            )
+
+        await async_wait_for(polled_while_abnormal, timeout=30, message="the gate False while unhealthy")
+        pod = await cluster.get(kube.POD, "web-0")
+        assert GUARD in finalizers(pod) or FLZ in finalizers(pod), "registered: the pod stays guarded"
+
+        slb.set_health(lb, "eni-1", pods_backend_port, "normal")
+
+        async def serving() -> bool:
+            gate = await _gate(cluster, "web-0")
+            return gate.get("status") == "True" and gate.get("reason") == GateReason.SERVING
+
+        await async_wait_for(serving, timeout=30, message="the gate True once SLB reports it healthy")
+
+
 async def test_a_registration_the_provider_refuses_shows_on_the_gate_and_in_explain(
     cluster: Cluster, run_manager: Any, slb: SLBEmulator, adapter: SLBAdapter
 ) -> None:
