@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
+import subprocess
+import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +30,7 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     StaticAccessKeySource,
 )
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBAuthError, SLBClient
+from resourceconsist.testing import Cluster
 from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.testing.slb_emulator_server import EmulatorServer
 from resourceconsist.testing.wait import wait_for
@@ -232,3 +238,87 @@ def test_missing_credentials_name_what_to_set() -> None:
             {"ALIBABA_CLOUD_REGION_ID": "cn-hangzhou", "ALIBABA_CLOUD_ROLE_ARN": "acs:ram::1:role/x"}
         )
     assert "ALIBABA_CLOUD_OIDC_PROVIDER_ARN and ALIBABA_CLOUD_OIDC_TOKEN_FILE not set" in str(partial.value)
+
+
+def test_run_with_the_ecs_ram_role_still_drains_on_sigterm(control_plane: Any, cluster: Cluster) -> None:
+    """``resourceconsist run`` with the SLB adapter on the ECS RAM role: SIGTERM still stops it
+    gracefully (the library's provider installs no handler). Any HTTP request the provider could
+    make goes to a local listener through ``HTTP_PROXY``, which must see no connection: nothing
+    is sent towards the metadata address."""
+    with socket.socket() as trap:
+        trap.bind(("127.0.0.1", 0))
+        trap.listen(8)
+        trap.settimeout(0.2)
+        connections: list[object] = []
+        stop = threading.Event()
+
+        def watch() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = trap.accept()
+                except OSError:
+                    continue
+                connections.append(conn)
+                conn.close()
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        health = _free_port()
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))},
+            "ALIBABA_CLOUD_ECS_METADATA": "resourceconsist-role",
+            "ALIBABA_CLOUD_REGION_ID": "cn-hangzhou",
+            "HTTP_PROXY": f"http://127.0.0.1:{trap.getsockname()[1]}",
+            "http_proxy": f"http://127.0.0.1:{trap.getsockname()[1]}",
+            "NO_PROXY": "",
+            "no_proxy": "",
+            "POD_NAMESPACE": cluster.namespace,
+        }
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "resourceconsist",
+                "run",
+                "--adapter",
+                "alibabacloudslb",
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "--namespace",
+                cluster.namespace,
+                "--health-address",
+                f"127.0.0.1:{health}",
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        try:
+
+            def ready() -> bool:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{health}/readyz", timeout=2) as resp:
+                        return resp.status == 200
+                except OSError:
+                    return False
+
+            wait_for(ready, timeout=60, message="/readyz of the manager")
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=60) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+            stop.set()
+            watcher.join(timeout=5)
+    output = process.stdout.read() if process.stdout else ""
+    assert "manager stopped" in output, output
+    assert connections == [], output
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
