@@ -18,6 +18,12 @@ what happened: every call with its action and parameters (signature fields and t
 left out), what was executed, how often each server was added, and a wall-clock history of every
 backend change (added, re-weighted, removed).
 
+It also plays STS for RRSA: ``AssumeRoleWithOIDC`` for the service-account tokens a test accepts,
+answering temporary keys (AccessKeyId, AccessKeySecret, SecurityToken, Expiration) that the SLB
+side then accepts until they expire on the emulator's clock (``InvalidSecurityToken.Expired``
+after). The credentials library speaks HTTPS only, so STS is reached through the served
+emulator below (docs/alibabacloudslb.md, "Credentials").
+
 The same state machine is served over real HTTPS as its own process by ``slb_emulator_server``
 (``python -m resourceconsist.testing.slb_emulator_server``), with an admin HTTP API
 for the same steering and reading; see docs/chaos.md.
