@@ -148,6 +148,8 @@ PROFILE_ENV: Final = "ALIBABA_CLOUD_PROFILE"
 ECS_ROLE_ENV: Final = "ALIBABA_CLOUD_ECS_METADATA"
 
 _DEFAULT_SESSION_SECONDS: Final = 3600
+_STS_CONNECT_MS: Final = 2000
+_STS_READ_MS: Final = 5000
 _RRSA_ENVS: Final = (ROLE_ARN_ENV, OIDC_PROVIDER_ARN_ENV, OIDC_TOKEN_FILE_ENV)
 
 
@@ -277,6 +279,7 @@ def _quiet_library_logger() -> None:
 def rrsa_source(environ: Mapping[str, str]) -> LibraryAccessKeySource:
     """RRSA: the pod's projected service-account token exchanged at STS for a role's temporary
     key (``AssumeRoleWithOIDC``); the token file is re-read at every exchange."""
+    from alibabacloud_credentials.http import HttpOptions
     from alibabacloud_credentials.provider.oidc import OIDCRoleArnCredentialsProvider
 
     _quiet_library_logger()
@@ -293,6 +296,9 @@ def rrsa_source(environ: Mapping[str, str]) -> LibraryAccessKeySource:
             sts_endpoint=env[STS_ENDPOINT_ENV] or None,
             sts_region_id=env[STS_REGION_ENV] or None,
             enable_vpc=environ.get(STS_VPC_ENV, "").strip().lower() == "true",
+            # A renewal runs inside an SLB call: shorter than the library's 5 s + 10 s, so it fits
+            # the call's deadline (ALIYUN_SLB_CALL_DEADLINE_SECONDS, 10 s by default).
+            http_options=HttpOptions(connect_timeout=_STS_CONNECT_MS, read_timeout=_STS_READ_MS),
         )
     except ValueError as exc:
         raise CredentialsError(

@@ -81,6 +81,7 @@ from .credentials import AccessKey, CredentialsError, SLBAccess, SLBCredentials
 __all__ = [
     "AUTH_CODES",
     "CALL_DEADLINE_ENV",
+    "CREDENTIALS_UNAVAILABLE",
     "DEFAULT_CALL_DEADLINE_SECONDS",
     "MAX_BACKENDS_PER_CALL",
     "MAX_LOAD_BALANCERS_PER_PAGE",

@@ -29,7 +29,13 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLBAccess,
     StaticAccessKeySource,
 )
-from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBAuthError, SLBClient
+from resourceconsist.adapters.alibabacloudslb.slbclient import (
+    CREDENTIALS_UNAVAILABLE,
+    RetryPolicy,
+    SLBAuthError,
+    SLBClient,
+    SLBError,
+)
 from resourceconsist.testing import Cluster
 from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.testing.slb_emulator_server import EmulatorServer
@@ -115,6 +121,18 @@ def test_rrsa_keys_come_from_sts_and_renew_from_a_rewritten_token_file(
     exchanges = emulator.calls_of("AssumeRoleWithOIDC")
     assert [call.code for call in exchanges] == [None] * len(exchanges)
     assert all("OIDCToken" not in call.params for call in exchanges)  # never recorded
+
+
+def test_a_token_sts_refuses_fails_the_call_before_sending_it(served: EmulatorServer, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    _write(token_file, "a-token-sts-does-not-know")
+    access = SLBAccess.from_env(_rrsa_env(served, token_file, session_seconds=3600))
+    with SLBClient(access, retry=NO_RETRY) as client, pytest.raises(SLBError) as failed:
+        client.describe_vserver_groups(LB)
+    assert failed.value.code == CREDENTIALS_UNAVAILABLE and failed.value.transient
+    assert "AuthenticationFail.OIDCToken.Invalid" in failed.value.message
+    assert "a-token-sts-does-not-know" not in str(failed.value)
+    assert served.emulator.key_uses() == {}  # no SLB request went out
 
 
 def test_an_expired_sts_key_is_refused_with_the_real_code() -> None:
