@@ -15,7 +15,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+#: Default lifetime: the testing kit's control plane. The webhook bootstrap passes its own
+#: (docs/webhook.md, "Certificates and their rotation").
 _VALIDITY = datetime.timedelta(days=3650)
+#: Certificates start a little in the past, so a peer whose clock lags still accepts them.
+BACKDATE = datetime.timedelta(minutes=5)
 
 
 @dataclass(frozen=True)
@@ -47,10 +51,13 @@ def _name(common_name: str, organizations: tuple[str, ...] = ()) -> x509.Name:
     return x509.Name(attrs)
 
 
-def make_ca(common_name: str) -> KeyPair:
-    """A self-signed certificate authority valid for ten years."""
+def make_ca(
+    common_name: str, *, validity: datetime.timedelta = _VALIDITY, now: datetime.datetime | None = None
+) -> KeyPair:
+    """A self-signed certificate authority valid for ``validity`` (ten years unless given) from
+    ``now`` (default: the system clock), backdated by ``BACKDATE``."""
     key = _new_key()
-    now = datetime.datetime.now(datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
     name = _name(common_name)
     cert = (
         x509.CertificateBuilder()
@@ -58,8 +65,8 @@ def make_ca(common_name: str) -> KeyPair:
         .issuer_name(name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -92,14 +99,18 @@ def make_signed(
     organizations: tuple[str, ...] = (),
     server: bool = True,
     client: bool = False,
+    validity: datetime.timedelta = _VALIDITY,
+    now: datetime.datetime | None = None,
 ) -> KeyPair:
-    """A leaf certificate signed by ``ca``; ``hosts`` become DNS or IP subject alt names."""
+    """A leaf certificate signed by ``ca``; ``hosts`` become DNS or IP subject alt names. Valid
+    for ``validity`` from ``now``, but never beyond the CA's own end."""
     ca_cert = ca.certificate()
     ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise TypeError("the CA key must be an EC private key made by make_ca")
     key = _new_key()
-    now = datetime.datetime.now(datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
+    not_after = min(now + validity, ca_cert.not_valid_after_utc)
     usages = []
     if server:
         usages.append(ExtendedKeyUsageOID.SERVER_AUTH)
@@ -111,8 +122,8 @@ def make_signed(
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + _VALIDITY)
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)

@@ -4,14 +4,17 @@ every replica through one Secret, trusted by the API server through the configur
 ``ensure_webhook_certificates`` is idempotent and safe to run from several replicas at once:
 
 1. Read Secret ``resourceconsist-webhook-certs`` in the namespace (keys ``ca.key ca.crt tls.key
-   tls.crt``). A valid one is reused as it is: both pairs parse and match, the CA is a CA, the
-   serving certificate is signed by it, covers the webhook's DNS names and is not about to expire.
+   tls.crt``; ``ca.crt`` may hold two CAs during a CA rotation, the signing one first). A valid
+   one is kept: both pairs parse and match, the CA is a CA, the serving certificate is signed by
+   a CA of ``ca.crt``, covers the webhook's DNS names and has not expired. When a renewal is due
+   (two thirds of a certificate's life, on ``BootstrapOptions.clock``), one rotation step is
+   taken per pass (``next_certificates``; docs/webhook.md, "Certificates and their rotation").
 2. None there: generate and *create* it. Create is atomic in the API, so when replicas race one
    wins; the others get 409 AlreadyExists, read the winner's Secret and use it.
 3. One there but not valid: regenerate and *update* it with the read resourceVersion as a
    precondition; on 409 Conflict another replica got there first, so read again and re-check.
    A still-valid CA is kept, so the caBundle stays the same when only the serving cert changes.
-4. Put ``ca.crt`` as the caBundle into every webhook entry of the mutating and validating
+4. Put ``ca.crt`` (every CA in it) as the caBundle into every webhook entry of the mutating and validating
    configurations that exist (update with resourceVersion precondition, retried on conflict;
    nothing is written when they already carry it).
 5. Write ``tls.crt``/``tls.key`` into the cert dir (atomically, and only when they differ), where
@@ -35,7 +38,7 @@ import datetime
 import logging
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
@@ -49,7 +52,7 @@ from resourceconsist import certs, kube, wire
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import Conflict, KubeClient, KubeObject, Resource
 from resourceconsist.webhook.adapter import webhook_path
-from resourceconsist.webhook.options import DEFAULT_RENEW_BEFORE, BootstrapOptions
+from resourceconsist.webhook.options import RENEW_AT_FRACTION, BootstrapOptions
 
 log = logging.getLogger(__name__)
 
@@ -68,20 +71,29 @@ class BootstrapError(ResourceConsistError, RuntimeError):
 
 @dataclass(frozen=True)
 class WebhookCertificates:
-    """The CA the API server trusts and the serving certificate it signed."""
+    """The signing CA, the serving certificate, and during a CA rotation the other CAs the API
+    server must still trust (docs/webhook.md, "Certificates and their rotation")."""
 
+    #: The CA whose key is ``ca.key``: it signs new serving certificates.
     ca: certs.KeyPair
     serving: certs.KeyPair
+    #: PEM certificates of older CAs kept trusted meanwhile (empty outside a rotation).
+    previous_cas: tuple[bytes, ...] = ()
+
+    @property
+    def ca_pem(self) -> bytes:
+        """``ca.crt``: the signing CA first, then the older ones, as one PEM bundle."""
+        return self.ca.cert_pem + b"".join(self.previous_cas)
 
     @property
     def ca_bundle(self) -> str:
         """``ca.crt`` base64-encoded, as ``clientConfig.caBundle`` holds it."""
-        return base64.b64encode(self.ca.cert_pem).decode()
+        return base64.b64encode(self.ca_pem).decode()
 
     def secret_data(self) -> dict[str, str]:
         raw = {
             _CA_KEY: self.ca.key_pem,
-            _CA_CRT: self.ca.cert_pem,
+            _CA_CRT: self.ca_pem,
             _TLS_KEY: self.serving.key_pem,
             _TLS_CRT: self.serving.cert_pem,
         }
@@ -140,32 +152,67 @@ def _check_pair(cert_pem: bytes, key_pem: bytes, what: str) -> tuple[x509.Certif
     return cert, key
 
 
-def _check_validity(
-    cert: x509.Certificate, what: str, now: datetime.datetime, renew_before: datetime.timedelta
-) -> None:
+def _check_validity(cert: x509.Certificate, what: str, now: datetime.datetime) -> None:
     if cert.not_valid_before_utc > now:
         raise ValueError(f"{what} certificate is not valid yet")
-    if cert.not_valid_after_utc - renew_before <= now:
-        raise ValueError(f"{what} certificate expires at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z")
+    if cert.not_valid_after_utc <= now:
+        raise ValueError(f"{what} certificate expired at {cert.not_valid_after_utc:%Y-%m-%d %H:%M}Z")
 
 
-def _usable_ca(
-    data: Mapping[str, Any], now: datetime.datetime, renew_before: datetime.timedelta
-) -> certs.KeyPair:
-    """The Secret's CA if it can sign a new serving certificate, else ``ValueError``."""
-    pair = certs.KeyPair(_pem(data, _CA_CRT), _pem(data, _CA_KEY))
-    cert, key = _check_pair(pair.cert_pem, pair.key_pem, "CA")
+def renewal_due(
+    cert: x509.Certificate, now: datetime.datetime, renew_before: datetime.timedelta | None
+) -> bool:
+    """Whether ``cert`` is to be renewed at ``now``: ``renew_before`` its end, else once two
+    thirds of its life have passed (docs/webhook.md, "Certificates and their rotation")."""
+    start, end = cert.not_valid_before_utc, cert.not_valid_after_utc
+    if renew_before is not None:
+        return now >= end - renew_before
+    return now >= start + (end - start) * RENEW_AT_FRACTION
+
+
+def _issued_at(cert: x509.Certificate) -> datetime.datetime:
+    return cert.not_valid_before_utc + certs.BACKDATE
+
+
+def _ca_certificates(pem: bytes) -> list[x509.Certificate]:
     try:
-        constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
-    except x509.ExtensionNotFound:
-        raise ValueError("CA certificate has no basic constraints") from None
-    if not constraints.ca:
-        raise ValueError("CA certificate is not a CA")
-    _check_validity(cert, "CA", now, renew_before)
+        found = x509.load_pem_x509_certificates(pem)
+    except ValueError as err:
+        raise ValueError("CA certificate does not parse") from err
+    for cert in found:
+        try:
+            constraints = cert.extensions.get_extension_for_class(x509.BasicConstraints).value
+        except x509.ExtensionNotFound:
+            raise ValueError("CA certificate has no basic constraints") from None
+        if not constraints.ca:
+            raise ValueError("CA certificate is not a CA")
+    return found
+
+
+def _pem_of(cert: x509.Certificate) -> bytes:
+    return bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+
+def _signing_ca(
+    data: Mapping[str, Any], now: datetime.datetime
+) -> tuple[certs.KeyPair, list[x509.Certificate]]:
+    """The CA that ``ca.key`` belongs to, and the other CAs of ``ca.crt`` still valid at ``now``;
+    ``ValueError`` when the key matches none or its CA cannot sign (expired, not EC)."""
+    bundle = _ca_certificates(_pem(data, _CA_CRT))
+    key_pem = _pem(data, _CA_KEY)
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as err:
+        raise ValueError("CA key does not parse") from err
+    mine = [c for c in bundle if _public_der(c.public_key()) == _public_der(key.public_key())]
+    if not mine:
+        raise ValueError("CA key does not match its certificate")
+    _check_validity(mine[0], "CA", now)
     if not isinstance(key, ec.EllipticCurvePrivateKey):
         # certs.make_signed signs with EC CA keys only (a Go-made Secret holds RSA keys).
         raise ValueError("CA key is not an EC key")
-    return pair
+    others = [c for c in bundle if c is not mine[0] and c.not_valid_after_utc > now]
+    return certs.KeyPair(_pem_of(mine[0]), key_pem), others
 
 
 def check_secret_data(
@@ -173,32 +220,88 @@ def check_secret_data(
     hosts: Sequence[str],
     *,
     now: datetime.datetime | None = None,
-    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
 ) -> WebhookCertificates:
-    """The certificates in a Secret's ``data`` if they can serve ``hosts``; else ``ValueError``
-    saying why not."""
+    """The certificates in a Secret's ``data`` if they can serve ``hosts`` at ``now``; else
+    ``ValueError`` saying why not. The serving certificate may be signed by the signing CA or,
+    during a CA rotation, by an older CA still in ``ca.crt``."""
     now = now or datetime.datetime.now(datetime.UTC)
-    ca = certs.KeyPair(_pem(data, _CA_CRT), _pem(data, _CA_KEY))
+    ca, others = _signing_ca(data, now)
     serving = certs.KeyPair(_pem(data, _TLS_CRT), _pem(data, _TLS_KEY))
-    ca_cert, _ = _check_pair(ca.cert_pem, ca.key_pem, "CA")
-    _check_validity(ca_cert, "CA", now, renew_before)
     leaf, _ = _check_pair(serving.cert_pem, serving.key_pem, "serving")
-    try:
-        leaf.verify_directly_issued_by(ca_cert)
-    except (ValueError, TypeError, InvalidSignature) as err:
-        raise ValueError("serving certificate is not signed by the CA") from err
-    _check_validity(leaf, "serving", now, renew_before)
+    for issuer in (ca.certificate(), *others):
+        try:
+            leaf.verify_directly_issued_by(issuer)
+        except (ValueError, TypeError, InvalidSignature):
+            continue
+        break
+    else:
+        raise ValueError("serving certificate is not signed by the CA")
+    _check_validity(leaf, "serving", now)
     if not certs.cert_matches_hosts(serving.cert_pem, tuple(hosts)):
         raise ValueError(f"serving certificate does not cover {', '.join(hosts)}")
-    return WebhookCertificates(ca, serving)
+    return WebhookCertificates(ca, serving, tuple(_pem_of(c) for c in others))
 
 
-def generate_certificates(hosts: Sequence[str], ca: certs.KeyPair | None = None) -> WebhookCertificates:
-    """A serving certificate for ``hosts`` signed by ``ca`` (a new self-signed CA if None)."""
+def _signed_by(serving: certs.KeyPair, ca: certs.KeyPair) -> bool:
+    try:
+        serving.certificate().verify_directly_issued_by(ca.certificate())
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def generate_certificates(
+    hosts: Sequence[str],
+    ca: certs.KeyPair | None = None,
+    *,
+    options: BootstrapOptions | None = None,
+    previous_cas: tuple[bytes, ...] = (),
+) -> WebhookCertificates:
+    """A serving certificate for ``hosts`` signed by ``ca`` (a new self-signed CA if None), with
+    the lifetimes of ``options``; ``previous_cas`` stay trusted beside it."""
     if not hosts:
         raise ValueError("the serving certificate needs at least one host")
-    ca = ca or certs.make_ca("resourceconsist-webhook-ca")
-    return WebhookCertificates(ca, certs.make_signed(ca, hosts[0], hosts=tuple(hosts)))
+    options = options or BootstrapOptions()
+    ca = ca or certs.make_ca("resourceconsist-webhook-ca", validity=options.ca_validity)
+    serving = certs.make_signed(ca, hosts[0], hosts=tuple(hosts), validity=options.serving_validity)
+    return WebhookCertificates(ca, serving, previous_cas)
+
+
+def next_certificates(
+    current: WebhookCertificates,
+    hosts: Sequence[str],
+    options: BootstrapOptions,
+    now: datetime.datetime,
+    bundle_everywhere: Callable[[str], bool],
+) -> tuple[WebhookCertificates, str] | None:
+    """The one rotation step due at ``now`` for valid certificates, and why; None: nothing.
+
+    One step per pass, in this order (docs/webhook.md, "Certificates and their rotation"):
+    a new CA next to the signing one when that is due (the serving certificate stays); the
+    serving certificate reissued by the new CA once every configuration carries the bundle and
+    ``ca_overlap`` passed since the new CA was made; the serving certificate renewed by the same
+    CA when it is due; older CAs dropped ``ca_overlap`` after the serving certificate was issued
+    by the newest one.
+    """
+    ca_cert, serving_cert = current.ca.certificate(), current.serving.certificate()
+    serving_by_signer = _signed_by(current.serving, current.ca)
+    if renewal_due(ca_cert, now, options.renew_before) and serving_by_signer:
+        new_ca = certs.make_ca("resourceconsist-webhook-ca", validity=options.ca_validity)
+        rotated = WebhookCertificates(new_ca, current.serving, (current.ca.cert_pem, *current.previous_cas))
+        return rotated, "CA renewal: new CA added to the trusted bundle"
+    if not serving_by_signer:
+        if now < _issued_at(ca_cert) + options.ca_overlap or not bundle_everywhere(current.ca_bundle):
+            return None
+        reissued = generate_certificates(
+            hosts, current.ca, options=options, previous_cas=current.previous_cas
+        )
+        return reissued, "CA renewal: serving certificate reissued by the new CA"
+    if renewal_due(serving_cert, now, options.renew_before):
+        renewed = generate_certificates(hosts, current.ca, options=options, previous_cas=current.previous_cas)
+        return renewed, "serving certificate renewal"
+    if current.previous_cas and now >= _issued_at(serving_cert) + options.ca_overlap:
+        return WebhookCertificates(current.ca, current.serving), "CA renewal: old CA dropped from the bundle"
+    return None
 
 
 # -- the Secret ---------------------------------------------------------------------------
@@ -220,16 +323,19 @@ def ensure_secret(
     client: KubeClient,
     namespace: str,
     hosts: Sequence[str],
+    options: BootstrapOptions | None = None,
     *,
-    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE,
+    bundle_everywhere: Callable[[str], bool] = lambda _bundle: True,
 ) -> tuple[WebhookCertificates, SecretAction, str]:
-    """Reuse, create or regenerate the cert Secret; see the module docstring."""
+    """Reuse, create, regenerate or rotate the cert Secret; see the module docstring."""
+    options = options or BootstrapOptions()
     name = wire.WEBHOOK_CERT_SECRET
     raced = False
     for _ in range(_ATTEMPTS):
+        now = options.now()
         secret = client.get_or_none(kube.SECRET, namespace, name)
         if secret is None:
-            fresh = generate_certificates(hosts)
+            fresh = generate_certificates(hosts, options=options)
             body: KubeObject = {
                 "apiVersion": "v1",
                 "kind": "Secret",
@@ -245,18 +351,23 @@ def ensure_secret(
             return fresh, "created", _rv(created)
         data = secret.get("data") or {}
         try:
-            found = check_secret_data(data, hosts, renew_before=renew_before)
+            found = check_secret_data(data, hosts, now=now)
         except ValueError as why:
             reason = str(why)
-        else:
-            return found, ("adopted" if raced else "reused"), _rv(secret)
-        try:
-            keep_ca: certs.KeyPair | None = _usable_ca(
-                data, datetime.datetime.now(datetime.UTC), renew_before
+            try:
+                keep_ca, others = _signing_ca(data, now)
+            except ValueError:
+                keep_ca, others = None, []
+            # Still-valid older CAs stay trusted: another replica may serve a certificate they signed.
+            fresh = generate_certificates(
+                hosts, keep_ca, options=options, previous_cas=tuple(_pem_of(c) for c in others)
             )
-        except ValueError:
-            keep_ca = None
-        fresh = generate_certificates(hosts, keep_ca)
+            what = f"regenerated ({reason}; CA {'kept' if keep_ca else 'new'})"
+        else:
+            step = next_certificates(found, hosts, options, now, bundle_everywhere)
+            if step is None:
+                return found, ("adopted" if raced else "reused"), _rv(secret)
+            fresh, what = step
         body = _for_update(secret)
         body["data"] = fresh.secret_data()
         body.pop("stringData", None)
@@ -265,13 +376,7 @@ def ensure_secret(
         except Conflict:  # Someone changed it since we read it: read again and re-check.
             raced = True
             continue
-        log.info(
-            "webhook cert Secret %s/%s regenerated (%s; CA %s)",
-            namespace,
-            name,
-            reason,
-            "kept" if keep_ca else "new",
-        )
+        log.info("webhook cert Secret %s/%s: %s", namespace, name, what)
         return fresh, "regenerated", _rv(updated)
     raise BootstrapError(f"Secret {namespace}/{name} kept changing under us ({_ATTEMPTS} attempts)")
 
@@ -282,6 +387,18 @@ _CONFIGURATIONS: Final = (
     (kube.MUTATING_WEBHOOK_CONFIGURATION, wire.MUTATING_WEBHOOK_CONFIGURATION),
     (kube.VALIDATING_WEBHOOK_CONFIGURATION, wire.VALIDATING_WEBHOOK_CONFIGURATION),
 )
+
+
+def _configurations_carry(
+    client: KubeClient, ca_bundle: str, configurations: Sequence[tuple[Resource, str]] = _CONFIGURATIONS
+) -> bool:
+    """Whether every webhook entry of the configurations that exist has ``ca_bundle``."""
+    for resource, name in configurations:
+        config = client.get_or_none(resource, None, name)
+        for entry in (config or {}).get("webhooks") or []:
+            if (entry.get("clientConfig") or {}).get("caBundle") != ca_bundle:
+                return False
+    return True
 
 
 def ensure_ca_bundle(
@@ -431,7 +548,13 @@ def ensure_webhook_certificates(
     (default ``BootstrapOptions()``; the steps: the module docstring)."""
     options = options if options is not None else BootstrapOptions()
     ns = kube.pod_namespace(options.namespace)
-    found, action, rv = ensure_secret(client, ns, options.hosts(ns), renew_before=options.renew_before)
+    found, action, rv = ensure_secret(
+        client,
+        ns,
+        options.hosts(ns),
+        options,
+        bundle_everywhere=lambda bundle: _configurations_carry(client, bundle),
+    )
     patched = ensure_ca_bundle(client, found.ca_bundle)
     cert_file, key_file, wrote = write_cert_files(cert_dir, found.serving)
     log.info(

@@ -10,6 +10,7 @@ defaults from them without importing aiohttp, cryptography or the Kubernetes cli
 from __future__ import annotations
 
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
@@ -29,8 +30,17 @@ DEFAULT_MAX_BODY_BYTES: Final = 7 * 1024 * 1024
 DEFAULT_CERT_DIR: Final = Path("/tmp/k8s-webhook-server/serving-certs")
 #: The Service in front of the webhook (``config/webhook/service.yaml``).
 DEFAULT_SERVICE_NAME: Final = "resourceconsist-manager"
-#: Regenerate a certificate this long before it expires.
-DEFAULT_RENEW_BEFORE: Final = datetime.timedelta(days=30)
+#: Lifetimes of the self-made certificates (docs/webhook.md, "Certificates and their rotation"):
+#: the serving certificate a year, like a public CA's; the CA five years, so that its rotation
+#: (with an overlap in caBundle) happens every few years, not never.
+DEFAULT_SERVING_VALIDITY: Final = datetime.timedelta(days=365)
+DEFAULT_CA_VALIDITY: Final = datetime.timedelta(days=5 * 365)
+#: A certificate is renewed once this share of its life has passed (cert-manager's default).
+RENEW_AT_FRACTION: Final = 2 / 3
+#: How long both CAs stay trusted around a CA rotation: after the new CA is in every caBundle,
+#: before the serving certificate is reissued by it; and after that, before the old CA is dropped.
+#: Longer than the re-check ``interval``, so every replica serves the new certificate by then.
+DEFAULT_CA_OVERLAP: Final = datetime.timedelta(hours=1)
 
 
 def service_hosts(service_name: str, namespace: str) -> tuple[str, str]:
@@ -75,8 +85,16 @@ class BootstrapOptions:
     #: Seconds between two re-checks by a running server, so a certificate rotated by another
     #: replica reaches this one's files; None: at start only.
     interval: float | None = 600.0
-    #: Regenerate a certificate this long before it expires.
-    renew_before: datetime.timedelta = DEFAULT_RENEW_BEFORE
+    #: Renew a certificate this long before it expires; None: once two thirds of its life passed.
+    renew_before: datetime.timedelta | None = None
+    #: Lifetime of the serving certificate and of the CA that signs it.
+    serving_validity: datetime.timedelta = DEFAULT_SERVING_VALIDITY
+    ca_validity: datetime.timedelta = DEFAULT_CA_VALIDITY
+    #: Both CAs trusted this long at each step of a CA rotation (``DEFAULT_CA_OVERLAP``).
+    ca_overlap: datetime.timedelta = DEFAULT_CA_OVERLAP
+    #: What time it is for the renewal decisions (tests move it); None: the system's UTC clock.
+    #: Certificates always carry the system's time, whatever this says.
+    clock: Callable[[], datetime.datetime] | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         # Any iterable of names will do; kept as a tuple so the options stay hashable.
@@ -84,9 +102,26 @@ class BootstrapOptions:
         if not self.service_name:
             raise InvalidOptions("the webhook Service needs a name", "service_name")
         check_seconds("interval", self.interval)
-        if self.renew_before < datetime.timedelta(0):
+        if self.renew_before is not None and self.renew_before < datetime.timedelta(0):
             raise InvalidOptions(
                 f"renew before must not be negative (got {self.renew_before})", "renew_before"
+            )
+        for name in ("serving_validity", "ca_validity"):
+            if getattr(self, name) <= datetime.timedelta(0):
+                raise InvalidOptions(f"{name} must be positive (got {getattr(self, name)})", name)
+        if self.serving_validity > self.ca_validity:
+            raise InvalidOptions(
+                f"the serving certificate cannot outlive its CA "
+                f"({self.serving_validity} > {self.ca_validity})",
+                "serving_validity",
+                "ca_validity",
+            )
+        if self.interval is not None and self.ca_overlap.total_seconds() <= self.interval:
+            raise InvalidOptions(
+                f"ca_overlap ({self.ca_overlap}) must be longer than the re-check interval "
+                f"({self.interval:g}s), so every replica serves the new certificate before the old CA goes",
+                "interval",
+                "ca_overlap",
             )
         if self.webhook_url is not None:
             parts = urlsplit(self.webhook_url)
@@ -95,6 +130,10 @@ class BootstrapOptions:
                     f"{self.webhook_url!r} is not an https:// URL with a host; give e.g. https://127.0.0.1:9443",
                     "webhook_url",
                 )
+
+    def now(self) -> datetime.datetime:
+        """The time renewal decisions are taken at (``clock``, else the system's)."""
+        return self.clock() if self.clock is not None else datetime.datetime.now(datetime.UTC)
 
     def hosts(self, namespace: str) -> tuple[str, ...]:
         """What the serving certificate covers: the Service's DNS names in ``namespace``, the

@@ -34,7 +34,7 @@ from .config import (
     SLBConfigError,
     vserver_group_name,
 )
-from .credentials import CredentialsError, MissingCredentials, SLBCredentials
+from .credentials import CredentialsError, MissingCredentials, SLBAccess, SLBCredentials
 from .manage import Unresolved, annotated_backend
 from .settings import (
     CLUSTER_NAME_ENV,
@@ -72,6 +72,7 @@ __all__ = [
     "MissingCredentials",
     "Mode",
     "RequeueBackoff",
+    "SLBAccess",
     "SLBAdapter",
     "SLBClient",
     "SLBConfigError",
@@ -87,14 +88,15 @@ __all__ = [
 
 
 def controller_from_env(environ: Mapping[str, str]) -> SLBAdapter:
-    """The registry's controller factory: credentials from ``environ`` (``MissingCredentials`` at
-    start-up when they are absent), an ``SLBClient`` on them (its call deadline from
+    """The registry's controller factory: credentials from ``environ`` through ``SLBAccess.from_env``
+    (RRSA, credentials file, ECS RAM role or a static pair; ``MissingCredentials`` at start-up
+    when none is configured), an ``SLBClient`` on them (its call deadline from
     ``ALIYUN_SLB_CALL_DEADLINE_SECONDS``), the adapter on that with the settings of
     ``SLBSettings.from_env`` (cluster name, narrowing load balancers, garbage call budget)."""
-    credentials = SLBCredentials.from_env(environ)
+    access = SLBAccess.from_env(environ)
     settings = SLBSettings.from_env(environ)
     return SLBAdapter(
-        SLBClient(credentials, call_deadline_seconds=call_deadline_from_env(environ)),
+        SLBClient(access, call_deadline_seconds=call_deadline_from_env(environ)),
         cluster_name=settings.cluster_name,
         load_balancers=settings.load_balancers,
         garbage_call_budget=settings.garbage_call_budget,

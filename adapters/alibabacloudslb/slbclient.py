@@ -52,6 +52,7 @@ from typing import Any, Final, Literal, Self, TypeVar
 from urllib.parse import quote
 
 from aliyunsdkcore.acs_exception.exceptions import ClientException, ServerException
+from aliyunsdkcore.auth.credentials import AccessKeyCredential, StsTokenCredential
 from aliyunsdkcore.client import AcsClient
 from aliyunsdkslb.request.v20140515.AddVServerGroupBackendServersRequest import (
     AddVServerGroupBackendServersRequest,
@@ -75,11 +76,12 @@ from resourceconsist.cancellation import PassCancelled, current_cancellation
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.metrics import observe_provider_call, observe_provider_failure, observe_provider_retry
 
-from .credentials import SLBCredentials
+from .credentials import AccessKey, CredentialsError, SLBAccess, SLBCredentials
 
 __all__ = [
     "AUTH_CODES",
     "CALL_DEADLINE_ENV",
+    "CREDENTIALS_UNAVAILABLE",
     "DEFAULT_CALL_DEADLINE_SECONDS",
     "MAX_BACKENDS_PER_CALL",
     "MAX_LOAD_BALANCERS_PER_PAGE",
@@ -145,6 +147,9 @@ TRANSIENT_CODES: Final = frozenset(
         "ProcessingSameRequest",
     }
 )
+#: The key source could not answer credentials (STS unreachable, the key file unreadable): no
+#: request was sent; retried like a transport error, since a renewal may just be late.
+CREDENTIALS_UNAVAILABLE: Final = "CredentialsUnavailable"
 #: SDK codes for a request whose response never arrived (connection refused, reset, timeout).
 TRANSPORT_CODES: Final = frozenset({"SDK.HttpError", "SDK.ServerUnreachable"})
 #: Codes that say the addressed object does not exist. SLB reports a missing VServer group as
@@ -165,6 +170,9 @@ AUTH_CODES: Final = frozenset(
         "Forbidden",
         "Forbidden.RAM",
         "Forbbiden.SubUser",
+        "InvalidSecurityToken.Expired",
+        "InvalidSecurityToken.Malformed",
+        "InvalidSecurityToken.MismatchWithAccessKey",
     }
 )
 #: Actions that change provider state (what "no mutating call" means in tests).
@@ -317,6 +325,7 @@ class SLBError(ResourceConsistError):
         return (
             self.code in TRANSIENT_CODES
             or self.code in TRANSPORT_CODES
+            or self.code == CREDENTIALS_UNAVAILABLE
             or (self.http_status is not None and self.http_status >= 500)
         )
 
@@ -566,7 +575,7 @@ class SLBClient:
 
     def __init__(
         self,
-        credentials: SLBCredentials,
+        credentials: SLBCredentials | SLBAccess,
         *,
         retry: RetryPolicy | None = None,
         sleep: Callable[[float], object] | None = None,
@@ -582,12 +591,15 @@ class SLBClient:
         interrupts); ``call_deadline_seconds`` bounds one operation, retries included."""
         if not call_deadline_seconds > 0:
             raise ValueError("call_deadline_seconds must be above 0")
-        key_id = credentials.access_key_id.get_secret_value()
-        secret = credentials.access_key_secret.get_secret_value()
-        _REDACTOR.register(key_id, secret)
+        access = (
+            SLBAccess.from_credentials(credentials)
+            if isinstance(credentials, SLBCredentials)
+            else credentials
+        )
         _install_log_redaction()
-        self._endpoint = credentials.endpoint
-        self._region_id = credentials.region_id
+        self._source = access.source
+        self._endpoint = access.endpoint
+        self._region_id = access.region_id
         self._protocol = protocol
         self._retry = retry or RetryPolicy()
         self._sleep = sleep
@@ -597,17 +609,11 @@ class SLBClient:
         self._read_timeout = read_timeout_seconds
         self._connect_timeout = connect_timeout_seconds
         self._call_deadline = call_deadline_seconds
-        # auto_retry=False: SLB actions are not in the SDK's retry table, and this client's own
-        # retry must be the only one so that it can re-read state between attempts.
-        self._acs: Any = AcsClient(
-            ak=key_id,
-            secret=secret,
-            region_id=credentials.region_id,
-            auto_retry=False,
-            max_retry_time=0,
-            timeout=read_timeout_seconds,
-            connect_timeout=connect_timeout_seconds,
-        )
+        self._acs_lock = threading.Lock()
+        self._key: AccessKey | None = None
+        self._acs: Any = None
+        if isinstance(credentials, SLBCredentials):
+            self._signing_client()  # a static pair needs no request to be known
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._group_lb: dict[str, str] = {}
@@ -619,7 +625,41 @@ class SLBClient:
 
     def close(self) -> None:
         """Release the HTTP connection pool."""
-        self._acs.session.close()
+        with self._acs_lock:
+            if self._acs is not None:
+                self._acs.session.close()
+
+    def _signing_client(self) -> Any:
+        """The SDK client signing with the source's current credentials. The SDK takes fixed
+        credentials only, so a client is built again whenever the source answers different ones
+        (a renewed STS key, a rewritten key file); comparing them costs nothing."""
+        key = self._source.current()
+        with self._acs_lock:
+            if key == self._key and self._acs is not None:
+                return self._acs
+            _REDACTOR.register(
+                *(v for v in (key.access_key_id, key.access_key_secret, key.security_token) if v)
+            )
+            credential: Any
+            if key.security_token:
+                credential = StsTokenCredential(key.access_key_id, key.access_key_secret, key.security_token)
+            else:
+                credential = AccessKeyCredential(key.access_key_id, key.access_key_secret)
+            # auto_retry=False: SLB actions are not in the SDK's retry table, and this client's
+            # own retry must be the only one so that it can re-read state between attempts.
+            client = AcsClient(
+                region_id=self._region_id,
+                auto_retry=False,
+                max_retry_time=0,
+                timeout=self._read_timeout,
+                connect_timeout=self._connect_timeout,
+                credential=credential,
+            )
+            if self._key is not None:
+                # Requests in flight keep the old client; its pool goes with it.
+                _log.info("SLB credentials renewed (%s); signing with the new ones", self._source.kind)
+            self._acs, self._key = client, key
+            return client
 
     def __enter__(self) -> Self:
         return self
@@ -1078,7 +1118,9 @@ class SLBClient:
         error: SLBError | None = None
         body: Any = None
         try:
-            body = self._acs.do_action_with_exception(request)
+            body = self._signing_client().do_action_with_exception(request)
+        except CredentialsError as exc:
+            error = SLBError(action, CREDENTIALS_UNAVAILABLE, str(exc))
         except ServerException as exc:
             error = _error(
                 action,

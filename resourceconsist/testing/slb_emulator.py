@@ -18,6 +18,12 @@ what happened: every call with its action and parameters (signature fields and t
 left out), what was executed, how often each server was added, and a wall-clock history of every
 backend change (added, re-weighted, removed).
 
+It also plays STS for RRSA: ``AssumeRoleWithOIDC`` for the service-account tokens a test accepts,
+answering temporary keys (AccessKeyId, AccessKeySecret, SecurityToken, Expiration) that the SLB
+side then accepts until they expire on the emulator's clock (``InvalidSecurityToken.Expired``
+after). The credentials library speaks HTTPS only, so STS is reached through the served
+emulator below (docs/alibabacloudslb.md, "Credentials").
+
 The same state machine is served over real HTTPS as its own process by ``slb_emulator_server``
 (``python -m resourceconsist.testing.slb_emulator_server``), with an admin HTTP API
 for the same steering and reading; see docs/chaos.md.
@@ -60,7 +66,7 @@ except ModuleNotFoundError as err:  # pragma: no cover - exercised by tests/api/
         name=err.name,
     ) from err
 
-from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
+from resourceconsist.adapters.alibabacloudslb.credentials import AccessKey, SLBCredentials
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     API_VERSION,
     MAX_BACKENDS_PER_CALL,
@@ -81,6 +87,9 @@ __all__ = [
     "READ_ACTIONS",
     "SDK_SEND_TARGET",
     "SIGNATURE_PARAMS",
+    "STS_API_VERSION",
+    "STS_ASSUME_ROLE_WITH_OIDC",
+    "STS_MIN_SESSION_SECONDS",
     "BackendChange",
     "HTTPAnswer",
     "RecordedCall",
@@ -100,8 +109,16 @@ SIGNATURE_PARAMS: Final = frozenset(
         "SignatureType",
         "SignatureVersion",
         "Timestamp",
+        "SecurityToken",
     }
 )
+
+#: The STS action RRSA calls, the API version it speaks, and the Expiration format it answers.
+STS_ASSUME_ROLE_WITH_OIDC: Final = "AssumeRoleWithOIDC"
+STS_API_VERSION: Final = "2015-04-01"
+_STS_EXPIRATION_FORMAT: Final = "%Y-%m-%dT%H:%M:%SZ"
+#: STS's shortest session; the longest is the role's maximum session duration.
+STS_MIN_SESSION_SECONDS: Final = 900
 
 #: Code for adding a server that is already in the VServer group.
 CODE_BACKEND_ALREADY_EXISTS: Final = "BackendServer.AlreadyExist"
@@ -132,6 +149,15 @@ KNOWN_ERRORS: Final[Mapping[str, tuple[int, str]]] = {
     "ProcessingSameRequest": (400, "The same request is being processed. Please try later."),
     "InvalidLoadBalancerId.NotFound": (404, "The specified load balancer does not exist."),
     "InvalidAccessKeyId.NotFound": (404, "Specified access key is not found."),
+    "InvalidSecurityToken.Expired": (400, "Specified SecurityToken is expired."),
+    "InvalidSecurityToken.MismatchWithAccessKey": (
+        400,
+        "Specified SecurityToken mismatch with the AccessKey.",
+    ),
+    "AuthenticationFail.OIDCToken.Invalid": (400, "The specified OIDC token is invalid."),
+    "EntityNotExist.Role": (404, "The specified Role not exists."),
+    "EntityNotExist.OIDCProvider": (404, "The specified OIDC provider does not exist."),
+    "InvalidParameter.DurationSeconds": (400, "The parameter DurationSeconds is out of range."),
     "SignatureDoesNotMatch": (400, "Specified signature is not matched with our calculation."),
     "SignatureNonceUsed": (400, "Specified signature nonce was used already."),
     "InvalidTimeStamp.Format": (400, "Specified time stamp or date value is not well formatted."),
@@ -248,6 +274,12 @@ class HTTPAnswer:
     status: int
     headers: Mapping[str, str]
     body: str
+
+
+@dataclass(frozen=True)
+class _TemporaryKey:
+    key: AccessKey
+    expires_at: float
 
 
 class _APIError(Exception):
@@ -394,6 +426,9 @@ class SLBEmulator:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], object] = time.sleep,
         max_recorded_calls: int | None = None,
+        role_arn: str = "acs:ram::1234567890123456:role/resourceconsist",
+        oidc_provider_arn: str = "acs:ram::1234567890123456:oidc-provider/ack-rrsa-emulated",
+        max_session_seconds: int = 3600,
     ) -> None:
         if default_health not in _HEALTH_STATES:
             raise ValueError(f"default_health must be one of {sorted(_HEALTH_STATES)}")
@@ -426,6 +461,15 @@ class SLBEmulator:
         self._in_flight: Counter[str] = Counter()
         self._max_in_flight: Counter[str] = Counter()
         self._write_conflicts = 0
+        # The STS side (docs/alibabacloudslb.md, "Testing RRSA"): which role and OIDC provider
+        # exist, which service-account tokens are valid, and the temporary keys issued so far.
+        self.role_arn = role_arn
+        self.oidc_provider_arn = oidc_provider_arn
+        self._max_session = max_session_seconds
+        self._oidc_tokens: set[str] = set()
+        self._temporary: dict[str, _TemporaryKey] = {}
+        self._issued: list[str] = []
+        self._key_uses: Counter[str] = Counter()
         self._mock: responses.RequestsMock | None = None
         #: Called with the action of every authenticated call just before it executes (writes are
         #: in flight by then); tests use it to hold a call while another one arrives.
@@ -470,6 +514,88 @@ class SLBEmulator:
             region_id=self.region_id,
             endpoint=self.endpoint,
         )
+
+    def rotate_access_key(self, access_key_id: str, access_key_secret: str) -> None:
+        """Replace the emulator's key pair, as rotating a RAM user's key does: the old pair is
+        refused from now on (``InvalidAccessKeyId.NotFound``)."""
+        with self._lock:
+            self._key_id, self._secret = access_key_id, access_key_secret
+
+    # ---- STS (RRSA) ---------------------------------------------------------------------
+
+    def accept_oidc_token(self, token: str) -> None:
+        """Make ``token`` a valid service-account token for ``AssumeRoleWithOIDC``."""
+        with self._lock:
+            self._oidc_tokens.add(token.strip())
+
+    def revoke_oidc_token(self, token: str) -> None:
+        """Refuse ``token`` from now on (an expired projected token looks like this to STS)."""
+        with self._lock:
+            self._oidc_tokens.discard(token.strip())
+
+    def issue_temporary_key(self, duration_seconds: int = 3600) -> tuple[AccessKey, float]:
+        """A new STS key valid for ``duration_seconds`` on the emulator's clock, and its expiry
+        (seconds since the epoch, whole seconds as STS's ``Expiration`` carries them)."""
+        with self._lock:
+            number = len(self._issued) + 1
+            key = AccessKey(
+                f"STS.emulated{number:06d}{self._rng.randrange(16**8):08x}",
+                f"emulated-sts-secret-{self._rng.randrange(16**16):016x}",
+                f"emulated-security-token-{self._rng.randrange(16**24):024x}",
+            )
+            expires_at = float(int(self._clock() + duration_seconds))
+            self._temporary[key.access_key_id] = _TemporaryKey(key, expires_at)
+            self._issued.append(key.access_key_id)
+            return key, expires_at
+
+    def expire_temporary_key(self, access_key_id: str) -> None:
+        """End an issued key's validity now, as if its ``Expiration`` had passed."""
+        with self._lock:
+            held = self._temporary[access_key_id]
+            self._temporary[access_key_id] = _TemporaryKey(held.key, self._clock())
+
+    def issued_temporary_keys(self) -> list[str]:
+        """Access key ids of the STS keys issued so far, oldest first."""
+        with self._lock:
+            return list(self._issued)
+
+    def key_uses(self) -> dict[str, int]:
+        """Authenticated SLB calls per access key id (the static pair's and every STS key's)."""
+        with self._lock:
+            return dict(self._key_uses)
+
+    def _assume_role_with_oidc(self, params: Mapping[str, str]) -> dict[str, Any]:
+        if params.get("Version") != STS_API_VERSION:
+            raise _APIError("InvalidVersion")
+        for name in ("RoleArn", "OIDCProviderArn", "OIDCToken", "RoleSessionName"):
+            if not params.get(name):
+                raise _APIError("MissingParameter", f"{name} is mandatory for this action.")
+        if params["RoleArn"] != self.role_arn:
+            raise _APIError("EntityNotExist.Role")
+        if params["OIDCProviderArn"] != self.oidc_provider_arn:
+            raise _APIError("EntityNotExist.OIDCProvider")
+        with self._lock:
+            valid = params["OIDCToken"].strip() in self._oidc_tokens
+        if not valid:
+            raise _APIError("AuthenticationFail.OIDCToken.Invalid")
+        try:
+            duration = int(params.get("DurationSeconds") or "3600")
+        except ValueError:
+            raise _APIError("InvalidParameter.DurationSeconds") from None
+        if not STS_MIN_SESSION_SECONDS <= duration <= self._max_session:
+            raise _APIError("InvalidParameter.DurationSeconds")
+        key, expires_at = self.issue_temporary_key(duration)
+        session = params["RoleSessionName"]
+        return {
+            "AssumedRoleUser": {"Arn": f"{self.role_arn}/{session}", "AssumedRoleId": f"emulated:{session}"},
+            "OIDCTokenInfo": {"ClientIds": "sts.aliyuncs.com", "Issuer": "https://oidc-ack.emulated"},
+            "Credentials": {
+                "AccessKeyId": key.access_key_id,
+                "AccessKeySecret": key.access_key_secret,
+                "SecurityToken": key.security_token,
+                "Expiration": datetime.fromtimestamp(expires_at, UTC).strftime(_STS_EXPIRATION_FORMAT),
+            },
+        }
 
     # ---- state, set up and read by tests ------------------------------------------------
 
@@ -818,12 +944,22 @@ class SLBEmulator:
         """Answer one RPC request, whatever carried it; ``None``: drop the connection unanswered."""
         params = self._params(url, content_type, body)
         action = params.get("Action", "")
-        recorded = {k: v for k, v in params.items() if k not in SIGNATURE_PARAMS}
+        recorded = {k: v for k, v in params.items() if k not in SIGNATURE_PARAMS and k != "OIDCToken"}
         with self._lock:
             request_id = self._new_request_id()
         executed = False
         try:
             try:
+                if action == STS_ASSUME_ROLE_WITH_OIDC:
+                    # Anonymous: the OIDC token is the proof of identity, nothing is signed.
+                    payload = self._assume_role_with_oidc(params)
+                    recorded.pop("OIDCToken", None)
+                    self._record(action, recorded, status=200, code=None, executed=False, rid=request_id)
+                    return HTTPAnswer(
+                        200,
+                        {"Content-Type": "application/json;charset=utf-8", "x-acs-request-id": request_id},
+                        json.dumps({"RequestId": request_id, **payload}),
+                    )
                 self._authenticate(method, params)
                 fault = self._take_fault(action)
                 if fault is not None and not fault.execute:
@@ -885,7 +1021,14 @@ class SLBEmulator:
         key_id = params.get("AccessKeyId", "")
         if not key_id:
             raise _APIError("MissingParameter", "AccessKeyId is mandatory for this action.")
-        if not hmac.compare_digest(key_id.encode(), self._key_id.encode()):
+        with self._lock:
+            temporary = self._temporary.get(key_id)
+            static_id, static_secret = self._key_id, self._secret
+        if temporary is not None:
+            secret = temporary.key.access_key_secret
+        elif hmac.compare_digest(key_id.encode(), static_id.encode()):
+            secret = static_secret
+        else:
             raise _APIError("InvalidAccessKeyId.NotFound")
         if params.get("SignatureMethod") != "HMAC-SHA1" or params.get("SignatureVersion") != "1.0":
             raise _APIError("InvalidParameter", "Only SignatureMethod HMAC-SHA1, SignatureVersion 1.0.")
@@ -895,7 +1038,7 @@ class SLBEmulator:
             raise _APIError("InvalidTimeStamp.Format") from None
         if abs(self._clock() - stamp.timestamp()) > self._tolerance:
             raise _APIError("InvalidTimeStamp.Expired")
-        expected = rpc_signature(method, params, self._secret)
+        expected = rpc_signature(method, params, secret)
         if not hmac.compare_digest(expected.encode(), params.get("Signature", "").encode()):
             # The real service quotes its string to sign; the SDK compares it with its own to
             # tell a wrong secret (InvalidAccessKeySecret) from a malformed request.
@@ -904,11 +1047,18 @@ class SLBEmulator:
                 "Specified signature is not matched with our calculation. server string to sign is:"
                 + string_to_sign(method, params),
             )
+        if temporary is not None:
+            token = params.get("SecurityToken", "")
+            if not hmac.compare_digest(token.encode(), str(temporary.key.security_token).encode()):
+                raise _APIError("InvalidSecurityToken.MismatchWithAccessKey")
+            if self._clock() >= temporary.expires_at:
+                raise _APIError("InvalidSecurityToken.Expired")
         nonce = params.get("SignatureNonce", "")
         with self._lock:
             if not nonce or nonce in self._nonces:
                 raise _APIError("SignatureNonceUsed")
             self._nonces.add(nonce)
+            self._key_uses[key_id] += 1
         if params.get("Version") != API_VERSION:
             raise _APIError("InvalidVersion")
 

@@ -6,6 +6,8 @@ servers around it, so that provider state outlives the controllers that talk to 
 * the SLB endpoint, HTTPS with a certificate from a CA made at start (its PEM is written to the
   work directory; the SDK trusts it through ``ALIBABA_CLOUD_CA_BUNDLE``), reached by the real SDK
   with ``ALIYUN_SLB_ENDPOINT=127.0.0.1:<port>``;
+* the same HTTPS endpoint answers STS's ``AssumeRoleWithOIDC`` (RRSA: the credentials library
+  speaks HTTPS only), and the SLB side accepts the temporary keys it issued until they expire;
 * the admin API, plain HTTP, to create load balancers, set faults (rates per kind for reads
   and/or writes, latency, hang), and read the state and the timestamped backend history.
 
@@ -199,6 +201,14 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
             ("POST", "/vserver-groups"): self._add_vserver_group,
             ("PUT", "/faults"): self._set_faults,
             ("DELETE", "/faults"): self._clear_faults,
+            ("POST", "/sts/oidc-tokens"): self._accept_oidc_token,
+            ("DELETE", "/sts/oidc-tokens"): self._revoke_oidc_token,
+            ("GET", "/sts/keys"): lambda _b, _q: {
+                "issued": self.server.emulator.issued_temporary_keys(),
+                "uses": self.server.emulator.key_uses(),
+            },
+            ("POST", "/sts/expire"): self._expire_key,
+            ("PUT", "/access-key"): self._rotate_access_key,
         }
         route = routes.get((method, split.path))
         if route is None:
@@ -265,6 +275,34 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
 
     def _clear_faults(self, _body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
         self.server.emulator.clear_faults()
+        return {"ok": True}
+
+    @staticmethod
+    def _text(body: Mapping[str, Any], name: str) -> str:
+        value = body.get(name)
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{name} must be a non-empty string")
+        return value
+
+    def _accept_oidc_token(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
+        self.server.emulator.accept_oidc_token(self._text(body, "token"))
+        return {"ok": True}
+
+    def _revoke_oidc_token(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
+        self.server.emulator.revoke_oidc_token(self._text(body, "token"))
+        return {"ok": True}
+
+    def _expire_key(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
+        key_id = self._text(body, "access_key_id")
+        if key_id not in self.server.emulator.issued_temporary_keys():
+            raise ValueError(f"access_key_id {key_id!r} is not an STS key the emulator issued")
+        self.server.emulator.expire_temporary_key(key_id)
+        return {"ok": True}
+
+    def _rotate_access_key(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
+        self.server.emulator.rotate_access_key(
+            self._text(body, "access_key_id"), self._text(body, "access_key_secret")
+        )
         return {"ok": True}
 
 
@@ -341,6 +379,10 @@ class EmulatorServer:
             "region_id": self.emulator.region_id,
             "access_key_id": credentials.access_key_id.get_secret_value(),
             "access_key_secret": credentials.access_key_secret.get_secret_value(),
+            # The same HTTPS endpoint answers STS's AssumeRoleWithOIDC (RRSA).
+            "sts_endpoint": self.endpoint,
+            "role_arn": self.emulator.role_arn,
+            "oidc_provider_arn": self.emulator.oidc_provider_arn,
         }
 
 
@@ -417,6 +459,25 @@ class EmulatorAdmin:
 
     def clear_faults(self) -> None:
         self._call("DELETE", "/faults")
+
+    def accept_oidc_token(self, token: str) -> None:
+        self._call("POST", "/sts/oidc-tokens", {"token": token})
+
+    def revoke_oidc_token(self, token: str) -> None:
+        self._call("DELETE", "/sts/oidc-tokens", {"token": token})
+
+    def sts_keys(self) -> tuple[list[str], dict[str, int]]:
+        """(STS keys issued, oldest first; authenticated SLB calls per access key id)."""
+        answer = self._call("GET", "/sts/keys")
+        return list(answer["issued"]), {str(k): int(v) for k, v in answer["uses"].items()}
+
+    def expire_key(self, access_key_id: str) -> None:
+        self._call("POST", "/sts/expire", {"access_key_id": access_key_id})
+
+    def rotate_access_key(self, access_key_id: str, access_key_secret: str) -> None:
+        self._call(
+            "PUT", "/access-key", {"access_key_id": access_key_id, "access_key_secret": access_key_secret}
+        )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from resourceconsist import kube, wire
+from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.testing import HELM_VERSION, LocalControlPlane, find_helm, schemaless_crd, wait_for
 
@@ -70,6 +71,8 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
             "enabled": True,
             "roleArn": "acs:ram::1:role/rc",
             "oidcProviderArn": "acs:ram::1:oidc-provider/c",
+            "stsRegion": "cn-hangzhou",
+            "stsVpcEndpoint": True,
         },
     },
     "clusterName": "prod-a",
@@ -369,6 +372,10 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["ALIYUN_SLB_CALL_DEADLINE_SECONDS"] == "8"
     assert env["ALIBABA_CLOUD_ROLE_ARN"] == "acs:ram::1:role/rc"
+    assert env["ALIBABA_CLOUD_OIDC_PROVIDER_ARN"] == "acs:ram::1:oidc-provider/c"
+    assert env["ALIBABA_CLOUD_ROLE_SESSION_NAME"] == "resourceconsist-manager"
+    assert env["ALIBABA_CLOUD_STS_REGION"] == "cn-hangzhou"
+    assert env["ALIBABA_CLOUD_VPC_ENDPOINT_ENABLED"] == "true"
     token_file = env["ALIBABA_CLOUD_OIDC_TOKEN_FILE"]
     assert container["envFrom"] == [{"secretRef": {"name": "slb-credentials"}}]
     account = stored[("ServiceAccount", "resourceconsist-manager")]
@@ -378,6 +385,11 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     assert source["serviceAccountToken"]["audience"] == "sts.aliyuncs.com"
     mount = next(m for m in container["volumeMounts"] if m["name"] == "rrsa-token")
     assert token_file == f"{mount['mountPath']}/{source['serviceAccountToken']['path']}"
+    # The variables the chart sets are the ones the SLB adapter reads: they select RRSA.
+    access = SLBAccess.from_env(
+        {**{k: v for k, v in env.items() if v}, "ALIYUN_SLB_ENDPOINT": "slb.cn-hangzhou.aliyuncs.com"}
+    )
+    assert access.source.kind == "rrsa"
 
     pdb = stored[("PodDisruptionBudget", "resourceconsist-manager")]
     assert pdb["spec"]["minAvailable"] == 2 and "maxUnavailable" not in pdb["spec"]

@@ -17,6 +17,8 @@ RUNTIME = (
     "kubernetes",
     "cryptography",
     "pydantic",
+    # The SLB adapter's credentials library: imported only when an RRSA or ECS source is built.
+    "alibabacloud_credentials",
     "resourceconsist.manager",
     "resourceconsist.webhook.server",
     "resourceconsist.adapter",

@@ -58,6 +58,17 @@ BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
     (BootstrapOptions, {"interval": -600}, "interval must be more than 0 seconds (got -600)"),
     (BootstrapOptions, {"renew_before": datetime.timedelta(days=-1)}, "renew before must not be negative"),
     (BootstrapOptions, {"webhook_url": "http://127.0.0.1:9443"}, "is not an https:// URL with a host"),
+    (BootstrapOptions, {"serving_validity": datetime.timedelta(0)}, "serving_validity must be positive"),
+    (
+        BootstrapOptions,
+        {"serving_validity": datetime.timedelta(days=400), "ca_validity": datetime.timedelta(days=365)},
+        "the serving certificate cannot outlive its CA",
+    ),
+    (
+        BootstrapOptions,
+        {"interval": 3600, "ca_overlap": datetime.timedelta(minutes=30)},
+        "ca_overlap (0:30:00) must be longer than the re-check interval (3600s)",
+    ),
     (ConnectionLimits, {"idle_timeout": 0}, "idle timeout must be more than 0 seconds (got 0)"),
     (ConnectionLimits, {"max_connections": 0}, "max connections must be at least 1 (got 0)"),
 ]

@@ -58,6 +58,16 @@ SLB_PINNED: dict[tuple[ModuleType, str], str] = {
     (slb_credentials, "SLB_ACCESS_KEY_ENV"): "ALIYUN_SLB_AK_KEY",
     (slb_credentials, "SLB_ACCESS_SECRET_ENV"): "ALIYUN_SLB_AK_SECRET",
     (slb_credentials, "SLB_ENDPOINT_ENV"): "ALIYUN_SLB_ENDPOINT",
+    # Alibaba Cloud's standard credential variables (RRSA, credentials file, ECS RAM role), which
+    # the chart and ACK set and the credentials library reads.
+    (slb_credentials, "ROLE_ARN_ENV"): "ALIBABA_CLOUD_ROLE_ARN",
+    (slb_credentials, "OIDC_PROVIDER_ARN_ENV"): "ALIBABA_CLOUD_OIDC_PROVIDER_ARN",
+    (slb_credentials, "OIDC_TOKEN_FILE_ENV"): "ALIBABA_CLOUD_OIDC_TOKEN_FILE",
+    (slb_credentials, "ROLE_SESSION_NAME_ENV"): "ALIBABA_CLOUD_ROLE_SESSION_NAME",
+    (slb_credentials, "STS_REGION_ENV"): "ALIBABA_CLOUD_STS_REGION",
+    (slb_credentials, "STS_VPC_ENV"): "ALIBABA_CLOUD_VPC_ENDPOINT_ENABLED",
+    (slb_credentials, "CREDENTIALS_FILE_ENV"): "ALIBABA_CLOUD_CREDENTIALS_FILE",
+    (slb_credentials, "ECS_ROLE_ENV"): "ALIBABA_CLOUD_ECS_METADATA",
     # The adapter's own (docs/alibabacloudslb.md): tags on its VServer groups, its settings.
     (slb_config, "CLUSTER_TAG"): "resource-consist.kusionstack.io/cluster",
     (slb_config, "SERVICE_NAMESPACE_TAG"): "resource-consist.kusionstack.io/service-namespace",

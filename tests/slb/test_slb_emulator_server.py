@@ -13,8 +13,14 @@ from typing import Any
 
 import pytest
 
-from resourceconsist.adapters.alibabacloudslb.credentials import SLBCredentials
-from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, RetryPolicy, SLBClient, SLBError
+from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess, SLBCredentials
+from resourceconsist.adapters.alibabacloudslb.slbclient import (
+    BackendServer,
+    RetryPolicy,
+    SLBAuthError,
+    SLBClient,
+    SLBError,
+)
 from resourceconsist.testing.slb_emulator_server import AdminError, EmulatorAdmin
 
 LB = "lb-served-1"
@@ -216,6 +222,56 @@ def test_latency_and_hang_set_from_outside_outlast_the_client_timeout(
         # Once cleared, a read is answered within the client's timeout. (The calls the client
         # gave up on are answered too, late, so a count of answered calls here would race them.)
         assert group in [g.id for g in client.describe_vserver_groups(LB)]
+
+
+def test_rrsa_against_the_served_sts_and_keys_steered_from_outside(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The credentials library exchanges a token at the server process's STS (HTTPS, its test CA
+    trusted through SSL_CERT_FILE); the admin API accepts tokens, lists and expires STS keys, and
+    rotates the static pair."""
+    monkeypatch.setenv("ALIBABA_CLOUD_CA_BUNDLE", served["ca_bundle"])
+    monkeypatch.setenv("SSL_CERT_FILE", served["ca_bundle"])
+    token_file = tmp_path / "token"
+    token_file.write_text("served-token")
+    admin.accept_oidc_token("served-token")
+    access = SLBAccess.from_env(
+        {
+            "ALIBABA_CLOUD_ROLE_ARN": served["role_arn"],
+            "ALIBABA_CLOUD_OIDC_PROVIDER_ARN": served["oidc_provider_arn"],
+            "ALIBABA_CLOUD_OIDC_TOKEN_FILE": str(token_file),
+            "ALIBABA_CLOUD_STS_ENDPOINT": served["sts_endpoint"],
+            "ALIYUN_SLB_ENDPOINT": served["endpoint"],
+            "ALIBABA_CLOUD_REGION_ID": served["region_id"],
+        }
+    )
+    issued_before, _ = admin.sts_keys()
+    with SLBClient(access, retry=RetryPolicy(max_attempts=1)) as client:
+        client.describe_vserver_groups(LB)
+        issued, uses = admin.sts_keys()
+        (key,) = issued[len(issued_before) :]
+        assert uses[key] == 1
+        # Expired at the provider while the library still holds it (a 3600 s session): refused.
+        admin.expire_key(key)
+        with pytest.raises(SLBAuthError) as expired:
+            client.describe_vserver_groups(LB)
+        assert expired.value.code == "InvalidSecurityToken.Expired"
+    with pytest.raises(AdminError, match="is not an STS key the emulator issued"):
+        admin.expire_key("STS.unknown")
+
+    # The static pair rotated from outside: the old one is refused, the new one works.
+    admin.rotate_access_key("rotated-key", "rotated-secret")
+    try:
+        with (
+            _client(served, monkeypatch, retry=RetryPolicy(max_attempts=1)) as old,
+            pytest.raises(SLBAuthError),
+        ):
+            old.describe_vserver_groups(LB)
+        rotated = {**served, "access_key_id": "rotated-key", "access_key_secret": "rotated-secret"}
+        with _client(rotated, monkeypatch) as new:
+            new.describe_vserver_groups(LB)
+    finally:
+        admin.rotate_access_key(served["access_key_id"], served["access_key_secret"])
 
 
 def test_admin_api_rejects_bad_fault_settings_with_a_clear_message(admin: EmulatorAdmin) -> None:
