@@ -338,6 +338,8 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
         }
     )
 
+    # The watched namespace holds the manager's Role: it exists before the install.
+    chart_cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
     namespace = "platform-lb"
     stored = chart_cluster.install(namespace, NON_DEFAULT_VALUES, tmp_path)
 
@@ -403,6 +405,10 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
     assert hook["clientConfig"]["service"]["namespace"] == namespace
     assert hook["namespaceSelector"] == NON_DEFAULT_VALUES["webhook"]["namespaceSelector"]
+    # watchNamespace: the manager's grants are a Role in that namespace, no ClusterRole
+    # (docs/security.md, "A namespaced install").
+    assert stored[("Role", "resourceconsist-manager")]["metadata"]["namespace"] == "shop"
+    assert ("ClusterRole", "resourceconsist-manager") not in stored
     # Without the bootstrap, the manager gets none of the RBAC it needs: least privilege.
     assert ("Role", "resourceconsist-webhook-certs") not in stored
     webhook_role = stored[("ClusterRole", "resourceconsist-webhook")]

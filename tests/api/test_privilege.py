@@ -1,0 +1,683 @@
+"""Least privilege, proven as the ServiceAccount (docs/security.md): the chart's RBAC and its
+ValidatingAdmissionPolicy are applied to a real kube-apiserver that writes an audit log, a token
+of the manager's ServiceAccount is minted by the TokenRequest API, and the manager runs as its own
+process with that token (`resourceconsist run`, the chart's own arguments, the SLB adapter
+against the SLB emulator served as its own process, the webhook with its certificate bootstrap).
+
+Everything the promise needs is allowed: webhook admission, guard and lifecycle finalizers,
+readiness-gate condition, a pod's deletion released, the employer's deletion. With the same
+token, every write beyond that is refused by the policy with a message naming what was refused
+(the table in docs/security.md is this module's). The grants the runs used are read from the
+audit log, never from a list written by hand, and every grant of the chart is either used or
+explained in docs/security.md. A namespaced install (`watchNamespace`) runs on a Role, and
+what it may not read answers 403: unknown, never gone.
+
+Each install has a control plane of its own: the chart's webhook configuration (failurePolicy
+Fail) and policy must not reach the session's other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import (
+    LOAD_BALANCER_ID_LABEL,
+    MODE_ANNOTATION,
+    SERVER_ID_ANNOTATION,
+)
+from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist.testing import (
+    Cluster,
+    LocalControlPlane,
+    async_wait_for,
+    condition,
+    finalizers,
+    find_helm,
+    wait_for,
+)
+from resourceconsist.testing.controlplane import free_port
+from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
+
+pytestmark = pytest.mark.controlplane
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "resourceconsist"
+SECURITY_DOC = REPO / "docs" / "security.md"
+MANAGER = "resourceconsist-manager"
+RELEASE_NAMESPACE = wire.DEFAULT_NAMESPACE
+USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{MANAGER}"
+CLUSTER_NAME = "privilege-test"
+LOAD_BALANCER = "lb-privilege"
+ADAPTER = "alibabacloudslb"
+#: Where the controlled pods and their Service live.
+APP = "shop"
+#: A namespace a namespaced install does not watch.
+ELSEWHERE = "elsewhere"
+FLZ = lifecycle.lifecycle_finalizer("web")
+GUARD = lifecycle.guard_finalizer("web")
+GATE = lifecycle.readiness_gate("web")
+#: One grant: (API group, resource[/subresource], verb).
+Grant = tuple[str, str, str]
+
+
+def _render(values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    rendered = subprocess.run(
+        [
+            str(find_helm()),
+            *("template", "resourceconsist", str(CHART), "--namespace", RELEASE_NAMESPACE),
+            *("--set", "createNamespace=true", "--values", str(values_file)),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d]
+
+
+def _apply(admin: KubeClient, docs: list[dict[str, Any]], webhook_port: int) -> None:
+    """Create every rendered object as admin, Namespaces first. The webhook configuration calls
+    the manager process on loopback (no Service networking here) instead of its Service: the
+    caBundle is still left for the manager's bootstrap to fill."""
+    for doc in sorted(docs, key=lambda d: d["kind"] != "Namespace"):
+        if doc["kind"] == "MutatingWebhookConfiguration":
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{webhook_port}{path}"}
+        resource = admin.resource(doc["apiVersion"], doc["kind"])
+        admin.create(resource, doc["metadata"].get("namespace") if resource.namespaced else None, doc)
+
+
+def _manager_args(docs: list[dict[str, Any]]) -> list[str]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return list(container["args"])
+
+
+def _granted(docs: list[dict[str, Any]]) -> set[Grant]:
+    """Every (group, resource, verb) the rendered RBAC grants the manager's ServiceAccount."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in {"Role", "ClusterRole"}}
+    granted: set[Grant] = set()
+    for binding in (d for d in docs if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}):
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == MANAGER for s in binding["subjects"]):
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.update((group, resource, verb) for verb in rule["verbs"])
+    return granted
+
+
+def _used(events: list[dict[str, Any]]) -> set[Grant]:
+    """The grants the manager's requests were authorized by, from the audit log: every request of
+    its user that RBAC let through (a 404 too: the bootstrap looks for a configuration)."""
+    used: set[Grant] = set()
+    for event in events:
+        ref = event.get("objectRef")
+        if event["user"]["username"] != USER or ref is None or _forbidden_by_rbac(event):
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, event["verb"]))
+    return used
+
+
+def _forbidden_by_rbac(event: dict[str, Any]) -> bool:
+    return event.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid"
+
+
+@dataclass
+class Install:
+    """A control plane with the chart applied, and a kubeconfig of the manager's ServiceAccount."""
+
+    cp: LocalControlPlane
+    admin: KubeClient
+    docs: list[dict[str, Any]]
+    kubeconfig: Path
+    webhook_port: int
+
+    def as_manager(self) -> KubeClient:
+        return KubeClient.from_kubeconfig(str(self.kubeconfig), name="as-manager")
+
+
+def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
+    webhook_port = free_port()
+    docs = _render(values, tmp_path)
+    with LocalControlPlane(audit=True) as cp:
+        admin = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="admin")
+        try:
+            _apply(admin, docs, webhook_port)
+            # The webhook changes the pods' specs (readiness gates) in namespaces that opt in.
+            inject = {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}
+            for namespace in (APP, ELSEWHERE):
+                admin.create(kube.NAMESPACE, None, {"metadata": {"name": namespace, "labels": inject}})
+            token = cp.service_account_token(RELEASE_NAMESPACE, MANAGER)
+            kubeconfig = cp.token_kubeconfig(token, tmp_path / "manager.kubeconfig")
+            install = Install(cp, admin, docs, kubeconfig, webhook_port)
+            _wait_for_the_policy(install)
+            yield install
+        finally:
+            admin.close()
+
+
+def _wait_for_the_policy(install: Install) -> None:
+    """The API server enforces a new policy a moment after it is created: wait until a write it
+    refuses is refused, on a pod made for that and then deleted."""
+    probe = "policy-probe"
+    install.admin.create(
+        kube.POD,
+        APP,
+        {"metadata": {"name": probe}, "spec": {"containers": [{"name": "app", "image": "probe"}]}},
+    )
+    manager = install.as_manager()
+    try:
+
+        def refused() -> bool:
+            try:
+                manager.patch(
+                    kube.POD, APP, probe, {"metadata": {"labels": {"probe": str(time.monotonic())}}}
+                )
+            except ApiError as err:
+                return err.status == 403
+            return False
+
+        wait_for(refused, timeout=60, interval=0.5, message="the least-privilege policy enforced")
+    finally:
+        manager.close()
+        install.admin.delete(kube.POD, APP, probe)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    """The chart with its default values (a cluster-wide install) on a control plane of its own."""
+    yield from _install({}, tmp_path_factory.mktemp("cluster-wide"))
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
+    """The SLB emulator server process with one load balancer; its start-up line and admin."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "resourceconsist.testing.slb_emulator_server"),
+            *("--dir", str(tmp_path_factory.mktemp("slb")), "--load-balancer", LOAD_BALANCER),
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        info: dict[str, str] = json.loads(proc.stdout.readline())
+        yield info, EmulatorAdmin(info["admin_url"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+class ManagerProcess:
+    """`resourceconsist run` with the chart's arguments, as the ServiceAccount: the token's
+    kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter."""
+
+    def __init__(self, install: Install, info: dict[str, str], cert_dir: Path) -> None:
+        self.health_port = free_port()
+        args = [
+            *_manager_args(install.docs),
+            f"--kubeconfig={install.kubeconfig}",
+            "--metrics-bind-address=0",
+            f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
+            "--log-format=text",
+            "--webhook-host=127.0.0.1",
+            f"--webhook-port={install.webhook_port}",
+            f"--cert-dir={cert_dir}",
+            "--webhook-cert-host=127.0.0.1",
+            f"--slb-cluster-name={CLUSTER_NAME}",
+            "--garbage-interval=1",
+        ]
+        env = {
+            **{
+                k: v
+                for k, v in os.environ.items()
+                if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_")) and k != "KUBECONFIG"
+            },
+            wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
+            "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+            "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+            "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+            "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+            "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "resourceconsist", *args],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        if self.process.stdout is not None:
+            self.lines.extend(iter(self.process.stdout.readline, ""))
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def ready(self) -> bool:
+        if self.process.poll() is not None:
+            pytest.fail("the manager ended early:\n" + self.output)
+        with (
+            suppress(OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as r,
+        ):
+            return bool(r.status == 200)
+        return False
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._reader.join(5)
+
+
+@asynccontextmanager
+async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> AsyncIterator[ManagerProcess]:
+    """The manager as its ServiceAccount, ready, its webhook's caBundle filled by its bootstrap."""
+    manager = ManagerProcess(install, info, cert_dir)
+    try:
+        await async_wait_for(manager.ready, timeout=90, message="the manager ready")
+
+        async def ca_bundle_filled() -> bool:
+            config = await Cluster(install.admin, APP).call(
+                install.admin.get,
+                kube.MUTATING_WEBHOOK_CONFIGURATION,
+                None,
+                wire.MUTATING_WEBHOOK_CONFIGURATION,
+            )
+            return all(hook["clientConfig"].get("caBundle") for hook in config["webhooks"])
+
+        await async_wait_for(
+            ca_bundle_filled, timeout=60, message="the bootstrap's caBundle in the configuration"
+        )
+        yield manager
+    except BaseException:
+        # Shown by pytest with the failure: what the manager said, and what it was refused.
+        print(manager.output[-20000:])
+        print("\n".join(_manager_forbidden(install.cp.audit_events())))
+        raise
+    finally:
+        manager.stop()
+
+
+def _manager_forbidden(events: list[dict[str, Any]]) -> list[str]:
+    """The manager's requests that were refused (by RBAC or by admission)."""
+    return [
+        f"{e['verb']} {e['requestURI']}: {e.get('responseStatus', {}).get('message', '')}"
+        for e in events
+        if e["user"]["username"] == USER and e.get("responseStatus", {}).get("code") == 403
+    ]
+
+
+async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[str]) -> None:
+    """Service `web` (already created) gets `pods`: admitted by the webhook, guarded, served, the
+    gate True; then one pod's deletion is released, and the Service's deletion releases the rest."""
+    group_name = f"resourceconsist/{cluster.namespace}/web"
+    for index, name in enumerate(pods):
+        created = await cluster.pod(
+            name,
+            {"app": "web", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE},
+            readiness_gate=True,
+            annotations={SERVER_ID_ANNOTATION: f"eni-{index}"},
+        )
+        # Admitted by the webhook, served by the manager process with its bootstrapped certificate.
+        assert GATE in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
+        # As the kubelet: containers ready (a pod with the frame's gate is Ready only once the
+        # gate is True), PodOpsLifecycle's gate True.
+        await cluster.set_status(name, ready=False, service_ready=True)
+        await cluster.set_condition(name, "ContainersReady", True)
+
+    async def served() -> bool:
+        groups = [g for g in admin.state()["groups"] if g["name"] == group_name]
+        if len(groups) != 1 or sorted(b["Weight"] for b in groups[0]["backends"]) != [100] * len(pods):
+            return False
+        for name in pods:
+            pod = await cluster.get(kube.POD, name)
+            if FLZ not in finalizers(pod) or condition(pod, GATE) != "True":
+                return False
+        return True
+
+    await async_wait_for(served, timeout=90, message="the pods served, guarded, their gate True")
+
+    first, rest = pods[0], pods[1:]
+    await cluster.delete(kube.POD, first)
+
+    async def deleted(name: str) -> bool:
+        return await cluster.get(kube.POD, name) is None
+
+    await async_wait_for(lambda: deleted(first), timeout=60, message=f"{first}'s deletion released")
+    await cluster.delete(kube.SERVICE, "web")
+
+    async def employer_gone_pods_released() -> bool:
+        if await cluster.get(kube.SERVICE, "web") is not None:
+            return False
+        for name in rest:
+            held = finalizers(await cluster.get(kube.POD, name))
+            if FLZ in held or GUARD in held:
+                return False
+        return True
+
+    await async_wait_for(
+        employer_gone_pods_released, timeout=90, message="the Service deleted, its pods released"
+    )
+
+
+async def test_the_manager_keeps_the_promise_as_its_service_account(
+    installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    info, slb = emulator
+    cluster = Cluster(installed.admin, APP)
+    before = len(installed.cp.audit_events())
+    await cluster.service(
+        "web",
+        labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+        annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+    )
+    async with _manager(installed, info, tmp_path / "certs") as manager:
+        await _serve_and_release(cluster, slb, ["web-0", "web-1"])
+        # The Lease was renewed at least once (patch), as the leader does.
+        lease = await cluster.call(
+            installed.admin.get, kube.LEASE, RELEASE_NAMESPACE, "resourceconsist-manager"
+        )
+        assert lease["spec"]["holderIdentity"]
+    events = installed.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output
+    secret = installed.admin.get(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
+    assert set(wire.WEBHOOK_CERT_KEYS) <= set(secret["data"])
+    _every_grant_is_used_or_explained(events, installed.docs)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One write beyond what the promise needs, tried with the manager's token."""
+
+    what: str
+    resource: kube.Resource
+    namespace: str | None
+    name: str
+    body: Any
+    patch_type: str = "merge"
+    subresource: str | None = None
+
+
+def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
+    return [
+        Attempt(
+            "relabel a pod (pull it out of its Service)",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"labels": {"app": "evil"}}},
+        ),
+        Attempt(
+            "change a pod's image",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"spec": {"containers": [{"name": "app", "image": "registry.evil/miner:1"}]}},
+            patch_type="strategic",
+        ),
+        Attempt(
+            "strip a foreign finalizer from a pod",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"finalizers": None}},
+        ),
+        Attempt(
+            "add an annotation of someone else to a pod",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"annotations": {"example.com/owner": "evil"}}},
+        ),
+        Attempt(
+            "set a pod's Ready condition",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+            patch_type="strategic",
+            subresource="status",
+        ),
+        Attempt(
+            "change a pod's IP",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"podIP": "192.0.2.66", "podIPs": [{"ip": "192.0.2.66"}]}},
+            subresource="status",
+        ),
+        Attempt(
+            "rewrite a Service's selector",
+            kube.SERVICE,
+            APP,
+            victim_service,
+            {"spec": {"selector": {"app": "evil"}}},
+        ),
+        Attempt(
+            "change a Service's SLB mode annotation",
+            kube.SERVICE,
+            APP,
+            victim_service,
+            {"metadata": {"annotations": {MODE_ANNOTATION: "manage"}}},
+        ),
+        Attempt(
+            "loosen the webhook's failurePolicy",
+            kube.MUTATING_WEBHOOK_CONFIGURATION,
+            None,
+            wire.MUTATING_WEBHOOK_CONFIGURATION,
+            {"failurePolicy": "Ignore"},
+            patch_type="replace-webhooks",
+        ),
+        Attempt(
+            "write a Secret other than the webhook's certificate",
+            kube.SECRET,
+            RELEASE_NAMESPACE,
+            "stolen",
+            {"metadata": {"name": "stolen"}, "stringData": {"x": "y"}},
+            patch_type="create",
+        ),
+    ]
+
+
+def _try(client: KubeClient, attempt: Attempt) -> str:
+    """The API server's answer to ``attempt``: its message when refused, "allowed" otherwise."""
+    try:
+        if attempt.patch_type == "create":
+            client.create(attempt.resource, attempt.namespace, attempt.body)
+        elif attempt.patch_type == "replace-webhooks":
+            config = client.get(attempt.resource, attempt.namespace, attempt.name)
+            for hook in config["webhooks"]:
+                hook.update(attempt.body)
+            client.replace(attempt.resource, attempt.namespace, attempt.name, config)
+        else:
+            client.patch(
+                attempt.resource,
+                attempt.namespace,
+                attempt.name,
+                attempt.body,
+                patch_type=attempt.patch_type,  # type: ignore[arg-type]
+                subresource=attempt.subresource,
+            )
+    except ApiError as err:
+        return err.message if err.status == 403 else f"not a 403: {err}"
+    return "allowed"
+
+
+#: The denied-write table of docs/security.md sits between these lines.
+TABLE_BEGIN = "<!-- denied-writes: generated by tests/api/test_privilege.py -->"
+TABLE_END = "<!-- end of denied-writes -->"
+
+
+def _doc_section(begin: str, end: str) -> str:
+    text = SECURITY_DOC.read_text()
+    assert begin in text and end in text, f"docs/security.md lacks the lines {begin!r} ... {end!r}"
+    return text[text.index(begin) + len(begin) : text.index(end)].strip()
+
+
+def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install) -> None:
+    admin = installed.admin
+    victim_service = "checkout"
+    admin.create(
+        kube.SERVICE,
+        APP,
+        {
+            "metadata": {"name": victim_service},
+            "spec": {"selector": {"app": "checkout"}, "ports": [{"port": 80}]},
+        },
+    )
+    victim_pod = "checkout-0"
+    admin.create(
+        kube.POD,
+        APP,
+        {
+            "metadata": {
+                "name": victim_pod,
+                "labels": {"app": "checkout"},
+                "finalizers": ["example.com/keep"],
+            },
+            "spec": {"containers": [{"name": "app", "image": "registry.example/checkout:1"}]},
+        },
+    )
+    admin.patch(
+        kube.POD,
+        APP,
+        victim_pod,
+        {"status": {"podIP": "10.9.0.1", "conditions": [{"type": "Ready", "status": "True"}]}},
+        subresource="status",
+    )
+    manager = installed.as_manager()
+    try:
+        # What the promise needs is allowed on this very pod: its own finalizer, its annotation,
+        # its readiness gate's condition (the policy is no blanket refusal).
+        for allowed in (
+            {"metadata": {"finalizers": ["example.com/keep", FLZ]}},
+            {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: "{}"}}},
+        ):
+            manager.patch(kube.POD, APP, victim_pod, allowed)
+        manager.patch(
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"conditions": [{"type": GATE, "status": "True"}]}},
+            patch_type="strategic",
+            subresource="status",
+        )
+        manager.patch(kube.POD, APP, victim_pod, {"metadata": {"finalizers": ["example.com/keep"]}})
+
+        rows = [(attempt.what, _try(manager, attempt)) for attempt in _attempts(victim_pod, victim_service)]
+    finally:
+        manager.close()
+    pod = admin.get(kube.POD, APP, victim_pod)
+    assert pod["metadata"]["labels"] == {"app": "checkout"} and finalizers(pod) == ["example.com/keep"]
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/checkout:1"
+    assert condition(pod, "Ready") == "True" and pod["status"]["podIP"] == "10.9.0.1"
+    assert admin.get(kube.SERVICE, APP, victim_service)["spec"]["selector"] == {"app": "checkout"}
+    assert admin.get_or_none(kube.SECRET, RELEASE_NAMESPACE, "stolen") is None
+    # Anyone else may still make the same change: the binding matches the manager's user only.
+    admin.patch(kube.POD, APP, victim_pod, {"metadata": {"labels": {"app": "checkout", "tier": "web"}}})
+
+    for what, answer in rows:
+        assert answer != "allowed", f"{what}: allowed"
+        assert "(docs/security.md)" in answer, f"{what}: refused by something else than the policy: {answer}"
+    pod, status, service = f"pods {APP}/{victim_pod}", f"pods/status {APP}/{victim_pod}", f"services {APP}/"
+    expected = {
+        "relabel a pod (pull it out of its Service)": f"may not change the labels of {pod}",
+        "change a pod's image": f"may not change the spec of {pod}",
+        "strip a foreign finalizer from a pod": f"may not add or remove finalizer example.com/keep of {pod}",
+        "add an annotation of someone else to a pod": f"may not change annotation example.com/owner of {pod}",
+        "set a pod's Ready condition": f"may not change condition Ready of {status}",
+        "change a pod's IP": f"may change only its readiness gates in the status of {status}",
+        "rewrite a Service's selector": f"may not change the spec of {service}{victim_service}",
+        "change a Service's SLB mode annotation": f"may not change annotation {MODE_ANNOTATION} of {service}",
+        "loosen the webhook's failurePolicy": "may change only the caBundle of mutatingwebhookconfigurations "
+        + wire.MUTATING_WEBHOOK_CONFIGURATION,
+        "write a Secret other than the webhook's certificate": f"may not write secrets {RELEASE_NAMESPACE}/",
+    }
+    for what, answer in rows:
+        assert expected[what] in answer, f"{what}: {answer}"
+    table = "\n".join(
+        ["| What the manager's token tried | The API server's answer (403) |", "| --- | --- |"]
+        + [f"| {what} | {_policy_message(answer)} |" for what, answer in rows]
+    )
+    assert _doc_section(TABLE_BEGIN, TABLE_END) == table, f"docs/security.md's table is not:\n{table}"
+
+
+def _policy_message(answer: str) -> str:
+    """The policy's own words in the API server's message (which names the policy first)."""
+    found = re.search(r"resourceconsist-manager may .*", answer)
+    assert found, answer
+    return found.group(0).replace("|", "\\|")
+
+
+#: The grants table of docs/security.md sits between these lines.
+GRANTS_BEGIN = "<!-- grants: checked by tests/api/test_privilege.py -->"
+GRANTS_END = "<!-- end of grants -->"
+
+
+def _doc_grants() -> dict[Grant, bool]:
+    """docs/security.md's grants table: each (group, resource, verb) and whether it says every
+    scenario run uses it ("yes") or it is kept for a path a run need not reach ("not always")."""
+    rows: dict[Grant, bool] = {}
+    for line in _doc_section(GRANTS_BEGIN, GRANTS_END).splitlines()[2:]:
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        group, resource, verbs, used = cells[0], cells[1], cells[2], cells[3]
+        assert used in {"yes", "not always"}, line
+        for verb in verbs.split(", "):
+            rows[("" if group == "core" else group, resource, verb)] = used == "yes"
+    return rows
+
+
+def _every_grant_is_used_or_explained(events: list[dict[str, Any]], docs: list[dict[str, Any]]) -> None:
+    """What the manager used, read from the audit log of a scenario run as the ServiceAccount,
+    against what the chart grants it and what docs/security.md says."""
+    used = _used(events)
+    granted = _granted(docs)
+    assert used <= granted  # anything else would have been a 403
+    documented = _doc_grants()
+    unused = sorted(granted - used)
+    assert set(documented) == granted, (
+        f"docs/security.md's grants differ from the chart's: missing {sorted(granted - set(documented))}, "
+        f"extra {sorted(set(documented) - granted)}"
+    )
+    # A grant the run did not use must be one the page explains; one it says is always used must be.
+    unexplained = [grant for grant in unused if documented[grant]]
+    assert not unexplained, f"granted, documented as used, but not in the audit log: {unexplained}"
