@@ -166,11 +166,12 @@ def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
     with LocalControlPlane(audit=True) as cp:
         admin = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="admin")
         try:
-            _apply(admin, docs, webhook_port)
-            # The webhook changes the pods' specs (readiness gates) in namespaces that opt in.
+            # The webhook changes the pods' specs (readiness gates) in namespaces that opt in. They
+            # exist before the install, which may put a Role in one (watchNamespace).
             inject = {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}
             for namespace in (APP, ELSEWHERE):
                 admin.create(kube.NAMESPACE, None, {"metadata": {"name": namespace, "labels": inject}})
+            _apply(admin, docs, webhook_port)
             token = cp.service_account_token(RELEASE_NAMESPACE, MANAGER)
             kubeconfig = cp.token_kubeconfig(token, tmp_path / "manager.kubeconfig")
             install = Install(cp, admin, docs, kubeconfig, webhook_port)
@@ -681,3 +682,77 @@ def _every_grant_is_used_or_explained(events: list[dict[str, Any]], docs: list[d
     # A grant the run did not use must be one the page explains; one it says is always used must be.
     unexplained = [grant for grant in unused if documented[grant]]
     assert not unexplained, f"granted, documented as used, but not in the audit log: {unexplained}"
+
+
+@pytest.fixture
+def installed_namespaced(tmp_path: Path) -> Iterator[Install]:
+    """The chart with `watchNamespace` (a Role in that namespace) on a control plane of its own."""
+    yield from _install({"watchNamespace": APP}, tmp_path)
+
+
+async def test_a_namespaced_install_serves_its_namespace_and_cannot_read_the_others(
+    installed_namespaced: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    install = installed_namespaced
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in install.docs}
+    assert kinds[("Role", MANAGER)]["metadata"]["namespace"] == APP
+    assert ("ClusterRole", MANAGER) not in kinds
+    info, slb = emulator
+    cluster, elsewhere = Cluster(install.admin, APP), Cluster(install.admin, ELSEWHERE)
+    before = len(install.cp.audit_events())
+    for where in (cluster, elsewhere):
+        await where.service(
+            "web",
+            labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+            annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+        )
+    async with _manager(install, info, tmp_path / "certs") as manager:
+        await _serve_and_release(cluster, slb, ["web-0", "web-1"])
+        # The other namespace's Service is not the manager's to keep: no clean finalizer.
+        assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
+    events = install.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output
+    # Nothing of another namespace was asked for, except the cluster-scoped reads the page lists.
+    outside = {
+        (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace"))
+        for e in events
+        if e["user"]["username"] == USER
+        and "objectRef" in e
+        and e["objectRef"].get("namespace") not in {APP, RELEASE_NAMESPACE}
+    }
+    assert {resource for _, resource, _ in outside} <= {
+        "namespaces",
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    }, outside
+
+    # What the install may not read is a 403, which the garbage pass takes for "unknown", never
+    # for "gone" (a 404 would be): the employer's live lookup fails instead of answering None.
+    manager_client = install.as_manager()
+    try:
+        with pytest.raises(ApiError) as refused:
+            manager_client.get_or_none(kube.SERVICE, ELSEWHERE, "web")
+    finally:
+        manager_client.close()
+    assert refused.value.status == 403
+    assert not isinstance(refused.value, kube.NotFound)
+
+
+def test_the_policy_names_the_wire_contracts_keys(tmp_path: Path) -> None:
+    """The policy's CEL spells the project's finalizers, annotations and condition domain out;
+    they are the wire contract's (resourceconsist/wire.py), byte for byte."""
+    (policy,) = [d for d in _render({}, tmp_path) if d["kind"] == "ValidatingAdmissionPolicy"]
+    text = json.dumps(policy["spec"])
+    for key in (
+        wire.AVAILABLE_CONDITIONS_ANNOTATION,
+        wire.EXPECTED_FINALIZER_ADDED_ANNOTATION,
+        wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION,
+        wire.OLD_CLEAN_FINALIZER_PREFIX,  # the clean finalizer is one of these
+        wire.LIFECYCLE_FINALIZER_PREFIX + "/",
+        wire.GUARD_FINALIZER_PREFIX + "/",
+        wire.READINESS_GATE_DOMAIN + "/",
+        wire.WEBHOOK_CERT_SECRET,
+        USER,
+    ):
+        assert f"'{key}" in text, key
+    assert wire.CLEAN_FINALIZER.startswith(wire.OLD_CLEAN_FINALIZER_PREFIX)
