@@ -21,14 +21,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import threading
 import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +50,7 @@ from resourceconsist.testing import (
     wait_for,
 )
 from resourceconsist.testing.controlplane import free_port
+from resourceconsist.testing.process import CommandProcess
 from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
 
 pytestmark = pytest.mark.controlplane
@@ -236,83 +234,43 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[st
         proc.wait(timeout=15)
 
 
-class ManagerProcess:
+def _manager_process(install: Install, info: dict[str, str], cert_dir: Path) -> CommandProcess:
     """`resourceconsist run` with the chart's arguments, as the ServiceAccount: the token's
     kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter."""
-
-    def __init__(self, install: Install, info: dict[str, str], cert_dir: Path) -> None:
-        self.health_port = free_port()
-        args = [
-            *_manager_args(install.docs),
-            f"--kubeconfig={install.kubeconfig}",
-            "--metrics-bind-address=0",
-            f"--health-probe-bind-address=127.0.0.1:{self.health_port}",
-            "--log-format=text",
-            "--webhook-host=127.0.0.1",
-            f"--webhook-port={install.webhook_port}",
-            f"--cert-dir={cert_dir}",
-            "--webhook-cert-host=127.0.0.1",
-            f"--slb-cluster-name={CLUSTER_NAME}",
-            "--garbage-interval=1",
-        ]
-        env = {
-            **{
-                k: v
-                for k, v in os.environ.items()
-                if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_")) and k != "KUBECONFIG"
-            },
-            wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
-            "ALIYUN_SLB_AK_KEY": info["access_key_id"],
-            "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
-            "ALIYUN_SLB_ENDPOINT": info["endpoint"],
-            "ALIBABA_CLOUD_REGION_ID": info["region_id"],
-            "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
-        }
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "resourceconsist", *args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        if self.process.stdout is not None:
-            self.lines.extend(iter(self.process.stdout.readline, ""))
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            pytest.fail("the manager ended early:\n" + self.output)
-        with (
-            suppress(OSError),
-            urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/readyz", timeout=2) as r,
-        ):
-            return bool(r.status == 200)
-        return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(5)
+    health_port = free_port()
+    args = [
+        *_manager_args(install.docs),
+        f"--kubeconfig={install.kubeconfig}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{health_port}",
+        "--log-format=text",
+        "--webhook-host=127.0.0.1",
+        f"--webhook-port={install.webhook_port}",
+        f"--cert-dir={cert_dir}",
+        "--webhook-cert-host=127.0.0.1",
+        f"--slb-cluster-name={CLUSTER_NAME}",
+        "--garbage-interval=1",
+    ]
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_")) and k != "KUBECONFIG"
+        },
+        wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
+        "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+        "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+        "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+        "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+        "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+    }
+    return CommandProcess(args, env, health_port)
 
 
 @asynccontextmanager
-async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> AsyncIterator[ManagerProcess]:
+async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> AsyncIterator[CommandProcess]:
     """The manager as its ServiceAccount, ready, its webhook's caBundle filled by its bootstrap."""
-    manager = ManagerProcess(install, info, cert_dir)
+    manager = _manager_process(install, info, cert_dir)
     try:
         await async_wait_for(manager.ready, timeout=90, message="the manager ready")
 
