@@ -5,7 +5,8 @@ process with that token (`resourceconsist run`, the chart's own arguments, the S
 against the SLB emulator served as its own process, the webhook with its certificate bootstrap).
 
 Everything the promise needs is allowed: webhook admission, guard and lifecycle finalizers,
-readiness-gate condition, a pod's deletion released, the employer's deletion. With the same
+readiness-gate condition, a pod's deletion released, the employer's deletion, and after a
+restart the garbage pass over a Service force-deleted while the manager was down. With the same
 token, every write beyond that is refused by the policy with a message naming what was refused
 (the table in docs/security.md is this module's). The grants the runs used are read from the
 audit log, never from a list written by hand, and every grant of the chart is either used or
@@ -305,19 +306,22 @@ def _manager_forbidden(events: list[dict[str, Any]]) -> list[str]:
     ]
 
 
-async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[str]) -> None:
-    """Service `web` (already created) gets `pods`: admitted by the webhook, guarded, served, the
-    gate True; then one pod's deletion is released, and the Service's deletion releases the rest."""
-    group_name = f"resourceconsist/{cluster.namespace}/web"
-    for index, name in enumerate(pods):
+async def _serve(
+    cluster: Cluster, admin: EmulatorAdmin, service: str, pods: list[str], first_eni: int
+) -> None:
+    """Service ``service`` (already created, selecting ``app: <service>``) gets ``pods``: admitted
+    by the webhook, guarded, served by its VServer group, their gate True."""
+    group_name = f"resourceconsist/{cluster.namespace}/{service}"
+    flz, gate = lifecycle.lifecycle_finalizer(service), lifecycle.readiness_gate(service)
+    for index, name in enumerate(pods, start=first_eni):
         created = await cluster.pod(
             name,
-            {"app": "web", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE},
+            {"app": service, wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE},
             readiness_gate=True,
             annotations={SERVER_ID_ANNOTATION: f"eni-{index}"},
         )
         # Admitted by the webhook, served by the manager process with its bootstrapped certificate.
-        assert GATE in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
+        assert gate in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
         # As the kubelet: containers ready (a pod with the frame's gate is Ready only once the
         # gate is True), PodOpsLifecycle's gate True.
         await cluster.set_status(name, ready=False, service_ready=True)
@@ -329,12 +333,17 @@ async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[
             return False
         for name in pods:
             pod = await cluster.get(kube.POD, name)
-            if FLZ not in finalizers(pod) or condition(pod, GATE) != "True":
+            if flz not in finalizers(pod) or condition(pod, gate) != "True":
                 return False
         return True
 
-    await async_wait_for(served, timeout=90, message="the pods served, guarded, their gate True")
+    await async_wait_for(served, timeout=90, message=f"{service}'s pods served, guarded, their gate True")
 
+
+async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[str]) -> None:
+    """Service `web` (already created) serves `pods` (``_serve``); then one pod's deletion is
+    released, and the Service's deletion releases the rest."""
+    await _serve(cluster, admin, "web", pods, first_eni=0)
     first, rest = pods[0], pods[1:]
     await cluster.delete(kube.POD, first)
 
@@ -369,15 +378,41 @@ async def test_the_manager_keeps_the_promise_as_its_service_account(
         labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
         annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
     )
+    await cluster.service(
+        "gone",
+        labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+        annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+    )
     async with _manager(installed, info, tmp_path / "certs") as manager:
         await _serve_and_release(cluster, slb, ["web-0", "web-1"])
-        # The Lease was renewed at least once (patch), as the leader does.
+        await _serve(cluster, slb, "gone", ["gone-0"], first_eni=10)
         lease = await cluster.call(
             installed.admin.get, kube.LEASE, RELEASE_NAMESPACE, "resourceconsist-manager"
         )
         assert lease["spec"]["holderIdentity"]
+    # While the manager is down an operator force-deletes Service `gone`: its group and its pod's
+    # marks are orphans, for the garbage pass of the next start (docs/lifecycle-hooks.md).
+    await cluster.patch(kube.SERVICE, "gone", {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, "gone")
+    async with _manager(installed, info, tmp_path / "certs-again") as restarted:
+        held = (lifecycle.lifecycle_finalizer("gone"), lifecycle.guard_finalizer("gone"))
+
+        async def collected_and_released() -> bool:
+            if [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{APP}/gone"]:
+                return False
+            return not set(held) & set(finalizers(await cluster.get(kube.POD, "gone-0")))
+
+        await async_wait_for(
+            collected_and_released, timeout=90, message="the orphaned group collected, gone-0 released"
+        )
+        await cluster.delete(kube.POD, "gone-0")
+
+        async def deleted() -> bool:
+            return await cluster.get(kube.POD, "gone-0") is None
+
+        await async_wait_for(deleted, timeout=60, message="gone-0's deletion released")
     events = installed.cp.audit_events()[before:]
-    assert not _manager_forbidden(events), manager.output
+    assert not _manager_forbidden(events), manager.output + restarted.output
     secret = installed.admin.get(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
     assert set(wire.WEBHOOK_CERT_KEYS) <= set(secret["data"])
     _every_grant_is_used_or_explained(events, installed.docs)
