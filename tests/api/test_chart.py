@@ -267,6 +267,13 @@ def test_helm_install_with_default_values_on_a_real_api_server(
         "path": "/mutating-alibabacloudslb",
         "port": 443,
     }
+    # The least-privilege policy, bound to the manager's ServiceAccount only (docs/security.md).
+    policy = stored[("ValidatingAdmissionPolicy", "resourceconsist-manager-least-privilege")]
+    (match,) = policy["spec"]["matchConditions"]
+    user = f"system:serviceaccount:{wire.DEFAULT_NAMESPACE}:resourceconsist-manager"
+    assert match["expression"] == f"request.userInfo.username == '{user}'"
+    binding = stored[("ValidatingAdmissionPolicyBinding", "resourceconsist-manager-least-privilege")]
+    assert binding["spec"]["validationActions"] == ["Deny"]
     role = stored[("Role", "resourceconsist-webhook-certs")]
     assert [wire.WEBHOOK_CERT_SECRET] in [r.get("resourceNames") for r in role["rules"]]
 
@@ -437,6 +444,7 @@ SWITCHES_OFF: dict[str, Any] = {
     "configureDefaultAffinity": False,
     "topologySpreadConstraints": [],
     "resources": None,
+    "leastPrivilegePolicy": {"enabled": False},
 }
 
 
@@ -450,6 +458,7 @@ def test_helm_install_with_every_switch_off_on_a_real_api_server(
     assert not [name for kind, name in stored if kind == "Service"]  # neither webhook nor metrics
     assert not [name for kind, name in stored if kind in {"Role", "RoleBinding"}]  # no Lease, no cert Secret
     assert ("ClusterRole", "resourceconsist-webhook") not in stored
+    assert not [key for key in stored if key[0].startswith("ValidatingAdmissionPolicy")]
     deployment = stored[("Deployment", "resourceconsist-manager")]
     pod = deployment["spec"]["template"]["spec"]
     container = _container(deployment)
