@@ -72,6 +72,9 @@ ELSEWHERE = "elsewhere"
 FLZ = lifecycle.lifecycle_finalizer("web")
 GUARD = lifecycle.guard_finalizer("web")
 GATE = lifecycle.readiness_gate("web")
+CLUSTER_ROLE = kube.Resource(
+    "rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", namespaced=False
+)
 #: One grant: (API group, resource[/subresource], verb).
 Grant = tuple[str, str, str]
 
@@ -749,3 +752,66 @@ def test_the_policy_names_the_wire_contracts_keys(tmp_path: Path) -> None:
     ):
         assert f"'{key}" in text, key
     assert wire.CLEAN_FINALIZER.startswith(wire.OLD_CLEAN_FINALIZER_PREFIX)
+
+
+async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
+    installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    """When the install may not make the garbage pass's live lookup (403), the employer is
+    unknown: its pod keeps its marks and its group stays, until the lookup answers (404)."""
+    info, slb = emulator
+    admin, cluster = installed.admin, Cluster(installed.admin, APP)
+    held = (lifecycle.lifecycle_finalizer("hidden"), lifecycle.guard_finalizer("hidden"))
+    group_name = f"resourceconsist/{APP}/hidden"
+    await cluster.service(
+        "hidden",
+        labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+        annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+    )
+    async with _manager(installed, info, tmp_path / "certs"):
+        await _serve(cluster, slb, "hidden", ["hidden-0"], first_eni=20)
+    await cluster.patch(kube.SERVICE, "hidden", {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, "hidden")
+
+    # The manager's ClusterRoles without `get` on Services: its live lookup is refused.
+    roles = {name: admin.get(CLUSTER_ROLE, None, name) for name in (MANAGER, "resourceconsist-webhook")}
+    for name, role in roles.items():
+        narrowed = [
+            {**rule, "verbs": [v for v in rule["verbs"] if v != "get"]}
+            if "services" in rule["resources"]
+            else rule
+            for rule in role["rules"]
+        ]
+        admin.patch(CLUSTER_ROLE, None, name, {"rules": narrowed})
+    try:
+        before = len(installed.cp.audit_events())
+
+        def refused_lookups() -> int:
+            return sum(
+                1
+                for e in installed.cp.audit_events()[before:]
+                if e["user"]["username"] == USER
+                and e["verb"] == "get"
+                and e.get("objectRef", {}).get("name") == "hidden"
+                and e.get("responseStatus", {}).get("code") == 403
+            )
+
+        async with _manager(installed, info, tmp_path / "certs-narrowed"):
+            await async_wait_for(
+                lambda: refused_lookups() >= 3, timeout=60, message="three garbage passes refused the lookup"
+            )
+            # The pod keeps its lifecycle finalizer (it may not leave) and the group still routes.
+            assert held[0] in finalizers(await cluster.get(kube.POD, "hidden-0"))
+            assert [g for g in slb.state()["groups"] if g["name"] == group_name]
+    finally:
+        for name, role in roles.items():
+            admin.patch(CLUSTER_ROLE, None, name, {"rules": role["rules"]})
+
+    async with _manager(installed, info, tmp_path / "certs-restored"):
+
+        async def released() -> bool:
+            if [g for g in slb.state()["groups"] if g["name"] == group_name]:
+                return False
+            return not set(held) & set(finalizers(await cluster.get(kube.POD, "hidden-0")))
+
+        await async_wait_for(released, timeout=90, message="the lookup answered 404: collected and released")
