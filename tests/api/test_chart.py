@@ -238,6 +238,8 @@ def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp
         ("webhook.failurePolicy=fail", "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'"),
         ("replicaCount=0", "at '/replicaCount': minimum: got 0, want 1"),
         ("logFormat=yaml", "at '/logFormat': value must be one of 'text', 'json'"),
+        # A Role goes into the namespace watched: it must be a namespace's name.
+        ("watchNamespace=Shop", "at '/watchNamespace': 'Shop' does not match pattern"),
         (
             "extraArgs[0]=resync-seconds=5",
             "at '/extraArgs/0': 'resync-seconds=5' does not match pattern '^--'",
