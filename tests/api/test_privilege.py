@@ -64,7 +64,6 @@ RELEASE_NAMESPACE = wire.DEFAULT_NAMESPACE
 USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{MANAGER}"
 CLUSTER_NAME = "privilege-test"
 LOAD_BALANCER = "lb-privilege"
-ADAPTER = "alibabacloudslb"
 #: Where the controlled pods and their Service live.
 APP = "shop"
 #: A namespace a namespaced install does not watch.
@@ -159,10 +158,13 @@ class Install:
     webhook_port: int
 
     def as_manager(self) -> KubeClient:
+        """A client with the manager's token: what its process can do, the test can try."""
         return KubeClient.from_kubeconfig(str(self.kubeconfig), name="as-manager")
 
 
 def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
+    """The chart rendered with ``values``, applied as admin to a control plane that writes an
+    audit log, the policy enforced; a token of the manager's ServiceAccount in a kubeconfig."""
     webhook_port = free_port()
     docs = _render(values, tmp_path)
     with LocalControlPlane(audit=True) as cp:
