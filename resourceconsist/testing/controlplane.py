@@ -5,8 +5,12 @@ temporary directory with a serving certificate, an admin client certificate in
 ``system:masters``, RBAC authorization and a service-account signer, writes a kubeconfig,
 waits for readiness with a deadline and tears everything down, leaving no process and no
 temporary directory behind (children are also bound to this process's life, so they die with
-it even when it is killed). ``restart_apiserver()`` stops and starts kube-apiserver on the same
-port while etcd keeps running, so a test can show that clients survive an API-server restart.
+it even when it is killed). ``LocalControlPlane(audit=True)`` has kube-apiserver write an audit log
+at Metadata level (who did what to which resource, no bodies), read by ``audit_events()``: what
+a ServiceAccount's run actually used (docs/security.md); ``service_account_token()`` and
+``token_kubeconfig()`` let a process run as a ServiceAccount. ``restart_apiserver()`` stops and
+starts kube-apiserver on the same port while etcd keeps running, so a test can show that clients
+survive an API-server restart.
 
 Binaries are found in ``$KUBEBUILDER_ASSETS`` (envtest's convention), else in
 ``$RESOURCECONSIST_ASSETS_DIR``, else in the cache that ``hack/build-controlplane.sh`` fills;
@@ -16,6 +20,7 @@ Binaries are found in ``$KUBEBUILDER_ASSETS`` (envtest's convention), else in
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import shutil
@@ -50,6 +55,14 @@ HELM_VERSION = "3.22.0"
 #: The Service IP range: a /16, so a test can create thousands of Services.
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 _TMP_PREFIX = "resourceconsist-cp-"
+#: The audit policy of ``LocalControlPlane(audit=True)``: every request at Metadata level (user,
+#: verb, resource, response code; no bodies), once it has a response.
+AUDIT_POLICY: dict[str, Any] = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "Metadata"}],
+}
 _PR_SET_PDEATHSIG = 1
 
 
@@ -162,9 +175,14 @@ class LocalControlPlane:
     binaries: tuple[str, ...] = CONTROL_PLANE_BINARIES
 
     def __init__(
-        self, *, start_timeout: float = 60.0, extra_apiserver_flags: dict[str, str] | None = None
+        self,
+        *,
+        start_timeout: float = 60.0,
+        extra_apiserver_flags: dict[str, str] | None = None,
+        audit: bool = False,
     ) -> None:
         self.start_timeout = start_timeout
+        self.audit = audit
         self.extra_apiserver_flags = dict(extra_apiserver_flags or {})
         self._dir: Path | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -205,6 +223,21 @@ class LocalControlPlane:
     @property
     def kubeconfig(self) -> Path:
         return self.dir / "kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        """The audit log's path (written only with ``audit=True``)."""
+        return self.dir / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit log's events so far (``audit=True``), one per request that got a response:
+        ``user.username``, ``verb``, ``objectRef`` (resource, subresource, namespace, name) and
+        ``responseStatus.code`` among others."""
+        if not self.audit:
+            raise ControlPlaneError("the control plane was started without audit=True")
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line.strip()]
 
     @property
     def pids(self) -> list[int]:
@@ -359,6 +392,10 @@ class LocalControlPlane:
             "profiling": "false",
             "v": "1",
         }
+        if self.audit:
+            (d / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+            flags["audit-policy-file"] = str(d / "audit-policy.yaml")
+            flags["audit-log-path"] = str(self.audit_log)
         flags.update(self.extra_apiserver_flags)
         self._spawn("kube-apiserver", [str(binary)] + [f"--{k}={v}" for k, v in flags.items()])
 
@@ -453,6 +490,45 @@ class LocalControlPlane:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=10, context=self.ssl_context()) as resp:
             body: bytes = resp.read()
         return body.decode()
+
+    def service_account_token(self, namespace: str, name: str, *, seconds: int = 3600) -> str:
+        """A token of ServiceAccount ``namespace/name``, minted by the TokenRequest API (as the
+        kubelet does for a pod), for running a process as that ServiceAccount."""
+        request = urllib.request.Request(
+            f"{self.url}/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",
+            data=json.dumps(
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenRequest",
+                    "spec": {"expirationSeconds": seconds},
+                }
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=10, context=self.ssl_context()) as resp:
+            answer: dict[str, Any] = json.loads(resp.read())
+        return str(answer["status"]["token"])
+
+    def token_kubeconfig(self, token: str, path: Path) -> Path:
+        """Write a kubeconfig at ``path`` that authenticates with ``token`` (a ServiceAccount's,
+        from ``service_account_token``) instead of the admin certificate; returns ``path``."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {"server": self.url, "certificate-authority": str(self.dir / "ca.crt")},
+                }
+            ],
+            "users": [{"name": "token", "user": {"token": token}}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "token"}}],
+            "current-context": "local",
+        }
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
 
     def webhook_certificate(self, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
         """Write a serving certificate signed by this control plane's CA; return (cert, key) paths.

@@ -241,6 +241,8 @@ def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp
         ("webhook.failurePolicy=fail", "at '/webhook/failurePolicy': value must be one of 'Fail', 'Ignore'"),
         ("replicaCount=0", "at '/replicaCount': minimum: got 0, want 1"),
         ("logFormat=yaml", "at '/logFormat': value must be one of 'text', 'json'"),
+        # A Role goes into the namespace watched: it must be a namespace's name.
+        ("watchNamespace=Shop", "at '/watchNamespace': 'Shop' does not match pattern"),
         (
             "extraArgs[0]=resync-seconds=5",
             "at '/extraArgs/0': 'resync-seconds=5' does not match pattern '^--'",
@@ -270,6 +272,13 @@ def test_helm_install_with_default_values_on_a_real_api_server(
         "path": "/mutating-alibabacloudslb",
         "port": 443,
     }
+    # The least-privilege policy, bound to the manager's ServiceAccount only (docs/security.md).
+    policy = stored[("ValidatingAdmissionPolicy", "resourceconsist-manager-least-privilege")]
+    (match,) = policy["spec"]["matchConditions"]
+    user = f"system:serviceaccount:{wire.DEFAULT_NAMESPACE}:resourceconsist-manager"
+    assert match["expression"] == f"request.userInfo.username == '{user}'"
+    binding = stored[("ValidatingAdmissionPolicyBinding", "resourceconsist-manager-least-privilege")]
+    assert binding["spec"]["validationActions"] == ["Deny"]
     role = stored[("Role", "resourceconsist-webhook-certs")]
     assert [wire.WEBHOOK_CERT_SECRET] in [r.get("resourceNames") for r in role["rules"]]
 
@@ -341,6 +350,8 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
         }
     )
 
+    # The watched namespace holds the manager's Role: it exists before the install.
+    chart_cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})
     namespace = "platform-lb"
     stored = chart_cluster.install(namespace, NON_DEFAULT_VALUES, tmp_path)
 
@@ -415,6 +426,10 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     assert hook["failurePolicy"] == "Ignore" and hook["timeoutSeconds"] == 5
     assert hook["clientConfig"]["service"]["namespace"] == namespace
     assert hook["namespaceSelector"] == NON_DEFAULT_VALUES["webhook"]["namespaceSelector"]
+    # watchNamespace: the manager's grants are a Role in that namespace, no ClusterRole
+    # (docs/security.md, "A namespaced install").
+    assert stored[("Role", "resourceconsist-manager")]["metadata"]["namespace"] == "shop"
+    assert ("ClusterRole", "resourceconsist-manager") not in stored
     # Without the bootstrap, the manager gets none of the RBAC it needs: least privilege.
     assert ("Role", "resourceconsist-webhook-certs") not in stored
     webhook_role = stored[("ClusterRole", "resourceconsist-webhook")]
@@ -443,6 +458,7 @@ SWITCHES_OFF: dict[str, Any] = {
     "configureDefaultAffinity": False,
     "topologySpreadConstraints": [],
     "resources": None,
+    "leastPrivilegePolicy": {"enabled": False},
 }
 
 
@@ -456,6 +472,7 @@ def test_helm_install_with_every_switch_off_on_a_real_api_server(
     assert not [name for kind, name in stored if kind == "Service"]  # neither webhook nor metrics
     assert not [name for kind, name in stored if kind in {"Role", "RoleBinding"}]  # no Lease, no cert Secret
     assert ("ClusterRole", "resourceconsist-webhook") not in stored
+    assert not [key for key in stored if key[0].startswith("ValidatingAdmissionPolicy")]
     deployment = stored[("Deployment", "resourceconsist-manager")]
     pod = deployment["spec"]["template"]["spec"]
     container = _container(deployment)

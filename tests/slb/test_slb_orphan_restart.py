@@ -14,14 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +35,7 @@ from resourceconsist.adapters.alibabacloudslb import (
     SERVICE_UID_TAG,
 )
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
+from resourceconsist.testing.process import CommandProcess
 from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
 
 CLUSTER = "restart-test"
@@ -80,81 +78,31 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class Controller:
+def _controller_process(kubeconfig: Path, namespace: str, info: dict[str, str]) -> CommandProcess:
     """One ``resourceconsist run`` process against the control plane and the emulator."""
-
-    def __init__(self, kubeconfig: Path, namespace: str, info: dict[str, str]) -> None:
-        self.port = _free_port()
-        env = {
-            **{k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))},
-            "ALIYUN_SLB_AK_KEY": info["access_key_id"],
-            "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
-            "ALIYUN_SLB_ENDPOINT": info["endpoint"],
-            "ALIBABA_CLOUD_REGION_ID": info["region_id"],
-            # The SDK's own setting for the CA that signed the emulator's certificate.
-            "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
-        }
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "resourceconsist",
-                "run",
-                "--adapter",
-                "alibabacloudslb",
-                "--slb-cluster-name",
-                CLUSTER,
-                "--kubeconfig",
-                str(kubeconfig),
-                "--namespace",
-                namespace,
-                "--health-address",
-                f"127.0.0.1:{self.port}",
-                "--garbage-interval",
-                "1",
-            ],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        self.lines: list[str] = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        if self.process.stdout is not None:
-            self.lines.extend(iter(self.process.stdout.readline, ""))
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def ready(self) -> bool:
-        if self.process.poll() is not None:
-            pytest.fail("the controller ended early:\n" + self.output)
-        with (
-            suppress(OSError),
-            urllib.request.urlopen(f"http://127.0.0.1:{self.port}/readyz", timeout=2) as r,
-        ):
-            return bool(r.status == 200)
-        return False
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self._reader.join(5)
+    port = _free_port()
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))},
+        "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+        "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+        "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+        "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+        # The SDK's own setting for the CA that signed the emulator's certificate.
+        "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+    }
+    args = [
+        *("run", "--adapter", "alibabacloudslb", "--slb-cluster-name", CLUSTER),
+        *("--kubeconfig", str(kubeconfig), "--namespace", namespace),
+        *("--health-address", f"127.0.0.1:{port}", "--garbage-interval", "1"),
+    ]
+    return CommandProcess(args, env, port)
 
 
 @asynccontextmanager
-async def _controller(cluster: Cluster, kubeconfig: Path, info: dict[str, str]) -> AsyncIterator[Controller]:
-    controller = await asyncio.to_thread(Controller, kubeconfig, cluster.namespace, info)
+async def _controller(
+    cluster: Cluster, kubeconfig: Path, info: dict[str, str]
+) -> AsyncIterator[CommandProcess]:
+    controller = await asyncio.to_thread(_controller_process, kubeconfig, cluster.namespace, info)
     try:
         await async_wait_for(controller.ready, timeout=90, message="the controller ready")
         yield controller

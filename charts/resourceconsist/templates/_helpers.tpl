@@ -41,3 +41,18 @@ Whether the manager makes its own webhook certificates (no cert-manager).
 {{- define "resourceconsist.bootstrapCerts" -}}
 {{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end }}
 {{- end }}
+
+{{/*
+The manager's identity, as the API server names it in request.userInfo.username.
+*/}}
+{{- define "resourceconsist.managerUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "resourceconsist.manager" . }}
+{{- end }}
+
+{{/*
+CEL: field `.field` is the same in `.new` and `.old` (both absent, or equal). For the
+least-privilege policy (templates/manager/policy.yaml).
+*/}}
+{{- define "resourceconsist.celSame" -}}
+(has({{ .new }}.{{ .field }}) == has({{ .old }}.{{ .field }}) && (!has({{ .new }}.{{ .field }}) || {{ .new }}.{{ .field }} == {{ .old }}.{{ .field }}))
+{{- end }}

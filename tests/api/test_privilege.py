@@ -1,0 +1,819 @@
+"""Least privilege, proven as the ServiceAccount (docs/security.md): the chart's RBAC and its
+ValidatingAdmissionPolicy are applied to a real kube-apiserver that writes an audit log, a token
+of the manager's ServiceAccount is minted by the TokenRequest API, and the manager runs as its own
+process with that token (`resourceconsist run`, the chart's own arguments, the SLB adapter
+against the SLB emulator served as its own process, the webhook with its certificate bootstrap).
+
+Everything the promise needs is allowed: webhook admission, guard and lifecycle finalizers,
+readiness-gate condition, a pod's deletion released, the employer's deletion, and after a
+restart the garbage pass over a Service force-deleted while the manager was down. With the same
+token, every write beyond that is refused by the policy with a message naming what was refused
+(the table in docs/security.md is this module's). The grants the runs used are read from the
+audit log, never from a list written by hand, and every grant of the chart is either used or
+explained in docs/security.md. A namespaced install (`watchNamespace`) runs on a Role, and
+what it may not read answers 403: unknown, never gone.
+
+Each install has a control plane of its own: the chart's webhook configuration (failurePolicy
+Fail) and policy must not reach the session's other tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import (
+    LOAD_BALANCER_ID_LABEL,
+    MODE_ANNOTATION,
+    SERVER_ID_ANNOTATION,
+)
+from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist.testing import (
+    Cluster,
+    LocalControlPlane,
+    async_wait_for,
+    condition,
+    finalizers,
+    find_helm,
+    wait_for,
+)
+from resourceconsist.testing.controlplane import free_port
+from resourceconsist.testing.process import CommandProcess
+from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
+
+pytestmark = pytest.mark.controlplane
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "resourceconsist"
+SECURITY_DOC = REPO / "docs" / "security.md"
+MANAGER = "resourceconsist-manager"
+RELEASE_NAMESPACE = wire.DEFAULT_NAMESPACE
+USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{MANAGER}"
+CLUSTER_NAME = "privilege-test"
+LOAD_BALANCER = "lb-privilege"
+#: Where the controlled pods and their Service live.
+APP = "shop"
+#: A namespace a namespaced install does not watch.
+ELSEWHERE = "elsewhere"
+FLZ = lifecycle.lifecycle_finalizer("web")
+GUARD = lifecycle.guard_finalizer("web")
+GATE = lifecycle.readiness_gate("web")
+CLUSTER_ROLE = kube.Resource(
+    "rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", namespaced=False
+)
+#: One grant: (API group, resource[/subresource], verb).
+Grant = tuple[str, str, str]
+
+
+def _render(values: dict[str, Any], tmp_path: Path) -> list[dict[str, Any]]:
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    rendered = subprocess.run(
+        [
+            str(find_helm()),
+            *("template", "resourceconsist", str(CHART), "--namespace", RELEASE_NAMESPACE),
+            *("--set", "createNamespace=true", "--values", str(values_file)),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert rendered.returncode == 0, rendered.stderr
+    return [d for d in yaml.safe_load_all(rendered.stdout) if d]
+
+
+def _apply(admin: KubeClient, docs: list[dict[str, Any]], webhook_port: int) -> None:
+    """Create every rendered object as admin, Namespaces first. The webhook configuration calls
+    the manager process on loopback (no Service networking here) instead of its Service: the
+    caBundle is still left for the manager's bootstrap to fill."""
+    for doc in sorted(docs, key=lambda d: d["kind"] != "Namespace"):
+        if doc["kind"] == "MutatingWebhookConfiguration":
+            for hook in doc["webhooks"]:
+                path = hook["clientConfig"]["service"]["path"]
+                hook["clientConfig"] = {"url": f"https://127.0.0.1:{webhook_port}{path}"}
+        resource = admin.resource(doc["apiVersion"], doc["kind"])
+        admin.create(resource, doc["metadata"].get("namespace") if resource.namespaced else None, doc)
+
+
+def _manager_args(docs: list[dict[str, Any]]) -> list[str]:
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return list(container["args"])
+
+
+def _granted(docs: list[dict[str, Any]]) -> set[Grant]:
+    """Every (group, resource, verb) the rendered RBAC grants the manager's ServiceAccount."""
+    roles = {(d["kind"], d["metadata"]["name"]): d for d in docs if d["kind"] in {"Role", "ClusterRole"}}
+    granted: set[Grant] = set()
+    for binding in (d for d in docs if d["kind"] in {"RoleBinding", "ClusterRoleBinding"}):
+        if not any(s["kind"] == "ServiceAccount" and s["name"] == MANAGER for s in binding["subjects"]):
+            continue
+        role = roles[(binding["roleRef"]["kind"], binding["roleRef"]["name"])]
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    granted.update((group, resource, verb) for verb in rule["verbs"])
+    return granted
+
+
+def _used(events: list[dict[str, Any]]) -> set[Grant]:
+    """The grants the manager's requests were authorized by, from the audit log: every request of
+    its user that RBAC let through (a 404 too: the bootstrap looks for a configuration)."""
+    used: set[Grant] = set()
+    for event in events:
+        ref = event.get("objectRef")
+        if event["user"]["username"] != USER or ref is None or _forbidden_by_rbac(event):
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, event["verb"]))
+    return used
+
+
+def _forbidden_by_rbac(event: dict[str, Any]) -> bool:
+    return event.get("annotations", {}).get("authorization.k8s.io/decision") == "forbid"
+
+
+@dataclass
+class Install:
+    """A control plane with the chart applied, and a kubeconfig of the manager's ServiceAccount."""
+
+    cp: LocalControlPlane
+    admin: KubeClient
+    docs: list[dict[str, Any]]
+    kubeconfig: Path
+    webhook_port: int
+
+    def as_manager(self) -> KubeClient:
+        """A client with the manager's token: what its process can do, the test can try."""
+        return KubeClient.from_kubeconfig(str(self.kubeconfig), name="as-manager")
+
+
+def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
+    """The chart rendered with ``values``, applied as admin to a control plane that writes an
+    audit log, the policy enforced; a token of the manager's ServiceAccount in a kubeconfig."""
+    webhook_port = free_port()
+    docs = _render(values, tmp_path)
+    with LocalControlPlane(audit=True) as cp:
+        admin = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="admin")
+        try:
+            # The webhook changes the pods' specs (readiness gates) in namespaces that opt in. They
+            # exist before the install, which may put a Role in one (watchNamespace).
+            inject = {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}
+            for namespace in (APP, ELSEWHERE):
+                admin.create(kube.NAMESPACE, None, {"metadata": {"name": namespace, "labels": inject}})
+            _apply(admin, docs, webhook_port)
+            token = cp.service_account_token(RELEASE_NAMESPACE, MANAGER)
+            kubeconfig = cp.token_kubeconfig(token, tmp_path / "manager.kubeconfig")
+            install = Install(cp, admin, docs, kubeconfig, webhook_port)
+            _wait_for_the_policy(install)
+            yield install
+        finally:
+            admin.close()
+
+
+def _wait_for_the_policy(install: Install) -> None:
+    """The API server enforces a new policy a moment after it is created: wait until a write it
+    refuses is refused, on a pod made for that and then deleted."""
+    probe = "policy-probe"
+    install.admin.create(
+        kube.POD,
+        APP,
+        {"metadata": {"name": probe}, "spec": {"containers": [{"name": "app", "image": "probe"}]}},
+    )
+    manager = install.as_manager()
+    try:
+
+        def refused() -> bool:
+            try:
+                manager.patch(
+                    kube.POD, APP, probe, {"metadata": {"labels": {"probe": str(time.monotonic())}}}
+                )
+            except ApiError as err:
+                return err.status == 403
+            return False
+
+        wait_for(refused, timeout=60, interval=0.5, message="the least-privilege policy enforced")
+    finally:
+        manager.close()
+        install.admin.delete(kube.POD, APP, probe)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
+    """The chart with its default values (a cluster-wide install) on a control plane of its own."""
+    yield from _install({}, tmp_path_factory.mktemp("cluster-wide"))
+
+
+@pytest.fixture(scope="module")
+def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
+    """The SLB emulator server process with one load balancer; its start-up line and admin."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            *("-m", "resourceconsist.testing.slb_emulator_server"),
+            *("--dir", str(tmp_path_factory.mktemp("slb")), "--load-balancer", LOAD_BALANCER),
+        ],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    try:
+        info: dict[str, str] = json.loads(proc.stdout.readline())
+        yield info, EmulatorAdmin(info["admin_url"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
+
+
+def _manager_process(install: Install, info: dict[str, str], cert_dir: Path) -> CommandProcess:
+    """`resourceconsist run` with the chart's arguments, as the ServiceAccount: the token's
+    kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter."""
+    health_port = free_port()
+    args = [
+        *_manager_args(install.docs),
+        f"--kubeconfig={install.kubeconfig}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{health_port}",
+        "--log-format=text",
+        "--webhook-host=127.0.0.1",
+        f"--webhook-port={install.webhook_port}",
+        f"--cert-dir={cert_dir}",
+        "--webhook-cert-host=127.0.0.1",
+        f"--slb-cluster-name={CLUSTER_NAME}",
+        "--garbage-interval=1",
+    ]
+    env = {
+        **{
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_")) and k != "KUBECONFIG"
+        },
+        wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
+        "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+        "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+        "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+        "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+        "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+    }
+    return CommandProcess(args, env, health_port)
+
+
+@asynccontextmanager
+async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> AsyncIterator[CommandProcess]:
+    """The manager as its ServiceAccount, ready, its webhook's caBundle filled by its bootstrap."""
+    manager = _manager_process(install, info, cert_dir)
+    try:
+        await async_wait_for(manager.ready, timeout=90, message="the manager ready")
+
+        async def ca_bundle_filled() -> bool:
+            config = await Cluster(install.admin, APP).call(
+                install.admin.get,
+                kube.MUTATING_WEBHOOK_CONFIGURATION,
+                None,
+                wire.MUTATING_WEBHOOK_CONFIGURATION,
+            )
+            return all(hook["clientConfig"].get("caBundle") for hook in config["webhooks"])
+
+        await async_wait_for(
+            ca_bundle_filled, timeout=60, message="the bootstrap's caBundle in the configuration"
+        )
+        yield manager
+    except BaseException:
+        # Shown by pytest with the failure: what the manager said, and what it was refused.
+        print(manager.output[-20000:])
+        print("\n".join(_manager_forbidden(install.cp.audit_events())))
+        raise
+    finally:
+        manager.stop()
+
+
+def _manager_forbidden(events: list[dict[str, Any]]) -> list[str]:
+    """The manager's requests that were refused (by RBAC or by admission)."""
+    return [
+        f"{e['verb']} {e['requestURI']}: {e.get('responseStatus', {}).get('message', '')}"
+        for e in events
+        if e["user"]["username"] == USER and e.get("responseStatus", {}).get("code") == 403
+    ]
+
+
+async def _serve(
+    cluster: Cluster, admin: EmulatorAdmin, service: str, pods: list[str], first_eni: int
+) -> None:
+    """Service ``service`` (already created, selecting ``app: <service>``) gets ``pods``: admitted
+    by the webhook, guarded, served by its VServer group, their gate True."""
+    group_name = f"resourceconsist/{cluster.namespace}/{service}"
+    flz, gate = lifecycle.lifecycle_finalizer(service), lifecycle.readiness_gate(service)
+    for index, name in enumerate(pods, start=first_eni):
+        created = await cluster.pod(
+            name,
+            {"app": service, wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE},
+            readiness_gate=True,
+            annotations={SERVER_ID_ANNOTATION: f"eni-{index}"},
+        )
+        # Admitted by the webhook, served by the manager process with its bootstrapped certificate.
+        assert gate in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
+        # As the kubelet: containers ready (a pod with the frame's gate is Ready only once the
+        # gate is True), PodOpsLifecycle's gate True.
+        await cluster.set_status(name, ready=False, service_ready=True)
+        await cluster.set_condition(name, "ContainersReady", True)
+
+    async def served() -> bool:
+        groups = [g for g in admin.state()["groups"] if g["name"] == group_name]
+        if len(groups) != 1 or sorted(b["Weight"] for b in groups[0]["backends"]) != [100] * len(pods):
+            return False
+        for name in pods:
+            pod = await cluster.get(kube.POD, name)
+            if flz not in finalizers(pod) or condition(pod, gate) != "True":
+                return False
+        return True
+
+    await async_wait_for(served, timeout=90, message=f"{service}'s pods served, guarded, their gate True")
+
+
+async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[str]) -> None:
+    """Service `web` (already created) serves `pods` (``_serve``); then one pod's deletion is
+    released, and the Service's deletion releases the rest."""
+    await _serve(cluster, admin, "web", pods, first_eni=0)
+    first, rest = pods[0], pods[1:]
+    await cluster.delete(kube.POD, first)
+
+    async def deleted(name: str) -> bool:
+        return await cluster.get(kube.POD, name) is None
+
+    await async_wait_for(lambda: deleted(first), timeout=60, message=f"{first}'s deletion released")
+    await cluster.delete(kube.SERVICE, "web")
+
+    async def employer_gone_pods_released() -> bool:
+        if await cluster.get(kube.SERVICE, "web") is not None:
+            return False
+        for name in rest:
+            held = finalizers(await cluster.get(kube.POD, name))
+            if FLZ in held or GUARD in held:
+                return False
+        return True
+
+    await async_wait_for(
+        employer_gone_pods_released, timeout=90, message="the Service deleted, its pods released"
+    )
+
+
+async def test_the_manager_keeps_the_promise_as_its_service_account(
+    installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    info, slb = emulator
+    cluster = Cluster(installed.admin, APP)
+    before = len(installed.cp.audit_events())
+    await cluster.service(
+        "web",
+        labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+        annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+    )
+    await cluster.service(
+        "gone",
+        labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+        annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+    )
+    async with _manager(installed, info, tmp_path / "certs") as manager:
+        await _serve_and_release(cluster, slb, ["web-0", "web-1"])
+        await _serve(cluster, slb, "gone", ["gone-0"], first_eni=10)
+        lease = await cluster.call(
+            installed.admin.get, kube.LEASE, RELEASE_NAMESPACE, "resourceconsist-manager"
+        )
+        assert lease["spec"]["holderIdentity"]
+    # While the manager is down an operator force-deletes Service `gone`: its group and its pod's
+    # marks are orphans, for the garbage pass of the next start (docs/lifecycle-hooks.md).
+    await cluster.patch(kube.SERVICE, "gone", {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, "gone")
+    async with _manager(installed, info, tmp_path / "certs-again") as restarted:
+        held = (lifecycle.lifecycle_finalizer("gone"), lifecycle.guard_finalizer("gone"))
+
+        async def collected_and_released() -> bool:
+            if [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{APP}/gone"]:
+                return False
+            return not set(held) & set(finalizers(await cluster.get(kube.POD, "gone-0")))
+
+        await async_wait_for(
+            collected_and_released, timeout=90, message="the orphaned group collected, gone-0 released"
+        )
+        await cluster.delete(kube.POD, "gone-0")
+
+        async def deleted() -> bool:
+            return await cluster.get(kube.POD, "gone-0") is None
+
+        await async_wait_for(deleted, timeout=60, message="gone-0's deletion released")
+    events = installed.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output + restarted.output
+    secret = installed.admin.get(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
+    assert set(wire.WEBHOOK_CERT_KEYS) <= set(secret["data"])
+    _every_grant_is_used_or_explained(events, installed.docs)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One write beyond what the promise needs, tried with the manager's token."""
+
+    what: str
+    resource: kube.Resource
+    namespace: str | None
+    name: str
+    body: Any
+    patch_type: str = "merge"
+    subresource: str | None = None
+
+
+def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
+    return [
+        Attempt(
+            "relabel a pod (pull it out of its Service)",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"labels": {"app": "evil"}}},
+        ),
+        Attempt(
+            "change a pod's image",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"spec": {"containers": [{"name": "app", "image": "registry.evil/miner:1"}]}},
+            patch_type="strategic",
+        ),
+        Attempt(
+            "strip a foreign finalizer from a pod",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"finalizers": None}},
+        ),
+        Attempt(
+            "add an annotation of someone else to a pod",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"annotations": {"example.com/owner": "evil"}}},
+        ),
+        Attempt(
+            "set a pod's Ready condition",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+            patch_type="strategic",
+            subresource="status",
+        ),
+        Attempt(
+            "change a pod's IP",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"podIP": "192.0.2.66", "podIPs": [{"ip": "192.0.2.66"}]}},
+            subresource="status",
+        ),
+        Attempt(
+            "rewrite a Service's selector",
+            kube.SERVICE,
+            APP,
+            victim_service,
+            {"spec": {"selector": {"app": "evil"}}},
+        ),
+        Attempt(
+            "change a Service's SLB mode annotation",
+            kube.SERVICE,
+            APP,
+            victim_service,
+            {"metadata": {"annotations": {MODE_ANNOTATION: "manage"}}},
+        ),
+        Attempt(
+            "loosen the webhook's failurePolicy",
+            kube.MUTATING_WEBHOOK_CONFIGURATION,
+            None,
+            wire.MUTATING_WEBHOOK_CONFIGURATION,
+            {"failurePolicy": "Ignore"},
+            patch_type="replace-webhooks",
+        ),
+        Attempt(
+            "write a Secret other than the webhook's certificate",
+            kube.SECRET,
+            RELEASE_NAMESPACE,
+            "stolen",
+            {"metadata": {"name": "stolen"}, "stringData": {"x": "y"}},
+            patch_type="create",
+        ),
+    ]
+
+
+def _try(client: KubeClient, attempt: Attempt) -> str:
+    """The API server's answer to ``attempt``: its message when refused, "allowed" otherwise."""
+    try:
+        if attempt.patch_type == "create":
+            client.create(attempt.resource, attempt.namespace, attempt.body)
+        elif attempt.patch_type == "replace-webhooks":
+            config = client.get(attempt.resource, attempt.namespace, attempt.name)
+            for hook in config["webhooks"]:
+                hook.update(attempt.body)
+            client.replace(attempt.resource, attempt.namespace, attempt.name, config)
+        else:
+            client.patch(
+                attempt.resource,
+                attempt.namespace,
+                attempt.name,
+                attempt.body,
+                patch_type=attempt.patch_type,  # type: ignore[arg-type]
+                subresource=attempt.subresource,
+            )
+    except ApiError as err:
+        return err.message if err.status == 403 else f"not a 403: {err}"
+    return "allowed"
+
+
+#: The denied-write table of docs/security.md sits between these lines.
+TABLE_BEGIN = "<!-- denied-writes: generated by tests/api/test_privilege.py -->"
+TABLE_END = "<!-- end of denied-writes -->"
+
+
+def _doc_section(begin: str, end: str) -> str:
+    text = SECURITY_DOC.read_text()
+    assert begin in text and end in text, f"docs/security.md lacks the lines {begin!r} ... {end!r}"
+    return text[text.index(begin) + len(begin) : text.index(end)].strip()
+
+
+def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install) -> None:
+    admin = installed.admin
+    victim_service = "checkout"
+    admin.create(
+        kube.SERVICE,
+        APP,
+        {
+            "metadata": {"name": victim_service},
+            "spec": {"selector": {"app": "checkout"}, "ports": [{"port": 80}]},
+        },
+    )
+    victim_pod = "checkout-0"
+    admin.create(
+        kube.POD,
+        APP,
+        {
+            "metadata": {
+                "name": victim_pod,
+                "labels": {"app": "checkout"},
+                "finalizers": ["example.com/keep"],
+            },
+            "spec": {"containers": [{"name": "app", "image": "registry.example/checkout:1"}]},
+        },
+    )
+    admin.patch(
+        kube.POD,
+        APP,
+        victim_pod,
+        {"status": {"podIP": "10.9.0.1", "conditions": [{"type": "Ready", "status": "True"}]}},
+        subresource="status",
+    )
+    manager = installed.as_manager()
+    try:
+        # What the promise needs is allowed on this very pod: its own finalizer, its annotation,
+        # its readiness gate's condition (the policy is no blanket refusal).
+        for allowed in (
+            {"metadata": {"finalizers": ["example.com/keep", FLZ]}},
+            {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: "{}"}}},
+        ):
+            manager.patch(kube.POD, APP, victim_pod, allowed)
+        manager.patch(
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"conditions": [{"type": GATE, "status": "True"}]}},
+            patch_type="strategic",
+            subresource="status",
+        )
+        manager.patch(kube.POD, APP, victim_pod, {"metadata": {"finalizers": ["example.com/keep"]}})
+
+        rows = [(attempt.what, _try(manager, attempt)) for attempt in _attempts(victim_pod, victim_service)]
+    finally:
+        manager.close()
+    pod = admin.get(kube.POD, APP, victim_pod)
+    assert pod["metadata"]["labels"] == {"app": "checkout"} and finalizers(pod) == ["example.com/keep"]
+    assert pod["spec"]["containers"][0]["image"] == "registry.example/checkout:1"
+    assert condition(pod, "Ready") == "True" and pod["status"]["podIP"] == "10.9.0.1"
+    assert admin.get(kube.SERVICE, APP, victim_service)["spec"]["selector"] == {"app": "checkout"}
+    assert admin.get_or_none(kube.SECRET, RELEASE_NAMESPACE, "stolen") is None
+    # Anyone else may still make the same change: the binding matches the manager's user only.
+    admin.patch(kube.POD, APP, victim_pod, {"metadata": {"labels": {"app": "checkout", "tier": "web"}}})
+
+    for what, answer in rows:
+        assert answer != "allowed", f"{what}: allowed"
+        assert "(docs/security.md)" in answer, f"{what}: refused by something else than the policy: {answer}"
+    pod, status, service = f"pods {APP}/{victim_pod}", f"pods/status {APP}/{victim_pod}", f"services {APP}/"
+    expected = {
+        "relabel a pod (pull it out of its Service)": f"may not change the labels of {pod}",
+        "change a pod's image": f"may not change the spec of {pod}",
+        "strip a foreign finalizer from a pod": f"may not add or remove finalizer example.com/keep of {pod}",
+        "add an annotation of someone else to a pod": f"may not change annotation example.com/owner of {pod}",
+        "set a pod's Ready condition": f"may not change condition Ready of {status}",
+        "change a pod's IP": f"may change only its readiness gates in the status of {status}",
+        "rewrite a Service's selector": f"may not change the spec of {service}{victim_service}",
+        "change a Service's SLB mode annotation": f"may not change annotation {MODE_ANNOTATION} of {service}",
+        "loosen the webhook's failurePolicy": "may change only the caBundle of mutatingwebhookconfigurations "
+        + wire.MUTATING_WEBHOOK_CONFIGURATION,
+        "write a Secret other than the webhook's certificate": f"may not write secrets {RELEASE_NAMESPACE}/",
+    }
+    for what, answer in rows:
+        assert expected[what] in answer, f"{what}: {answer}"
+    table = "\n".join(
+        ["| What the manager's token tried | The API server's answer (403) |", "| --- | --- |"]
+        + [f"| {what} | {_policy_message(answer)} |" for what, answer in rows]
+    )
+    assert _doc_section(TABLE_BEGIN, TABLE_END) == table, f"docs/security.md's table is not:\n{table}"
+
+
+def _policy_message(answer: str) -> str:
+    """The policy's own words in the API server's message (which names the policy first)."""
+    found = re.search(r"resourceconsist-manager may .*", answer)
+    assert found, answer
+    return found.group(0).replace("|", "\\|")
+
+
+#: The grants table of docs/security.md sits between these lines.
+GRANTS_BEGIN = "<!-- grants: checked by tests/api/test_privilege.py -->"
+GRANTS_END = "<!-- end of grants -->"
+
+
+def _doc_grants() -> dict[Grant, bool]:
+    """docs/security.md's grants table: each (group, resource, verb) and whether it says every
+    scenario run uses it ("yes") or it is kept for a path a run need not reach ("not always")."""
+    rows: dict[Grant, bool] = {}
+    for line in _doc_section(GRANTS_BEGIN, GRANTS_END).splitlines()[2:]:
+        cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
+        group, resource, verbs, used = cells[0], cells[1], cells[2], cells[3]
+        assert used in {"yes", "not always"}, line
+        for verb in verbs.split(", "):
+            rows[("" if group == "core" else group, resource, verb)] = used == "yes"
+    return rows
+
+
+def _every_grant_is_used_or_explained(events: list[dict[str, Any]], docs: list[dict[str, Any]]) -> None:
+    """What the manager used, read from the audit log of a scenario run as the ServiceAccount,
+    against what the chart grants it and what docs/security.md says."""
+    used = _used(events)
+    granted = _granted(docs)
+    assert used <= granted  # anything else would have been a 403
+    documented = _doc_grants()
+    unused = sorted(granted - used)
+    assert set(documented) == granted, (
+        f"docs/security.md's grants differ from the chart's: missing {sorted(granted - set(documented))}, "
+        f"extra {sorted(set(documented) - granted)}"
+    )
+    # A grant the run did not use must be one the page explains; one it says is always used must be.
+    unexplained = [grant for grant in unused if documented[grant]]
+    assert not unexplained, f"granted, documented as used, but not in the audit log: {unexplained}"
+
+
+@pytest.fixture
+def installed_namespaced(tmp_path: Path) -> Iterator[Install]:
+    """The chart with `watchNamespace` (a Role in that namespace) on a control plane of its own."""
+    yield from _install({"watchNamespace": APP}, tmp_path)
+
+
+async def test_a_namespaced_install_serves_its_namespace_and_cannot_read_the_others(
+    installed_namespaced: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    install = installed_namespaced
+    kinds = {(d["kind"], d["metadata"]["name"]): d for d in install.docs}
+    assert kinds[("Role", MANAGER)]["metadata"]["namespace"] == APP
+    assert ("ClusterRole", MANAGER) not in kinds
+    info, slb = emulator
+    cluster, elsewhere = Cluster(install.admin, APP), Cluster(install.admin, ELSEWHERE)
+    before = len(install.cp.audit_events())
+    for where in (cluster, elsewhere):
+        await where.service(
+            "web",
+            labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+            annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+        )
+    async with _manager(install, info, tmp_path / "certs") as manager:
+        await _serve_and_release(cluster, slb, ["web-0", "web-1"])
+        # The other namespace's Service is not the manager's to keep: no clean finalizer.
+        assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
+    events = install.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output
+    # Nothing of another namespace was asked for, except the cluster-scoped reads the page lists.
+    outside = {
+        (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace"))
+        for e in events
+        if e["user"]["username"] == USER
+        and "objectRef" in e
+        and e["objectRef"].get("namespace") not in {APP, RELEASE_NAMESPACE}
+    }
+    assert {resource for _, resource, _ in outside} <= {
+        "namespaces",
+        "mutatingwebhookconfigurations",
+        "validatingwebhookconfigurations",
+    }, outside
+
+    # What the install may not read is a 403, which the garbage pass takes for "unknown", never
+    # for "gone" (a 404 would be): the employer's live lookup fails instead of answering None.
+    manager_client = install.as_manager()
+    try:
+        with pytest.raises(ApiError) as refused:
+            manager_client.get_or_none(kube.SERVICE, ELSEWHERE, "web")
+    finally:
+        manager_client.close()
+    assert refused.value.status == 403
+    assert not isinstance(refused.value, kube.NotFound)
+
+
+def test_the_policy_names_the_wire_contracts_keys(tmp_path: Path) -> None:
+    """The policy's CEL spells the project's finalizers, annotations and condition domain out;
+    they are the wire contract's (resourceconsist/wire.py), byte for byte."""
+    (policy,) = [d for d in _render({}, tmp_path) if d["kind"] == "ValidatingAdmissionPolicy"]
+    text = json.dumps(policy["spec"])
+    for key in (
+        wire.AVAILABLE_CONDITIONS_ANNOTATION,
+        wire.EXPECTED_FINALIZER_ADDED_ANNOTATION,
+        wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION,
+        wire.OLD_CLEAN_FINALIZER_PREFIX,  # the clean finalizer is one of these
+        wire.LIFECYCLE_FINALIZER_PREFIX + "/",
+        wire.GUARD_FINALIZER_PREFIX + "/",
+        wire.READINESS_GATE_DOMAIN + "/",
+        wire.WEBHOOK_CERT_SECRET,
+        USER,
+    ):
+        assert f"'{key}" in text, key
+    assert wire.CLEAN_FINALIZER.startswith(wire.OLD_CLEAN_FINALIZER_PREFIX)
+
+
+async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
+    installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    """When the install may not make the garbage pass's live lookup (403), the employer is
+    unknown: its pod keeps its marks and its group stays, until the lookup answers (404)."""
+    info, slb = emulator
+    admin, cluster = installed.admin, Cluster(installed.admin, APP)
+    held = (lifecycle.lifecycle_finalizer("hidden"), lifecycle.guard_finalizer("hidden"))
+    group_name = f"resourceconsist/{APP}/hidden"
+    await cluster.service(
+        "hidden",
+        labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+        annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+    )
+    async with _manager(installed, info, tmp_path / "certs"):
+        await _serve(cluster, slb, "hidden", ["hidden-0"], first_eni=20)
+    await cluster.patch(kube.SERVICE, "hidden", {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, "hidden")
+
+    # The manager's ClusterRoles without `get` on Services: its live lookup is refused.
+    roles = {name: admin.get(CLUSTER_ROLE, None, name) for name in (MANAGER, "resourceconsist-webhook")}
+    for name, role in roles.items():
+        narrowed = [
+            {**rule, "verbs": [v for v in rule["verbs"] if v != "get"]}
+            if "services" in rule["resources"]
+            else rule
+            for rule in role["rules"]
+        ]
+        admin.patch(CLUSTER_ROLE, None, name, {"rules": narrowed})
+    try:
+        before = len(installed.cp.audit_events())
+
+        def refused_lookups() -> int:
+            return sum(
+                1
+                for e in installed.cp.audit_events()[before:]
+                if e["user"]["username"] == USER
+                and e["verb"] == "get"
+                and e.get("objectRef", {}).get("name") == "hidden"
+                and e.get("responseStatus", {}).get("code") == 403
+            )
+
+        async with _manager(installed, info, tmp_path / "certs-narrowed"):
+            await async_wait_for(
+                lambda: refused_lookups() >= 3, timeout=60, message="three garbage passes refused the lookup"
+            )
+            # The pod keeps its lifecycle finalizer (it may not leave) and the group still routes.
+            assert held[0] in finalizers(await cluster.get(kube.POD, "hidden-0"))
+            assert [g for g in slb.state()["groups"] if g["name"] == group_name]
+    finally:
+        for name, role in roles.items():
+            admin.patch(CLUSTER_ROLE, None, name, {"rules": role["rules"]})
+
+    async with _manager(installed, info, tmp_path / "certs-restored"):
+
+        async def released() -> bool:
+            if [g for g in slb.state()["groups"] if g["name"] == group_name]:
+                return False
+            return not set(held) & set(finalizers(await cluster.get(kube.POD, "hidden-0")))
+
+        await async_wait_for(released, timeout=90, message="the lookup answered 404: collected and released")
