@@ -646,7 +646,7 @@ class Reconciler:
             return None if wanted is None else {"metadata": {"finalizers": wanted}}
 
         meta = employer["metadata"]
-        _, wrote = await call_adapter(
+        _, wrote = await asyncio.to_thread(
             functools.partial(self.client.patch_optimistic, current=employer),
             self.employer_resource,
             meta.get("namespace"),
@@ -1093,7 +1093,7 @@ class Reconciler:
             write = functools.partial(where.client.patch, patch_type="strategic", subresource="status")
             async with limit:
                 try:
-                    await call_adapter(write, kube.POD, namespace, where.name, body)
+                    await asyncio.to_thread(write, kube.POD, namespace, where.name, body)
                 except kube.NotFound:
                     return  # the pod is gone: nothing left to gate
                 except Exception as err:
@@ -1153,7 +1153,7 @@ class Reconciler:
     async def _patch_employer_annotations(self, p: _Pass, annotations: dict[str, str]) -> None:
         meta = p.employer["metadata"]
         try:
-            patched, _ = await call_adapter(
+            patched, _ = await asyncio.to_thread(
                 functools.partial(self.client.patch_optimistic, current=p.employer),
                 self.employer_resource,
                 meta.get("namespace"),
