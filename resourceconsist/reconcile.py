@@ -329,7 +329,8 @@ class Reconciler:
             cancellation=current_cancellation(),
             writer=self.client,
             recorder=self.recorder,
-            memo=self.memos.setdefault(key, {}),
+            # No employer (""), as the garbage pass's ``list_owned``: nothing to remember.
+            memo=self.memos.setdefault(key, {}) if key else {},
         )
 
     # -- events ---------------------------------------------------------------------------------

@@ -141,3 +141,68 @@ def test_the_floors_of_the_docs_are_the_layers_of_the_contract() -> None:
         if row.startswith("| ") and not row.startswith(("| floor", "| ---"))
     ]
     assert floors == _layers(), 'docs/concepts.md "Layers" and .importlinter disagree'
+
+
+# -- no circle --------------------------------------------------------------------------------------
+
+
+def _imported(name: str, path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``name`` imports anywhere in it: at the top, in functions, under
+    ``TYPE_CHECKING``. ``from a import b`` is module ``a.b`` when there is one, else ``a``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {m for m in found if m in modules and m != name}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    paths = dict(_modules())
+    modules = set(paths)
+    return {name: _imported(name, path, modules) for name, path in paths.items()}
+
+
+def _a_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of the graph (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target]
+            if target not in state and (circle := visit(target)) is not None:
+                return circle
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (circle := visit(module)) is not None:
+            return circle
+    return None
+
+
+def test_the_import_graph_finds_a_circle_when_there_is_one() -> None:
+    assert _a_circle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _a_circle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_module_of_the_package_imports_another_in_a_circle() -> None:
+    graph = _import_graph()
+    assert graph["resourceconsist.controller"] >= {"resourceconsist.reconcile", "resourceconsist.kube"}
+    circle = _a_circle(graph)
+    assert circle is None, (
+        f"an import circle (TYPE_CHECKING and function-local imports count): {' -> '.join(circle)}"
+    )
