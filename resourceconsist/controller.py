@@ -108,6 +108,10 @@ class Controller:
         self._clusters: dict[str, tuple[KubeClient, CacheReader]] = {
             name: (c, f.reader()) for name, (c, f) in self.member_clusters.items()
         }
+        self.subscribers = SubscriberBus(
+            self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
+        )
+        retried = self.metrics.retried_failures
         self.reconciler = Reconciler(
             adapter,
             client,
@@ -116,16 +120,11 @@ class Controller:
             self.spec.employer,
             self.spec.employee,
             self._clusters,
+            api_down=lambda: client.reachability.down,
+            report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
+            report_retried=lambda reason: retried.labels(self.name, reason).inc(),
+            notify=self.subscribers.publish,
         )
-        gauge = self.metrics.unguarded_routing_pods.labels(self.name)
-        self.reconciler.report_unguarded = gauge.set
-        retried = self.metrics.retried_failures
-        self.reconciler.report_retried = lambda reason: retried.labels(self.name, reason).inc()
-        self.reconciler.api_down = lambda: client.reachability.down
-        self.subscribers = SubscriberBus(
-            self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
-        )
-        self.reconciler.notify = self.subscribers.publish
         #: What the garbage pass and the sub-resources step see of this controller.
         self.handle: ControllerHandle = _Handle(self)
         self.garbage = GarbageCollector(self.handle, garbage or GarbageOptions())

@@ -156,6 +156,27 @@ class _Streak:
     passes: int = 0
 
 
+@dataclass
+class EmployerMemory:
+    """What the reconciler keeps of one employer between its passes, in one record, so that
+    forgetting an employer is one operation (``Reconciler._forget``)."""
+
+    #: The adapter's ``ReconcileContext.memo``.
+    memo: dict[str, Any] = field(default_factory=dict)
+    #: Employee names whose events arrived since its last pass began; None: the next pass is a
+    #: full one (docs/concepts.md, "Work proportional to change").
+    changes: set[str] | None = field(default_factory=set)
+    #: When its last completed full pass began (monotonic seconds).
+    full_pass_at: float | None = None
+    #: Registrations the provider held without their pod's guard, as the last pass found them
+    #: (the invariant, live: it should read 0; docs/concepts.md); None: not counted yet.
+    unguarded: int | None = None
+    #: What its subscribers were last told, by pod ("": the employer itself).
+    told: dict[str, str] = field(default_factory=dict)
+    #: The failures left to retries its consecutive passes met.
+    streaks: dict[tuple[str, ...], _Streak] = field(default_factory=dict)
+
+
 class _Verdict(IntEnum):
     """What the provider's confirmed state means for one pod's finalizers after the calls.
 
@@ -184,7 +205,18 @@ class Reconciler:
         employer_resource: Resource,
         employee_resource: Resource,
         clusters: Mapping[str, tuple[ObjectWriter, ObjectReader]] | None = None,
+        *,
+        api_down: Callable[[], bool] = lambda: False,
+        report_unguarded: Callable[[int], None] = lambda total: None,
+        report_retried: Callable[[str], None] = lambda reason: None,
+        notify: Callable[[str, str, str], None] = lambda what, key, pod: None,
     ) -> None:
+        """The hooks (the controller's): ``api_down`` says whether the main cluster's API server
+        is known to be unreachable; ``report_unguarded`` gets the sum of ``unguarded`` whenever
+        it may have changed, ``report_retried`` the Event reason of each failure left to a retry
+        without a Warning (the metrics); ``notify`` gets (what happened, employer key, pod name
+        or "") as a pass decides it, each once per change, and must not block
+        (docs/lifecycle-hooks.md, "Subscribers")."""
         self.adapter = adapter
         self.client = client
         self.reader = reader
@@ -195,27 +227,14 @@ class Reconciler:
         self.name = adapter.get_controller_name()
         # A runtime-checkable protocol's isinstance walks its members: once here, not per pod.
         self._multi_cluster = isinstance(adapter, MultiClusterOptions)
-        #: Per employer key: registrations the provider held without their pod's guard, as the
-        #: last pass found them (the invariant, live: it should read 0; docs/concepts.md).
-        self.unguarded: dict[str, int] = {}
-        #: Per employer key: the adapter's ``ReconcileContext.memo``, dropped with the employer.
-        self.memos: dict[str, dict[str, Any]] = {}
+        #: What the reconciler keeps of each employer between passes, by employer key.
+        self._memory: dict[str, EmployerMemory] = {}
         #: Seconds after which an employer's next pass is a full one whatever changed
         #: (``ReconcileContext.changed`` None; docs/concepts.md, "Work proportional to change").
         self.full_pass_every: float = DEFAULT_FULL_PASS_EVERY
-        #: Per employer key: employee names whose events arrived since its last pass began;
-        #: None when the next pass must be a full one.
-        self._changes: dict[str, set[str] | None] = {}
-        #: Per employer key: when its last completed full pass began (monotonic seconds).
-        self._full_pass_at: dict[str, float] = {}
-        #: Whether the main cluster's API server is known to be unreachable (set by the controller).
-        self.api_down: Callable[[], bool] = lambda: False
-        #: Called with the sum of ``unguarded`` whenever it may have changed (the metric).
-        self.report_unguarded: Callable[[int], None] = lambda total: None
-        #: Called with (what happened, employer key, pod name or "") as a pass decides it;
-        #: must not block (docs/lifecycle-hooks.md, "Subscribers"). Each is told once per change.
-        self.notify: Callable[[str, str, str], None] = lambda what, key, pod: None
-        self._told: dict[tuple[str, str], str] = {}
+        self.api_down = api_down
+        self.report_unguarded = report_unguarded
+        self.notify = notify
         #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
         self.recent = RecentWrites()
         #: When a failure left to retries becomes a Warning Event: met on this many consecutive
@@ -223,10 +242,7 @@ class Reconciler:
         #: Warning"). An adapter error stays a Warning at once, as in the Go original.
         self.warn_after_passes: int = DEFAULT_WARN_AFTER_PASSES
         self.warn_after_seconds: float = DEFAULT_WARN_AFTER_SECONDS
-        #: Per employer key: the failures left to retries its consecutive passes met.
-        self._streaks: dict[str, dict[tuple[str, ...], _Streak]] = {}
-        #: Called with the Event reason of each failure left to a retry without a Warning (the metric).
-        self.report_retried: Callable[[str], None] = lambda reason: None
+        self.report_retried = report_retried
 
     # -- capabilities and their defaults ------------------------------------------------------------
 
@@ -291,32 +307,51 @@ class Reconciler:
 
     # -- what changed since an employer's last pass (docs/concepts.md, "Work proportional to change") --
 
+    def _memory_of(self, key: str) -> EmployerMemory:
+        found = self._memory.get(key)
+        if found is None:
+            found = self._memory[key] = EmployerMemory()
+        return found
+
+    def _told_of(self, key: str) -> dict[str, str]:
+        """What subscribers were last told about the employer ``key``, by pod (read only)."""
+        found = self._memory.get(key)
+        return {} if found is None else found.told
+
+    @property
+    def unguarded(self) -> dict[str, int]:
+        """Per employer key: registrations the provider held without their pod's guard, as the
+        last pass found them (the invariant, live: it should read 0; docs/concepts.md)."""
+        return {key: m.unguarded for key, m in self._memory.items() if m.unguarded is not None}
+
     def employee_changed(self, key: str, name: str) -> None:
         """An event of employee ``name`` (``pod`` or ``pod#cluster``) woke employer ``key``."""
-        pending = self._changes.setdefault(key, set())
+        pending = self._memory_of(key).changes
         if pending is not None:
             pending.add(name)
 
     def employer_changed(self, key: str) -> None:
         """The employer itself changed (or anything the frame cannot name): a full pass next."""
-        self._changes[key] = None
+        self._memory_of(key).changes = None
 
     def _take_changes(self, key: str) -> frozenset[str] | None:
         """What the pass starting now tells the adapter in ``ReconcileContext.changed``."""
-        pending = self._changes.pop(key, set())
-        last_full = self._full_pass_at.get(key)
+        memory = self._memory_of(key)
+        pending, memory.changes = memory.changes, set()
+        last_full = memory.full_pass_at
         if pending is None or last_full is None or time.monotonic() - last_full >= self.full_pass_every:
             return None
         return frozenset(pending)
 
     def _forget(self, key: str) -> None:
-        """Drop what the frame keeps per employer (memo, changes, unguarded count) once it is
-        gone or its leftovers were collected."""
-        self.memos.pop(key, None)
-        self._changes.pop(key, None)
-        self._full_pass_at.pop(key, None)
-        self._streaks.pop(key, None)
-        if self.unguarded.pop(key, 0):
+        """Drop what the frame keeps of an employer once it is gone or its leftovers were
+        collected. What its subscribers were told stays until they are told it is deleted."""
+        memory = self._memory.pop(key, None)
+        if memory is None:
+            return
+        if memory.told:
+            self._memory[key] = EmployerMemory(told=memory.told)
+        if memory.unguarded:
             self.report_unguarded(sum(self.unguarded.values()))
 
     def context(self, key: str) -> ReconcileContext:
@@ -330,7 +365,7 @@ class Reconciler:
             writer=self.client,
             recorder=self.recorder,
             # No employer (""), as the garbage pass's ``list_owned``: nothing to remember.
-            memo=self.memos.setdefault(key, {}) if key else {},
+            memo=self._memory_of(key).memo if key else {},
         )
 
     # -- events ---------------------------------------------------------------------------------
@@ -350,7 +385,7 @@ class Reconciler:
     def _outlasted(self, p: _Pass, failures: Sequence[tuple[str, ...]]) -> bool:
         """Count this pass for each failure; True when one of them has now been met on
         ``warn_after_passes`` consecutive passes over at least ``warn_after_seconds``."""
-        streaks = self._streaks.setdefault(p.key, {})
+        streaks = self._memory_of(p.key).streaks
         now = time.monotonic()
         outlasted = False
         for failure in failures:
@@ -364,13 +399,11 @@ class Reconciler:
 
     def _end_streaks(self, p: _Pass) -> None:
         """A failure this pass did not meet again was resolved: its streak ends."""
-        streaks = self._streaks.get(p.key)
-        if streaks is None:
+        memory = self._memory.get(p.key)
+        if memory is None:
             return
-        for failure in [f for f in streaks if f not in p.failing]:
-            del streaks[failure]
-        if not streaks:
-            del self._streaks[p.key]
+        for failure in [f for f in memory.streaks if f not in p.failing]:
+            del memory.streaks[failure]
 
     async def _fail_unless_retrying(
         self, p: _Pass, reason: EventReason, message: str, failures: Sequence[tuple[str, ...]]
@@ -383,7 +416,7 @@ class Reconciler:
             self.report_retried(reason)
             # The controller logs the retry at INFO with this message: one line per pass.
             error = ReconcileError(reason, message)
-        streaks = self._streaks.get(p.key, {})
+        streaks = self._memory_of(p.key).streaks
         passes = max((streaks[f].passes for f in failures if f in streaks), default=1)
         delay = min(MAX_CONFLICT_RETRY_SECONDS, 0.1 * 2 ** (passes - 1)) * random.uniform(0.5, 1.0)
         error.__cause__ = RetryAfter(delay, message)
@@ -454,7 +487,7 @@ class Reconciler:
             self._forget(key)
             if self.employees_are_pods:
                 await self._release_gates_of_gone_employer(namespace, name)
-            if (key, "") in self._told:
+            if "" in self._told_of(key):
                 self._tell(key, "", "employer_deleted")
             return Result()
         follows = self._follows_lifecycle()
@@ -512,7 +545,7 @@ class Reconciler:
                     # Whatever the adapter kept from this pass may be wrong: rebuild it next time.
                     self.employer_changed(key)
                 elif p.ctx.changed is None:
-                    self._full_pass_at[key] = began
+                    self._memory_of(key).full_pass_at = began
         result.collected = p.collected
         if p.collected:
             self._forget(key)
@@ -522,15 +555,17 @@ class Reconciler:
 
     def _tell(self, key: str, pod: str, what: str) -> None:
         """Notify subscribers of a change of state of an employer (pod "") or pod, once."""
-        if self._told.get((key, pod)) == what:
+        told = self._memory_of(key).told
+        if told.get(pod) == what:
             return
         if what == "employer_deleted":
-            for told in [t for t in self._told if t[0] == key]:
-                del self._told[told]
+            told.clear()
+            if self._memory[key] == EmployerMemory():
+                del self._memory[key]  # forgotten before: what it was told was all that was left
         elif what == "pod_released":
-            self._told.pop((key, pod), None)
+            told.pop(pod, None)
         else:
-            self._told[(key, pod)] = what
+            told[pod] = what
         try:
             self.notify(what, key, pod)
         except Exception:
@@ -540,7 +575,7 @@ class Reconciler:
         """Tell subscribers what this pass's confirmed verdicts made true, after the writes."""
         for name, verdict in sorted(p.verdicts.items()):
             finalizers = self._final_finalizers(p, name)
-            told = self._told.get((p.key, name))
+            told = self._told_of(p.key).get(name)
             if verdict is _Verdict.SERVED and p.lifecycle_finalizer in finalizers:
                 self._tell(p.key, name, "pod_served")
             elif verdict is _Verdict.ROUTING and self._guarded(p, finalizers):
@@ -827,8 +862,9 @@ class Reconciler:
                 unguarded += 1  # the provider's view and the cache: the invariant, live
             p.writer.add_finalizer(name, p.guard_finalizer)
             guarding.add(name)
-        if self.unguarded.get(p.key) != unguarded:
-            self.unguarded[p.key] = unguarded
+        memory = self._memory_of(p.key)
+        if memory.unguarded != unguarded:
+            memory.unguarded = unguarded
             self.report_unguarded(sum(self.unguarded.values()))
         # Additions go out now; removals wait for the calls (an entry stays while its
         # lifecycle finalizer does).
@@ -837,7 +873,7 @@ class Reconciler:
             p.written.merge(await p.writer.flush(only=adding))
         p.carriers |= {n for n, f in p.written.finalizers.items() if self._guarded(p, f)}
         for name in sorted(guarding):
-            if self._guarded(p, p.written.finalizers.get(name, [])) and (p.key, name) not in self._told:
+            if self._guarded(p, p.written.finalizers.get(name, [])) and name not in self._told_of(p.key):
                 self._tell(p.key, name, "pod_guarded")
         blocked = {
             item_id
