@@ -58,10 +58,11 @@ def _contracts() -> configparser.ConfigParser:
 
 
 def _layer_modules() -> list[str]:
-    """Every module a layers contract puts in a layer."""
+    """Every module the package's layers contract puts in a layer (not the contracts inside
+    one of its packages, which name its submodules)."""
     found: list[str] = []
     for section in _contracts().values():
-        if section.get("type") != "layers":
+        if section.get("type") != "layers" or section.get("containers"):
             continue
         for line in section["layers"].splitlines():
             found += [m.strip() for m in re.split(r"[|:]", line) if m.strip()]
@@ -96,6 +97,13 @@ def test_every_module_a_layer_names_exists_and_none_is_optional() -> None:
     stale = sorted(m for m in set(layers) - tops)
     assert stale == [], f"layers name modules the package does not have: {stale}"
     assert len(layers) == len(set(layers)), "a module is in two layers"
+    modules = {name for name, _ in _modules()}
+    for section in _contracts().values():
+        if section.get("type") == "layers" and section.get("containers"):
+            (container,) = section["containers"].split()
+            inner = [m.strip() for line in section["layers"].splitlines() for m in re.split(r"[|:]", line)]
+            stale = sorted(m for m in inner if m and f"{container}.{m}" not in modules)
+            assert stale == [], f"the layers of {container} name modules it does not have: {stale}"
 
 
 def _imports_the_root(tree: ast.Module) -> list[str]:
@@ -123,7 +131,7 @@ def test_no_module_imports_the_package_root() -> None:
 
 def _layers() -> list[set[str]]:
     """The layers of the layers contract, top floor first, as sets of short module names."""
-    (section,) = (s for s in _contracts().values() if s.get("type") == "layers")
+    (section,) = (s for s in _contracts().values() if s.get("type") == "layers" and not s.get("containers"))
     return [
         {m.strip().removeprefix(f"{PACKAGE}.") for m in re.split(r"[|:]", line) if m.strip()}
         for line in section["layers"].splitlines()
