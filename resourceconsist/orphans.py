@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 from resourceconsist import kube, marks
 from resourceconsist.adapter import CompleteListingOptions, OrphanCollectOptions, OwnedItem
+from resourceconsist.cache import CacheNotSynced
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.events import MAX_MESSAGE
 from resourceconsist.handle import ControllerHandle
@@ -152,7 +153,7 @@ class GarbageCollector:
         report = GarbageReport(dry_run=self.options.dry_run)
         if not controller.synced:
             # An empty cache would make every owner look gone.
-            raise RuntimeError(f"{controller.name}: caches not synced; no garbage pass")
+            raise CacheNotSynced(f"{controller.name}: caches not synced; no garbage pass")
         adapter = controller.adapter
         # None: nothing can be collected this pass (why_not says why); unknown releases nothing.
         by_owner: dict[str, list[OwnedItem]] | None = None
