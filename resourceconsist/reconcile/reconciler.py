@@ -33,14 +33,12 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, cast
 
 from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
-    Employer,
     EmployerRequeueOptions,
     ExpectedFinalizerRecordOptions,
     MultiClusterOptions,
@@ -54,7 +52,7 @@ from resourceconsist.cancellation import call_adapter, current_cancellation
 from resourceconsist.diff import Diff
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
-from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult, RecentWrites
+from resourceconsist.podwriter import EmployerEntry, PodWriter, RecentWrites
 from resourceconsist.reconcile import guard, readiness
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.finalizers import (
@@ -75,6 +73,8 @@ from resourceconsist.reconcile.outcome import (
     Result,
     SyncFailedExist,
 )
+from resourceconsist.reconcile.pods import PodPlaces
+from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.sync import (
     EMPLOYEES,
     EMPLOYER,
@@ -89,55 +89,6 @@ from resourceconsist.wire import EventReason
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)
-
-
-@dataclass
-class _Pass:
-    """State of one reconcile pass."""
-
-    employer: KubeObject
-    ctx: ReconcileContext
-    writer: PodWriter
-    key: str
-    deleting: bool
-    follows_lifecycle: bool
-    expected_key: str = ""
-    lifecycle_finalizer: str = ""
-    guard_finalizer: str = ""
-    selected: list[str] | None = None
-    expected_clean: bool = True
-    expected_added_record: list[str] | None = None
-    expected_adds: set[str] = field(default_factory=set)
-    expected_removes: set[str] = field(default_factory=set)
-    #: Pods that carry (or may carry) this employer's guard or lifecycle finalizer.
-    carriers: set[str] = field(default_factory=set)
-    lifecycle_record: bool = False
-    written: PodWriteResult = field(default_factory=PodWriteResult)
-    employer_results: CUDResults[Employer] = field(default_factory=CUDResults)
-    employee_results: CUDResults[Employee] = field(default_factory=CUDResults)
-    #: Readiness gates: whether the employee sync ran to its end, the names it employs, the
-    #: pods the provider confirmed it serves, those whose outcome is unknown, and when the
-    #: fail-safe wants the employer looked at again.
-    employees_synced: bool = False
-    employed: set[str] = field(default_factory=set)
-    serving: set[str] = field(default_factory=set)
-    unknown: set[str] = field(default_factory=set)
-    gate_recheck: float | None = None
-    gate_failures: dict[str, BaseException] = field(default_factory=dict)
-    #: A pass over a stand-in of a gone employer (docs/lifecycle-hooks.md, "Orphans"): it
-    #: writes nothing to the employer, whose name a new object may already carry.
-    stand_in: bool = False
-    collected: bool = False
-    verdicts: dict[str, Verdict] = field(default_factory=dict)
-    #: The provider's reason for each pod whose item it refused (for the readiness gates).
-    refused: dict[str, str] = field(default_factory=dict)
-    #: How this pass reports its failures (set as the pass begins).
-    failures: PassFailures = field(init=False)
-
-    @property
-    def entry(self) -> EmployerEntry:
-        """This employer's entry and finalizers ("" each when it does not follow PodOpsLifecycle)."""
-        return EmployerEntry(self.expected_key, self.lifecycle_finalizer, self.guard_finalizer)
 
 
 class Reconciler:
@@ -184,6 +135,8 @@ class Reconciler:
         self.notify = notify
         #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
         self.recent = RecentWrites()
+        #: Where the pod employees live, and their freshest copies.
+        self.pods = PodPlaces(client, reader, self.clusters, self._in_members, self.recent)
         #: When a failure left to retries becomes a Warning Event: met on this many consecutive
         #: passes, over at least this many seconds (docs/concepts.md, "When a failure becomes a
         #: Warning"). An adapter error stays a Warning at once, as in the Go original.
@@ -219,7 +172,7 @@ class Reconciler:
             self.adapter.need_record_expected_finalizer_condition()
         )
 
-    async def _selected_names(self, p: _Pass, *, fresh: bool = False) -> list[str]:
+    async def _selected_names(self, p: PassState, *, fresh: bool = False) -> list[str]:
         """The employees the employer selects, read once per pass (``fresh``: read again, for
         decisions about pods that may have reached the cache since)."""
         if p.selected is None or fresh:
@@ -239,18 +192,6 @@ class Reconciler:
     def _in_members(self) -> bool:
         """Pod employees live in member clusters (named ``pod#cluster``)."""
         return self._multi_cluster and not cast(MultiClusterOptions, self.adapter).employee_fed()
-
-    def _locate(self, employee_name: str) -> PodLocation:
-        """Where a pod employee lives: ``pod#cluster`` in a member cluster, else the main one."""
-        if self._in_members():
-            pod, sep, cluster = employee_name.rpartition(wire.MULTI_CLUSTER_SEPARATOR)
-            if not sep or not pod:
-                raise ValueError(f"employee name {employee_name!r} is not <pod>#<cluster>")
-            if cluster not in self.clusters:
-                raise LookupError(f"employee {employee_name!r}: cluster {cluster!r} is not registered")
-            client, reader = self.clusters[cluster]
-            return PodLocation(client, reader, pod)
-        return PodLocation(self.client, self.reader, employee_name)
 
     # -- what changed since an employer's last pass (docs/concepts.md, "Work proportional to change") --
 
@@ -312,10 +253,10 @@ class Reconciler:
                 lifecycle_finalizer=lifecycle.lifecycle_finalizer(meta["name"]),
                 guard_finalizer=lifecycle.guard_finalizer(meta["name"]),
             )
-        p = _Pass(
+        p = PassState(
             employer=employer,
             ctx=self.context(key),
-            writer=PodWriter(namespace, self._locate, entry, self.recent),
+            writer=PodWriter(namespace, self.pods.locate, entry, self.recent),
             key=key,
             deleting=lifecycle.is_deleting(employer),
             follows_lifecycle=follows,
@@ -390,7 +331,7 @@ class Reconciler:
         except Exception:
             log.exception("%s %s: notifying subscribers of %s failed", self.name, key, what)
 
-    def _announce(self, p: _Pass) -> None:
+    def _announce(self, p: PassState) -> None:
         """Tell subscribers what this pass's confirmed verdicts made true, after the writes."""
         for name, verdict in sorted(p.verdicts.items()):
             finalizers = self._final_finalizers(p, name)
@@ -404,7 +345,7 @@ class Reconciler:
             elif verdict is Verdict.IDLE and told is not None and not guard.guarded(finalizers, p.entry):
                 self._tell(p.key, name, "pod_released")
 
-    async def _steps(self, p: _Pass) -> Result:
+    async def _steps(self, p: PassState) -> Result:
         try:
             try:
                 await self._plan_expected_finalizers(p)
@@ -434,7 +375,7 @@ class Reconciler:
             result.requeue_after = p.gate_recheck
         return result
 
-    async def _finish(self, p: _Pass) -> Result:
+    async def _finish(self, p: PassState) -> Result:
         await self._release_clean_finalizer(p)
         if isinstance(self.adapter, StatusRecordOptions) and not p.stand_in:
             try:
@@ -455,7 +396,7 @@ class Reconciler:
 
     # -- 2. clean finalizer ------------------------------------------------------------------------------
 
-    async def _ensure_clean_finalizer(self, p: _Pass) -> bool:
+    async def _ensure_clean_finalizer(self, p: PassState) -> bool:
         """Add the clean finalizer to a live employer that lacks it; True when it wrote."""
         if p.deleting:
             return False
@@ -486,7 +427,7 @@ class Reconciler:
 
     # -- 3. expected-finalizer entries ------------------------------------------------------------------
 
-    async def _plan_expected_finalizers(self, p: _Pass) -> None:
+    async def _plan_expected_finalizers(self, p: PassState) -> None:
         if not p.follows_lifecycle:
             return
         try:
@@ -520,7 +461,7 @@ class Reconciler:
 
     # -- 4. employer -------------------------------------------------------------------------------------
 
-    async def _sync_employer(self, p: _Pass) -> None:
+    async def _sync_employer(self, p: PassState) -> None:
         a = self.adapter
         p.employer_results, _ = await self._sync_side(
             p,
@@ -532,7 +473,7 @@ class Reconciler:
 
     async def _sync_side(
         self,
-        p: _Pass,
+        p: PassState,
         side: Side,
         get_expected: Callable[..., Any],
         get_current: Callable[..., Any],
@@ -564,7 +505,7 @@ class Reconciler:
 
     # -- 5. employees and lifecycle finalizers ------------------------------------------------------------
 
-    async def _sync_employees(self, p: _Pass) -> None:
+    async def _sync_employees(self, p: PassState) -> None:
         a = self.adapter
         results: CUDResults[Employee]
         results, current_by_id = await self._sync_side(
@@ -581,7 +522,7 @@ class Reconciler:
         verdicts, serves = guard.judge(results, current_by_id)
         if p.follows_lifecycle:
             p.verdicts = guard.plan_after_calls(
-                verdicts, p.carriers, p.entry, lambda name: self._pod(name, p.writer.namespace), p.writer
+                verdicts, p.carriers, p.entry, lambda name: self.pods.get(name, p.writer.namespace), p.writer
             )
             p.lifecycle_record = self._records_lifecycle_finalizers()
         p.serving = {n for n in serves if verdicts.get(n) is Verdict.SERVED}
@@ -593,35 +534,15 @@ class Reconciler:
 
     # -- the guard ----------------------------------------------------------------------------------------
 
-    def _pod(self, name: str, namespace: str) -> KubeObject | None:
-        where = self._locate(name)
-        return self.recent.get(where.reader, namespace, where.name)
-
-    def _has_entry(self, p: _Pass, name: str) -> bool:
+    def _has_entry(self, p: PassState, name: str) -> bool:
         """The cached pod holds this employer's entry (a pod not cached yet counts as holding
         it: its watch event brings it to the next pass)."""
-        pod = self._pod(name, p.writer.namespace)
+        pod = self.pods.get(name, p.writer.namespace)
         # A malformed annotation counts as lacking it; the write reports it.
         return pod is None or guard.holds_entry(pod, p.expected_key)
 
-    def _find_carriers(self, p: _Pass) -> set[str]:
-        """Pods (``pod`` or ``pod#cluster``) whose cached copy carries this employer's guard or
-        lifecycle finalizer: an index lookup, not a scan."""
-        namespace = str(p.employer["metadata"].get("namespace") or "")
-        wanted = (p.guard_finalizer, p.lifecycle_finalizer)
-        if self._in_members():
-            return {
-                f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}"
-                for cluster, (_, reader) in self.clusters.items()
-                for finalizer in wanted
-                for pod in reader.pods_with_finalizer(namespace, finalizer)
-            }
-        return {
-            pod["metadata"]["name"] for f in wanted for pod in self.reader.pods_with_finalizer(namespace, f)
-        }
-
     async def _guard_before_calls(
-        self, p: _Pass, planned: Diff[Employee], current: Sequence[Employee]
+        self, p: PassState, planned: Diff[Employee], current: Sequence[Employee]
     ) -> set[str]:
         """Guard every pod the provider holds, or is about to hold, a registration of, before any
         call; return the ids of creates/updates that must wait because their pod could not be
@@ -631,13 +552,14 @@ class Reconciler:
         registration found without its guard (a crash between a call and its write) is guarded
         here, before anything else (docs/concepts.md, "The guard")."""
         namespace = p.writer.namespace
-        p.carriers = self._find_carriers(p)
+        employer_namespace = str(p.employer["metadata"].get("namespace") or "")
+        p.carriers = self.pods.carrying(employer_namespace, (p.guard_finalizer, p.lifecycle_finalizer))
         held = {item.name for item in current if item.name and item.registered()}
         registering = {
             e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
         }
         guarding, unguarded = guard.plan_guard(
-            held, registering, lambda name: self._pod(name, namespace), p.entry, p.writer
+            held, registering, lambda name: self.pods.get(name, namespace), p.entry, p.writer
         )
         memory = self._memory.of(p.key)
         if memory.unguarded != unguarded:
@@ -670,7 +592,7 @@ class Reconciler:
 
     # -- pod writes and the employer's record annotations ---------------------------------------------------
 
-    async def _write(self, p: _Pass) -> None:
+    async def _write(self, p: PassState) -> None:
         if p.writer.pending:
             p.written.merge(await p.writer.flush())
         written = p.written
@@ -718,15 +640,11 @@ class Reconciler:
 
     # -- readiness gates (docs/zero-downtime.md) ------------------------------------------------------------
 
-    def _gated_pods(self, namespace: str, gate: str) -> list[tuple[str, KubeObject]]:
-        members = {c: reader for c, (_, reader) in self.clusters.items()} if self._in_members() else None
-        return readiness.gated_pods(namespace, gate, self.reader, members)
-
     def _describe_employer(self, employer: KubeObject) -> str:
         kind = employer.get("kind") or self.employer_resource.kind
         return f"{kind} {kube.object_key(employer)}"
 
-    async def _employed(self, p: _Pass) -> set[str] | None:
+    async def _employed(self, p: PassState) -> set[str] | None:
         """The pods this employer employs: those the adapter expects to hold, and those it
         selects; None when the pass could not tell.
 
@@ -742,7 +660,7 @@ class Reconciler:
             return None
         return p.employed | set(selected)
 
-    async def _update_gates(self, p: _Pass) -> None:
+    async def _update_gates(self, p: PassState) -> None:
         """Set this employer's readiness gate on every live pod that carries it: True once the
         provider confirmed it serves the pod, False while it does not, True when the employer is
         deleting or no longer employs the pod, and True after the employer's fail-safe timeout
@@ -752,7 +670,7 @@ class Reconciler:
         meta = p.employer["metadata"]
         namespace = str(meta.get("namespace") or "")
         gate = lifecycle.readiness_gate(meta["name"])
-        pods = [(n, pod) for n, pod in self._gated_pods(namespace, gate) if not lifecycle.is_deleting(pod)]
+        pods = [(n, pod) for n, pod in self.pods.gated(namespace, gate) if not lifecycle.is_deleting(pod)]
         if not pods:
             return
         try:
@@ -787,7 +705,13 @@ class Reconciler:
         now: datetime.datetime,
     ) -> dict[str, BaseException]:
         return await readiness.write_gates(
-            namespace, gate, changes, now, locate=self._locate, recorder=self.recorder, controller=self.name
+            namespace,
+            gate,
+            changes,
+            now,
+            locate=self.pods.locate,
+            recorder=self.recorder,
+            controller=self.name,
         )
 
     async def _release_gates_of_gone_employer(self, namespace: str, name: str) -> None:
@@ -795,7 +719,7 @@ class Reconciler:
         stays un-Ready for ever (docs/zero-downtime.md)."""
         gate = lifecycle.readiness_gate(name)
         who = f"{self.employer_resource.kind} {namespace}/{name}"
-        changes = readiness.gone_employer_changes(self._gated_pods(namespace, gate), gate, who)
+        changes = readiness.gone_employer_changes(self.pods.gated(namespace, gate), gate, who)
         failures = await self._write_gates(namespace, gate, changes, datetime.datetime.now(datetime.UTC))
         if failures:
             pod, err = sorted(failures.items())[0]
@@ -804,19 +728,19 @@ class Reconciler:
                 f"update readiness gates of deleted {namespace}/{name} failed: pod {pod}: {err}",
             )
 
-    def _final_finalizers(self, p: _Pass, name: str) -> list[str]:
+    def _final_finalizers(self, p: PassState, name: str) -> list[str]:
         """A pod's finalizers after this pass's writes (from the write, else from the cache)."""
         if name in p.written.finalizers:
             return p.written.finalizers[name]
         if name in p.written.done and name not in p.written.failed:
             return []  # written to and found gone
-        pod = self._pod(name, p.writer.namespace)
+        pod = self.pods.get(name, p.writer.namespace)
         return lifecycle.get_finalizers(pod) if pod is not None else []
 
-    def _still_carries(self, p: _Pass, name: str) -> bool:
+    def _still_carries(self, p: PassState, name: str) -> bool:
         return guard.guarded(self._final_finalizers(p, name), p.entry)
 
-    async def _patch_employer_annotations(self, p: _Pass, annotations: dict[str, str]) -> None:
+    async def _patch_employer_annotations(self, p: PassState, annotations: dict[str, str]) -> None:
         try:
             patched = await patch_employer_annotations(
                 self.client, self.employer_resource, p.employer, annotations
@@ -836,7 +760,7 @@ class Reconciler:
 
     # -- 6. release the clean finalizer ---------------------------------------------------------------
 
-    async def _release_clean_finalizer(self, p: _Pass) -> None:
+    async def _release_clean_finalizer(self, p: PassState) -> None:
         if not p.deleting:
             return
         employer_clean = is_clean(p.employer_results)
