@@ -138,3 +138,25 @@ def swapped(name: str, on: str, off: str, entry: EmployerEntry, pod_of: PodOf, w
     if on not in held or off in held:
         return False
     return on != entry.lifecycle_finalizer or holds_entry(pod, entry.key)
+
+
+def announcements(
+    verdicts: Mapping[str, Verdict],
+    told: Mapping[str, str],
+    finalizers_of: Callable[[str], Sequence[str]],
+    entry: EmployerEntry,
+) -> list[tuple[str, str]]:
+    """(pod, what) for each change of a pod's state that the pass's verdicts and the pod's
+    finalizers after its writes (``finalizers_of``) made true, for the lifecycle subscribers
+    (docs/lifecycle-hooks.md, "Subscribers"); ``told``: what they were last told, by pod."""
+    found: list[tuple[str, str]] = []
+    for name, verdict in sorted(verdicts.items()):
+        finalizers = finalizers_of(name)
+        last = told.get(name)
+        if verdict is Verdict.SERVED and entry.lifecycle_finalizer in finalizers:
+            found.append((name, "pod_served"))
+        elif verdict is Verdict.ROUTING and guarded(finalizers, entry):
+            found.append((name, "pod_drained" if last in ("pod_served", "pod_drained") else "pod_guarded"))
+        elif verdict is Verdict.IDLE and last is not None and not guarded(finalizers, entry):
+            found.append((name, "pod_released"))
+    return found

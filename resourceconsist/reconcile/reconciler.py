@@ -333,17 +333,10 @@ class Reconciler:
 
     def _announce(self, p: PassState) -> None:
         """Tell subscribers what this pass's confirmed verdicts made true, after the writes."""
-        for name, verdict in sorted(p.verdicts.items()):
-            finalizers = self._final_finalizers(p, name)
-            told = self._memory.told(p.key).get(name)
-            if verdict is Verdict.SERVED and p.lifecycle_finalizer in finalizers:
-                self._tell(p.key, name, "pod_served")
-            elif verdict is Verdict.ROUTING and guard.guarded(finalizers, p.entry):
-                self._tell(
-                    p.key, name, "pod_drained" if told in ("pod_served", "pod_drained") else "pod_guarded"
-                )
-            elif verdict is Verdict.IDLE and told is not None and not guard.guarded(finalizers, p.entry):
-                self._tell(p.key, name, "pod_released")
+        told = self._memory.told(p.key)
+        finalizers_of = functools.partial(self._final_finalizers, p)
+        for name, what in guard.announcements(p.verdicts, told, finalizers_of, p.entry):
+            self._tell(p.key, name, what)
 
     async def _steps(self, p: PassState) -> Result:
         try:
