@@ -32,7 +32,7 @@ from resourceconsist.handle import ControllerHandle
 from resourceconsist.interfaces import EventSink
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.metrics import Metrics
-from resourceconsist.options import GarbageOptions
+from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
 from resourceconsist.orphans import GarbageCollector
 from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
 from resourceconsist.subresources import sync_sub_resources
@@ -88,6 +88,7 @@ class Controller:
         member_clusters: dict[str, tuple[KubeClient, InformerFactory]] | None = None,
         metrics: Metrics | None = None,
         garbage: GarbageOptions | None = None,
+        full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.get_controller_name()
@@ -124,6 +125,7 @@ class Controller:
             report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
             report_retried=lambda reason: retried.labels(self.name, reason).inc(),
             notify=self.subscribers.publish,
+            full_pass_every=full_pass_every,
         )
         #: What the garbage pass and the sub-resources step see of this controller.
         self.handle: ControllerHandle = _Handle(self)

@@ -11,9 +11,9 @@ the orchestrator) over its steps, each a module of its own (docs/concepts.md, "O
 
 from __future__ import annotations
 
+from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile.memory import EmployerMemory
 from resourceconsist.reconcile.outcome import (
-    DEFAULT_FULL_PASS_EVERY,
     DEFAULT_WARN_AFTER_PASSES,
     DEFAULT_WARN_AFTER_SECONDS,
     MAX_CONFLICT_RETRY_SECONDS,

@@ -7,8 +7,6 @@ from dataclasses import dataclass
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.wire import EventReason
 
-#: The default of ``Reconciler.full_pass_every``: an employer's memo is rebuilt at least this often.
-DEFAULT_FULL_PASS_EVERY = 300.0
 #: The defaults of ``Reconciler.warn_after_passes`` and ``warn_after_seconds``: a failure left to
 #: retries (a 409 Conflict, an item the provider refused) becomes a Warning Event once the same
 #: failure was met on this many consecutive passes of the employer, over at least this long

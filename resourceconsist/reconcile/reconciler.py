@@ -52,6 +52,7 @@ from resourceconsist.cancellation import call_adapter, current_cancellation
 from resourceconsist.diff import Diff
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
+from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.podwriter import EmployerEntry, PodWriter, RecentWrites
 from resourceconsist.reconcile import guard, readiness
 from resourceconsist.reconcile.failures import PassFailures
@@ -66,7 +67,6 @@ from resourceconsist.reconcile.finalizers import (
 from resourceconsist.reconcile.guard import Verdict
 from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.outcome import (
-    DEFAULT_FULL_PASS_EVERY,
     DEFAULT_WARN_AFTER_PASSES,
     DEFAULT_WARN_AFTER_SECONDS,
     ReconcileError,
@@ -108,6 +108,7 @@ class Reconciler:
         report_unguarded: Callable[[int], None] = lambda total: None,
         report_retried: Callable[[str], None] = lambda reason: None,
         notify: Callable[[str, str, str], None] = lambda what, key, pod: None,
+        full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
     ) -> None:
         """The hooks (the controller's): ``api_down`` says whether the main cluster's API server
         is known to be unreachable; ``report_unguarded`` gets the sum of ``unguarded`` whenever
@@ -129,7 +130,7 @@ class Reconciler:
         self._memory = Memories()
         #: Seconds after which an employer's next pass is a full one whatever changed
         #: (``ReconcileContext.changed`` None; docs/concepts.md, "Work proportional to change").
-        self.full_pass_every: float = DEFAULT_FULL_PASS_EVERY
+        self.full_pass_every = full_pass_every
         self.api_down = api_down
         self.report_unguarded = report_unguarded
         self.notify = notify
