@@ -98,14 +98,7 @@ async def patch_employer_finalizers(
         wanted = lifecycle.updated_finalizers(fresh, add=add, remove=remove)
         return None if wanted is None else {"metadata": {"finalizers": wanted}}
 
-    meta = employer["metadata"]
-    _, wrote = await asyncio.to_thread(
-        functools.partial(client.patch_optimistic, current=employer),
-        resource,
-        meta.get("namespace"),
-        meta["name"],
-        change,
-    )
+    _, wrote = await _patch_employer(client, resource, employer, change)
     return bool(wrote)
 
 
@@ -113,12 +106,24 @@ async def patch_employer_annotations(
     client: ObjectWriter, resource: Resource, employer: KubeObject, annotations: dict[str, str]
 ) -> KubeObject | None:
     """Write the employer's record annotations; the employer as written (None: it is gone)."""
+    patched, _ = await _patch_employer(
+        client, resource, employer, lambda fresh: {"metadata": {"annotations": annotations}}
+    )
+    return patched
+
+
+async def _patch_employer(
+    client: ObjectWriter,
+    resource: Resource,
+    employer: KubeObject,
+    change: Callable[[KubeObject], dict[str, Any] | None],
+) -> tuple[KubeObject | None, bool]:
+    """``change`` the employer under optimistic concurrency, in the frame's own threads."""
     meta = employer["metadata"]
-    patched, _ = await asyncio.to_thread(
+    return await asyncio.to_thread(
         functools.partial(client.patch_optimistic, current=employer),
         resource,
         meta.get("namespace"),
         meta["name"],
-        lambda fresh: {"metadata": {"annotations": annotations}},
+        change,
     )
-    return patched
