@@ -158,7 +158,7 @@ class ReconcileContext:
     watch events arrived since this employer's last completed pass, events of the frame's own
     writes included; empty when none did. ``None`` asks for a full pass: rebuild everything
     from the cache, as on the first pass, after a failed one, after the employer itself
-    changed, and periodically (``Reconciler.full_pass_every``) so that state kept in the memo
+    changed, and periodically (``ManagerOptions.full_pass_every``) so that state kept in the memo
     can never drift for long. An adapter that keeps no state ignores it.
     """
 

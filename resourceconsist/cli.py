@@ -554,6 +554,14 @@ _manager_flags = _flag_group(
         show_default="off",
     ),
     _field_flag(
+        "--full-pass-every",
+        ManagerOptions,
+        "full_pass_every",
+        "Seconds after which an employer's next pass rebuilds what the adapter keeps, whatever "
+        "changed (docs/concepts.md); 0: every pass.",
+        type=float,
+    ),
+    _field_flag(
         "--shutdown-timeout",
         ManagerOptions,
         "shutdown_timeout",
@@ -591,6 +599,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
         return ManagerOptions(
             namespace=flags["namespace"],
             resync_period=flags["resync_seconds"] or None,
+            full_pass_every=flags["full_pass_every"],
             metrics_address=serving.get("metrics_address"),
             health_probe_address=serving.get("health_probe_address"),
             health_address=serving.get("health_address"),

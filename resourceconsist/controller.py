@@ -21,17 +21,20 @@ from resourceconsist.adapter import (
     Predicate,
     RateLimiter,
     ReconcileAdapter,
+    ReconcileContext,
     ReconcileOptions,
     ReconcileWatchOptions,
 )
 from resourceconsist.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
 from resourceconsist.cancellation import Cancellation, PassCancelled, running_pass
 from resourceconsist.events import EventRecorder
-from resourceconsist.kube import KubeClient, Resource
+from resourceconsist.handle import ControllerHandle
+from resourceconsist.interfaces import EventSink
+from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.metrics import Metrics
-from resourceconsist.options import GarbageOptions
+from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
 from resourceconsist.orphans import GarbageCollector
-from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
+from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
@@ -85,6 +88,7 @@ class Controller:
         member_clusters: dict[str, tuple[KubeClient, InformerFactory]] | None = None,
         metrics: Metrics | None = None,
         garbage: GarbageOptions | None = None,
+        full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.get_controller_name()
@@ -105,6 +109,10 @@ class Controller:
         self._clusters: dict[str, tuple[KubeClient, CacheReader]] = {
             name: (c, f.reader()) for name, (c, f) in self.member_clusters.items()
         }
+        self.subscribers = SubscriberBus(
+            self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
+        )
+        retried = self.metrics.retried_failures
         self.reconciler = Reconciler(
             adapter,
             client,
@@ -113,17 +121,15 @@ class Controller:
             self.spec.employer,
             self.spec.employee,
             self._clusters,
+            api_down=lambda: client.reachability.down,
+            report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
+            report_retried=lambda reason: retried.labels(self.name, reason).inc(),
+            notify=self.subscribers.publish,
+            full_pass_every=full_pass_every,
         )
-        gauge = self.metrics.unguarded_routing_pods.labels(self.name)
-        self.reconciler.report_unguarded = gauge.set
-        retried = self.metrics.retried_failures
-        self.reconciler.report_retried = lambda reason: retried.labels(self.name, reason).inc()
-        self.reconciler.api_down = lambda: client.reachability.down
-        self.subscribers = SubscriberBus(
-            self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
-        )
-        self.reconciler.notify = self.subscribers.publish
-        self.garbage = GarbageCollector(self, garbage or GarbageOptions())
+        #: What the garbage pass and the sub-resources step see of this controller.
+        self.handle: ControllerHandle = _Handle(self)
+        self.garbage = GarbageCollector(self.handle, garbage or GarbageOptions())
         self._garbage_task: asyncio.Task[None] | None = None
         self._workers: list[asyncio.Task[None]] = []
         #: The cancellations of the passes running now; ``stop`` cancels them.
@@ -408,7 +414,7 @@ class Controller:
         try:
             with running_pass(cancellation), self.metrics.bound(self.name):
                 result = await self.reconciler.reconcile(key)
-                await sync_sub_resources(self, key)
+                await sync_sub_resources(self.handle, key)
         except asyncio.CancelledError:
             raise
         except PassCancelled as err:
@@ -455,3 +461,80 @@ class Controller:
             self.series.reconciled(outcome, seconds)
             self.metrics.observe_reconcile(self.name, outcome, seconds)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+
+
+class _Handle:
+    """``ControllerHandle`` over one controller: what runs beside it reads and does this, no more."""
+
+    def __init__(self, controller: Controller) -> None:
+        self._controller = controller
+
+    @property
+    def name(self) -> str:
+        return self._controller.name
+
+    @property
+    def adapter(self) -> ReconcileAdapter:
+        return self._controller.adapter
+
+    @property
+    def employer(self) -> Resource:
+        return self._controller.spec.employer
+
+    @property
+    def client(self) -> KubeClient:
+        return self._controller.client
+
+    @property
+    def reader(self) -> CacheReader:
+        return self._controller.reader
+
+    @property
+    def recorder(self) -> EventSink:
+        return self._controller.reconciler.recorder
+
+    @property
+    def synced(self) -> bool:
+        return self._controller.informers.has_synced
+
+    @property
+    def namespace(self) -> str | None:
+        return self._controller.informers.namespace
+
+    @property
+    def follows_lifecycle(self) -> bool:
+        return self._controller.reconciler.follows_lifecycle
+
+    @property
+    def employees_in_members(self) -> bool:
+        return self._controller.employees_in_members
+
+    def watches(self, key: str) -> bool:
+        namespace = self.namespace
+        return namespace is None or not self.employer.namespaced or key.rpartition("/")[0] == namespace
+
+    def claim(self, key: str) -> bool:
+        return self._controller.queue.claim(key)
+
+    def done(self, key: str) -> None:
+        self._controller.queue.done(key)
+
+    def context(self, key: str) -> ReconcileContext:
+        return self._controller.reconciler.context(key)
+
+    async def run_pass(self, key: str, *, stand_in: KubeObject | None = None) -> Result:
+        controller = self._controller
+        cancellation = Cancellation()
+        # Registered like a worker's pass, so that ``Controller.stop`` cancels it too.
+        controller._in_flight.add(cancellation)
+        try:
+            with running_pass(cancellation), controller.metrics.bound(controller.name):
+                return await controller.reconciler.reconcile(key, stand_in=stand_in)
+        finally:
+            controller._in_flight.discard(cancellation)
+
+    def count_collected(self) -> None:
+        self._controller.metrics.orphans_collected.labels(self.name).inc()
+
+    def report_held(self, pods: int) -> None:
+        self._controller.metrics.pods_held_by_gone_employers.labels(self.name).set(pods)

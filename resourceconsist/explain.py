@@ -326,11 +326,13 @@ class Explainer:
                 found.append(resource)
         return found
 
-    def _context(self, adapter: ReconcileAdapter, employer: KubeObject) -> ReconcileContext:
+    def _context(self, adapter: ReconcileAdapter, employer: KubeObject | None) -> ReconcileContext:
+        """What explain's adapter calls get: the snapshot to read, and no writer or recorder
+        (explain writes nothing); ``employer`` None: the call is about no one employer."""
         return ReconcileContext(
             reader=self.reader,
             controller=adapter.get_controller_name(),
-            employer_key=kube.object_key(employer),
+            employer_key="" if employer is None else kube.object_key(employer),
         )
 
     async def _provider_view(self, adapter: ReconcileAdapter, employer: KubeObject) -> _Consulted:
@@ -526,7 +528,7 @@ class Explainer:
         held: list[str] = []
         for adapter in listing:
             name = adapter.get_controller_name()
-            ctx = ReconcileContext(reader=self.reader, controller=name, employer_key="")
+            ctx = self._context(adapter, None)
             try:
                 if name not in self._owned:
                     self._owned[name] = list(await call_adapter(adapter.list_owned, ctx))

@@ -2,8 +2,9 @@
 
 It rides on the official client's ``ApiClient`` for configuration, authentication and TLS
 (kubeconfig, in-cluster, exec plugins), and speaks plain JSON so any kind works the same,
-CRDs included, without the official models' deserialization cost. Blocking calls run in worker
-threads; the ``a*`` methods are their awaitable twins for the event loop. Every request is
+CRDs included, without the official models' deserialization cost. Every call blocks, and has
+no awaitable twin: async code runs it in the frame's threads (``asyncio.to_thread``; the one
+rule for sync and async is resourceconsist.cancellation's). Every request is
 counted per verb so tests and metrics can prove steady state makes no writes, and handed with its
 answer code and duration to the observers (``observe_requests``: the manager's ``rest_client_*``
 series, docs/observability.md).

@@ -123,6 +123,7 @@ class Manager:
             member_clusters=members,
             metrics=self.metrics,
             garbage=self.options.garbage,
+            full_pass_every=self.options.full_pass_every,
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)

@@ -12,13 +12,17 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass, field
-from typing import TypedDict
+from typing import Final, TypedDict
 
 from resourceconsist.errors import InvalidOptions, check_seconds
 
 
 def _identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+
+
+#: The default of ``ManagerOptions.full_pass_every``: an employer's memo is rebuilt at least this often.
+DEFAULT_FULL_PASS_EVERY: Final = 300.0
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,10 @@ class ManagerOptions:
     namespace: str | None = None
     #: Seconds between full resyncs of every informer cache; None: never (events only).
     resync_period: float | None = None
+    #: Seconds after which an employer's next pass is a full one whatever changed, so state an
+    #: adapter keeps in its memo can never drift for long (docs/concepts.md, "Work proportional
+    #: to change"); 0: every pass is a full one.
+    full_pass_every: float = DEFAULT_FULL_PASS_EVERY
     #: ``(host, port)`` of ``/metrics`` (controller-runtime's ``Metrics.BindAddress``; an empty
     #: host: every interface; port 0: any free port); None: not served. ``resourceconsist run``
     #: and ``webhook`` serve it on ``:8080`` (``--metrics-bind-address``; ``0`` turns it off).
@@ -117,6 +125,7 @@ class ManagerOptions:
 
     def __post_init__(self) -> None:
         check_seconds("resync_period", self.resync_period)
+        check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
         for name in ("metrics_address", "health_probe_address", "health_address"):
             address = getattr(self, name)
@@ -140,6 +149,7 @@ class ManagerKeywords(TypedDict, total=False):
 
     namespace: str | None
     resync_period: float | None
+    full_pass_every: float
     metrics_address: tuple[str, int] | None
     health_probe_address: tuple[str, int] | None
     health_address: tuple[str, int] | None

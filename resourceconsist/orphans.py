@@ -31,23 +31,23 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
 
 from resourceconsist import kube, marks
-from resourceconsist.adapter import (
-    CompleteListingOptions,
-    OrphanCollectOptions,
-    OwnedItem,
-    ReconcileContext,
-)
-from resourceconsist.cancellation import Cancellation, call_adapter, running_pass
+from resourceconsist.adapter import CompleteListingOptions, OrphanCollectOptions, OwnedItem
+from resourceconsist.cache import CacheNotSynced
+from resourceconsist.cancellation import call_adapter
 from resourceconsist.events import MAX_MESSAGE
+from resourceconsist.handle import ControllerHandle
 from resourceconsist.kube import KubeObject
 from resourceconsist.marks import Hold
 from resourceconsist.options import GarbageOptions
-
-if TYPE_CHECKING:
-    from resourceconsist.controller import Controller
+from resourceconsist.subresources import (
+    OWNER_ANNOTATION,
+    OWNER_CONTROLLER_LABEL,
+    OWNER_UID_LABEL,
+    cluster_scoped_kinds,
+    label_value,
+)
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,9 @@ def stand_in(resource: kube.Resource, key: str, item: OwnedItem) -> KubeObject:
 
 
 class GarbageCollector:
-    """One controller's garbage pass, and its loop."""
+    """One controller's garbage pass, and its loop; it sees the controller through its handle."""
 
-    def __init__(self, controller: Controller, options: GarbageOptions) -> None:
+    def __init__(self, controller: ControllerHandle, options: GarbageOptions) -> None:
         self.controller = controller
         self.options = options
         self.last_report: GarbageReport | None = None
@@ -123,13 +123,11 @@ class GarbageCollector:
 
     @property
     def wanted(self) -> bool:
-        from resourceconsist.subresources import cluster_scoped_kinds
-
         adapter = self.controller.adapter
         return self.options.enabled and (
             isinstance(adapter, OrphanCollectOptions)
             or bool(cluster_scoped_kinds(adapter))
-            or self.controller.reconciler.follows_lifecycle
+            or self.controller.follows_lifecycle
         )
 
     async def run(self) -> None:
@@ -151,25 +149,17 @@ class GarbageCollector:
             await asyncio.sleep(delay)
 
     async def run_once(self) -> GarbageReport:
-        from resourceconsist.subresources import collect_strays
-
         controller = self.controller
         report = GarbageReport(dry_run=self.options.dry_run)
-        if not controller.informers.has_synced:
+        if not controller.synced:
             # An empty cache would make every owner look gone.
-            raise RuntimeError(f"{controller.name}: caches not synced; no garbage pass")
+            raise CacheNotSynced(f"{controller.name}: caches not synced; no garbage pass")
         adapter = controller.adapter
         # None: nothing can be collected this pass (why_not says why); unknown releases nothing.
         by_owner: dict[str, list[OwnedItem]] | None = None
         why_not: str | None = CANNOT_LIST
         if isinstance(adapter, OrphanCollectOptions):
-            ctx = ReconcileContext(
-                reader=controller.reader,
-                controller=controller.name,
-                employer_key="",
-                writer=controller.client,
-                recorder=controller.reconciler.recorder,
-            )
+            ctx = controller.context("")
             try:
                 owned: list[OwnedItem] = list(await call_adapter(adapter.list_owned, ctx))
             except asyncio.CancelledError:
@@ -187,7 +177,7 @@ class GarbageCollector:
         # for a hash no known name explains, a list of the namespace's Events.
         held = await asyncio.to_thread(self.gone_holds)
         for key in sorted(set(by_owner or {}) | set(held)):
-            if not self.watches(key):
+            if not controller.watches(key):
                 continue
             holds = held.get(key, [])
             if holds and not holds[0][1].employer:
@@ -203,8 +193,8 @@ class GarbageCollector:
             if key in report.held and key not in report.collected
             for _, hold in pods
         }
-        controller.metrics.pods_held_by_gone_employers.labels(controller.name).set(len(still_held))
-        await collect_strays(controller, report, dry_run=self.options.dry_run)
+        controller.report_held(len(still_held))
+        await self._collect_strays(report)
         self.passes += 1
         self.last_report = report
         if report.orphans or report.strays or report.held:
@@ -222,21 +212,11 @@ class GarbageCollector:
             )
         return report
 
-    def watches(self, key: str) -> bool:
-        """The owner is in what this manager watches (a namespace-bound manager collects in its
-        namespace only: elsewhere its cache cannot see the pods to release)."""
-        namespace = self.controller.informers.namespace
-        return (
-            namespace is None
-            or not self.controller.spec.employer.namespaced
-            or key.rpartition("/")[0] == namespace
-        )
-
     async def owner_exists(self, key: str) -> bool:
         """The employer ``key`` is in the cache or, asked live, in the API server."""
         controller = self.controller
         namespace, _, name = key.rpartition("/")
-        resource = controller.spec.employer
+        resource = controller.employer
         if controller.reader.get(resource, namespace or None, name) is not None:
             return True
         live = await asyncio.to_thread(controller.client.get_or_none, resource, namespace or None, name)
@@ -250,16 +230,12 @@ class GarbageCollector:
         Only for namespaced employers whose pods, in this cluster, follow PodOpsLifecycle: pods
         in member clusters are not in this cache."""
         controller = self.controller
-        resource = controller.spec.employer
-        if (
-            not resource.namespaced
-            or not controller.reconciler.follows_lifecycle
-            or controller.employees_in_members
-        ):
+        resource = controller.employer
+        if not resource.namespaced or not controller.follows_lifecycle or controller.employees_in_members:
             return {}
         kind = resource.kind
         by_namespace: dict[str, list[KubeObject]] = {}
-        for pod in controller.reader.list(kube.POD, controller.informers.namespace):
+        for pod in controller.reader.list(kube.POD, controller.namespace):
             if marks.entry_names(pod, kind) or any(
                 marks.digest_of(f) for f in pod["metadata"].get("finalizers") or []
             ):
@@ -317,8 +293,8 @@ class GarbageCollector:
         the controller cannot collect it, and the command that releases a pod by hand. Each pod
         and employer once per controller lifetime (the log line too)."""
         controller = self.controller
-        kind = controller.spec.employer.kind
-        recorder = controller.reconciler.recorder
+        kind = controller.employer.kind
+        recorder = controller.recorder
         namespace = key.rpartition("/")[0]
         fresh = [(pod, hold) for pod, hold in holds if (f"{namespace}/{hold.pod}", key) not in self._told]
         for pod, hold in fresh:
@@ -363,8 +339,7 @@ class GarbageCollector:
         that cannot be collected keeps no pod un-Ready. Its finalizers stay."""
         controller = self.controller
         try:
-            with controller.metrics.bound(controller.name):
-                await controller.reconciler.reconcile(key)
+            await controller.run_pass(key)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -380,7 +355,7 @@ class GarbageCollector:
         if peers:
             return (
                 f"controllers {', '.join(sorted(peers))} of this manager employ "
-                f"{self.controller.spec.employer.kind} too, and nothing listed ties {key} to "
+                f"{self.controller.employer.kind} too, and nothing listed ties {key} to "
                 f"{self.controller.name}"
             )
         return None
@@ -396,12 +371,11 @@ class GarbageCollector:
         """Collect the gone employer ``key``: the items the adapter listed for it, and the pods
         its marks still hold; with ``why_not`` (nothing can be collected), tell the operator."""
         controller = self.controller
-        queue = controller.queue
-        resource = controller.spec.employer
+        resource = controller.employer
         namespace, _, name = key.rpartition("/")
         if controller.reader.get(resource, namespace or None, name) is not None:
             return  # alive: not an orphan
-        if not queue.claim(key):
+        if not controller.claim(key):
             report.skipped[key] = BUSY
             return
         try:
@@ -438,13 +412,8 @@ class GarbageCollector:
                 labels={k: v for item in items for k, v in item.labels.items()},
                 annotations={k: v for item in items for k, v in item.annotations.items()},
             )
-            cancellation = Cancellation()
-            controller._in_flight.add(cancellation)
             try:
-                with running_pass(cancellation), controller.metrics.bound(controller.name):
-                    result = await controller.reconciler.reconcile(
-                        key, stand_in=stand_in(resource, key, merged)
-                    )
+                result = await controller.run_pass(key, stand_in=stand_in(resource, key, merged))
             except asyncio.CancelledError:
                 raise
             except Exception as err:
@@ -455,27 +424,80 @@ class GarbageCollector:
                         key, holds, f"collecting it failed (tried again every {self.options.retry:g}s): {err}"
                     )
                 return
-            finally:
-                controller._in_flight.discard(cancellation)
             if not result.collected:
                 report.pending.append(key)
                 return
             report.collected.append(key)
             for item in items:
                 log.info("%s: collected %s of gone %s", controller.name, item.id, key)
-                controller.metrics.orphans_collected.labels(controller.name).inc()
+                controller.count_collected()
             done = [f"deleted {', '.join(i.id for i in items)}"] if items else []
             if pods:
                 done.append(f"released pods {', '.join(pods)}")
                 log.info("%s: released %s from gone %s", controller.name, ", ".join(pods), key)
-            await controller.reconciler.recorder.event(
+            await controller.recorder.event(
                 _namespace_object(namespace),
                 "Normal",
                 COLLECTED_REASON,
                 f"{controller.name}: {' and '.join(done)} left by gone {key}",
             )
         finally:
-            queue.done(key)
+            controller.done(key)
+
+    async def _collect_strays(self, report: GarbageReport) -> None:
+        """Delete this controller's cluster-scoped sub-resources (resourceconsist/subresources.py)
+        whose owner employer is gone."""
+        controller = self.controller
+        dry_run = self.options.dry_run
+        client = controller.client
+        selector = f"{OWNER_CONTROLLER_LABEL}={label_value(controller.name)}"
+        for api_version, kind in cluster_scoped_kinds(controller.adapter):
+            res = await asyncio.to_thread(client.resource, api_version, kind)
+            if res.namespaced:
+                continue  # owner references: Kubernetes' garbage collector deletes them
+            listing = await asyncio.to_thread(client.list, res, None, label_selector=selector)
+            for obj in listing.get("items") or []:
+                meta = obj["metadata"]
+                key = str((meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""))
+                uid = str((meta.get("labels") or {}).get(OWNER_UID_LABEL, ""))
+                if not key or not controller.watches(key):
+                    continue  # not written by the frame, or for a namespace this manager does not watch
+                if _owner_alive(controller.reader.get(controller.employer, *_split(key)), uid):
+                    continue
+                if not controller.claim(key):
+                    report.skipped[f"{kind}/{meta['name']}"] = BUSY
+                    continue
+                try:
+                    live = await asyncio.to_thread(client.get_or_none, controller.employer, *_split(key))
+                    if _owner_alive(live, uid):
+                        continue
+                    report.strays.append(f"{kind}/{meta['name']}")
+                    if dry_run:
+                        log.info(
+                            "%s: would delete %s %s of gone %s (dry run)",
+                            controller.name,
+                            kind,
+                            meta["name"],
+                            key,
+                        )
+                        continue
+                    try:
+                        await asyncio.to_thread(client.delete, res, None, meta["name"])
+                    except kube.NotFound:
+                        continue
+                    controller.count_collected()
+                    log.info("%s: deleted %s %s of gone %s", controller.name, kind, meta["name"], key)
+                finally:
+                    controller.done(key)
+
+
+def _split(key: str) -> tuple[str | None, str]:
+    namespace, _, name = key.rpartition("/")
+    return namespace or None, name
+
+
+def _owner_alive(employer: KubeObject | None, uid: str) -> bool:
+    return employer is not None and label_value(str(employer["metadata"].get("uid", ""))) == uid
 
 
 def _namespace_object(namespace: str) -> KubeObject:

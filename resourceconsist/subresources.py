@@ -15,19 +15,15 @@ import copy
 import hashlib
 import logging
 import re
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter, SubResourceOptions
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.errors import ResourceConsistError
+from resourceconsist.handle import ControllerHandle
 from resourceconsist.kube import KubeClient, KubeObject, Resource
-from resourceconsist.orphans import BUSY
 from resourceconsist.reconcile import ReconcileError
-
-if TYPE_CHECKING:
-    from resourceconsist.controller import Controller
-    from resourceconsist.orphans import GarbageReport
 
 log = logging.getLogger(__name__)
 
@@ -57,28 +53,28 @@ def cluster_scoped_kinds(adapter: ReconcileAdapter) -> list[tuple[str, str]]:
     return list(adapter.sub_resource_kinds()) if isinstance(adapter, SubResourceOptions) else []
 
 
-async def sync_sub_resources(controller: Controller, key: str) -> int:
+async def sync_sub_resources(controller: ControllerHandle, key: str) -> int:
     """Create or update the sub-resources of the live employer ``key``; how many were written."""
     adapter = controller.adapter
     if not isinstance(adapter, SubResourceOptions):
         return 0
     namespace, _, name = key.rpartition("/")
-    employer = controller.reader.get(controller.spec.employer, namespace or None, name)
+    employer = controller.reader.get(controller.employer, namespace or None, name)
     if employer is None or lifecycle.is_deleting(employer):
         return 0  # namespaced ones go with it (owner references), cluster-scoped ones are collected
-    ctx = controller.reconciler.context(key)
+    ctx = controller.context(key)
     written = 0
     try:
         desired: list[KubeObject] = list(await call_adapter(adapter.sub_resources, ctx, employer))
         for obj in desired:
             if await asyncio.to_thread(
-                ensure, controller.client, controller.name, controller.spec.employer, employer, obj
+                ensure, controller.client, controller.name, controller.employer, employer, obj
             ):
                 written += 1
     except Exception as err:
         message = f"sync sub-resources failed: {err}"
         log.warning("%s %s: %s", controller.name, key, message)
-        await controller.reconciler.recorder.event(employer, "Warning", SYNC_FAILED_REASON, message)
+        await controller.recorder.event(employer, "Warning", SYNC_FAILED_REASON, message)
         # Retried with the controller's backoff, like any failed pass.
         raise ReconcileError(None, message) from err
     return written
@@ -151,57 +147,3 @@ def _contains(actual: Any, wanted: Any) -> bool:
             and all(_contains(a, w) for a, w in zip(actual, wanted, strict=True))
         )
     return bool(actual == wanted)
-
-
-async def collect_strays(controller: Controller, report: GarbageReport, *, dry_run: bool) -> None:
-    """Delete this controller's cluster-scoped sub-resources whose owner employer is gone."""
-    kinds = cluster_scoped_kinds(controller.adapter)
-    client = controller.client
-    selector = f"{OWNER_CONTROLLER_LABEL}={label_value(controller.name)}"
-    for api_version, kind in kinds:
-        res = await asyncio.to_thread(client.resource, api_version, kind)
-        if res.namespaced:
-            continue  # owner references: Kubernetes' garbage collector deletes them
-        listing = await asyncio.to_thread(client.list, res, None, label_selector=selector)
-        for obj in listing.get("items") or []:
-            meta = obj["metadata"]
-            key = str((meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""))
-            uid = str((meta.get("labels") or {}).get(OWNER_UID_LABEL, ""))
-            if not key or not controller.garbage.watches(key):
-                continue  # not written by the frame, or for a namespace this manager does not watch
-            if _owner_alive(controller.reader.get(controller.spec.employer, *_split(key)), uid):
-                continue
-            if not controller.queue.claim(key):
-                report.skipped[f"{kind}/{meta['name']}"] = BUSY
-                continue
-            try:
-                live = await asyncio.to_thread(client.get_or_none, controller.spec.employer, *_split(key))
-                if _owner_alive(live, uid):
-                    continue
-                report.strays.append(f"{kind}/{meta['name']}")
-                if dry_run:
-                    log.info(
-                        "%s: would delete %s %s of gone %s (dry run)",
-                        controller.name,
-                        kind,
-                        meta["name"],
-                        key,
-                    )
-                    continue
-                try:
-                    await asyncio.to_thread(client.delete, res, None, meta["name"])
-                except kube.NotFound:
-                    continue
-                controller.metrics.orphans_collected.labels(controller.name).inc()
-                log.info("%s: deleted %s %s of gone %s", controller.name, kind, meta["name"], key)
-            finally:
-                controller.queue.done(key)
-
-
-def _split(key: str) -> tuple[str | None, str]:
-    namespace, _, name = key.rpartition("/")
-    return namespace or None, name
-
-
-def _owner_alive(employer: KubeObject | None, uid: str) -> bool:
-    return employer is not None and label_value(str(employer["metadata"].get("uid", ""))) == uid

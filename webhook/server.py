@@ -345,7 +345,8 @@ class WebhookServer:
         if bootstrap is None:
             raise RuntimeError("this server has no bootstrap options (WebhookOptions.bootstrap is None)")
         client = self._informers.client
-        self.last_bootstrap = await call_adapter(
+        # The frame's own API writes run in its own pool, never the adapters' (resourceconsist.cancellation).
+        self.last_bootstrap = await asyncio.to_thread(
             ensure_webhook_certificates, client, self.options.cert_dir, bootstrap
         )
         if bootstrap.webhook_url is not None:

@@ -14,6 +14,7 @@ docs/alibabacloudslb.md, "Tags and the garbage search".
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,7 +23,9 @@ from resourceconsist.cancellation import call_adapter
 
 from . import config
 from .slbclient import MAX_LOAD_BALANCERS_PER_PAGE, SLBClient, SLBNotFound, VServerGroup
-from .strategy import log
+
+#: The adapter's logger, as strategy.py's: the search's lines read as the adapter's.
+log = logging.getLogger("resourceconsist.adapters.alibabacloudslb.adapter")
 
 
 @dataclass

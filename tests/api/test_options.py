@@ -12,12 +12,15 @@ from typing import Any
 
 import click
 import pytest
+from kubernetes import client as k8s
 
 from resourceconsist import cli
 from resourceconsist.errors import InvalidOptions
+from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
 from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.testing.controlplane import free_port
 from resourceconsist.webhook import BootstrapOptions, ConnectionLimits, WebhookOptions
 
 # -- validation ------------------------------------------------------------------------------
@@ -41,6 +44,7 @@ def test_a_renew_deadline_not_shorter_than_the_lease_is_refused_naming_both() ->
 BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
     (ManagerOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
     (ManagerOptions, {"resync_period": 0}, "resync period must be more than 0 seconds (got 0)"),
+    (ManagerOptions, {"full_pass_every": -1}, "full pass every must be 0 or more seconds (got -1)"),
     (ManagerOptions, {"health_address": ("127.0.0.1", 70000)}, "has no valid port (0 to 65535)"),
     (ManagerOptions, {"metrics_address": ("", -1)}, "metrics address :-1 has no valid port"),
     (
@@ -244,6 +248,7 @@ def test_help_shows_the_defaults_of_the_options() -> None:
         ),
         (("--shutdown-timeout", "-1"), "--shutdown-timeout", "shutdown timeout must be 0 or more seconds"),
         (("--resync-seconds", "-3"), "--resync-seconds", "resync period must be more than 0 seconds"),
+        (("--full-pass-every", "-1"), "--full-pass-every", "full pass every must be 0 or more seconds"),
         (("--webhook-port", "70000"), "--webhook-port", "port must be 0 to 65535"),
         (("--webhook-url", "http://127.0.0.1:9443"), "--webhook-url", "is not an https:// URL"),
     ],
@@ -285,3 +290,19 @@ def test_the_deprecated_health_address_serves_all_three_alone(caplog: pytest.Log
     assert record.getMessage().startswith("deprecated: --health-address; use --health-probe-bind-address")
     with pytest.raises(click.UsageError, match="drop it, or drop --metrics-bind-address"):
         cli._manager_options(_flags(cli.run, "--health-address", ":9090", "--metrics-bind-address", ":1"))
+
+
+async def test_the_full_pass_interval_reaches_every_controllers_reconciler() -> None:
+    # docs/concepts.md, "Work proportional to change": the flag, then the option, then the pass.
+    options = cli._manager_options(_flags(cli.run, "--full-pass-every", "0"))
+    assert options.full_pass_every == 0
+    assert ManagerOptions().full_pass_every == 300.0
+    configuration = k8s.Configuration()
+    configuration.host = f"http://127.0.0.1:{free_port()}"  # never asked: the manager is not started
+    client = KubeClient(k8s.ApiClient(configuration))
+    try:
+        manager = Manager(client, options)
+        controller = await manager.add(DemoAdapter())
+        assert controller.reconciler.full_pass_every == 0
+    finally:
+        client.close()

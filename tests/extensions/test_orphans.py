@@ -15,6 +15,7 @@ command, the gauge, ``explain pod``); a re-created Service of the same name keep
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shlex
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
 from resourceconsist import kube, lifecycle, marks, wire
 from resourceconsist.adapters.alibabacloudslb import (
@@ -31,6 +33,7 @@ from resourceconsist.adapters.alibabacloudslb import (
     SLBAdapter,
 )
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, VServerGroup
+from resourceconsist.cache import CacheNotSynced, InformerFactory
 from resourceconsist.controller import Controller
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
 from resourceconsist.explain import Explainer, pod_lines
@@ -46,6 +49,7 @@ from resourceconsist.orphans import (
     GarbageReport,
 )
 from resourceconsist.testing import Cluster, async_wait_for, condition, finalizers
+from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
 GROUP = "resourceconsist/{ns}/web"
@@ -628,3 +632,22 @@ async def test_a_release_command_too_long_for_an_event_is_left_to_explain(
     pod = await cluster.get(kube.POD, "web-0")
     assert FLZ not in finalizers(pod)
     assert set(lifecycle.expected_finalizers(pod)) == {k for k in entries if k.startswith("Gateway/")}
+
+
+async def test_a_garbage_pass_before_the_caches_sync_says_so_and_collects_nothing() -> None:
+    # An empty cache would make every owner look gone: the pass refuses, with the cache's error.
+    configuration = k8s.Configuration()
+    configuration.host = f"http://127.0.0.1:{free_port()}"  # an API server that is not there
+    client = KubeClient(k8s.ApiClient(configuration))
+    provider = FakeProvider()
+    provider.put_vip("create_vip", "default/gone", VipStatus(vip="10.0.0.1", qps=1))
+    informers = InformerFactory(client)
+    try:
+        controller = Controller(DemoAdapter(provider), client, informers)
+        controller.warm_caches()  # its informers exist, and cannot list
+        with pytest.raises(CacheNotSynced, match="caches not synced; no garbage pass"):
+            await controller.garbage.run_once()
+        assert provider.vips and provider.mutating_calls() == 1  # only the test's own create
+    finally:
+        await asyncio.to_thread(informers.stop)
+        client.close()

@@ -6,15 +6,26 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import threading
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
-from resourceconsist import kube
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.adapter import Employee, Employer, OwnedItem, ReconcileContext
 from resourceconsist.cache import CacheNotSynced, InformerFactory
-from resourceconsist.cancellation import Cancellation, call_adapter, current_cancellation, running_pass
+from resourceconsist.cancellation import (
+    ADAPTER_THREADS,
+    Cancellation,
+    call_adapter,
+    current_cancellation,
+    running_pass,
+)
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeClient
+from resourceconsist.experimental.demo import DemoAdapter
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.testing import Cluster, async_wait_for
 from resourceconsist.testing.controlplane import free_port
 
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
@@ -76,3 +87,145 @@ async def test_an_unsynced_cache_read_on_the_event_loop_raises_instead_of_blocki
     finally:
         await call_adapter(factory.stop)
         client.close()
+
+
+# -- a hung provider fills the adapters' threads only -------------------------------------------------
+
+
+class HangingForOneEmployer(DemoAdapter):
+    """The demo adapter with coroutine methods (they run on the loop, as an async adapter's do).
+    For the Service ``stuck``, reading the provider's backends sends as many requests at once as
+    ``ADAPTER_THREADS`` has threads, through ``call_adapter`` as an adapter's blocking provider
+    client goes, and every one hangs until ``release`` is set: a provider that stopped answering."""
+
+    def __init__(self, release: threading.Event) -> None:
+        super().__init__()
+        self.release = release
+        self.hung = 0
+        self._count = threading.Lock()
+
+    def _hang(self) -> None:
+        with self._count:
+            self.hung += 1
+        self.release.wait()
+
+    async def get_current_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:  # type: ignore[override]
+        if employer["metadata"]["name"] == "stuck":
+            await asyncio.gather(*(call_adapter(self._hang) for _ in range(ADAPTER_THREADS._max_workers)))
+        return super().get_current_employee(ctx, employer)
+
+    async def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:  # type: ignore[override]
+        return super().get_selected_employee_names(ctx, employer)
+
+    async def get_expected_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:  # type: ignore[override]
+        return super().get_expected_employer(ctx, employer)
+
+    async def get_current_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:  # type: ignore[override]
+        return super().get_current_employer(ctx, employer)
+
+    async def create_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, items: list[Employer]
+    ) -> Any:  # type: ignore[override]
+        return super().create_employer(ctx, employer, items)
+
+    async def update_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, items: list[Employer]
+    ) -> Any:  # type: ignore[override]
+        return super().update_employer(ctx, employer, items)
+
+    async def delete_employer(
+        self, ctx: ReconcileContext, employer: KubeObject, items: list[Employer]
+    ) -> Any:  # type: ignore[override]
+        return super().delete_employer(ctx, employer, items)
+
+    async def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:  # type: ignore[override]
+        return super().get_expected_employee(ctx, employer)
+
+    async def create_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, items: list[Employee]
+    ) -> Any:  # type: ignore[override]
+        return super().create_employees(ctx, employer, items)
+
+    async def update_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, items: list[Employee]
+    ) -> Any:  # type: ignore[override]
+        return super().update_employees(ctx, employer, items)
+
+    async def delete_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, items: list[Employee]
+    ) -> Any:  # type: ignore[override]
+        return super().delete_employees(ctx, employer, items)
+
+    async def record_statuses(self, *args: Any) -> None:  # type: ignore[override]
+        super().record_statuses(*args)
+
+    async def record_error_conditions(self, *args: Any) -> None:  # type: ignore[override]
+        super().record_error_conditions(*args)
+
+    async def list_owned(self, ctx: ReconcileContext) -> list[OwnedItem]:  # type: ignore[override]
+        return super().list_owned(ctx)
+
+
+async def test_a_hung_provider_never_holds_up_the_frames_own_writes(
+    cluster: Cluster, run_manager: Callable[..., Any]
+) -> None:
+    # docs/concepts.md, "The runtime": the finalizers, record annotations and readiness gates
+    # that keep the promise are written through the frame's own threads, which a provider that
+    # hangs cannot fill.
+    release = threading.Event()
+    adapter = HangingForOneEmployer(release)
+    client, namespace = cluster.client, cluster.namespace
+    probe: asyncio.Task[Any] | None = None
+    async with run_manager(adapter):
+        try:
+            await asyncio.to_thread(client.create, kube.SERVICE, namespace, _service("stuck"))
+            await async_wait_for(
+                lambda: adapter.hung == ADAPTER_THREADS._max_workers,
+                timeout=30,
+                message="every adapter thread hung in the provider",
+            )
+            # A call behind them waits for a thread: the adapters' pool is full.
+            probe = asyncio.create_task(call_adapter(lambda: "ran"))
+            gate = lifecycle.readiness_gate("web")
+            pod = {
+                "metadata": {"name": "web-0", "labels": {"app": "web"}},
+                "spec": {
+                    "containers": [{"name": "app", "image": "nginx"}],
+                    "readinessGates": [{"conditionType": gate}],
+                },
+            }
+            await asyncio.to_thread(client.create, kube.POD, namespace, pod)
+            await asyncio.to_thread(client.create, kube.SERVICE, namespace, _service("web"))
+
+            async def written() -> tuple[KubeObject, KubeObject] | None:
+                service = await asyncio.to_thread(client.get, kube.SERVICE, namespace, "web")
+                pod = await asyncio.to_thread(client.get, kube.POD, namespace, "web-0")
+                annotations = service["metadata"].get("annotations") or {}
+                if (
+                    wire.CLEAN_FINALIZER in (service["metadata"].get("finalizers") or [])
+                    and "web-0" in annotations.get(wire.EXPECTED_FINALIZER_ADDED_ANNOTATION, "")
+                    and lifecycle.pod_condition(pod, gate) is not None
+                ):
+                    return service, pod
+                return None
+
+            found = await async_wait_for(
+                written, timeout=60, interval=0.2, message="the frame's writes for web"
+            )
+            assert found is not None
+            _, written_pod = found
+            condition = lifecycle.pod_condition(written_pod, gate)
+            assert condition is not None and condition["status"] == "False"  # not ready: not served
+            assert lifecycle.expected_finalizers(written_pod)  # the pod's entry, by the pod writer
+            assert adapter.hung == ADAPTER_THREADS._max_workers
+            assert not probe.done(), "the adapters' pool had a free thread: the test proves nothing"
+        finally:
+            release.set()
+        assert probe is not None and await probe == "ran"
+
+
+def _service(name: str) -> KubeObject:
+    return {
+        "metadata": {"name": name, "labels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
+        "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
+    }

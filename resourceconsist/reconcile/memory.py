@@ -1,0 +1,97 @@
+"""What the reconciler keeps of one employer between its passes: one ``EmployerMemory`` record."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Streak:
+    """How long one failure left to retries has lasted: since when, over how many passes."""
+
+    since: float
+    passes: int = 0
+
+
+@dataclass
+class EmployerMemory:
+    """What the reconciler keeps of one employer between its passes, in one record, so that
+    forgetting an employer is one operation (``Reconciler._forget``)."""
+
+    #: The adapter's ``ReconcileContext.memo``.
+    memo: dict[str, Any] = field(default_factory=dict)
+    #: Employee names whose events arrived since its last pass began; None: the next pass is a
+    #: full one (docs/concepts.md, "Work proportional to change").
+    changes: set[str] | None = field(default_factory=set)
+    #: When its last completed full pass began (monotonic seconds).
+    full_pass_at: float | None = None
+    #: Registrations the provider held without their pod's guard, as the last pass found them
+    #: (the invariant, live: it should read 0; docs/concepts.md); None: not counted yet.
+    unguarded: int | None = None
+    #: What its subscribers were last told, by pod ("": the employer itself).
+    told: dict[str, str] = field(default_factory=dict)
+    #: The failures left to retries its consecutive passes met.
+    streaks: dict[tuple[str, ...], Streak] = field(default_factory=dict)
+
+
+class Memories:
+    """The ``EmployerMemory`` of every employer a reconciler has met, by employer key."""
+
+    def __init__(self) -> None:
+        self._by_key: dict[str, EmployerMemory] = {}
+
+    def of(self, key: str) -> EmployerMemory:
+        """The employer's record (a new one the first time)."""
+        found = self._by_key.get(key)
+        if found is None:
+            found = self._by_key[key] = EmployerMemory()
+        return found
+
+    def told(self, key: str) -> dict[str, str]:
+        """What subscribers were last told about the employer ``key``, by pod (read only)."""
+        found = self._by_key.get(key)
+        return {} if found is None else found.told
+
+    def unguarded(self) -> dict[str, int]:
+        """Per employer key: the unguarded registrations its last pass found."""
+        return {key: m.unguarded for key, m in self._by_key.items() if m.unguarded is not None}
+
+    def employee_changed(self, key: str, name: str) -> None:
+        pending = self.of(key).changes
+        if pending is not None:
+            pending.add(name)
+
+    def employer_changed(self, key: str) -> None:
+        self.of(key).changes = None
+
+    def take_changes(self, key: str, full_pass_every: float) -> frozenset[str] | None:
+        """The employee names changed since the employer's last pass (and forget them); None
+        when the pass must be a full one: the employer changed, it never had a full pass, or
+        its last one began ``full_pass_every`` seconds ago or more."""
+        memory = self.of(key)
+        pending, memory.changes = memory.changes, set()
+        last_full = memory.full_pass_at
+        if pending is None or last_full is None or time.monotonic() - last_full >= full_pass_every:
+            return None
+        return frozenset(pending)
+
+    def forget(self, key: str) -> bool:
+        """Drop the employer's record, in one piece; what its subscribers were told stays until
+        they are told it is deleted (``told_deleted``). True when it counted unguarded pods."""
+        memory = self._by_key.pop(key, None)
+        if memory is None:
+            return False
+        if memory.told:
+            self._by_key[key] = EmployerMemory(told=memory.told)
+        return bool(memory.unguarded)
+
+    def told_deleted(self, key: str) -> None:
+        """Its subscribers were told the employer is deleted: nothing is left to tell them."""
+        memory = self._by_key.get(key)
+        if memory is None:
+            return
+        memory.told.clear()
+        if memory == EmployerMemory():
+            del self._by_key[key]  # forgotten before: what it was told was all that was left

@@ -1,0 +1,72 @@
+"""Where one adapter's pod employees live, and what the pass reads of them: the main cluster's
+pods, or, named ``pod#cluster``, those of member clusters; each pod's freshest copy (the cache,
+with this reconciler's own recent writes: podwriter.RecentWrites).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from resourceconsist import wire
+from resourceconsist.interfaces import ObjectReader, ObjectWriter
+from resourceconsist.kube import KubeObject
+from resourceconsist.podwriter import PodLocation, RecentWrites
+from resourceconsist.reconcile import readiness
+
+
+class PodPlaces:
+    """The clusters one reconciler's pod employees live in."""
+
+    def __init__(
+        self,
+        client: ObjectWriter,
+        reader: ObjectReader,
+        clusters: Mapping[str, tuple[ObjectWriter, ObjectReader]],
+        in_members: Callable[[], bool],
+        recent: RecentWrites,
+    ) -> None:
+        self._client = client
+        self._reader = reader
+        #: The member clusters by name (the controller adds and removes them while it runs).
+        self._clusters = clusters
+        #: Pod employees live in member clusters (named ``pod#cluster``).
+        self.in_members = in_members
+        self._recent = recent
+
+    def locate(self, employee_name: str) -> PodLocation:
+        """Where a pod employee lives: ``pod#cluster`` in a member cluster, else the main one."""
+        if self.in_members():
+            pod, sep, cluster = employee_name.rpartition(wire.MULTI_CLUSTER_SEPARATOR)
+            if not sep or not pod:
+                raise ValueError(f"employee name {employee_name!r} is not <pod>#<cluster>")
+            if cluster not in self._clusters:
+                raise LookupError(f"employee {employee_name!r}: cluster {cluster!r} is not registered")
+            client, reader = self._clusters[cluster]
+            return PodLocation(client, reader, pod)
+        return PodLocation(self._client, self._reader, employee_name)
+
+    def get(self, name: str, namespace: str) -> KubeObject | None:
+        """The pod employee's freshest copy; None: not cached."""
+        where = self.locate(name)
+        return self._recent.get(where.reader, namespace, where.name)
+
+    def carrying(self, namespace: str, finalizers: Sequence[str]) -> set[str]:
+        """Pods (``pod`` or ``pod#cluster``) whose cached copy carries one of ``finalizers``:
+        an index lookup, not a scan."""
+        if self.in_members():
+            return {
+                f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}"
+                for cluster, (_, reader) in self._clusters.items()
+                for finalizer in finalizers
+                for pod in reader.pods_with_finalizer(namespace, finalizer)
+            }
+        return {
+            pod["metadata"]["name"]
+            for f in finalizers
+            for pod in self._reader.pods_with_finalizer(namespace, f)
+        }
+
+    def gated(self, namespace: str, gate: str) -> list[tuple[str, KubeObject]]:
+        """(employee name, pod) of the cached pods that carry the readiness gate ``gate``."""
+        members = {c: reader for c, (_, reader) in self._clusters.items()} if self.in_members() else None
+        return readiness.gated_pods(namespace, gate, self._reader, members)

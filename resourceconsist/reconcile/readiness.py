@@ -1,0 +1,157 @@
+"""The readiness gates of one employer (docs/zero-downtime.md): which pods carry its gate, what
+each gate should say from the facts the pass confirmed (``plan_gates``), and the writes of the
+changed conditions (``write_gates``). The rules of one gate are resourceconsist/gates.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import functools
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from resourceconsist import gates, kube, lifecycle, wire
+from resourceconsist.interfaces import EventSink, ObjectReader
+from resourceconsist.kube import KubeObject
+from resourceconsist.podwriter import PodLocation
+
+log = logging.getLogger(__package__)
+
+#: (employee name, pod, the condition it should carry).
+Change = tuple[str, KubeObject, gates.GateState]
+
+
+@dataclass
+class GateFacts:
+    """What the pass confirmed that the gates follow; ``synced`` False: the employee sync did
+    not run to its end, so the provider's state is unknown."""
+
+    deleting: bool
+    synced: bool = False
+    #: The pods the employer employs (expected or selected); None: the pass could not tell.
+    employed: set[str] | None = None
+    #: The pods the provider confirmed it serves, and those whose outcome is unknown.
+    serving: set[str] = field(default_factory=set)
+    unknown: set[str] = field(default_factory=set)
+    #: The provider's reason for each pod whose item it refused in this pass.
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class GatePlan:
+    """The gate conditions to write, and when the fail-safe wants the employer looked at again."""
+
+    changes: list[Change] = field(default_factory=list)
+    recheck: float | None = None
+
+
+def gated_pods(
+    namespace: str, gate: str, reader: ObjectReader, members: Mapping[str, ObjectReader] | None = None
+) -> list[tuple[str, KubeObject]]:
+    """(employee name, pod) of the cached pods whose ``spec.readinessGates`` holds ``gate``;
+    with ``members``, the pods of the member clusters (named ``pod#cluster``).
+
+    A scan of the namespace's cached pods (in memory): a pod the employer stopped selecting
+    keeps its gate, and only such a scan finds it."""
+    if members is not None:
+        return [
+            (f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}", pod)
+            for cluster, member in sorted(members.items())
+            for pod in member.list(kube.POD, namespace)
+            if gate in lifecycle.readiness_gates(pod)
+        ]
+    return [
+        (pod["metadata"]["name"], pod)
+        for pod in reader.list(kube.POD, namespace)
+        if gate in lifecycle.readiness_gates(pod)
+    ]
+
+
+def plan_gates(
+    pods: Sequence[tuple[str, KubeObject]],
+    gate: str,
+    *,
+    employer: str,
+    facts: GateFacts,
+    timeout: float | None,
+    now: datetime.datetime,
+) -> GatePlan:
+    """The condition each live gated pod should carry (``gates.decide``), where it differs."""
+    plan = GatePlan()
+    for name, pod in pods:
+        serving: bool | None = None
+        if facts.synced and name not in facts.unknown:
+            serving = name in facts.serving
+        decision = gates.decide(
+            pod,
+            gate,
+            employer=employer,
+            employer_deleting=facts.deleting,
+            employed=None if facts.employed is None else name in facts.employed,
+            serving=serving,
+            timeout=timeout,
+            now=now,
+            refused=facts.refused.get(name),
+        )
+        if decision.recheck_after is not None:
+            # A second more than the time left: the next pass finds the timeout run out.
+            recheck = decision.recheck_after + 1.0
+            plan.recheck = recheck if plan.recheck is None else min(plan.recheck, recheck)
+        if decision.want is not None and not decision.want.matches(lifecycle.pod_condition(pod, gate)):
+            plan.changes.append((name, pod, decision.want))
+    return plan
+
+
+def gone_employer_changes(pods: Sequence[tuple[str, KubeObject]], gate: str, who: str) -> list[Change]:
+    """The employer is gone: its gate goes True on every pod still waiting on it, so no pod
+    stays un-Ready for ever (docs/zero-downtime.md)."""
+    want = gates.GateState(True, wire.GateReason.EMPLOYER_DELETED, f"{who} is deleted")
+    return [
+        (n, pod, want)
+        for n, pod in pods
+        if not lifecycle.is_deleting(pod)
+        and (lifecycle.pod_condition(pod, gate) or {}).get("status") != "True"
+    ]
+
+
+async def write_gates(
+    namespace: str,
+    gate: str,
+    changes: Sequence[Change],
+    now: datetime.datetime,
+    *,
+    locate: Callable[[str], PodLocation],
+    recorder: EventSink,
+    controller: str,
+) -> dict[str, BaseException]:
+    """Write each changed gate condition (status subresource), in the frame's own threads
+    (resourceconsist.cancellation); the failures by pod."""
+    limit = asyncio.Semaphore(8)
+    failures: dict[str, BaseException] = {}
+
+    async def one(name: str, pod: KubeObject, want: gates.GateState) -> None:
+        where = locate(name)
+        body = gates.condition_patch(pod, gate, want, now)
+        write = functools.partial(where.client.patch, patch_type="strategic", subresource="status")
+        async with limit:
+            try:
+                await asyncio.to_thread(write, kube.POD, namespace, where.name, body)
+            except kube.NotFound:
+                return  # the pod is gone: nothing left to gate
+            except Exception as err:
+                failures[name] = err
+                return
+        log.info(
+            "%s: pod %s: readiness gate %s %s (%s)",
+            *(controller, name, gate, want.status, want.reason),
+            extra={"pod": name},
+        )
+        if want.reason is wire.GateReason.TIMEOUT:
+            await recorder.event(
+                {**pod, "apiVersion": "v1", "kind": "Pod"}, "Warning", want.reason, want.message
+            )
+
+    await asyncio.gather(*(one(n, pod, want) for n, pod, want in changes))
+    return failures
