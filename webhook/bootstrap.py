@@ -22,8 +22,8 @@ every replica through one Secret, trusted by the API server through the configur
 
 What it makes, for which Service, and how often a running server re-checks: ``BootstrapOptions``
 (``options``), part of ``WebhookOptions`` (docs/reference/options.md). The function blocks; async
-callers run it through ``cancellation.call_adapter`` (the one rule for sync and async:
-``resourceconsist.cancellation``).
+callers run it in the frame's own threads (``asyncio.to_thread``), never in the adapters' pool,
+so a hung provider cannot hold the certificates back (``resourceconsist.cancellation``).
 
 Outside the cluster (a laptop, CI), ``register_url_webhooks`` writes the mutating configuration
 with ``clientConfig.url`` entries pointing at the local server instead of the Service
