@@ -19,17 +19,20 @@ until SIGTERM. ``EmulatorAdmin`` is a client of the admin API. Usage: docs/chaos
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import select
 import signal
 import socket
 import ssl
 import struct
+import subprocess
 import sys
 import tempfile
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Final
@@ -478,6 +481,30 @@ class EmulatorAdmin:
         self._call(
             "PUT", "/access-key", {"access_key_id": access_key_id, "access_key_secret": access_key_secret}
         )
+
+
+@contextlib.contextmanager
+def served_emulator(
+    workdir: Path, *load_balancers: str, start_timeout: float = 30.0
+) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
+    """The emulator served as its own process (``python -m resourceconsist.testing.slb_emulator_server``)
+    with state in ``workdir`` and these load balancers: its start-up line (endpoint, admin URL,
+    CA bundle, keys) and a client of its admin API. Stopped with SIGTERM on exit."""
+    argv = [sys.executable, "-m", "resourceconsist.testing.slb_emulator_server", "--dir", str(workdir)]
+    for load_balancer in load_balancers:
+        argv += ["--load-balancer", load_balancer]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], start_timeout)
+        line = proc.stdout.readline() if ready else ""
+        if not line:
+            raise RuntimeError(f"the SLB emulator server did not start within {start_timeout:g}s")
+        info: dict[str, str] = json.loads(line)
+        yield info, EmulatorAdmin(info["admin_url"])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=15)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,7 +23,6 @@ import json
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -52,7 +51,7 @@ from resourceconsist.testing import (
 )
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.process import CommandProcess
-from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
+from resourceconsist.testing.slb_emulator_server import EmulatorAdmin, served_emulator
 
 pytestmark = pytest.mark.controlplane
 
@@ -221,23 +220,8 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Install]:
 @pytest.fixture(scope="module")
 def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
     """The SLB emulator server process with one load balancer; its start-up line and admin."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            *("-m", "resourceconsist.testing.slb_emulator_server"),
-            *("--dir", str(tmp_path_factory.mktemp("slb")), "--load-balancer", LOAD_BALANCER),
-        ],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        info: dict[str, str] = json.loads(proc.stdout.readline())
-        yield info, EmulatorAdmin(info["admin_url"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
+    with served_emulator(tmp_path_factory.mktemp("slb"), LOAD_BALANCER) as served:
+        yield served
 
 
 def _manager_process(install: Install, info: dict[str, str], cert_dir: Path) -> CommandProcess:

@@ -15,7 +15,6 @@ import contextlib
 import itertools
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -27,6 +26,7 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import ApiError
 from resourceconsist.manager import Manager
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.testing.controlplane import free_port
 from resourceconsist.webhook import BootstrapOptions, ControlledServiceAdapter, WebhookOptions, serve
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "resourceconsist-dashboard.json"
@@ -65,12 +65,6 @@ GROWING = [
 ]
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(port: int | None, path: str) -> tuple[int, str]:
@@ -168,7 +162,7 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
         health_probe_address=("127.0.0.1", 0),
     )
     await manager.add(adapter)
-    port = _free_port()
+    port = free_port()
     options = WebhookOptions(
         host="127.0.0.1",
         port=port,

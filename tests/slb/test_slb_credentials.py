@@ -37,6 +37,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBError,
 )
 from resourceconsist.testing import Cluster
+from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.testing.slb_emulator_server import EmulatorServer
 from resourceconsist.testing.wait import wait_for
@@ -281,7 +282,7 @@ def test_run_with_the_ecs_ram_role_still_drains_on_sigterm(control_plane: Any, c
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()
-        health = _free_port()
+        health = free_port()
         env = {
             **{k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))},
             "ALIBABA_CLOUD_ECS_METADATA": "resourceconsist-role",
@@ -334,9 +335,3 @@ def test_run_with_the_ecs_ram_role_still_drains_on_sigterm(control_plane: Any, c
     output = process.stdout.read() if process.stdout else ""
     assert "manager stopped" in output, output
     assert connections == [], output
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])

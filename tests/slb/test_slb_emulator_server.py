@@ -21,7 +21,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
     SLBError,
 )
-from resourceconsist.testing.slb_emulator_server import AdminError, EmulatorAdmin
+from resourceconsist.testing.slb_emulator_server import AdminError, EmulatorAdmin, served_emulator
 
 LB = "lb-served-1"
 ADD = "AddVServerGroupBackendServers"
@@ -30,27 +30,8 @@ ADD = "AddVServerGroupBackendServers"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The emulator server process; its start-up JSON line (endpoint, admin URL, CA bundle, keys)."""
-    workdir = tmp_path_factory.mktemp("slb-emulator")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "resourceconsist.testing.slb_emulator_server",
-            "--dir",
-            str(workdir),
-            "--load-balancer",
-            LB,
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        info: dict[str, str] = json.loads(proc.stdout.readline())
+    with served_emulator(tmp_path_factory.mktemp("slb-emulator"), LB) as (info, _):
         yield info
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
 
 
 @pytest.fixture

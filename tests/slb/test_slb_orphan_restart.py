@@ -12,11 +12,7 @@ another cluster, on that very load balancer too, are left as they were.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import socket
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -35,8 +31,9 @@ from resourceconsist.adapters.alibabacloudslb import (
     SERVICE_UID_TAG,
 )
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
+from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.process import CommandProcess
-from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
+from resourceconsist.testing.slb_emulator_server import EmulatorAdmin, served_emulator
 
 CLUSTER = "restart-test"
 OTHER = "another-cluster"
@@ -49,38 +46,13 @@ PODS = ["web-0", "web-1"]
 @pytest.fixture
 def emulator(tmp_path: Path) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
     """The emulator server process with load balancer ``lb-alone``; its start-up line and admin."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "resourceconsist.testing.slb_emulator_server",
-            "--dir",
-            str(tmp_path / "slb"),
-            "--load-balancer",
-            ALONE,
-        ],
-        stdout=subprocess.PIPE,
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    try:
-        info: dict[str, str] = json.loads(proc.stdout.readline())
-        yield info, EmulatorAdmin(info["admin_url"])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=15)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    with served_emulator(tmp_path / "slb", ALONE) as served:
+        yield served
 
 
 def _controller_process(kubeconfig: Path, namespace: str, info: dict[str, str]) -> CommandProcess:
     """One ``resourceconsist run`` process against the control plane and the emulator."""
-    port = _free_port()
+    port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_"))},
         "ALIYUN_SLB_AK_KEY": info["access_key_id"],
