@@ -5,11 +5,14 @@ bookmarks, re-listing on 410 Gone or a broken watch (with backoff). Its ``Store`
 so "pods with label a=b in namespace n" and "Services whose selector holds a=b" are lookups,
 not scans. Handlers run on the event loop after the store has changed, as in client-go.
 An ``InformerFactory`` shares one informer per resource among controllers and the webhook;
-``CacheReader`` is the read-only face adapters get.
+``CacheReader`` is the read-only face adapters get. ``SnapshotReader`` answers the same lookups
+over the same indexed stores, filled once by one LIST per kind and namespace, for the one-off
+reads of ``explain`` and the hand-over.
 """
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import builtins
 import logging
@@ -74,6 +77,17 @@ def index_by_service_selector(obj: KubeObject) -> list[str]:
     return [f"{_ns(obj)}/{key}={value}"]
 
 
+def indexers_for(resource: Resource) -> dict[str, Indexer]:
+    """The indexes a store of ``resource`` keeps, whatever fills it: labels for every kind, the
+    selector's pair for Services, finalizers for pods (the lookups of ``StoreReader``)."""
+    indexers: dict[str, Indexer] = {LABEL_INDEX: index_by_label}
+    if resource == kube.SERVICE:
+        indexers[SERVICE_SELECTOR_INDEX] = index_by_service_selector
+    if resource == kube.POD:
+        indexers[FINALIZER_INDEX] = index_by_finalizer
+    return indexers
+
+
 def trim(obj: KubeObject) -> KubeObject:
     """The object as the caches keep it: without ``metadata.managedFields`` (server-side apply's
     bookkeeping, often half a small pod's bytes), which nothing here or in an adapter reads
@@ -81,6 +95,15 @@ def trim(obj: KubeObject) -> KubeObject:
     meta = obj.get("metadata")
     if meta is not None:
         meta.pop("managedFields", None)
+    return obj
+
+
+def _as_stored(obj: KubeObject, resource: Resource) -> KubeObject:
+    """A listed object as a store keeps it: trimmed, and with the kind and apiVersion that LIST
+    items lack (handlers and adapters expect them)."""
+    trim(obj)
+    obj.setdefault("kind", resource.kind)
+    obj.setdefault("apiVersion", resource.api_version)
     return obj
 
 
@@ -341,10 +364,7 @@ class Informer:
             if not token:
                 break
         for item in items:
-            trim(item)
-            # LIST items carry no kind/apiVersion; handlers and adapters expect them.
-            item.setdefault("kind", self.resource.kind)
-            item.setdefault("apiVersion", self.resource.api_version)
+            _as_stored(item, self.resource)
         with self._emit_lock:
             for event in self.store.replace(items):
                 self._emit(event)
@@ -438,16 +458,11 @@ class InformerFactory:
             key = (resource, namespace)
             found = self._informers.get(key)
             if found is None:
-                indexers: dict[str, Indexer] = {}
-                if resource == kube.SERVICE:
-                    indexers[SERVICE_SELECTOR_INDEX] = index_by_service_selector
-                if resource == kube.POD:
-                    indexers[FINALIZER_INDEX] = index_by_finalizer
                 found = Informer(
                     self.client,
                     resource,
                     namespace=namespace,
-                    indexers=indexers,
+                    indexers=indexers_for(resource),
                     resync_period=self.resync_period,
                 )
                 self._informers[key] = found
@@ -514,7 +529,70 @@ def _on_event_loop() -> bool:
     return True
 
 
-class CacheReader:
+class StoreReader(abc.ABC):
+    """The reads adapters and handlers make (``interfaces.ObjectReader``), as lookups in indexed
+    stores (``indexers_for``); the subclass says where a kind's store comes from."""
+
+    @abc.abstractmethod
+    def _store(self, resource: Resource, namespace: str | None) -> Store:
+        """The store holding ``resource`` in ``namespace`` (None: every namespace, or a
+        cluster-scoped kind); it may hold other namespaces too."""
+
+    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        key = f"{namespace}/{name}" if namespace and resource.namespaced else name
+        return self._store(resource, namespace).get(key)
+
+    def list(
+        self,
+        resource: Resource,
+        namespace: str | None = None,
+        label_selector: Mapping[str, Any] | None = None,
+    ) -> builtins.list[KubeObject]:
+        """Objects of a kind, optionally in one namespace and matching a ``metav1.LabelSelector``."""
+        store = self._store(resource, namespace)
+        if label_selector is not None and namespace is not None and (label_selector.get("matchLabels")):
+            first_key, first_value = next(iter(label_selector["matchLabels"].items()))
+            candidates = store.by_index(LABEL_INDEX, f"{namespace}/{first_key}={first_value}")
+        else:
+            candidates = store.list(namespace)
+        if label_selector is None:
+            return candidates
+        return [o for o in candidates if label_selector_selects(label_selector, _labels(o))]
+
+    def selected_by_map(
+        self, resource: Resource, namespace: str, selector: Mapping[str, str] | None
+    ) -> builtins.list[KubeObject]:
+        """Objects in ``namespace`` selected by a Service-style selector map (empty selects none)."""
+        if not selector:
+            return []
+        store = self._store(resource, namespace)
+        # Intersect starting from the rarest pair, so the work is bounded by the smallest set.
+        sets = sorted(
+            (store.keys_by_index(LABEL_INDEX, f"{namespace}/{k}={v}") for k, v in selector.items()), key=len
+        )
+        keys = set(sets[0]).intersection(*sets[1:]) if sets else set()
+        return [o for o in (store.get(k) for k in sorted(keys)) if o is not None]
+
+    def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
+        """The pods a Service's ``spec.selector`` selects."""
+        return self.selected_by_map(kube.POD, _ns(service), service.get("spec", {}).get("selector"))
+
+    def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
+        """The pods in ``namespace`` whose ``metadata.finalizers`` hold ``finalizer``."""
+        return self._store(kube.POD, namespace).by_index(FINALIZER_INDEX, f"{namespace}/{finalizer}")
+
+    def services_selecting(self, pod: KubeObject) -> builtins.list[KubeObject]:
+        """The Services in the pod's namespace whose ``spec.selector`` selects it."""
+        ns, labels = _ns(pod), _labels(pod)
+        store = self._store(kube.SERVICE, ns)
+        candidates: set[str] = set()
+        for k, v in labels.items():
+            candidates |= store.keys_by_index(SERVICE_SELECTOR_INDEX, f"{ns}/{k}={v}")
+        found = [store.get(key) for key in sorted(candidates)]
+        return [s for s in found if s is not None and map_selects(s.get("spec", {}).get("selector"), labels)]
+
+
+class CacheReader(StoreReader):
     """Read-only, cache-backed lookups for adapters and handlers (never a LIST per call)."""
 
     def __init__(self, factory: InformerFactory) -> None:
@@ -525,7 +603,8 @@ class CacheReader:
     def client(self) -> KubeClient:
         return self._factory.client
 
-    def _store(self, resource: Resource) -> Store:
+    def _store(self, resource: Resource, namespace: str | None) -> Store:
+        del namespace  # an informer holds every namespace it watches
         synced = self._synced.get(resource)
         if synced is not None and synced[0] == self._factory.generation:
             return synced[1]
@@ -550,58 +629,25 @@ class CacheReader:
             raise CacheNotSynced(f"the cache of {resource.plural} did not sync within 60s", resource)
         return informer.store
 
-    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
-        key = f"{namespace}/{name}" if namespace and resource.namespaced else name
-        return self._store(resource).get(key)
 
-    def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        label_selector: Mapping[str, Any] | None = None,
-    ) -> builtins.list[KubeObject]:
-        """Objects of a kind, optionally in one namespace and matching a ``metav1.LabelSelector``."""
-        store = self._store(resource)
-        if label_selector is not None and namespace is not None and (label_selector.get("matchLabels")):
-            first_key, first_value = next(iter(label_selector["matchLabels"].items()))
-            candidates = store.by_index(LABEL_INDEX, f"{namespace}/{first_key}={first_value}")
-        else:
-            candidates = store.list(namespace)
-        if label_selector is None:
-            return candidates
-        return [o for o in candidates if label_selector_selects(label_selector, _labels(o))]
+class SnapshotReader(StoreReader):
+    """The same reads straight from the API server, for one-off reads (``explain``, the
+    hand-over): each kind of a namespace is listed once into an indexed store, so every answer
+    of one run sees the same moment."""
 
-    def selected_by_map(
-        self, resource: Resource, namespace: str, selector: Mapping[str, str] | None
-    ) -> builtins.list[KubeObject]:
-        """Objects in ``namespace`` selected by a Service-style selector map (empty selects none)."""
-        if not selector:
-            return []
-        store = self._store(resource)
-        # Intersect starting from the rarest pair, so the work is bounded by the smallest set.
-        sets = sorted(
-            (store.keys_by_index(LABEL_INDEX, f"{namespace}/{k}={v}") for k, v in selector.items()), key=len
-        )
-        keys = set(sets[0]).intersection(*sets[1:]) if sets else set()
-        return [o for o in (store.get(k) for k in sorted(keys)) if o is not None]
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+        self._stores: dict[tuple[Resource, str | None], Store] = {}
 
-    def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
-        """The pods a Service's ``spec.selector`` selects."""
-        return self.selected_by_map(kube.POD, _ns(service), service.get("spec", {}).get("selector"))
-
-    def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
-        """The pods in ``namespace`` whose ``metadata.finalizers`` hold ``finalizer``."""
-        return self._store(kube.POD).by_index(FINALIZER_INDEX, f"{namespace}/{finalizer}")
-
-    def services_selecting(self, pod: KubeObject) -> builtins.list[KubeObject]:
-        """The Services in the pod's namespace whose ``spec.selector`` selects it."""
-        store = self._store(kube.SERVICE)
-        ns, labels = _ns(pod), _labels(pod)
-        candidates: set[str] = set()
-        for k, v in labels.items():
-            candidates |= store.keys_by_index(SERVICE_SELECTOR_INDEX, f"{ns}/{k}={v}")
-        found = [store.get(key) for key in sorted(candidates)]
-        return [s for s in found if s is not None and map_selects(s.get("spec", {}).get("selector"), labels)]
+    def _store(self, resource: Resource, namespace: str | None) -> Store:
+        key = (resource, namespace if resource.namespaced else None)
+        store = self._stores.get(key)
+        if store is None:
+            store = Store(indexers_for(resource))
+            for item in self.client.list(resource, key[1]).get("items") or []:
+                store.upsert(_as_stored(item, resource))
+            self._stores[key] = store
+        return store
 
 
 def _labels(obj: KubeObject) -> dict[str, str]:

@@ -10,10 +10,9 @@ and the readable lines say the same thing.
 
 from __future__ import annotations
 
-import builtins
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -32,12 +31,12 @@ from resourceconsist.adapter import (
     ReconcileAdapter,
     ReconcileContext,
 )
+from resourceconsist.cache import SnapshotReader
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.controller import watch_spec
 from resourceconsist.diff import diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeClient, KubeObject, Resource
-from resourceconsist.labels import label_selector_selects, map_selects
 from resourceconsist.orphans import CANNOT_LIST, NAME_UNKNOWN, NOT_COMPLETE
 
 #: How many of an employer's latest Warning Events explain shows.
@@ -224,53 +223,6 @@ class EmployerExplanation(BaseModel):
 
 
 # -- reading the cluster --------------------------------------------------------------------------
-
-
-def _with_kind(obj: KubeObject, resource: Resource) -> KubeObject:
-    obj.setdefault("kind", resource.kind)
-    obj.setdefault("apiVersion", resource.api_version)
-    return obj
-
-
-@dataclass
-class SnapshotReader:
-    """An ``ObjectReader`` straight from the API server for one-off reads: each kind of a
-    namespace is listed once, so every answer of one explain sees the same moment."""
-
-    client: KubeClient
-    _lists: dict[tuple[Resource, str | None], builtins.list[KubeObject]] = field(default_factory=dict)
-
-    def _listed(self, resource: Resource, namespace: str | None) -> builtins.list[KubeObject]:
-        key = (resource, namespace if resource.namespaced else None)
-        if key not in self._lists:
-            items = self.client.list(resource, key[1]).get("items") or []
-            self._lists[key] = [_with_kind(item, resource) for item in items]
-        return self._lists[key]
-
-    def get(self, resource: Resource, namespace: str | None, name: str) -> KubeObject | None:
-        for obj in self._listed(resource, namespace):
-            if obj["metadata"]["name"] == name:
-                return obj
-        return None
-
-    def list(
-        self,
-        resource: Resource,
-        namespace: str | None = None,
-        label_selector: Mapping[str, Any] | None = None,
-    ) -> builtins.list[KubeObject]:
-        items = self._listed(resource, namespace)
-        if label_selector is None:
-            return list(items)
-        return [o for o in items if label_selector_selects(label_selector, o["metadata"].get("labels"))]
-
-    def pods_selected_by(self, service: KubeObject) -> builtins.list[KubeObject]:
-        selector = (service.get("spec") or {}).get("selector")
-        pods = self._listed(kube.POD, service["metadata"].get("namespace"))
-        return [p for p in pods if map_selects(selector, p["metadata"].get("labels"))]
-
-    def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
-        return [p for p in self._listed(kube.POD, namespace) if finalizer in lifecycle.get_finalizers(p)]
 
 
 def _ref(resource: Resource, namespace: str, name: str) -> str:

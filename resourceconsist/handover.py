@@ -39,11 +39,10 @@ from resourceconsist.adapter import (
     ReconcileContext,
     ReconcileLifecycleOptions,
 )
-from resourceconsist.cache import WatchEvent
+from resourceconsist.cache import SnapshotReader, WatchEvent
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.controller import watch_spec
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.explain import SnapshotReader
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.options import LeaderElectionOptions

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from resourceconsist import handler, kube
-from resourceconsist.cache import CacheNotSynced, Informer, InformerFactory, Store, WatchEvent
+from resourceconsist.cache import CacheNotSynced, Informer, InformerFactory, SnapshotReader, Store, WatchEvent
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound
 from resourceconsist.testing import LocalControlPlane, async_wait_for
@@ -115,6 +115,59 @@ async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClien
         started = time.monotonic()
         factory.stop()
         assert time.monotonic() - started < 5, "stopping informers must not wait for the watch timeout"
+
+
+async def test_the_snapshot_reader_answers_the_cache_readers_lookups_from_one_list_per_kind(
+    kc: KubeClient, namespace: str
+) -> None:
+    """explain's reader (docs/explain.md) is the cache's lookups over a store filled once: the
+    same answers as the informer-backed reader, and the same moment for every answer of a run."""
+    held = _pod("held", {"app": "web", "tier": "a"})
+    held["metadata"]["finalizers"] = ["example.com/hold"]  # type: ignore[index]
+    for pod in (held, _pod("free", {"app": "web", "tier": "b"}), _pod("other", {"app": "db"})):
+        await asyncio.to_thread(kc.create, kube.POD, namespace, pod)
+    svc = {
+        "metadata": {"name": "web", "namespace": namespace},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+    }
+    await asyncio.to_thread(kc.create, kube.SERVICE, namespace, svc)
+    factory = InformerFactory(kc)
+    factory.informer(kube.POD), factory.informer(kube.SERVICE)
+    factory.start(asyncio.get_running_loop())
+    try:
+        await factory.wait_synced()
+        cached, snapshot = factory.reader(), SnapshotReader(kc)
+
+        def answers(reader: Any) -> dict[str, Any]:
+            def names(objs: list[dict[str, Any]]) -> list[str]:
+                return sorted(o["metadata"]["name"] for o in objs)
+
+            free = reader.get(kube.POD, namespace, "free")
+            return {
+                "selected": names(reader.pods_selected_by(svc)),
+                "finalizer": names(reader.pods_with_finalizer(namespace, "example.com/hold")),
+                "services": names(reader.services_selecting(free)),
+                "labelled": names(reader.list(kube.POD, namespace, {"matchLabels": {"tier": "b"}})),
+                "all": names(reader.list(kube.POD, namespace)),
+                "kind": free["kind"],
+                "missing": reader.get(kube.POD, namespace, "nobody"),
+            }
+
+        expected = {
+            "selected": ["free", "held"],
+            "finalizer": ["held"],
+            "services": ["web"],
+            "labelled": ["free"],
+            "all": ["free", "held", "other"],
+            "kind": "Pod",
+            "missing": None,
+        }
+        assert await asyncio.to_thread(answers, cached) == expected
+        assert await asyncio.to_thread(answers, snapshot) == expected
+        await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("later", {"app": "web"}))
+        assert await asyncio.to_thread(answers, snapshot) == expected, "one list per kind: one moment"
+    finally:
+        factory.stop()
 
 
 class _OneServiceThenQuiet:
