@@ -6,7 +6,8 @@ pod is never service-available before every load balancer that should carry it h
 
 - ``adapter``: the WebhookAdapter API, ``EmployerRef``, the ``/mutating-<name>`` path
   convention and the built-in ``ControlledServiceAdapter``;
-- ``admission``: AdmissionReview v1 parsing and the pod mutation (through ``lifecycle``);
+- ``admission``: AdmissionReview v1 parsing, the decision on each review and the pod mutation
+  (through ``lifecycle``);
 - ``server``: the HTTPS server (``WebhookServer``) and the ``serve`` entry point;
 - ``options``: its settings, ``WebhookOptions`` with ``BootstrapOptions`` and ``ConnectionLimits``;
 - ``bootstrap``: the self-signed CA, serving certificate, Secret and caBundle;

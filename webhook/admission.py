@@ -13,15 +13,21 @@ What bad input gets (docs/webhook.md, "Bad input"): a body that is not a v1 Admi
 raises ``BadReview`` (HTTP 400); a pod whose fields the mutation reads have the wrong shape
 raises ``MalformedPod``, naming each field by its path (``spec.readinessGates[0]``), and is
 denied with code 400, never admitted without its entries, gates and hooks.
+
+``decide`` is the webhook's decision on one review: which requests it leaves untouched, what the
+adapter's employers make of the pod, and how an adapter's failure or overrun is told to the user
+creating the pod. It asks for the employers through the function the server gives it (the
+server's side: calling the adapter within a deadline), so the decision holds no I/O of its own.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import logging
 import re
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Final, Literal
 
@@ -375,3 +381,104 @@ def status_body(code: int, message: str, *, api_object: bool = True) -> dict[str
     if api_object:
         body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, **body}
     return body
+
+
+# -- the decision ------------------------------------------------------------------------------
+
+log = logging.getLogger("resourceconsist.webhook")
+
+#: Asks the adapter for the employers of a pod, within the server's deadline; raises
+#: ``TimeoutError`` only when that deadline passed (``AdapterTimeout`` when the adapter raised one).
+EmployersOf = Callable[[KubeObject], Awaitable[tuple[EmployerRef, ...]]]
+
+
+@dataclass
+class Outcome:
+    """What the webhook decided on one review, and the employers it asked the adapter for."""
+
+    verdict: Verdict
+    employers: tuple[EmployerRef, ...] = field(default=())
+
+
+class AdapterTimeout(RuntimeError):
+    """An adapter raised TimeoutError itself (e.g. a cache that did not sync): an adapter
+    failure, not the server's deadline."""
+
+
+def error_text(err: BaseException) -> str:
+    """An error as the user reads it in a denial: its type and message (an adapter's own
+    TimeoutError, not the wrapper that tells it from the deadline)."""
+    shown = err.__cause__ if isinstance(err, AdapterTimeout) and err.__cause__ else err
+    return f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__
+
+
+def display_name(request: AdmissionRequest) -> tuple[str, str]:
+    """The namespace and name of the pod a review is about; ``<generateName>*`` when the API
+    server has not named it yet."""
+    obj = request.object or {}
+    found = obj.get("metadata")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    namespace = request.namespace or str(meta.get("namespace") or "")
+    name = request.name or str(meta.get("name") or "")
+    if not name and meta.get("generateName"):
+        name = f"{meta['generateName']}*"
+    return namespace, name
+
+
+async def decide(req: AdmissionRequest, adapter: str, employers_of: EmployersOf, limit: float) -> Outcome:
+    """The webhook's answer to one review for the adapter named ``adapter`` (docs/webhook.md):
+    pod CREATEs get their employers' entries, gates and hooks; anything else passes untouched;
+    bad input and adapter failures are denied with the cause. ``limit`` is the deadline
+    ``employers_of`` keeps, as the denial of an overrun says."""
+    if req.dry_run:
+        return Outcome(Verdict.allow("dry run: not mutated"))
+    if req.kind.group or req.kind.kind != "Pod" or req.sub_resource:
+        what = "/".join(p for p in (req.kind.group, req.kind.kind) if p)
+        sub = f" ({req.sub_resource})" if req.sub_resource else ""
+        return Outcome(Verdict.allow(f"{what}{sub} is not mutated"))
+    if req.operation != "CREATE":
+        return Outcome(Verdict.allow(f"pod {req.operation} is not mutated"))
+    try:
+        # Every field the adapter and the mutation read, checked here, before either runs.
+        read_pod(req.object)
+    except MalformedPod as err:
+        return Outcome(Verdict.deny(HTTPStatus.BAD_REQUEST, str(err)))
+    assert req.object is not None  # read_pod checked it
+    pod = req.object
+    if req.namespace and pod["metadata"].get("namespace") != req.namespace:
+        # A pod posted without metadata.namespace gets it later in the API server;
+        # adapters look employers up by namespace, so give them the request's.
+        pod = {**pod, "metadata": {**pod["metadata"], "namespace": req.namespace}}
+    namespace, name = display_name(req)
+    try:
+        employers = await employers_of(pod)
+    except TimeoutError:
+        return Outcome(
+            Verdict.deny(
+                HTTPStatus.GATEWAY_TIMEOUT,
+                f"webhook adapter {adapter} did not find the employers of pod "
+                f"{namespace}/{name} within {limit:.1f}s",
+            )
+        )
+    except Exception as err:
+        log.debug("webhook adapter %s failed", adapter, exc_info=True)
+        return Outcome(
+            Verdict.deny(
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                f"webhook adapter {adapter} failed to get the employers of pod "
+                f"{namespace}/{name}: {error_text(err)}",
+            )
+        )
+    try:
+        patch = pod_mutation(pod, employers)
+    except lifecycle.MalformedAvailableConditions as err:
+        return Outcome(
+            Verdict.deny(HTTPStatus.BAD_REQUEST, str(MalformedPod.from_annotation(err))), employers
+        )
+    if patch:
+        message = f"expected finalizers of {len(employers)} employer(s) merged"
+    elif employers:
+        message = "the entries of every employer are already present"
+    else:
+        message = "no employers"
+    return Outcome(Verdict.allow(message, patch), employers)

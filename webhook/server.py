@@ -1,7 +1,9 @@
 """The admission webhook server: HTTPS (aiohttp), one path per webhook adapter, health and readiness.
 
 ``WebhookServer`` serves every registered adapter at ``/mutating-<name>`` on one TLS port and
-answers ``admission.k8s.io/v1`` AdmissionReviews:
+answers ``admission.k8s.io/v1`` AdmissionReviews. This module is the HTTP side (reading the
+body, the deadline of the adapter call, the answer, the log line and the observer); what a review
+gets is decided by ``admission.decide``:
 
 - Pod CREATE: the adapter names the pod's employers (from the informer cache); the answer is a
   JSONPatch merging their entries into ``pod.kusionstack.io/available-conditions``, keeping
@@ -39,7 +41,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, Final
 
@@ -49,7 +51,6 @@ from aiohttp.typedefs import Handler
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.lifecycle import MalformedAvailableConditions
 from resourceconsist.webhook.adapter import (
     PATH_PREFIX,
     EmployerRef,
@@ -59,13 +60,14 @@ from resourceconsist.webhook.adapter import (
     webhook_path,
 )
 from resourceconsist.webhook.admission import (
-    AdmissionRequest,
+    AdapterTimeout,
     BadReview,
-    MalformedPod,
+    Outcome,
     Verdict,
+    decide,
+    display_name,
+    error_text,
     parse_review,
-    pod_mutation,
-    read_pod,
     review_response,
     status_body,
 )
@@ -117,23 +119,6 @@ def _caller_timeout(query: Mapping[str, str]) -> float | None:
     """The API server's ``?timeout=10s`` (a Go duration in seconds), if present."""
     match = _GO_SECONDS.match(query.get("timeout", ""))
     return float(match.group(1)) if match else None
-
-
-def _display(request: AdmissionRequest) -> tuple[str, str]:
-    obj = request.object or {}
-    found = obj.get("metadata")
-    meta: dict[str, Any] = found if isinstance(found, dict) else {}
-    namespace = request.namespace or str(meta.get("namespace") or "")
-    name = request.name or str(meta.get("name") or "")
-    if not name and meta.get("generateName"):
-        name = f"{meta['generateName']}*"
-    return namespace, name
-
-
-@dataclass
-class _Outcome:
-    verdict: Verdict
-    employers: tuple[EmployerRef, ...] = field(default=())
 
 
 class WebhookServer:
@@ -465,20 +450,20 @@ class WebhookServer:
         if caller is not None:
             limit = min(limit, caller * _CALLER_TIMEOUT_SHARE)
         try:
-            outcome = await self._decide(adapter, req, limit)
+            outcome = await decide(req, adapter.name, lambda pod: self._employers(adapter, pod, limit), limit)
         except Exception as err:
-            # Bad input is answered inside _decide; this is a bug (of the webhook, or an adapter's
+            # Bad input is answered inside decide; this is a bug (of the webhook, or an adapter's
             # EmployerRef it could not use), kept from becoming aiohttp's bare 500 page: the user
             # still reads a cause, and the log has the traceback.
             log.exception("webhook %s: deciding on uid=%s failed", request.path, req.uid)
-            outcome = _Outcome(
+            outcome = Outcome(
                 Verdict.deny(
                     HTTPStatus.INTERNAL_SERVER_ERROR,
                     f"webhook adapter {adapter.name}: the webhook failed unexpectedly on this request "
-                    f"({_error_text(err)}); the webhook's log has the details",
+                    f"({error_text(err)}); the webhook's log has the details",
                 )
             )
-        namespace, pod_name = _display(req)
+        namespace, pod_name = display_name(req)
         decision = AdmissionDecision(
             path=request.path,
             uid=req.uid,
@@ -527,60 +512,6 @@ class WebhookServer:
             except Exception:
                 log.exception("webhook decision observer failed")
 
-    async def _decide(self, adapter: WebhookAdapter, req: AdmissionRequest, limit: float) -> _Outcome:
-        if req.dry_run:
-            return _Outcome(Verdict.allow("dry run: not mutated"))
-        if req.kind.group or req.kind.kind != "Pod" or req.sub_resource:
-            what = "/".join(p for p in (req.kind.group, req.kind.kind) if p)
-            sub = f" ({req.sub_resource})" if req.sub_resource else ""
-            return _Outcome(Verdict.allow(f"{what}{sub} is not mutated"))
-        if req.operation != "CREATE":
-            return _Outcome(Verdict.allow(f"pod {req.operation} is not mutated"))
-        try:
-            # Every field the adapter and the mutation read, checked here, before either runs.
-            read_pod(req.object)
-        except MalformedPod as err:
-            return _Outcome(Verdict.deny(HTTPStatus.BAD_REQUEST, str(err)))
-        assert req.object is not None  # read_pod checked it
-        pod = req.object
-        if req.namespace and pod["metadata"].get("namespace") != req.namespace:
-            # A pod posted without metadata.namespace gets it later in the API server;
-            # adapters look employers up by namespace, so give them the request's.
-            pod = {**pod, "metadata": {**pod["metadata"], "namespace": req.namespace}}
-        namespace, name = _display(req)
-        try:
-            employers = await self._employers(adapter, pod, limit)
-        except TimeoutError:
-            return _Outcome(
-                Verdict.deny(
-                    HTTPStatus.GATEWAY_TIMEOUT,
-                    f"webhook adapter {adapter.name} did not find the employers of pod "
-                    f"{namespace}/{name} within {limit:.1f}s",
-                )
-            )
-        except Exception as err:
-            log.debug("webhook adapter %s failed", adapter.name, exc_info=True)
-            return _Outcome(
-                Verdict.deny(
-                    HTTPStatus.INTERNAL_SERVER_ERROR,
-                    f"webhook adapter {adapter.name} failed to get the employers of pod "
-                    f"{namespace}/{name}: {_error_text(err)}",
-                )
-            )
-        try:
-            patch = pod_mutation(pod, employers)
-        except MalformedAvailableConditions as err:
-            return _Outcome(
-                Verdict.deny(HTTPStatus.BAD_REQUEST, str(MalformedPod.from_annotation(err))), employers
-            )
-        if patch:
-            message = f"expected finalizers of {len(employers)} employer(s) merged"
-        elif employers:
-            message = "the entries of every employer are already present"
-        else:
-            message = "no employers"
-        return _Outcome(Verdict.allow(message, patch), employers)
-
     async def _employers(
         self, adapter: WebhookAdapter, pod: KubeObject, limit: float
     ) -> tuple[EmployerRef, ...]:
@@ -600,21 +531,12 @@ class WebhookServer:
                 if scope.expired():
                     raise
                 # The adapter's own TimeoutError is an adapter failure, not our deadline.
-                raise _AdapterTimeout(str(err)) from err
+                raise AdapterTimeout(str(err)) from err
         employers = tuple(result)
         for item in employers:
             if not isinstance(item, EmployerRef):
                 raise TypeError(f"get_employers_by_employee returned {type(item).__name__}, not EmployerRef")
         return employers
-
-
-class _AdapterTimeout(RuntimeError):
-    """An adapter raised TimeoutError itself (e.g. a cache that did not sync)."""
-
-
-def _error_text(err: BaseException) -> str:
-    shown = err.__cause__ if isinstance(err, _AdapterTimeout) and err.__cause__ else err
-    return f"{type(shown).__name__}: {shown}" if str(shown) else type(shown).__name__
 
 
 def _abort(request: web.Request) -> web.Response:
