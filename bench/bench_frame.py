@@ -28,6 +28,7 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeClient
 from resourceconsist.labels import map_selects
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 
@@ -108,7 +109,7 @@ async def bench_convergence(cp: LocalControlPlane, services: int, pods: int) -> 
     baseline_names = await asyncio.to_thread(_populate, client, "bench-go", services, pods)
 
     provider = FakeProvider()
-    manager = Manager(client, namespace="bench-frame")
+    manager = Manager(client, ManagerOptions(namespace="bench-frame"))
     controller = await manager.add(DemoAdapter(provider))
     writes_before, pod_writes_before = _writes(client), _writes(client, "pods")
     started = time.perf_counter()
@@ -166,7 +167,7 @@ async def bench_life(cp: LocalControlPlane, pods: int, adapter: DemoAdapter, ns:
     cluster = Cluster(driver, ns)
     driver.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
     await cluster.service("life", {"app": "life"})
-    manager = Manager(frame, namespace=ns)
+    manager = Manager(frame, ManagerOptions(namespace=ns))
     controller = await manager.add(adapter)
     await manager.start()
     names = [f"life-{i:04d}" for i in range(pods)]

@@ -48,6 +48,7 @@ from resourceconsist import kube, lifecycle, wire
 from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.showcase import LoggedProvider, RolloutWatch, drain_seconds
 from resourceconsist.testing import Cluster, LocalCluster, async_wait_for
 
@@ -61,7 +62,7 @@ async def run(
     cluster = Cluster(client, namespace)
     provider = LoggedProvider(latency=latency)
     key = f"{namespace}/{SERVICE}"
-    manager = Manager(client, namespace=namespace)
+    manager = Manager(client, ManagerOptions(namespace=namespace))
     await manager.add(DemoAdapter(provider))
     await manager.start()
     informer = manager.informers.informer(kube.POD)

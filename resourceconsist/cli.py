@@ -28,7 +28,7 @@ import click
 
 from resourceconsist import logs
 from resourceconsist.errors import InvalidOptions
-from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerKeywords, ManagerOptions
+from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
 from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
@@ -518,12 +518,14 @@ _serving_flags = _flag_group(
 )
 
 
-def _serving_options(flags: Mapping[str, Any]) -> ManagerKeywords:
-    """The address fields of ``ManagerOptions`` the parsed ``_serving_flags`` say."""
+def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """``ManagerOptions`` with the address fields the parsed ``_serving_flags`` say (the
+    others at their defaults)."""
     legacy = flags["health_address"]
     metrics, probes = flags["metrics_bind_address"], flags["health_probe_bind_address"]
     if legacy is None:
-        return {"metrics_address": metrics, "health_probe_address": probes}
+        with _flags(ManagerOptions):
+            return ManagerOptions(metrics_address=metrics, health_probe_address=probes)
     defaults = (
         _HostPort().convert(_METRICS_ADDRESS, None, None),
         _HostPort().convert(_PROBE_ADDRESS, None, None),
@@ -539,7 +541,8 @@ def _serving_options(flags: Mapping[str, Any]) -> ManagerKeywords:
         "(serving /healthz, /readyz and /metrics on %s:%d as before)",
         *legacy,
     )
-    return {"health_address": legacy}
+    with _flags(ManagerOptions):
+        return ManagerOptions(health_address=legacy)
 
 
 #: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
@@ -594,15 +597,12 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 renew_deadline=flags["renew_deadline"],
                 retry_period=flags["retry_period"],
             )
-    serving = _serving_options(flags)
     with _flags(ManagerOptions, GarbageOptions):
-        return ManagerOptions(
+        return dataclasses.replace(
+            _serving_options(flags),
             namespace=flags["namespace"],
             resync_period=flags["resync_seconds"] or None,
             full_pass_every=flags["full_pass_every"],
-            metrics_address=serving.get("metrics_address"),
-            health_probe_address=serving.get("health_probe_address"),
-            health_address=serving.get("health_address"),
             shutdown_timeout=flags["shutdown_timeout"],
             leader_election=election,
             garbage=GarbageOptions(
@@ -696,8 +696,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     import asyncio
 
     options = _webhook_options(flags)
-    with _flags(ManagerOptions):
-        manager_options = ManagerOptions(**_serving_options(flags))
+    manager_options = _serving_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
@@ -55,9 +56,10 @@ class DuplicateControllerError(ResourceConsistError, ValueError):
 class Manager:
     """Runs controllers and runnables against one main cluster.
 
-    Its settings are ``options``; keywords are a shorthand for its fields, and override them
-    when both are given: ``Manager(client, namespace="shop")`` is
-    ``Manager(client, ManagerOptions(namespace="shop"))``.
+    Its settings are ``options``: ``Manager(client, ManagerOptions(namespace="shop"))``. The
+    fields as keywords (``Manager(client, namespace="shop")``, ``ManagerKeywords``) are
+    deprecated: they still override the options' fields, with a ``DeprecationWarning``
+    (docs/reference/options.md, "Manager").
     """
 
     def __init__(
@@ -67,8 +69,17 @@ class Manager:
         **keywords: Unpack[ManagerKeywords],
     ) -> None:
         options = options if options is not None else ManagerOptions()
+        if keywords:
+            fields = ", ".join(f"{name}=..." for name in keywords)
+            warnings.warn(
+                f"Manager(client, {fields}) is deprecated: pass the settings as one options object, "
+                f"Manager(client, ManagerOptions({fields}))",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            options = dataclasses.replace(options, **keywords)
         #: The settings this manager runs with.
-        self.options = dataclasses.replace(options, **keywords) if keywords else options
+        self.options = options
         self.client = client
         self.subscribers: list[LifecycleSubscriber] = []
         self.informers = InformerFactory(

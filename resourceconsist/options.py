@@ -145,7 +145,9 @@ class ManagerOptions:
 
 
 class ManagerKeywords(TypedDict, total=False):
-    """``ManagerOptions``' fields as keywords of ``Manager(client, **keywords)``."""
+    """Deprecated: ``ManagerOptions``' fields as keywords of ``Manager(client, **keywords)``;
+    pass ``Manager(client, ManagerOptions(...))`` instead. Keywords still work, with a
+    ``DeprecationWarning``; this name stays importable for code that annotates with it."""
 
     namespace: str | None
     resync_period: float | None

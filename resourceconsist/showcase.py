@@ -34,6 +34,7 @@ from resourceconsist.cache import Store, WatchEvent
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, condition, finalizers
 
 NAMESPACE = "demo"
@@ -356,7 +357,7 @@ async def _walkthrough(console: Console, client: KubeClient, step: _Stepper) -> 
     await asyncio.to_thread(client.create, kube.NAMESPACE, None, {"metadata": {"name": NAMESPACE}})
     cluster = Cluster(client, NAMESPACE)
     provider = FakeProvider()
-    manager = Manager(client, namespace=NAMESPACE)
+    manager = Manager(client, ManagerOptions(namespace=NAMESPACE))
     await manager.add(DemoAdapter(provider))
     await manager.start()
     view = _View(cluster, provider)
@@ -445,7 +446,7 @@ async def _rollout(console: Console, client: KubeClient, step: _Stepper, latency
     await asyncio.to_thread(client.create, kube.NAMESPACE, None, {"metadata": {"name": ROLLOUT_NAMESPACE}})
     cluster = Cluster(client, ROLLOUT_NAMESPACE)
     provider = LoggedProvider(latency=latency)
-    manager = Manager(client, namespace=ROLLOUT_NAMESPACE)
+    manager = Manager(client, ManagerOptions(namespace=ROLLOUT_NAMESPACE))
     await manager.add(DemoAdapter(provider))
     await manager.start()
     informer = manager.informers.informer(kube.POD)

@@ -18,6 +18,7 @@ from resourceconsist import kube
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, LocalControlPlane
 
 #: The tutorial whose code blocks the tests run (docs/tutorial.md).
@@ -75,7 +76,7 @@ def run_manager(cluster: Cluster) -> Callable[..., Any]:
     async def run(
         *adapters: ReconcileAdapter, client: KubeClient | None = None, **options: Any
     ) -> AsyncIterator[Manager]:
-        manager = Manager(client or cluster.client, namespace=cluster.namespace, **options)
+        manager = Manager(client or cluster.client, ManagerOptions(namespace=cluster.namespace, **options))
         for adapter in adapters:
             await manager.add(adapter)
         await manager.start()

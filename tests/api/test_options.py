@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ import click
 import pytest
 from kubernetes import client as k8s
 
+import resourceconsist
+import resourceconsist.options
 from resourceconsist import cli
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.experimental.demo import DemoAdapter
@@ -144,18 +147,35 @@ def _client() -> KubeClient:
     return KubeClient(api_client=None)  # never used: nothing starts
 
 
-def test_manager_keywords_are_a_shorthand_for_its_options() -> None:
+def test_manager_keywords_still_work_but_are_deprecated_for_its_options() -> None:
+    """``ManagerKeywords`` is deprecated (docs/reference/options.md, "Manager"): keywords still
+    set the fields, with a DeprecationWarning that names them and says what to write instead."""
     client = _client()
     garbage = GarbageOptions(interval=None)
-    by_keywords = Manager(client, namespace="shop", shutdown_timeout=5, garbage=garbage)
+    deprecated = r"deprecated: .* Manager\(client, ManagerOptions\("
+    with pytest.warns(DeprecationWarning, match=deprecated + r"namespace=\.\.\., shutdown_timeout") as told:
+        by_keywords = Manager(client, namespace="shop", shutdown_timeout=5, garbage=garbage)
+    assert [w.filename for w in told] == [__file__], "the warning points at the caller"
     by_options = Manager(client, ManagerOptions(namespace="shop", shutdown_timeout=5, garbage=garbage))
     assert by_keywords.options == by_options.options
     assert by_keywords.informers.namespace == "shop"
-    assert Manager(client).options == ManagerOptions()
     # Keywords beside options override those fields, and are checked like them.
-    assert Manager(client, by_options.options, namespace="other").options.namespace == "other"
-    with pytest.raises(InvalidOptions, match="shutdown timeout"):
+    with pytest.warns(DeprecationWarning, match=deprecated + r"namespace=\.\.\.\)\)"):
+        assert Manager(client, by_options.options, namespace="other").options.namespace == "other"
+    with (
+        pytest.warns(DeprecationWarning, match=deprecated),
+        pytest.raises(InvalidOptions, match="shutdown timeout"),
+    ):
         Manager(client, by_options.options, shutdown_timeout=-1)
+    assert resourceconsist.ManagerKeywords is resourceconsist.options.ManagerKeywords  # still importable
+
+
+def test_a_manager_built_from_options_alone_warns_of_nothing() -> None:
+    client = _client()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Manager(client).options == ManagerOptions()
+        assert Manager(client, ManagerOptions(namespace="shop")).options.namespace == "shop"
 
 
 # -- the command line builds them from its flags -------------------------------------------
@@ -279,7 +299,9 @@ def test_the_standard_bind_flags_set_the_metrics_and_probe_addresses() -> None:
     assert v6.health_probe_address == ("::1", 8081)
     # The webhook command serves them too.
     webhook = _flags(cli.webhook, "--metrics-bind-address", ":7070", "--health-probe-bind-address", "0")
-    assert cli._serving_options(webhook) == {"metrics_address": ("", 7070), "health_probe_address": None}
+    assert cli._serving_options(webhook) == ManagerOptions(
+        metrics_address=("", 7070), health_probe_address=None
+    )
 
 
 def test_the_deprecated_health_address_serves_all_three_alone(caplog: pytest.LogCaptureFixture) -> None:

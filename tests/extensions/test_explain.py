@@ -23,6 +23,7 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.explain import Explainer, ExplainError, split_ref
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import (
     Cluster,
     LocalCluster,
@@ -250,7 +251,7 @@ async def test_a_gated_pod_the_provider_does_not_serve_names_its_gate_employer_a
     provider.fail_next("create_rs", times=10_000, message="backend quota exceeded")
     adapter = DemoAdapter(provider)
     gate = lifecycle.readiness_gate(SERVICE)
-    manager = Manager(lc.client, namespace=lc.namespace)
+    manager = Manager(lc.client, ManagerOptions(namespace=lc.namespace))
     await manager.add(adapter)
     await manager.start()
     try:

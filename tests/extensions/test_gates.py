@@ -28,6 +28,7 @@ from resourceconsist.cache import InformerFactory
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
 from resourceconsist.webhook.adapter import spec_options
@@ -299,7 +300,7 @@ def lc(local_cluster: LocalCluster, local_cluster_namespace: str) -> Iterator[Cl
 
 @contextlib.asynccontextmanager
 async def _manager(lc: Cluster, *adapters: Any) -> AsyncIterator[Manager]:
-    manager = Manager(lc.client, namespace=lc.namespace)
+    manager = Manager(lc.client, ManagerOptions(namespace=lc.namespace))
     for adapter in adapters:
         await manager.add(adapter)
     await manager.start()

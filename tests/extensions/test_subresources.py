@@ -20,7 +20,7 @@ from resourceconsist.adapter import ReconcileContext
 from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.manager import Manager
-from resourceconsist.options import GarbageOptions
+from resourceconsist.options import GarbageOptions, ManagerOptions
 from resourceconsist.subresources import (
     OWNER_ANNOTATION,
     OWNER_CONTROLLER_LABEL,
@@ -81,7 +81,7 @@ def cluster(client: KubeClient, local_cluster_namespace: str) -> Iterator[Cluste
 
 @asynccontextmanager
 async def running(cluster: Cluster, garbage: GarbageOptions) -> AsyncIterator[Manager]:
-    manager = Manager(cluster.client, namespace=cluster.namespace, garbage=garbage)
+    manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, garbage=garbage))
     await manager.add(GuardedDemo())
     await manager.start()
     try:
@@ -202,7 +202,9 @@ class MisplacedDemo(DemoAdapter):
 
 async def test_a_sub_resource_in_another_namespace_is_refused_with_a_warning(cluster: Cluster) -> None:
     await cluster.service("web")
-    manager = Manager(cluster.client, namespace=cluster.namespace, garbage=GarbageOptions(enabled=False))
+    manager = Manager(
+        cluster.client, ManagerOptions(namespace=cluster.namespace, garbage=GarbageOptions(enabled=False))
+    )
     await manager.add(MisplacedDemo())
     await manager.start()
     try:

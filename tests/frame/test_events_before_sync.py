@@ -22,6 +22,7 @@ from resourceconsist.adapter import EventHandler, Predicate
 from resourceconsist.cache import CacheReader, WatchEvent
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
 
 
@@ -43,7 +44,7 @@ async def test_a_start_with_pod_events_before_the_service_cache_logs_no_error_an
         await cluster.pod(name, {"app": "web"})
         await cluster.set_status(name)
     await cluster.service("web", {"app": "web"})
-    manager = Manager(late_service_lists.client, namespace=cluster.namespace)
+    manager = Manager(late_service_lists.client, ManagerOptions(namespace=cluster.namespace))
     controller = await manager.add(DemoAdapter(FakeProvider()))
     wanted = lifecycle.lifecycle_finalizer("web")
     starting = asyncio.create_task(manager.start())

@@ -14,7 +14,7 @@ import pytest
 from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.manager import Manager
-from resourceconsist.options import LeaderElectionOptions
+from resourceconsist.options import LeaderElectionOptions, ManagerOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for
 
 _CLI = (sys.executable, "-m", "resourceconsist")
@@ -33,7 +33,7 @@ async def test_only_the_leader_reconciles_and_a_standby_takes_over(cluster: Clus
             renew_deadline=4,
             retry_period=0.5,
         )
-        manager = Manager(cluster.client, namespace=ns, leader_election=election)
+        manager = Manager(cluster.client, ManagerOptions(namespace=ns, leader_election=election))
         await manager.add(DemoAdapter(provider))
         await manager.start()
         managers.append(manager)
@@ -82,9 +82,11 @@ async def test_a_held_lease_is_not_taken_before_it_expires(cluster: Cluster) -> 
     )
     manager = Manager(
         cluster.client,
-        namespace=ns,
-        leader_election=LeaderElectionOptions(
-            namespace=ns, name="held", identity="me", lease_duration=3, renew_deadline=2, retry_period=0.2
+        ManagerOptions(
+            namespace=ns,
+            leader_election=LeaderElectionOptions(
+                namespace=ns, name="held", identity="me", lease_duration=3, renew_deadline=2, retry_period=0.2
+            ),
         ),
     )
     await manager.add(DemoAdapter(FakeProvider()))
@@ -161,7 +163,7 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
             renew_deadline=renew_deadline,
             retry_period=retry_period,
         )
-        standby = Manager(cluster.client, namespace=ns, leader_election=election)
+        standby = Manager(cluster.client, ManagerOptions(namespace=ns, leader_election=election))
         await standby.add(DemoAdapter(FakeProvider()))
         await standby.start()
         elector = standby._elector

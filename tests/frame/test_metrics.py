@@ -31,7 +31,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBC
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.manager import Manager
-from resourceconsist.options import GarbageOptions
+from resourceconsist.options import GarbageOptions, ManagerOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
@@ -76,9 +76,11 @@ async def test_metrics_show_provider_calls_retries_errors_conflicts_and_leadersh
     # take the throttled reads meant for the Service's pass.
     manager = Manager(
         cluster.client,
-        namespace=cluster.namespace,
-        health_address=("127.0.0.1", 0),
-        garbage=GarbageOptions(enabled=False),
+        ManagerOptions(
+            namespace=cluster.namespace,
+            health_address=("127.0.0.1", 0),
+            garbage=GarbageOptions(enabled=False),
+        ),
     )
     adapter = SLBAdapter(client, cluster_name="metrics")
     await manager.add(adapter)
@@ -282,7 +284,10 @@ async def test_an_api_server_outage_logs_once_when_it_starts_and_once_when_it_en
     provider = FakeProvider()
     adapter = GatedDemo(provider)
     # A short resync makes the controller reconcile the Service again and again, outage or not.
-    manager = Manager(client, namespace=cluster.namespace, resync_period=0.3, health_address=("127.0.0.1", 0))
+    manager = Manager(
+        client,
+        ManagerOptions(namespace=cluster.namespace, resync_period=0.3, health_address=("127.0.0.1", 0)),
+    )
     controller = await manager.add(adapter)
     await cluster.pod("p", {"app": "svc"})
     await cluster.set_status("p")

@@ -13,6 +13,7 @@ from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.experimental.demo import DemoAdapter, DemoEmployee, FakeProvider, TrafficStatus
 from resourceconsist.kube import KubeClient, KubeObject
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 MEMBER = "member-1"
@@ -68,7 +69,7 @@ async def test_member_cluster_pods_are_served_and_guarded(
     member = Cluster(member_client, ns)
     await member.call(member_client.create, kube.NAMESPACE, None, {"metadata": {"name": ns}})
     provider = FakeProvider()
-    manager = Manager(cluster.client, namespace=ns)
+    manager = Manager(cluster.client, ManagerOptions(namespace=ns))
     await manager.add(MemberPodsDemo(provider))
     await manager.start()
     try:

@@ -25,6 +25,7 @@ from resourceconsist import kube, lifecycle, wire
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import ApiError
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.webhook import BootstrapOptions, ControlledServiceAdapter, WebhookOptions, serve
@@ -157,9 +158,11 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
     controller_name = adapter.get_controller_name()
     manager = Manager(
         cluster.client,
-        namespace=cluster.namespace,
-        metrics_address=("127.0.0.1", 0),
-        health_probe_address=("127.0.0.1", 0),
+        ManagerOptions(
+            namespace=cluster.namespace,
+            metrics_address=("127.0.0.1", 0),
+            health_probe_address=("127.0.0.1", 0),
+        ),
     )
     await manager.add(adapter)
     port = free_port()

@@ -23,6 +23,7 @@ from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions
 from resourceconsist.testing import (
     KUBERNETES_VERSION,
     Cluster,
@@ -267,7 +268,7 @@ async def test_a_running_controller_recovers_its_watches_across_an_apiserver_res
         client.create(kube.NAMESPACE, None, {"metadata": {"name": "restart"}})
         cluster = Cluster(client, "restart")
         provider = FakeProvider()
-        manager = Manager(client, namespace="restart")
+        manager = Manager(client, ManagerOptions(namespace="restart"))
         await manager.add(DemoAdapter(provider))
         await manager.start()
         try:
