@@ -105,6 +105,8 @@ class SLBAdapter(ReconcileAdapter):
         self.resolver = resolver
         self.backoff = backoff or RequeueBackoff()
         self._clock = clock
+        #: Groups whose refused tagging this adapter has said in the log (once per group).
+        self._told_tag_refusals: set[str] = set()
         #: The garbage search and where its sweep stands, kept from one garbage pass to the next.
         self.search = GroupSearch(
             client,
@@ -128,6 +130,7 @@ class SLBAdapter(ReconcileAdapter):
             resolver=self.resolver,
             clock=self._clock,
             cluster_name=self.cluster_name,
+            told_tag_refusals=self._told_tag_refusals,
         )
 
     def strategy(self, ctx: ReconcileContext, employer: KubeObject) -> ModeStrategy:

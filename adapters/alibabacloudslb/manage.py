@@ -48,8 +48,6 @@ _DRAIN_KEY: Final = "alibabacloudslb.drain_since"
 _ORPHAN_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 #: The tail ``config.vserver_group_name`` gives a shortened name.
 _SHORTENED = re.compile(r"-[0-9a-f]{10}$")
-#: Groups whose tagging SLB refused for good, already said in the log (once per process).
-_TAG_REFUSALS_TOLD: set[str] = set()
 #: How soon a pass looks again while SLB's health check has not yet passed a backend that a
 #: readiness gate waits on: SLB's default health-check interval.
 HEALTH_POLL_SECONDS: Final = 2.0
@@ -330,8 +328,8 @@ class ManageStrategy(ModeStrategy):
             # transient (an account whose API takes no tags on groups) is said once per group.
             if err.transient:
                 self.log(logging.INFO, "tagging group %s (%s) deferred: %s", group.name, group.id, err)
-            elif group.id not in _TAG_REFUSALS_TOLD:
-                _TAG_REFUSALS_TOLD.add(group.id)
+            elif group.id not in self.tools.told_tag_refusals:
+                self.tools.told_tag_refusals.add(group.id)
                 self.log(
                     logging.WARNING,
                     "SLB refused tagging VServer group %s (%s): %s; it keeps serving, and the garbage "

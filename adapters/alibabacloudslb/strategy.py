@@ -51,6 +51,9 @@ class Tools:
     clock: Callable[[], float]
     #: The cluster name written on our VServer groups; empty: not set (manage mode refuses).
     cluster_name: str = ""
+    #: Groups whose tagging SLB refused for good, already said in the log: the adapter's own
+    #: set, so each adapter says it once per group, whatever other adapters of the process said.
+    told_tag_refusals: set[str] = field(default_factory=set)
 
 
 def pod_name(obj: KubeObject) -> str:

@@ -180,15 +180,19 @@ async def test_a_refused_tagging_never_stops_the_service_and_is_said_once(
     lb = slb.add_load_balancer()
     legacy = slb.add_vserver_group(lb, "resourceconsist/ns/web")
     adapter = SLBAdapter(client, cluster_name=CLUSTER)
+    # What an adapter has said is its own: another adapter of the process (another controller
+    # name) says the refusal once too.
+    other = SLBAdapter(client, cluster_name=CLUSTER, name="other-slb")
     service = _service(lb)
-    slb.fail_next("TagResources", times=2, code="InvalidParameter.ResourceType", status=400)
+    slb.fail_next("TagResources", times=4, code="InvalidParameter.ResourceType", status=400)
     with caplog.at_level(logging.INFO):
-        for _ in range(2):
-            (current,) = await adapter.get_current_employer(_ctx(service, key="ns/web"), service)
+        for each in (adapter, adapter, other, other):
+            (current,) = await each.get_current_employer(_ctx(service, key="ns/web"), service)
             assert current.statuses.vserver_group_id == legacy  # type: ignore[union-attr]
     assert slb.vserver_group_tags(legacy) == {}, "the refused call changed nothing"
     refusals = [r for r in caplog.records if "refused tagging" in r.getMessage()]
-    assert len(refusals) == 1 and refusals[0].levelno == logging.WARNING
+    assert len(refusals) == 2 and all(r.levelno == logging.WARNING for r in refusals)
+    assert [r.getMessage().split()[0] for r in refusals] == [adapter.name, "other-slb"]
     assert legacy in refusals[0].getMessage() and "--slb-load-balancer" in refusals[0].getMessage()
 
 
