@@ -30,15 +30,18 @@ from resourceconsist.testing.controlplane import (
     find_helm,
 )
 from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
+from resourceconsist.testing.process import CLI, CommandProcess, run_cli
 from resourceconsist.testing.wait import WaitTimeout, async_wait_for, wait_for
 
 __all__ = [
+    "CLI",
     "CONTROLLERS",
     "ETCD_VERSION",
     "HELM_VERSION",
     "KUBERNETES_VERSION",
     "SERVICE_CLUSTER_IP_RANGE",
     "Cluster",
+    "CommandProcess",
     "ControlPlaneBinariesMissing",
     "ControlPlaneError",
     "LocalCluster",
@@ -51,6 +54,7 @@ __all__ = [
     "finalizers",
     "find_binaries",
     "find_helm",
+    "run_cli",
     "schemaless_crd",
     "wait_for",
 ]

@@ -1,12 +1,14 @@
-"""CommandProcess: one `python -m resourceconsist ...` as its own process, for tests that run the
-controller the way a cluster does (its own process, its own credentials, SIGTERM to stop).
+"""The command line as its own process: ``run_cli`` runs one ``python -m resourceconsist ...``
+to its end, and ``CommandProcess`` keeps one running, for tests that run the controller the way
+a cluster does (its own process, its own credentials, SIGTERM to stop).
 
-Its output is collected as it comes (``output``), ``ready()`` asks its /readyz, and ``stop()``
-sends SIGTERM and waits (docs/testing.md).
+A ``CommandProcess``'s output is collected as it comes (``output``), ``ready()`` asks its
+/readyz, and ``stop()`` sends SIGTERM and waits (docs/testing.md).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -14,8 +16,30 @@ import threading
 import urllib.request
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from typing import Final
 
 from resourceconsist.testing.controlplane import ControlPlaneError
+
+#: The command line as this interpreter runs it: ``python -m resourceconsist``.
+CLI: Final = (sys.executable, "-m", "resourceconsist")
+
+
+def run_cli(
+    *args: str, env: Mapping[str, str] | None = None, timeout: float = 180, columns: int = 120
+) -> subprocess.CompletedProcess[str]:
+    """``python -m resourceconsist <args>`` run to its end, its output captured as text and no
+    stdin, in ``env`` (default: this process's environment) with ``COLUMNS=<columns>`` so help
+    and tables wrap alike on every terminal. A non-zero exit is returned, not raised: the test
+    says what it expects of ``returncode``. Past ``timeout`` seconds: ``TimeoutExpired``."""
+    return subprocess.run(
+        [*CLI, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**(os.environ if env is None else env), "COLUMNS": str(columns)},
+        check=False,
+    )
 
 
 class CommandProcess:
@@ -25,7 +49,7 @@ class CommandProcess:
     def __init__(self, args: Sequence[str], env: Mapping[str, str], health_port: int) -> None:
         self.health_port = health_port
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "resourceconsist", *args],
+            [*CLI, *args],
             env=dict(env),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -13,21 +13,7 @@ import pytest
 
 from resourceconsist import kube, wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV
-from resourceconsist.testing import Cluster, finalizers, wait_for
-
-
-def _cli(
-    *args: str, timeout: float = 180, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "resourceconsist", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-        env={**(os.environ if env is None else env), "COLUMNS": "120"},
-        check=False,
-    )
+from resourceconsist.testing import Cluster, finalizers, run_cli, wait_for
 
 
 def _without_cloud_credentials() -> dict[str, str]:
@@ -36,7 +22,7 @@ def _without_cloud_credentials() -> dict[str, str]:
 
 @pytest.mark.controlplane  # the demo starts its own embedded control plane
 def test_demo_runs_to_completion_and_shows_convergence() -> None:
-    done = _cli("demo")
+    done = run_cli("demo")
     assert done.returncode == 0, done.stdout + done.stderr
     steps = [line for line in done.stdout.splitlines() if line.startswith("converged: ")]
     assert len(steps) == 8, done.stdout  # 6 on the control plane, 2 of the rolling update
@@ -46,14 +32,14 @@ def test_demo_runs_to_completion_and_shows_convergence() -> None:
 
 
 def test_run_with_an_unknown_adapter_lists_the_known_names() -> None:
-    done = _cli("run", "--adapter", "nosuch", timeout=60)
+    done = run_cli("run", "--adapter", "nosuch", timeout=60)
     assert done.returncode == 2
     assert "no adapter named 'nosuch'" in done.stderr
     assert "demo" in done.stderr
 
 
 def test_adapters_lists_demo_as_experimental() -> None:
-    done = _cli("adapters", timeout=60)
+    done = run_cli("adapters", timeout=60)
     assert done.returncode == 0
     assert any(line.startswith("demo\t") and "experimental" in line for line in done.stdout.splitlines())
 
@@ -161,13 +147,13 @@ def test_a_third_party_adapter_registered_by_entry_point_is_found(tmp_path: Path
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: theirs-adapter\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text("[resourceconsist.adapters]\ntheirs = theirs_adapter:register\n")
-    done = _cli("adapters", timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    done = run_cli("adapters", timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert done.returncode == 0, done.stderr
     assert any(line.startswith("theirs\tcontroller\t") for line in done.stdout.splitlines()), done.stdout
 
 
 def test_run_alibabacloudslb_without_credentials_names_the_variables() -> None:
-    done = _cli("run", "--adapter", "alibabacloudslb", timeout=60, env=_without_cloud_credentials())
+    done = run_cli("run", "--adapter", "alibabacloudslb", timeout=60, env=_without_cloud_credentials())
     assert done.returncode != 0
     for variable in (SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV):
         assert variable in done.stderr, done.stderr
@@ -175,7 +161,7 @@ def test_run_alibabacloudslb_without_credentials_names_the_variables() -> None:
 
 def test_run_alibabacloudslb_never_echoes_a_partial_secret() -> None:
     env = {**_without_cloud_credentials(), SLB_ACCESS_SECRET_ENV: "s3cr3t-value-that-must-not-leak"}
-    done = _cli("run", "--adapter", "alibabacloudslb", timeout=60, env=env)
+    done = run_cli("run", "--adapter", "alibabacloudslb", timeout=60, env=env)
     assert done.returncode != 0
     assert SLB_ACCESS_KEY_ENV in done.stderr
     assert "s3cr3t-value-that-must-not-leak" not in done.stdout + done.stderr
@@ -204,19 +190,19 @@ def _error_line(done: subprocess.CompletedProcess[str]) -> str:
 
 def test_a_missing_kubeconfig_path_is_named_with_the_options_that_set_it(tmp_path: Path) -> None:
     missing = tmp_path / "nope" / "config"
-    line = _error_line(_cli("webhook", "--adapter", "demo", "--kubeconfig", str(missing), env=_env()))
+    line = _error_line(run_cli("webhook", "--adapter", "demo", "--kubeconfig", str(missing), env=_env()))
     assert f"kubeconfig {missing} (from --kubeconfig) does not exist" in line
     assert "--kubeconfig" in line and "$KUBECONFIG" in line
 
 
 def test_a_missing_kubeconfig_from_the_environment_names_kubeconfig(tmp_path: Path) -> None:
     missing = tmp_path / "gone"
-    line = _error_line(_cli("webhook", "--adapter", "demo", env=_env(KUBECONFIG=str(missing))))
+    line = _error_line(run_cli("webhook", "--adapter", "demo", env=_env(KUBECONFIG=str(missing))))
     assert f"kubeconfig {missing} (from $KUBECONFIG) does not exist" in line
 
 
 def test_no_kubeconfig_at_all_says_where_it_looked(tmp_path: Path) -> None:
-    line = _error_line(_cli("run", "--adapter", "demo", env=_env(HOME=str(tmp_path))))
+    line = _error_line(run_cli("run", "--adapter", "demo", env=_env(HOME=str(tmp_path))))
     assert "no kubeconfig" in line
     assert str(tmp_path / ".kube" / "config") in line
     assert "--kubeconfig" in line and "$KUBECONFIG" in line
@@ -228,7 +214,7 @@ def test_in_a_pod_the_in_cluster_config_wins_over_a_home_kubeconfig(tmp_path: Pa
     (tmp_path / ".kube").mkdir()
     (tmp_path / ".kube" / "config").write_text("apiVersion: v1\nclusters: []\ncontexts: []\nusers: []\n")
     env = _env(HOME=str(tmp_path), KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT="1")
-    line = _error_line(_cli("run", "--adapter", "demo", env=env))
+    line = _error_line(run_cli("run", "--adapter", "demo", env=env))
     assert "in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable" in line
     assert "--kubeconfig" in line and "$KUBECONFIG" in line
 
@@ -236,24 +222,24 @@ def test_in_a_pod_the_in_cluster_config_wins_over_a_home_kubeconfig(tmp_path: Pa
 def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Path) -> None:
     garbage = tmp_path / "config"
     garbage.write_text("apiVersion: v1\nclusters: [\n  {name: : :\n")
-    line = _error_line(_cli("webhook", "--adapter", "demo", "--kubeconfig", str(garbage), env=_env()))
+    line = _error_line(run_cli("webhook", "--adapter", "demo", "--kubeconfig", str(garbage), env=_env()))
     assert f"kubeconfig {garbage} (from --kubeconfig) is not valid YAML at line" in line
     not_a_kubeconfig = tmp_path / "list"
     not_a_kubeconfig.write_text("- just\n- a list\n")
     line = _error_line(
-        _cli("webhook", "--adapter", "demo", "--kubeconfig", str(not_a_kubeconfig), env=_env())
+        run_cli("webhook", "--adapter", "demo", "--kubeconfig", str(not_a_kubeconfig), env=_env())
     )
     assert "is YAML but not a kubeconfig" in line
 
 
 def test_a_health_address_that_is_not_host_port_is_refused(tmp_path: Path) -> None:
-    line = _error_line(_cli("run", "--adapter", "demo", "--health-address", "not-an-address", env=_env()))
+    line = _error_line(run_cli("run", "--adapter", "demo", "--health-address", "not-an-address", env=_env()))
     assert "--health-address" in line
     assert "'not-an-address' is not HOST:PORT" in line and "127.0.0.1:8081" in line
 
 
 def test_a_negative_garbage_interval_is_refused(tmp_path: Path) -> None:
-    line = _error_line(_cli("run", "--adapter", "demo", "--garbage-interval", "-5", env=_env()))
+    line = _error_line(run_cli("run", "--adapter", "demo", "--garbage-interval", "-5", env=_env()))
     assert "--garbage-interval" in line and "0 (start-up only)" in line
 
 
@@ -262,7 +248,7 @@ def test_run_webhook_in_a_namespace_that_does_not_exist_hints_pod_namespace(
 ) -> None:
     args = ["run", "--adapter", "demo", "--webhook", "--kubeconfig", str(control_plane.kubeconfig)]
     args += ["--cert-dir", str(tmp_path), "--health-address", "127.0.0.1:0", "--webhook-port", "0"]
-    line = _error_line(_cli(*args, timeout=60, env=_env(POD_NAMESPACE="no-such-namespace-rc")))
+    line = _error_line(run_cli(*args, timeout=60, env=_env(POD_NAMESPACE="no-such-namespace-rc")))
     assert "namespace no-such-namespace-rc does not exist" in line
     assert "POD_NAMESPACE" in line
 
@@ -271,14 +257,14 @@ def test_webhook_without_bootstrap_and_an_empty_cert_dir_names_the_missing_files
     control_plane: Any, tmp_path: Path
 ) -> None:
     args = ["webhook", "--adapter", "demo", "--no-bootstrap-certs", "--cert-dir", str(tmp_path)]
-    line = _error_line(_cli(*args, "--kubeconfig", str(control_plane.kubeconfig), timeout=60, env=_env()))
+    line = _error_line(run_cli(*args, "--kubeconfig", str(control_plane.kubeconfig), timeout=60, env=_env()))
     assert f"no tls.crt or tls.key in {tmp_path}" in line
     assert "--no-bootstrap-certs" in line
 
 
 def test_a_webhook_url_that_is_not_https_is_refused() -> None:
     line = _error_line(
-        _cli("webhook", "--adapter", "demo", "--webhook-url", "http://127.0.0.1:9443", env=_env())
+        run_cli("webhook", "--adapter", "demo", "--webhook-url", "http://127.0.0.1:9443", env=_env())
     )
     assert "'http://127.0.0.1:9443' is not an https:// URL" in line
 
@@ -286,7 +272,7 @@ def test_a_webhook_url_that_is_not_https_is_refused() -> None:
 @pytest.mark.parametrize("command", [("webhook",), ("run",), ("explain", "pod"), ("explain", "employer")])
 def test_every_command_states_the_one_kubeconfig_precedence(command: tuple[str, ...]) -> None:
     # One order in code, --help and docs/index.md ("Which cluster"): controller-runtime's.
-    done = _cli(*command, "--help", timeout=60)
+    done = run_cli(*command, "--help", timeout=60)
     assert done.returncode == 0
     text = " ".join(done.stdout.split())
     assert (

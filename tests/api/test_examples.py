@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from resourceconsist import kube, lifecycle
-from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers, wait_for
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers, run_cli, wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nginx-upstream"
 
@@ -50,28 +50,16 @@ def _env(site: Path | None, **extra: str) -> dict[str, str]:
     return {**env, "COLUMNS": "120", **extra}
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "resourceconsist", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        env=env,
-        check=False,
-    )
-
-
 def test_the_installed_example_is_listed_by_name(installed: Path) -> None:
-    listed = _cli("adapters", env=_env(installed))
+    listed = run_cli("adapters", env=_env(installed))
     assert listed.returncode == 0, listed.stderr
     assert any(line.startswith("nginx-upstream\tcontroller+webhook\t") for line in listed.stdout.splitlines())
-    before = _cli("adapters", env=_env(None))
+    before = run_cli("adapters", env=_env(None))
     assert "nginx-upstream" not in before.stdout, "listed without the package: the test proves nothing"
 
 
 def test_the_installed_example_without_its_directory_says_what_to_set(installed: Path) -> None:
-    done = _cli("run", "--adapter", "nginx-upstream", env=_env(installed))
+    done = run_cli("run", "--adapter", "nginx-upstream", env=_env(installed))
     assert done.returncode != 0
     assert "NGINX_UPSTREAM_DIR" in done.stderr and "Traceback" not in done.stderr, done.stderr
 

@@ -6,9 +6,10 @@ in a fresh interpreter, since this one has imported everything already."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
+
+from resourceconsist.testing import run_cli
 
 #: What only a running command may load.
 RUNTIME = (
@@ -78,15 +79,7 @@ def test_a_refused_flag_loads_no_runtime() -> None:
 
 
 def test_python_m_resourceconsist_help_lists_the_commands() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "resourceconsist", "--help"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "120"},
-        check=False,
-    )
+    done = run_cli("--help")
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.startswith("Usage: python -m resourceconsist"), done.stdout
     for command in ("adapters", "demo", "explain", "run", "webhook"):

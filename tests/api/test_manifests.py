@@ -5,8 +5,6 @@ flags the command line knows."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +12,7 @@ import yaml
 
 from resourceconsist import kube, wire
 from resourceconsist.kube import KubeClient
+from resourceconsist.testing import run_cli
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"
 #: The flags of issue 20's metrics and logging work (items 3 and 4) that the chart already passes
@@ -63,9 +62,9 @@ def test_the_manager_deployment_runs_flags_the_cli_knows() -> None:
     assert container["command"] == ["resourceconsist"]
     args = container["args"]
     assert args[0] == "run"
-    help_text = subprocess.run(
-        [sys.executable, "-m", "resourceconsist", "run", "--help"], capture_output=True, text=True, check=True
-    ).stdout
+    done = run_cli("run", "--help")
+    assert done.returncode == 0, done.stderr
+    help_text = done.stdout
     known = set(re.findall(r"(--[a-z][a-z-]+)", help_text))
     env = {e["name"] for e in container["env"]}
     assert wire.POD_NAMESPACE_ENV in env

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import signal
 import socket
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from typing import Any
@@ -19,24 +17,12 @@ from typing import Any
 import pytest
 
 from resourceconsist import kube, wire
-from resourceconsist.testing import Cluster, finalizers, wait_for
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "resourceconsist", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "200"},
-        check=False,
-    )
+from resourceconsist.testing import CLI, Cluster, finalizers, run_cli, wait_for
 
 
 @pytest.mark.parametrize("command", ["run", "webhook"])
 def test_every_serving_command_shows_the_standard_flags(command: str) -> None:
-    done = _cli(command, "--help")
+    done = run_cli(command, "--help", columns=200)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "--metrics-bind-address HOST:PORT host:port or :port of /metrics; 0: off. [default: :8080]" in text
@@ -56,15 +42,24 @@ def test_every_serving_command_shows_the_standard_flags(command: str) -> None:
     ],
 )
 def test_the_log_flags_work_before_and_after_the_subcommand(argv: tuple[str, ...]) -> None:
-    done = _cli(*argv)
+    done = run_cli(*argv, columns=200)
     assert done.returncode == 0, done.stderr
     assert "demo\t" in done.stdout
 
 
 def test_the_deprecated_health_address_says_so_in_one_log_line(tmp_path: Any) -> None:
     missing = str(tmp_path / "kubeconfig")
-    done = _cli(
-        "run", "--adapter", "demo", "--health-address", ":0", "--log-format", "json", "--kubeconfig", missing
+    done = run_cli(
+        "run",
+        "--adapter",
+        "demo",
+        "--health-address",
+        ":0",
+        "--log-format",
+        "json",
+        "--kubeconfig",
+        missing,
+        columns=200,
     )
     assert done.returncode == 2  # the missing kubeconfig, after the flags were read
     (deprecation,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
@@ -92,7 +87,7 @@ def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, c
     metrics, probes = _free_port(), _free_port()
     process = subprocess.Popen(
         [
-            *(sys.executable, "-m", "resourceconsist", "--log-level", "info"),
+            *(*CLI, "--log-level", "info"),
             *("run", "--adapter", "demo", "--kubeconfig", str(control_plane.kubeconfig)),
             *("--namespace", cluster.namespace, "--metrics-bind-address", f"127.0.0.1:{metrics}"),
             *("--health-probe-bind-address", f"127.0.0.1:{probes}"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from resourceconsist.testing import (
     async_wait_for,
     condition,
     finalizers,
+    run_cli,
 )
 
 SERVICE = "web"
@@ -168,13 +168,7 @@ def test_the_command_line_prints_json_that_matches_the_cluster(
     try:
         truth = cluster.client.get(kube.POD, cluster.namespace, "plain")
         args = ["explain", "pod", f"{cluster.namespace}/plain", "--kubeconfig", str(control_plane.kubeconfig)]
-        done = subprocess.run(
-            [sys.executable, "-m", "resourceconsist", *args, "--output", "json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        done = run_cli(*args, "--output", "json")
         assert done.returncode == 0, done.stderr
         answer = json.loads(done.stdout)
         ready = next(c for c in truth["status"]["conditions"] if c["type"] == "Ready")
@@ -193,14 +187,7 @@ def test_the_command_line_exits_1_for_an_object_that_does_not_exist(
     the same pod once created: exit code 0."""
 
     def explain(*args: str) -> subprocess.CompletedProcess[str]:
-        where = ["--kubeconfig", str(control_plane.kubeconfig)]
-        return subprocess.run(
-            [sys.executable, "-m", "resourceconsist", "explain", *args, *where],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        return run_cli("explain", *args, "--kubeconfig", str(control_plane.kubeconfig))
 
     missing = explain("pod", f"{cluster.namespace}/here")
     assert missing.returncode == 1, missing.stderr
@@ -214,13 +201,7 @@ def test_the_command_line_exits_1_for_an_object_that_does_not_exist(
 
 
 def test_the_command_line_refuses_a_reference_without_a_namespace() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "resourceconsist", "explain", "pod", "web"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    done = run_cli("explain", "pod", "web")
     assert done.returncode == 2
     assert "'web' is not NAMESPACE/NAME" in done.stderr
 

@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import functools
-import os
-import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -46,6 +43,7 @@ from resourceconsist.testing import (
     async_wait_for,
     condition,
     finalizers,
+    run_cli,
 )
 from resourceconsist.testing.slb_emulator import SLBEmulator
 
@@ -292,18 +290,6 @@ async def test_a_dry_run_reports_what_the_run_then_does(cluster: Cluster, kube_c
     assert finalizers(await _pod(cluster, "lone-unselected")) == []
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "resourceconsist", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        stdin=subprocess.DEVNULL,
-        env={**os.environ, "COLUMNS": "120"},
-        check=False,
-    )
-
-
 async def test_the_command_refuses_while_the_lease_is_renewed_then_releases_a_pod_the_provider_lost(
     cluster: Cluster, kube_client: KubeClient, control_plane: LocalControlPlane
 ) -> None:
@@ -326,13 +312,13 @@ async def test_the_command_refuses_while_the_lease_is_renewed_then_releases_a_po
     args = ("handover", "--adapter", "demo", "--kubeconfig", str(control_plane.kubeconfig), "--namespace", ns)
     args += ("--leader-election-namespace", ns, "--leader-election-id", "handover-test")
 
-    refused = await asyncio.to_thread(_cli, *args)
+    refused = await asyncio.to_thread(run_cli, *args)
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "held by controller-0" in refused.stderr
     assert finalizers(await _pod(cluster, "p")) == [guard]
 
     await cluster.call(kube_client.delete, kube.LEASE, ns, "handover-test")
-    done = await asyncio.to_thread(_cli, *args)
+    done = await asyncio.to_thread(run_cli, *args)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"released: pod {ns}/p (Service {ns}/web)" in done.stdout
     assert finalizers(await _pod(cluster, "p")) == []

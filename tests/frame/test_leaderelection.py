@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,9 +14,7 @@ from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.manager import Manager
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions
-from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for
-
-_CLI = (sys.executable, "-m", "resourceconsist")
+from resourceconsist.testing import CLI, Cluster, LocalControlPlane, async_wait_for, run_cli
 
 
 async def test_only_the_leader_reconciles_and_a_standby_takes_over(cluster: Cluster) -> None:
@@ -117,7 +114,7 @@ async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus
     leader = await asyncio.to_thread(
         subprocess.Popen,
         [
-            *_CLI,
+            *CLI,
             "run",
             "--adapter",
             "demo",
@@ -204,22 +201,8 @@ def test_leader_election_timings_are_checked_with_a_clear_message() -> None:
         LeaderElectionOptions(namespace="ns", name="l", lease_duration=15, renew_deadline=2, retry_period=2)
     with pytest.raises(ValueError, match=r"lease duration .* must be longer than the renew deadline"):
         LeaderElectionOptions(namespace="ns", name="l", lease_duration=10, renew_deadline=10, retry_period=2)
-    done = subprocess.run(
-        [
-            *_CLI,
-            "run",
-            "--adapter",
-            "demo",
-            "--leader-elect",
-            "--lease-duration",
-            "5",
-            "--renew-deadline",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    done = run_cli(
+        "run", "--adapter", "demo", "--leader-elect", "--lease-duration", "5", "--renew-deadline", "8"
     )
     assert done.returncode == 2
     assert "lease duration (5s) must be longer than the renew deadline (8s)" in done.stderr

@@ -11,7 +11,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from resourceconsist import certs, kube, lifecycle, wire
 from resourceconsist.kube import ApiError, KubeClient
-from resourceconsist.testing import LocalControlPlane, wait_for
+from resourceconsist.testing import CLI, LocalControlPlane, wait_for
 
 CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}
 
@@ -45,7 +44,7 @@ def test_the_apiserver_calls_a_local_webhook_through_a_url_configuration(
 ) -> None:
     port = _free_port()
     url = f"https://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "resourceconsist", "webhook", "--adapter", "demo"]
+    command = [*CLI, "webhook", "--adapter", "demo"]
     command += ["--kubeconfig", str(control_plane.kubeconfig), "--cert-dir", str(tmp_path)]
     command += ["--webhook-host", "127.0.0.1", "--webhook-port", str(port), "--webhook-url", url]
     command += ["--webhook-cert-host", "localhost", "--webhook-cert-host", "dev.example.test"]
