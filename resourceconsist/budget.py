@@ -15,8 +15,11 @@ behind registrations and reads. ``ProviderBudget`` hands out one token per provi
 - ``throttled(retry_after=...)`` is the provider's "slow down": the whole account pauses for
   ``Retry-After`` when the provider gave one, else for a backoff that doubles with each throttle
   in a row (``succeeded()`` ends the streak), and the bucket empties so the pause is not
-  followed by a burst. With no rate set, throttles are only counted: each caller's own retry
-  backs off.
+  followed by a burst. The rate is halved too (down to a sixteenth of the configured one), and
+  each success gives back a sixteenth of it: a rate set above what the account really allows
+  (its quota is shared with other clients of the account, Alibaba's CCM among them) settles
+  just under it instead of failing every other request. With no rate set, throttles are only
+  counted: each caller's own retry backs off.
 - Waiting is cancellable: ``spend`` wakes on the pass's ``current_cancellation()`` and raises
   ``PassCancelled``, so a stop is never held up by a queue (docs/concepts.md, "Stopping within
   the shutdown timeout"). It blocks its thread: call it from a provider call's thread (an
@@ -83,6 +86,9 @@ class Priority(enum.IntEnum):
 THROTTLE_BASE_SECONDS: Final = 0.5
 #: The longest such pause.
 THROTTLE_CAP_SECONDS: Final = 16.0
+#: The lowest share of the configured rate throttles slow the budget down to, and what each
+#: success gives back.
+SLOWDOWN_STEP: Final = 1.0 / 16
 #: How often a waiter looks at its cancellation (it cannot wait on two events at once).
 _POLL_SECONDS: Final = 0.05
 
@@ -101,6 +107,8 @@ class BudgetStats:
     throttles: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(Priority, 0))
     #: Requests waiting right now.
     queued: dict[Priority, int] = field(default_factory=lambda: dict.fromkeys(Priority, 0))
+    #: Requests a second spent now (the configured rate, slowed by recent throttles); None: no limit.
+    rate: float | None = None
 
 
 _PRIORITY: contextvars.ContextVar[Priority | None] = contextvars.ContextVar(
@@ -162,6 +170,8 @@ class ProviderBudget:
         self._refilled = clock()
         self._paused_until = 0.0
         self._streak = 0
+        # The share of the configured rate spent now: halved by a throttle, regained by successes.
+        self._pace = 1.0
         self._tickets = itertools.count()
         # Waiters, most urgent first: (priority, arrival).
         self._waiting: list[tuple[Priority, int]] = []
@@ -201,7 +211,7 @@ class ProviderBudget:
         started = self._clock()
         give_up = None if timeout is None else started + timeout
         with self._cond:
-            if self._settings.effective_rate is None:
+            if self._rate() is None:
                 self.stats.granted[priority] += 1
                 return 0.0
             ticket = (priority, next(self._tickets))
@@ -213,7 +223,7 @@ class ProviderBudget:
                 while True:
                     now = self._clock()
                     self._refill(now)
-                    rate = self._settings.effective_rate
+                    rate = self._rate()
                     if rate is None or (
                         self._waiting[0] == ticket and now >= self._paused_until and self._tokens >= 1.0
                     ):
@@ -251,7 +261,7 @@ class ProviderBudget:
         with self._cond:
             self.stats.throttles[priority] += 1
             self._streak += 1
-            if self._settings.effective_rate is None:
+            if self._rate() is None:
                 return 0.0
             if retry_after is not None:
                 pause = max(0.0, retry_after)
@@ -259,15 +269,20 @@ class ProviderBudget:
                 pause = min(THROTTLE_CAP_SECONDS, THROTTLE_BASE_SECONDS * 2.0 ** (self._streak - 1))
             now = self._clock()
             self._refill(now)
+            self._pace = max(SLOWDOWN_STEP, self._pace / 2)
             self._paused_until = max(self._paused_until, now + pause)
             self._tokens = 0.0
             self._cond.notify_all()
             return pause
 
     def succeeded(self) -> None:
-        """A request went through: a throttle after it starts the backoff over."""
+        """A request went through: a throttle after it starts the backoff over, and the budget
+        regains a sixteenth of its configured rate."""
         with self._cond:
             self._streak = 0
+            if self._pace < 1.0:
+                self._refill(self._clock())
+                self._pace = min(1.0, self._pace + SLOWDOWN_STEP)
 
     def queued(self) -> dict[Priority, int]:
         """Requests waiting now, by priority."""
@@ -284,10 +299,15 @@ class ProviderBudget:
                 dict(stats.wait_seconds),
                 dict(stats.throttles),
                 dict(stats.queued),
+                self._rate(),
             )
 
-    def _refill(self, now: float) -> None:
+    def _rate(self) -> float | None:
         rate = self._settings.effective_rate
+        return None if rate is None else rate * self._pace
+
+    def _refill(self, now: float) -> None:
+        rate = self._rate()
         if rate is not None and now > self._refilled:
             self._tokens = min(float(self._settings.burst), self._tokens + (now - self._refilled) * rate)
         self._refilled = max(self._refilled, now)

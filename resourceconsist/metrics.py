@@ -242,8 +242,16 @@ class _BudgetCollector(Collector):
             "Provider requests waiting for the API budget now; removals are served first.",
             labels=labels,
         )
+        rate = GaugeMetricFamily(
+            "resourceconsist_provider_budget_rate",
+            "Provider requests a second the API budget spends now: the configured rate, slowed "
+            "down after throttling answers; absent without a rate.",
+            labels=["account"],
+        )
         for spent in budget.budgets():
             stats = spent.snapshot()
+            if stats.rate is not None:
+                rate.add_metric([spent.account], stats.rate)
             for priority in budget.Priority:
                 key = [spent.account, priority.label]
                 granted.add_metric(key, stats.granted[priority])
@@ -251,7 +259,7 @@ class _BudgetCollector(Collector):
                 wait_seconds.add_metric(key, stats.wait_seconds[priority])
                 throttles.add_metric(key, stats.throttles[priority])
                 queued.add_metric(key, stats.queued[priority])
-        yield from (granted, waits, wait_seconds, throttles, queued)
+        yield from (granted, waits, wait_seconds, throttles, queued, rate)
 
 
 _BOUND: contextvars.ContextVar[tuple[Metrics, str] | None] = contextvars.ContextVar(

@@ -179,6 +179,27 @@ def test_throttles_without_retry_after_back_off_doubling_until_a_success(clock: 
     assert spent.throttled(Priority.READ) == 0.5
 
 
+def test_a_throttle_halves_the_rate_and_successes_give_it_back(clock: FakeClock) -> None:
+    spent = ProviderBudget("test:pace", ProviderBudgetOptions(rate=10.0, burst=1), clock=clock)
+    spent.throttled(Priority.READ, retry_after=0.0)
+    assert spent.snapshot().rate == 5.0
+    clock.advance(0.2)  # one token at 5/s
+    spent.spend(Priority.READ, timeout=0.0)
+    clock.advance(0.1)  # half a token at 5/s: at 10/s it would be a whole one
+    with pytest.raises(TimeoutError, match="rate 5/s"):
+        spent.spend(Priority.READ, timeout=0.0)
+    for _ in range(3):
+        spent.throttled(Priority.READ, retry_after=0.0)
+    assert spent.snapshot().rate == pytest.approx(10.0 / 16)  # never below a sixteenth
+    spent.throttled(Priority.READ, retry_after=0.0)
+    assert spent.snapshot().rate == pytest.approx(10.0 / 16)
+    for _ in range(15):
+        spent.succeeded()
+    assert spent.snapshot().rate == 10.0
+    spent.succeeded()
+    assert spent.snapshot().rate == 10.0  # never above the configured rate
+
+
 def test_a_throttle_is_noted_under_the_priority_of_the_pass(clock: FakeClock) -> None:
     spent = ProviderBudget("test:throttle-priority", ProviderBudgetOptions(rate=10.0), clock=clock)
     with spending_for(Priority.REMOVE_TRAFFIC):
@@ -281,3 +302,4 @@ def test_the_metrics_show_the_budgets_by_priority(restore_settings: None) -> Non
     assert f'{series}_throttles_total{{account="test:metrics",priority="remove_traffic"}} 1.0' in text
     assert f'{series}_queued{{account="test:metrics",priority="read"}} 0.0' in text
     assert "resourceconsist_provider_budget_wait_seconds_total" in text
+    assert f'{series}_rate{{account="test:metrics"}} 500.0' in text  # halved by the throttle
