@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from resourceconsist import budget, kube, lifecycle
+from resourceconsist.adapter import ReconcileContext
 from resourceconsist.adapters.alibabacloudslb import (
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
@@ -25,8 +26,8 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
-from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient
-from resourceconsist.budget import Priority
+from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, RetryPolicy, SLBClient
+from resourceconsist.budget import Priority, ProviderBudget
 from resourceconsist.options import ProviderBudgetOptions
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.slb_emulator import SLBEmulator
@@ -205,3 +206,56 @@ async def test_under_a_throttled_account_drains_go_first_and_no_change_is_lost(
         return waited[priority] / max(1, waits[priority])
 
     assert mean(Priority.REMOVE_TRAFFIC) < max(mean(Priority.READ), mean(Priority.REGISTER))
+
+
+class _NoServices:
+    """The frame's cache as the garbage search reads it, with no Service in it."""
+
+    def list(self, resource: kube.Resource, *_: Any) -> list[kube.KubeObject]:
+        return []
+
+
+def _backend(n: int, weight: int) -> BackendServer:
+    return BackendServer(
+        server_id=f"eni-{n}", port=80, weight=weight, server_type="eni", server_ip=f"10.9.0.{n}"
+    )
+
+
+def _granted(spent: ProviderBudget) -> dict[Priority, int]:
+    return dict(spent.snapshot().granted)
+
+
+def test_each_slb_write_spends_at_its_own_priority_and_drains_go_out_first(slb: SLBEmulator) -> None:
+    spent = ProviderBudget("test:slb-writes", ProviderBudgetOptions(rate=1000.0, burst=1000))
+    lb = slb.add_load_balancer()
+    with SLBClient(slb.credentials(), retry=RETRY, budget=spent) as client:
+        group = client.create_vserver_group(lb, "resourceconsist/ns/writes")
+        client.add_backend_servers(group, [_backend(1, 100), _backend(2, 100)], load_balancer_id=lb)
+        after_adds = _granted(spent)
+        assert after_adds[Priority.REGISTER] == 3  # the create's read, the create, the add
+        assert after_adds[Priority.REMOVE_TRAFFIC] == after_adds[Priority.DELETE] == 0
+        # One call asked to drain one backend and raise another: the drain is sent first, alone.
+        marker = len(slb.calls)
+        client.set_backend_weights(group, [_backend(2, 50), _backend(1, 0)], load_balancer_id=lb)
+        sets = [c.backend_servers for c in slb.calls[marker:] if c.action == SET]
+        assert [[s["Weight"] for s in servers] for servers in sets] == [[0], [50]]
+        client.remove_backend_servers(group, [_backend(1, 0)], load_balancer_id=lb)
+        client.delete_vserver_group(group, load_balancer_id=lb)
+    final = _granted(spent)
+    assert final[Priority.REMOVE_TRAFFIC] == 2  # the drain and the removal
+    assert final[Priority.REGISTER] == after_adds[Priority.REGISTER] + 1  # the raised weight
+    assert final[Priority.DELETE] == 1
+    assert sum(final.values()) == len(slb.calls), "every request spent one token"
+
+
+async def test_the_garbage_search_spends_the_accounts_budget_as_reads(slb: SLBEmulator) -> None:
+    spent = ProviderBudget("test:garbage-search", ProviderBudgetOptions(rate=1000.0, burst=1000))
+    for _ in range(3):
+        slb.add_load_balancer()
+    with SLBClient(slb.credentials(), retry=RETRY, budget=spent) as client:
+        adapter = SLBAdapter(client, cluster_name="budget-tests")
+        ctx = ReconcileContext(reader=_NoServices(), controller="c", employer_key="")  # type: ignore[arg-type]
+        assert await adapter.list_owned(ctx) == []
+    granted = _granted(spent)
+    assert granted[Priority.READ] == len(slb.calls) >= 4  # a page of load balancers, then each one's groups
+    assert sum(granted.values()) == granted[Priority.READ]
