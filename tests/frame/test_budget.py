@@ -13,10 +13,12 @@ import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from email.utils import format_datetime
+from typing import Any
 
 import pytest
 
-from resourceconsist import budget
+from resourceconsist import budget, kube, lifecycle
+from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.budget import (
     Priority,
     ProviderBudget,
@@ -26,8 +28,11 @@ from resourceconsist.budget import (
 )
 from resourceconsist.cancellation import Cancellation, PassCancelled, call_adapter
 from resourceconsist.errors import InvalidOptions
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeObject
 from resourceconsist.metrics import Metrics
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.wait import wait_for
 
 
@@ -303,3 +308,74 @@ def test_the_metrics_show_the_budgets_by_priority(restore_settings: None) -> Non
     assert f'{series}_queued{{account="test:metrics",priority="read"}} 0.0' in text
     assert "resourceconsist_provider_budget_wait_seconds_total" in text
     assert f'{series}_rate{{account="test:metrics"}} 500.0' in text  # halved by the throttle
+
+
+class PriorityRecordingAdapter(DemoAdapter):
+    """The demo adapter, noting the budget priority each provider call runs at (in its thread)."""
+
+    def __init__(self) -> None:
+        super().__init__(FakeProvider())
+        self.seen: list[tuple[str, Priority, tuple[str, ...]]] = []
+        self._lock = threading.Lock()
+
+    def _note(self, what: str, items: list[Employee] | None = None) -> None:
+        with self._lock:
+            self.seen.append((what, current_priority(), tuple(i.id for i in items or [])))
+
+    def get_current_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        self._note("read")
+        return super().get_current_employee(ctx, employer)
+
+    def create_employees(self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]) -> Any:
+        self._note("create", to_create)
+        return super().create_employees(ctx, employer, to_create)
+
+    def update_employees(self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]) -> Any:
+        self._note("update", to_update)
+        return super().update_employees(ctx, employer, to_update)
+
+    def delete_employees(self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employee]) -> Any:
+        self._note("delete", to_delete)
+        return super().delete_employees(ctx, employer, to_delete)
+
+    def since(self, mark: int) -> list[tuple[str, Priority, tuple[str, ...]]]:
+        with self._lock:
+            return list(self.seen[mark:])
+
+
+async def test_the_frame_gives_a_pass_that_removes_traffic_its_priority(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    """Reads of an ordinary pass spend as reads and its registrations as registrations; once a
+    guarded pod is deleting, the pass's reads and the call that takes the pod out spend as
+    traffic removals (docs/concepts.md, "The provider budget")."""
+    for name in ("web-0", "web-1"):
+        await cluster.pod(name, {"app": "web"})
+        await cluster.set_status(name)
+    await cluster.service("web")
+    adapter = PriorityRecordingAdapter()
+    held = lifecycle.lifecycle_finalizer("web")
+    async with run_manager(adapter):
+
+        async def guarded() -> bool:
+            for name in ("web-0", "web-1"):
+                pod = await cluster.get(kube.POD, name)
+                if pod is None or held not in finalizers(pod):
+                    return False
+            return True
+
+        await async_wait_for(guarded, timeout=60, message="both pods guarded")
+        before = adapter.since(0)
+        assert {p for what, p, _ in before if what == "read"} == {Priority.READ}
+        assert {p for what, p, ids in before if what == "create" and ids} == {Priority.REGISTER}
+        mark = len(adapter.seen)
+        await cluster.delete(kube.POD, "web-0")
+        await async_wait_for(lambda: _gone(cluster, "web-0"), timeout=60, message="web-0 taken out and gone")
+        after = adapter.since(mark)
+    assert ("read", Priority.REMOVE_TRAFFIC, ()) in after
+    out = [(what, p) for what, p, ids in after if "web-0" in ids and what in ("update", "delete")]
+    assert out and all(p is Priority.REMOVE_TRAFFIC for _, p in out), out
+
+
+async def _gone(cluster: Cluster, name: str) -> bool:
+    return await cluster.get(kube.POD, name) is None
