@@ -89,8 +89,9 @@ THROTTLE_CAP_SECONDS: Final = 16.0
 #: The lowest share of the configured rate throttles slow the budget down to, and what each
 #: success gives back.
 SLOWDOWN_STEP: Final = 1.0 / 16
-#: How often a waiter looks at its cancellation (it cannot wait on two events at once).
-_POLL_SECONDS: Final = 0.05
+#: How often a waiter looks at its cancellation (it cannot wait on two events at once); a
+#: change of the queue wakes it sooner.
+_POLL_SECONDS: Final = 0.2
 
 
 @dataclass
@@ -217,8 +218,8 @@ class ProviderBudget:
             ticket = (priority, next(self._tickets))
             heapq.heappush(self._waiting, ticket)
             self.stats.queued[priority] += 1
-            if self._waiting[0] != ticket:
-                self._cond.notify_all()  # the head may have changed: let the old one look again
+            if self._waiting[0] == ticket and len(self._waiting) > 1:
+                self._cond.notify_all()  # a new head: the one it displaced stops timing its token
             try:
                 while True:
                     now = self._clock()
