@@ -32,6 +32,7 @@ bench: setup
 	$(BIN)/python bench/bench_frame.py
 	$(BIN)/python bench/bench_webhook.py
 	$(BIN)/python bench/bench_rollout.py
+	$(BIN)/python bench/bench_budget.py
 	$(BIN)/python bench/bench_pace.py $(PACE_ARGS)
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,

@@ -4,8 +4,9 @@ The public API, importable from the package itself::
 
     from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
 
-A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions`` and
-``GarbageOptions``); the webhook's are ``resourceconsist.webhook.WebhookOptions``.
+A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions``,
+``GarbageOptions`` and ``ProviderBudgetOptions``); the webhook's are
+``resourceconsist.webhook.WebhookOptions``.
 
 Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
 not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for the testing kit,
@@ -46,7 +47,13 @@ if TYPE_CHECKING:
     from resourceconsist.errors import InvalidOptions, PermanentError, ResourceConsistError, RetryAfter
     from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
     from resourceconsist.manager import Manager, Runnable, add_to_manager
-    from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerKeywords, ManagerOptions
+    from resourceconsist.options import (
+        GarbageOptions,
+        LeaderElectionOptions,
+        ManagerKeywords,
+        ManagerOptions,
+        ProviderBudgetOptions,
+    )
     from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
 #: The public names, as the block above imports them (the one table of their homes,
@@ -80,6 +87,7 @@ __all__ = (
     "OwnedItem",
     "PermanentError",
     "PodEmployeeStatuses",
+    "ProviderBudgetOptions",
     "ReconcileAdapter",
     "ReconcileContext",
     "ReconcileLifecycleOptions",

@@ -28,7 +28,12 @@ import click
 
 from resourceconsist import logs
 from resourceconsist.errors import InvalidOptions
-from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.options import (
+    GarbageOptions,
+    LeaderElectionOptions,
+    ManagerOptions,
+    ProviderBudgetOptions,
+)
 from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
@@ -579,6 +584,22 @@ _manager_flags = _flag_group(
     ),
     click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items."),
     click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect."),
+    _field_flag(
+        "--provider-rate",
+        ProviderBudgetOptions,
+        "rate",
+        "Provider API requests a second per account, shared by every controller; drains and "
+        'deregistrations go first (docs/concepts.md, "The provider budget"); 0: no limit.',
+        type=float,
+        show_default="no limit",
+    ),
+    _field_flag(
+        "--provider-burst",
+        ProviderBudgetOptions,
+        "burst",
+        "Provider API requests that may pass at once under --provider-rate.",
+        type=int,
+    ),
 )
 
 
@@ -597,7 +618,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 renew_deadline=flags["renew_deadline"],
                 retry_period=flags["retry_period"],
             )
-    with _flags(ManagerOptions, GarbageOptions):
+    with _flags(ManagerOptions, GarbageOptions, ProviderBudgetOptions):
         return dataclasses.replace(
             _serving_options(flags),
             namespace=flags["namespace"],
@@ -609,6 +630,10 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 enabled=not flags["no_garbage"],
                 interval=flags["garbage_interval"] or None,
                 dry_run=flags["garbage_dry_run"],
+            ),
+            provider_budget=ProviderBudgetOptions(
+                rate=flags["provider_rate"] or None,
+                burst=flags["provider_burst"],
             ),
         )
 

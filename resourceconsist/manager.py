@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
+from resourceconsist import budget
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cache import InformerFactory
 from resourceconsist.cancellation import DaemonThreadExecutor
@@ -81,6 +82,9 @@ class Manager:
         #: The settings this manager runs with.
         self.options = options
         self.client = client
+        # One API budget per provider account, process-wide: this manager's settings apply to
+        # every adapter it runs (docs/concepts.md, "The provider budget").
+        budget.configure(self.options.provider_budget)
         self.subscribers: list[LifecycleSubscriber] = []
         self.informers = InformerFactory(
             client, resync_period=self.options.resync_period, namespace=self.options.namespace

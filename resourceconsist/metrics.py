@@ -35,6 +35,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from resourceconsist import budget
+
 if TYPE_CHECKING:
     from aiohttp import web
     from prometheus_client.metrics_core import Metric
@@ -152,6 +154,8 @@ class Metrics:
         )
         self._kube = _KubeCollector()
         self.registry.register(self._kube)
+        # The process's provider budgets, read when scraped (docs/observability.md).
+        self.registry.register(_BudgetCollector())
 
     def observe_reconcile(self, controller: str, outcome: str, seconds: float) -> None:
         self.reconciles.labels(controller, outcome).inc()
@@ -206,6 +210,56 @@ class _KubeCollector(Collector):
                 relists.add_metric([cluster, informer.resource.plural], max(0, informer.relists - 1))
         yield conflicts
         yield relists
+
+
+class _BudgetCollector(Collector):
+    """What the process's provider budgets did (resourceconsist/budget.py), by account and priority."""
+
+    def collect(self) -> Iterable[Metric]:
+        labels = ["account", "priority"]
+        granted = CounterMetricFamily(
+            "resourceconsist_provider_budget_granted",
+            "Provider requests the API budget let through, by account and priority.",
+            labels=labels,
+        )
+        waits = CounterMetricFamily(
+            "resourceconsist_provider_budget_waits",
+            "Provider requests that waited for the API budget (its rate, or a throttle's pause).",
+            labels=labels,
+        )
+        wait_seconds = CounterMetricFamily(
+            "resourceconsist_provider_budget_wait_seconds",
+            "Seconds provider requests spent waiting for the API budget, summed.",
+            labels=labels,
+        )
+        throttles = CounterMetricFamily(
+            "resourceconsist_provider_budget_throttles",
+            "Throttling answers of the provider (each pauses the account when a rate is set).",
+            labels=labels,
+        )
+        queued = GaugeMetricFamily(
+            "resourceconsist_provider_budget_queued",
+            "Provider requests waiting for the API budget now; removals are served first.",
+            labels=labels,
+        )
+        rate = GaugeMetricFamily(
+            "resourceconsist_provider_budget_rate",
+            "Provider requests a second the API budget spends now: the configured rate, slowed "
+            "down after throttling answers; absent without a rate.",
+            labels=["account"],
+        )
+        for spent in budget.budgets():
+            stats = spent.snapshot()
+            if stats.rate is not None:
+                rate.add_metric([spent.account], stats.rate)
+            for priority in budget.Priority:
+                key = [spent.account, priority.label]
+                granted.add_metric(key, stats.granted[priority])
+                waits.add_metric(key, stats.waits[priority])
+                wait_seconds.add_metric(key, stats.wait_seconds[priority])
+                throttles.add_metric(key, stats.throttles[priority])
+                queued.add_metric(key, stats.queued[priority])
+        yield from (granted, waits, wait_seconds, throttles, queued, rate)
 
 
 _BOUND: contextvars.ContextVar[tuple[Metrics, str] | None] = contextvars.ContextVar(

@@ -1,5 +1,5 @@
-"""The settings of a manager: ``ManagerOptions``, with ``LeaderElectionOptions`` and
-``GarbageOptions`` inside (docs/reference/options.md).
+"""The settings of a manager: ``ManagerOptions``, with ``LeaderElectionOptions``,
+``GarbageOptions`` and ``ProviderBudgetOptions`` inside (docs/reference/options.md).
 
 They live apart from what they configure and import only the standard library and the error
 tree, so the command line takes its flags' defaults from them without importing the manager,
@@ -91,6 +91,43 @@ class GarbageOptions:
         check_seconds("retry", self.retry)
 
 
+#: The default burst of a provider budget: requests a full bucket lets through at once.
+DEFAULT_PROVIDER_BURST: Final = 10
+
+
+@dataclass(frozen=True)
+class ProviderBudgetOptions:
+    """The rate and burst of every provider account's API budget (resourceconsist/budget.py;
+    docs/concepts.md, "The provider budget"); part of ``ManagerOptions``."""
+
+    #: Provider requests a second per account; None: no client-side limit.
+    rate: float | None = None
+    #: Requests a full bucket lets through at once.
+    burst: int = DEFAULT_PROVIDER_BURST
+    #: The fraction of ``rate`` this process takes: 1 for a single leader; a replica sharing the
+    #: work with others would take its share (docs/concepts.md, "The provider budget").
+    share: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.rate is not None and not 0 < self.rate < float("inf"):
+            raise InvalidOptions(
+                f"provider rate {self.rate!r} is not a positive number of requests a second; "
+                "give e.g. 10, or leave it unset for no client-side limit",
+                "rate",
+            )
+        if isinstance(self.burst, bool) or not isinstance(self.burst, int) or self.burst < 1:
+            raise InvalidOptions(f"provider burst {self.burst!r} must be a whole number >= 1", "burst")
+        if not 0 < self.share <= 1:
+            raise InvalidOptions(
+                f"provider budget share {self.share!r} must be above 0 and at most 1", "share"
+            )
+
+    @property
+    def effective_rate(self) -> float | None:
+        """The rate this process spends: ``rate`` times ``share``."""
+        return None if self.rate is None else self.rate * self.share
+
+
 @dataclass(frozen=True)
 class ManagerOptions:
     """What a ``Manager`` watches, serves and how it stops (controller-runtime's
@@ -122,6 +159,9 @@ class ManagerOptions:
     leader_election: LeaderElectionOptions | None = None
     #: The orphan-collection pass of every controller (docs/lifecycle-hooks.md, "Orphans").
     garbage: GarbageOptions = field(default_factory=GarbageOptions)
+    #: The API budget of every provider account of the process (``--provider-rate``,
+    #: ``--provider-burst``); by default no client-side limit.
+    provider_budget: ProviderBudgetOptions = field(default_factory=ProviderBudgetOptions)
 
     def __post_init__(self) -> None:
         check_seconds("resync_period", self.resync_period)
@@ -158,3 +198,4 @@ class ManagerKeywords(TypedDict, total=False):
     shutdown_timeout: float
     leader_election: LeaderElectionOptions | None
     garbage: GarbageOptions
+    provider_budget: ProviderBudgetOptions

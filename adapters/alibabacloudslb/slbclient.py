@@ -22,6 +22,14 @@ controller needs to talk to SLB safely:
   reconcile pass's ``current_cancellation()``: each HTTP request's timeouts are capped by the time
   left, backoff sleeps wake on a stop, and a cancelled pass gives up with ``SLBCancelled`` before
   its next request (docs/concepts.md, "Stopping within the shutdown timeout");
+* one API budget per account (``resourceconsist.budget``, docs/alibabacloudslb.md, "The API
+  budget"): every request, the garbage search's included, takes a token first. Writes spend at
+  their own priority (a removal or a drain to weight 0 first, a group's deletion next, adds,
+  creates, tags and raised weights after), reads at the priority of what they serve (the pass's,
+  or the write re-reading); a write takes its first token before its load balancer's write lock,
+  so a registration waiting for the budget never holds a drain back. A throttling answer
+  (``THROTTLING_CODES``) pauses the whole account. Time spent waiting for the budget does not
+  count against ``call_deadline_seconds``, which bounds requests, not the queue;
 * metrics: every request, retry and final failure is reported to ``resourceconsist.metrics``;
   a failed attempt that a retry fixes is logged at DEBUG only (the SDK's own ERROR line for it
   is lowered to DEBUG too), a call that fails for good after retries at WARNING;
@@ -72,6 +80,7 @@ from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVS
 from aliyunsdkslb.request.v20140515.TagResourcesRequest import TagResourcesRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from resourceconsist.budget import Priority, ProviderBudget, budget_for, current_priority, spending_for
 from resourceconsist.cancellation import PassCancelled, current_cancellation
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.metrics import observe_provider_call, observe_provider_failure, observe_provider_retry
@@ -87,6 +96,7 @@ __all__ = [
     "MAX_LOAD_BALANCERS_PER_PAGE",
     "MUTATING_ACTIONS",
     "NOT_FOUND_CODES",
+    "THROTTLING_CODES",
     "TRANSIENT_CODES",
     "VSERVER_GROUP_RESOURCE_TYPE",
     "BackendHealth",
@@ -147,6 +157,9 @@ TRANSIENT_CODES: Final = frozenset(
         "ProcessingSameRequest",
     }
 )
+#: The codes SLB answers a request over the account's quota with (HTTP 400): they pause the
+#: account's API budget.
+THROTTLING_CODES: Final = frozenset({"Throttling", "Throttling.User", "Throttling.Api"})
 #: The key source could not answer credentials (STS unreachable, the key file unreadable): no
 #: request was sent; retried like a transport error, since a renewal may just be late.
 CREDENTIALS_UNAVAILABLE: Final = "CredentialsUnavailable"
@@ -564,10 +577,31 @@ def _servers_json(servers: Iterable[BackendServer], *, weight: bool = True) -> s
 # --------------------------------------------------------------------------------------------
 # The client.
 
-#: The deadline (``clock`` value) of the SLB operation running in this thread, if any.
-_CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+
+@dataclass
+class _Deadline:
+    """When an SLB operation must end (``call_at``) and stop retrying (``retry_at``), ``clock``
+    values; ``outer`` is the operation this one runs in (the re-reads of a write)."""
+
+    call_at: float
+    retry_at: float
+    outer: _Deadline | None
+
+    def extend(self, seconds: float) -> None:
+        """Push this deadline and the outer ones back: time spent waiting for the budget."""
+        deadline: _Deadline | None = self
+        while deadline is not None:
+            deadline.call_at += seconds
+            deadline.retry_at += seconds
+            deadline = deadline.outer
+
+
+#: The deadline of the SLB operation running in this thread, if any.
+_CALL_DEADLINE: contextvars.ContextVar[_Deadline | None] = contextvars.ContextVar(
     "slb_call_deadline", default=None
 )
+#: The next request of this thread already has its budget token (taken before a write lock).
+_PREPAID: contextvars.ContextVar[bool] = contextvars.ContextVar("slb_budget_prepaid", default=False)
 
 
 class SLBClient:
@@ -586,9 +620,11 @@ class SLBClient:
         call_deadline_seconds: float = DEFAULT_CALL_DEADLINE_SECONDS,
         protocol: Literal["https", "http"] = "https",
         on_call: Callable[[CallRecord], None] | None = None,
+        budget: ProviderBudget | None = None,
     ) -> None:
         """``sleep`` waits between retries (default: the pass's ``Cancellation.wait``, which a stop
-        interrupts); ``call_deadline_seconds`` bounds one operation, retries included."""
+        interrupts); ``call_deadline_seconds`` bounds one operation, retries included; ``budget``
+        is the account's API budget (default: the process's, ``budget_for(account_of(...))``)."""
         if not call_deadline_seconds > 0:
             raise ValueError("call_deadline_seconds must be above 0")
         access = (
@@ -609,6 +645,7 @@ class SLBClient:
         self._read_timeout = read_timeout_seconds
         self._connect_timeout = connect_timeout_seconds
         self._call_deadline = call_deadline_seconds
+        self.budget = budget or budget_for(account_of(access.region_id, access.endpoint))
         self._acs_lock = threading.Lock()
         self._key: AccessKey | None = None
         self._acs: Any = None
@@ -779,7 +816,7 @@ class SLBClient:
         is the one this call created, and it is adopted instead of creating a second one.
         """
         action = "CreateVServerGroup"
-        with self._write_lock(load_balancer_id):
+        with spending_for(Priority.REGISTER), self._write_lock(load_balancer_id):
             before = {
                 g.id for g in self.describe_vserver_groups(load_balancer_id, tags=tags) if g.name == name
             }
@@ -836,13 +873,14 @@ class SLBClient:
             request.set_Tags(_tag_list(tags))
             self._call(action, request, number)
 
-        with self._write_lock(load_balancer_id or self._load_balancer_of(vserver_group_id)):
-            self._retrying(action, attempt)
+        with spending_for(Priority.REGISTER):
+            lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
+            with self._write_lock(lb):
+                self._retrying(action, attempt)
 
     def delete_vserver_group(self, vserver_group_id: str, *, load_balancer_id: str | None = None) -> None:
         """Delete a VServer group; ``SLBNotFound`` if it was already gone before this call."""
         action = "DeleteVServerGroup"
-        lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
 
         def attempt(number: int) -> None:
             if number > 1:
@@ -854,8 +892,10 @@ class SLBClient:
             request.set_VServerGroupId(vserver_group_id)
             self._call(action, request, number)
 
-        with self._write_lock(lb):
-            self._retrying(action, attempt)
+        with spending_for(Priority.DELETE):
+            lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
+            with self._write_lock(lb):
+                self._retrying(action, attempt)
         with self._locks_guard:
             self._group_lb.pop(vserver_group_id, None)
 
@@ -936,10 +976,23 @@ class SLBClient:
         pending = _dedupe(servers)
         if not pending:
             return
-        lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
-        with self._write_lock(lb):
-            for batch in _batches(pending):
-                self._write_batch(action, vserver_group_id, batch, still_needed)
+        # Drains (weight 0) before raised weights; each batch takes the write lock on its own,
+        # so a batch waiting for the budget never holds the lock a more urgent one needs.
+        parts = [(_write_priority(action, pending), pending)]
+        if action == "SetVServerGroupAttribute":
+            drains = [s for s in pending if s.weight == 0]
+            parts = [
+                (Priority.REMOVE_TRAFFIC, drains),
+                (Priority.REGISTER, [s for s in pending if s.weight != 0]),
+            ]
+        for priority, part in parts:
+            if not part:
+                continue
+            with spending_for(priority):
+                lb = load_balancer_id or self._load_balancer_of(vserver_group_id)
+                for batch in _batches(part):
+                    with self._write_lock(lb):
+                        self._write_batch(action, vserver_group_id, batch, still_needed)
 
     def _write_batch(
         self,
@@ -1016,6 +1069,17 @@ class SLBClient:
 
     @contextmanager
     def _write_lock(self, load_balancer_id: str) -> Iterator[None]:
+        # The first request's token comes before the lock (see the module's docstring).
+        self._spend("write lock", f"waiting for the API budget to write to {load_balancer_id}")
+        prepaid = _PREPAID.set(True)
+        try:
+            with self._locked(load_balancer_id):
+                yield
+        finally:
+            _PREPAID.reset(prepaid)
+
+    @contextmanager
+    def _locked(self, load_balancer_id: str) -> Iterator[None]:
         with self._locks_guard:
             lock = self._locks.setdefault(load_balancer_id, threading.Lock())
         # Another thread may hold the lock in a hung request: keep checking for a stop meanwhile.
@@ -1033,9 +1097,11 @@ class SLBClient:
         outer = _CALL_DEADLINE.get()
         # The operation's own deadline; an operation nested in another one (the re-reads of a
         # write) never outlives its caller's.
-        call_deadline = now + self._call_deadline if outer is None else min(outer, now + self._call_deadline)
-        retry_deadline = min(now + policy.max_total_seconds, call_deadline)
-        token = _CALL_DEADLINE.set(call_deadline)
+        call_at = now + self._call_deadline
+        if outer is not None:
+            call_at = min(outer.call_at, call_at)
+        deadline = _Deadline(call_at, min(now + policy.max_total_seconds, call_at), outer)
+        token = _CALL_DEADLINE.set(deadline)
         try:
             number = 1
             while True:
@@ -1047,7 +1113,7 @@ class SLBClient:
                             observe_provider_failure(PROVIDER, action, err.code)
                         raise
                     delay = policy.delay(number, self._rand())
-                    if number >= policy.max_attempts or self._clock() + delay > retry_deadline:
+                    if number >= policy.max_attempts or self._clock() + delay > deadline.retry_at:
                         self._give_up(action, err, number)
                         raise
                     _log.debug(
@@ -1098,7 +1164,7 @@ class SLBClient:
         left = [self._read_timeout]
         deadline = _CALL_DEADLINE.get()
         if deadline is not None:
-            left.append(deadline - self._clock())
+            left.append(deadline.call_at - self._clock())
         remaining = current_cancellation().remaining()
         if remaining is not None:
             left.append(remaining)
@@ -1107,7 +1173,22 @@ class SLBClient:
             raise self._cancelled(action, "before sending the request")
         return min(self._connect_timeout, budget), budget
 
+    def _spend(self, action: str, when: str) -> float:
+        """Take a budget token for the next request (at the current priority); the seconds waited.
+        ``SLBCancelled`` when the pass is cancelled meanwhile."""
+        try:
+            return self.budget.spend(current_priority())
+        except PassCancelled:
+            raise self._cancelled(action, when) from None
+
     def _call(self, action: str, request: Any, attempt: int) -> dict[str, Any]:
+        if _PREPAID.get():
+            _PREPAID.set(False)
+        else:
+            waited = self._spend(action, "waiting for the API budget")
+            deadline = _CALL_DEADLINE.get()
+            if waited > 0 and deadline is not None:
+                deadline.extend(waited)
         connect_timeout, read_timeout = self._request_timeouts(action)
         request.set_connect_timeout(connect_timeout)
         request.set_read_timeout(read_timeout)
@@ -1148,6 +1229,12 @@ class SLBClient:
         self._record(
             CallRecord(action, attempt, error is None, error.code if error else None, self._clock() - started)
         )
+        if error is None:
+            self.budget.succeeded()
+        elif error.code in THROTTLING_CODES:
+            # SLB's throttling answer carries no Retry-After (and the SDK shows no headers): the
+            # budget backs off on its own (docs/alibabacloudslb.md, "The API budget").
+            self.budget.throttled()
         if error is not None:
             raise error
         return response
@@ -1166,6 +1253,22 @@ class SLBClient:
             return parse()
         except (ValidationError, TypeError) as exc:
             raise SLBError(action, _INVALID_RESPONSE, f"unexpected response shape: {exc}") from None
+
+
+def account_of(region_id: str, endpoint: str) -> str:
+    """The API budget's account name of an SLB client: one process signs for one Alibaba Cloud
+    account, whose quota is per region (and endpoint); a client for another account is given
+    its own ``ProviderBudget``."""
+    return f"{PROVIDER}:{region_id}@{endpoint}"
+
+
+def _write_priority(action: str, servers: Sequence[BackendServer]) -> Priority:
+    """The budget priority of a backend write: a removal takes traffic off, the rest registers."""
+    if action == "RemoveVServerGroupBackendServers":
+        return Priority.REMOVE_TRAFFIC
+    if action == "SetVServerGroupAttribute" and all(s.weight == 0 for s in servers):
+        return Priority.REMOVE_TRAFFIC
+    return Priority.REGISTER
 
 
 def _request_id(response: Mapping[str, Any]) -> str | None:

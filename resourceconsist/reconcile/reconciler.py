@@ -48,6 +48,7 @@ from resourceconsist.adapter import (
     ReconcileRequeueOptions,
     StatusRecordOptions,
 )
+from resourceconsist.budget import Priority, spending_for
 from resourceconsist.cancellation import call_adapter, current_cancellation
 from resourceconsist.diff import Diff
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
@@ -343,8 +344,11 @@ class Reconciler:
         try:
             try:
                 await self._plan_expected_finalizers(p)
-                await self._sync_employer(p)
-                await self._sync_employees(p)
+                # The pass's reads spend the provider budget at the pass's priority
+                # (docs/concepts.md, "The provider budget").
+                with spending_for(Priority.REMOVE_TRAFFIC if self._removes_traffic(p) else Priority.READ):
+                    await self._sync_employer(p)
+                    await self._sync_employees(p)
             finally:
                 # Pod entries planned before a failed step still land: a pod must list the
                 # finalizers it needs even while the provider is failing.
@@ -526,6 +530,25 @@ class Reconciler:
         expected += [results.succ_updated, results.fail_updated, results.unchanged]
         p.employed = {i.name for items in expected for i in items if i.name}
         p.employees_synced = True
+
+    def _removes_traffic(self, p: PassState) -> bool:
+        """Whether this pass takes traffic off something, as the cache tells before any provider
+        call: the employer is deleting (or gone), or a pod holding its guard or lifecycle
+        finalizer is deleting, is no longer selected, or PodOpsLifecycle took it out of service."""
+        if p.deleting or p.stand_in:
+            return True
+        if not p.follows_lifecycle:
+            return False
+        selected = set(p.selected or ())
+        employer_namespace = str(p.employer["metadata"].get("namespace") or "")
+        for name in self.pods.carrying(employer_namespace, (p.guard_finalizer, p.lifecycle_finalizer)):
+            pod = self.pods.get(name, p.writer.namespace)
+            if name not in selected or pod is None or lifecycle.is_deleting(pod):
+                return True
+            service_ready = lifecycle.pod_condition(pod, wire.SERVICE_READY_CONDITION)
+            if service_ready is not None and service_ready.get("status") == "False":
+                return True
+        return False
 
     # -- the guard ----------------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileContext
+from resourceconsist.budget import Priority, spending_for
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
@@ -87,7 +88,8 @@ async def sync(
         ("syncDelete", delete, planned.to_delete),
     ):
         try:
-            succeeded, failed = await call_adapter(fn, ctx, employer, list(items)) if items else ([], [])
+            with spending_for(_priority(label, what, items)):
+                succeeded, failed = await call_adapter(fn, ctx, employer, list(items)) if items else ([], [])
         except Exception as err:
             raise SyncError(f"{label} failed, err: {err}") from err
         if label == "syncCreate":
@@ -99,6 +101,18 @@ async def sync(
         else:
             results.succ_deleted, results.fail_deleted = list(succeeded), list(failed)
     return results
+
+
+def _priority(label: str, what: str, items: Sequence[Any]) -> Priority:
+    """The provider budget's priority of one create, update or delete call (docs/concepts.md,
+    "The provider budget"): deleting employees removes traffic, deleting an employer is a
+    delete, an update that leaves an employee not serving removes traffic (a call mixing it
+    with registrations counts as removing: the promise first), the rest registers."""
+    if label == "syncDelete":
+        return Priority.REMOVE_TRAFFIC if what == EMPLOYEES.what else Priority.DELETE
+    if label == "syncUpdate" and any(isinstance(i, Employee) and not i.serves() for i in items):
+        return Priority.REMOVE_TRAFFIC
+    return Priority.REGISTER
 
 
 def is_clean(results: CUDResults[Any]) -> bool:

@@ -452,6 +452,10 @@ class SLBEmulator:
         self._calls: deque[RecordedCall] = deque(maxlen=max_recorded_calls)
         self._call_counts: Counter[tuple[str, str]] = Counter()
         self._changes: list[BackendChange] = []
+        # The account's flow control (``rate_limit``): calls a second, burst, tokens, last refill.
+        self._rate: tuple[float, int] | None = None
+        self._rate_tokens = 0.0
+        self._rate_refilled = 0.0
         self._hang_actions: frozenset[str] | None = None
         self._hanging = False
         self._released = threading.Event()
@@ -797,6 +801,34 @@ class SLBEmulator:
                 )
             )
 
+    def rate_limit(self, calls_per_second: float | None, *, burst: int = 1) -> None:
+        """From now on, answer authenticated calls beyond ``calls_per_second`` (a token bucket
+        holding ``burst``) as SLB answers a user over its quota: HTTP 400, ``Throttling.User``,
+        "Request was denied due to user flow control."; None: no limit. Such a call executes
+        nothing and is recorded with its code."""
+        if calls_per_second is not None and not 0 < calls_per_second < float("inf"):
+            raise ValueError(f"calls_per_second must be a positive number, not {calls_per_second!r}")
+        if isinstance(burst, bool) or not isinstance(burst, int) or burst < 1:
+            raise ValueError(f"burst must be a whole number >= 1, not {burst!r}")
+        with self._lock:
+            self._rate = None if calls_per_second is None else (float(calls_per_second), burst)
+            self._rate_tokens = float(burst)
+            self._rate_refilled = time.monotonic()
+
+    def _over_rate(self) -> bool:
+        """Whether this call goes over the account's rate (and takes a token when it does not)."""
+        with self._lock:
+            if self._rate is None:
+                return False
+            rate, burst = self._rate
+            now = time.monotonic()
+            self._rate_tokens = min(float(burst), self._rate_tokens + (now - self._rate_refilled) * rate)
+            self._rate_refilled = now
+            if self._rate_tokens < 1.0:
+                return True
+            self._rate_tokens -= 1.0
+            return False
+
     def set_fault_rates(self, rates: Mapping[str, float], *, actions: Iterable[str] | None = None) -> None:
         """From now on, fail a seeded-random share of calls (of ``actions``) per fault kind.
 
@@ -961,6 +993,8 @@ class SLBEmulator:
                         json.dumps({"RequestId": request_id, **payload}),
                     )
                 self._authenticate(method, params)
+                if self._over_rate():
+                    raise _APIError("Throttling.User")
                 fault = self._take_fault(action)
                 if fault is not None and not fault.execute:
                     raise _Injected(fault)

@@ -9,7 +9,8 @@ servers around it, so that provider state outlives the controllers that talk to 
 * the same HTTPS endpoint answers STS's ``AssumeRoleWithOIDC`` (RRSA: the credentials library
   speaks HTTPS only), and the SLB side accepts the temporary keys it issued until they expire;
 * the admin API, plain HTTP, to create load balancers, set faults (rates per kind for reads
-  and/or writes, latency, hang), and read the state and the timestamped backend history.
+  and/or writes, latency, hang), throttle the account at a rate with SLB's own answer
+  (``PUT /rate-limit``), and read the state and the timestamped backend history.
 
 Run it as ``python -m resourceconsist.testing.slb_emulator_server --port 0``; it
 prints one JSON line (endpoint, admin URL, CA bundle, region, key pair) once it listens and serves
@@ -204,6 +205,7 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
             ("POST", "/vserver-groups"): self._add_vserver_group,
             ("PUT", "/faults"): self._set_faults,
             ("DELETE", "/faults"): self._clear_faults,
+            ("PUT", "/rate-limit"): self._set_rate_limit,
             ("POST", "/sts/oidc-tokens"): self._accept_oidc_token,
             ("DELETE", "/sts/oidc-tokens"): self._revoke_oidc_token,
             ("GET", "/sts/keys"): lambda _b, _q: {
@@ -274,6 +276,17 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
 
     def _set_faults(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
         apply_faults(self.server.emulator, body)
+        return {"ok": True}
+
+    def _set_rate_limit(self, body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
+        unknown = sorted(set(body) - {"calls_per_second", "burst"})
+        if unknown:
+            raise ValueError(f"unknown rate limit settings {unknown}: use calls_per_second, burst")
+        rate = body.get("calls_per_second")
+        if rate is not None and (isinstance(rate, bool) or not isinstance(rate, int | float)):
+            raise ValueError(f"calls_per_second must be a number or null, not {rate!r}")
+        burst = body.get("burst", 1)
+        self.server.emulator.rate_limit(None if rate is None else float(rate), burst=burst)
         return {"ok": True}
 
     def _clear_faults(self, _body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
@@ -463,6 +476,11 @@ class EmulatorAdmin:
     def clear_faults(self) -> None:
         self._call("DELETE", "/faults")
 
+    def rate_limit(self, calls_per_second: float | None, *, burst: int = 1) -> None:
+        """Throttle calls beyond ``calls_per_second`` (burst ``burst``) with SLB's
+        ``Throttling.User`` answer; None: no limit (``SLBEmulator.rate_limit``)."""
+        self._call("PUT", "/rate-limit", {"calls_per_second": calls_per_second, "burst": burst})
+
     def accept_oidc_token(self, token: str) -> None:
         self._call("POST", "/sts/oidc-tokens", {"token": token})
 
@@ -527,12 +545,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--region", default="cn-hangzhou", help="region id (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the fault draws and generated ids")
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=None,
+        metavar="CALLS_PER_SECOND",
+        help="answer calls beyond this rate with SLB's Throttling.User (default: no limit)",
+    )
+    parser.add_argument("--rate-burst", type=int, default=1, help="calls the rate limit lets through at once")
     parser.add_argument("--info-file", type=Path, default=None, help="also write the start-up JSON line here")
     args = parser.parse_args(argv)
 
     emulator = SLBEmulator(region_id=args.region, seed=args.seed, max_recorded_calls=10_000)
     for lb_id in args.load_balancer:
         emulator.add_load_balancer(lb_id)
+    if args.rate_limit is not None:
+        try:
+            emulator.rate_limit(args.rate_limit, burst=args.rate_burst)
+        except ValueError as err:
+            parser.error(str(err))
     workdir = args.dir or Path(tempfile.mkdtemp(prefix="slb-emulator-"))
     server = EmulatorServer(emulator, workdir, host=args.host, port=args.port, admin_port=args.admin_port)
     try:

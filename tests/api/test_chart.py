@@ -77,6 +77,7 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
     },
     "clusterName": "prod-a",
     "slb": {"loadBalancers": ["lb-1", "lb-2"]},
+    "providerBudget": {"rate": 8, "burst": 4},
     "extraArgs": ["--resync-seconds=600", "--garbage-dry-run"],
     "extraEnv": [{"name": "ALIYUN_SLB_CALL_DEADLINE_SECONDS", "value": "8"}],
 }
@@ -243,6 +244,7 @@ def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp
         ("logFormat=yaml", "at '/logFormat': value must be one of 'text', 'json'"),
         # A Role goes into the namespace watched: it must be a namespace's name.
         ("watchNamespace=Shop", "at '/watchNamespace': 'Shop' does not match pattern"),
+        ("providerBudget.burst=0", "at '/providerBudget/burst': minimum: got 0, want 1"),
         (
             "extraArgs[0]=resync-seconds=5",
             "at '/extraArgs/0': 'resync-seconds=5' does not match pattern '^--'",
@@ -374,6 +376,8 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
         "--slb-cluster-name=prod-a",
         "--slb-load-balancer=lb-1",
         "--slb-load-balancer=lb-2",
+        "--provider-rate=8",
+        "--provider-burst=4",
     ):
         assert flag in args
     assert pod["priorityClassName"] == "platform-controllers"

@@ -22,7 +22,12 @@ from resourceconsist.errors import InvalidOptions
 from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient
 from resourceconsist.manager import Manager
-from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerOptions
+from resourceconsist.options import (
+    GarbageOptions,
+    LeaderElectionOptions,
+    ManagerOptions,
+    ProviderBudgetOptions,
+)
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.webhook import BootstrapOptions, ConnectionLimits, WebhookOptions
 
@@ -238,6 +243,14 @@ def test_the_cli_builds_each_option_from_its_flag() -> None:
     assert cli._webhook_options(_flags(cli.webhook, "--no-bootstrap-certs")).bootstrap is None
 
 
+def test_the_provider_budget_flags_set_its_rate_and_burst() -> None:
+    """0 (the default) is no client-side limit; the burst applies once a rate is set."""
+    assert cli._manager_options(_flags(cli.run)).provider_budget == ProviderBudgetOptions()
+    assert cli._manager_options(_flags(cli.run, "--provider-rate", "0")).provider_budget.rate is None
+    flags = _flags(cli.run, "--provider-rate", "12.5", "--provider-burst", "4")
+    assert cli._manager_options(flags).provider_budget == ProviderBudgetOptions(rate=12.5, burst=4)
+
+
 def test_help_shows_the_defaults_of_the_options() -> None:
     from click.testing import CliRunner
 
@@ -271,6 +284,8 @@ def test_help_shows_the_defaults_of_the_options() -> None:
         (("--full-pass-every", "-1"), "--full-pass-every", "full pass every must be 0 or more seconds"),
         (("--webhook-port", "70000"), "--webhook-port", "port must be 0 to 65535"),
         (("--webhook-url", "http://127.0.0.1:9443"), "--webhook-url", "is not an https:// URL"),
+        (("--provider-rate", "-2"), "--provider-rate", "provider rate -2.0 is not a positive number"),
+        (("--provider-burst", "0"), "--provider-burst", "provider burst 0 must be a whole number >= 1"),
     ],
 )
 def test_a_bad_flag_is_a_usage_error_naming_the_flag(argv: tuple[str, ...], flag: str, message: str) -> None:

@@ -7,7 +7,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from resourceconsist import lifecycle
+from resourceconsist.budget import Priority, spending_for
 from resourceconsist.options import GarbageOptions
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
@@ -68,3 +71,25 @@ async def test_the_tutorial_adapter_s_stray_file_is_collected(
         assert report.collected == [f"{cluster.namespace}/gone"]
     assert backends.read(cluster.namespace, "gone") is None
     assert backends.read(cluster.namespace, "alive") is not None
+
+
+def test_the_tutorial_metered_provider_spends_the_budget_at_the_priority_set(
+    tmp_path: Path, tutorial: dict[str, Any]
+) -> None:
+    backends = tutorial["MeteredBackendsDir"](tmp_path, account="tutorial:metered-test")
+    before = backends.budget.snapshot()
+    backends.write("ns", "web", {"web-0": {"ip": "10.0.0.7", "weight": 100}})
+    assert backends.read("ns", "web") == {"pods": {"web-0": {"ip": "10.0.0.7", "weight": 100}}}
+    with spending_for(Priority.REMOVE_TRAFFIC):
+        backends.remove("ns", "web")
+
+    def refused() -> None:
+        raise tutorial["ThrottledError"]("3")
+
+    with pytest.raises(tutorial["ThrottledError"]):
+        backends.request(refused)
+    after = backends.budget.snapshot()
+    assert after.granted[Priority.READ] - before.granted[Priority.READ] == 3
+    assert after.granted[Priority.REMOVE_TRAFFIC] - before.granted[Priority.REMOVE_TRAFFIC] == 1
+    assert after.throttles[Priority.READ] - before.throttles[Priority.READ] == 1
+    assert backends.read("ns", "web") is None

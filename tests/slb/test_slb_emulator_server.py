@@ -21,6 +21,8 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
     SLBError,
 )
+from resourceconsist.budget import Priority, ProviderBudget
+from resourceconsist.options import ProviderBudgetOptions
 from resourceconsist.testing.slb_emulator_server import AdminError, EmulatorAdmin, served_emulator
 
 LB = "lb-served-1"
@@ -262,6 +264,57 @@ def test_admin_api_rejects_bad_fault_settings_with_a_clear_message(admin: Emulat
         admin.set_faults({"throttle": 0.7, "5xx": 0.7})
     with pytest.raises(AdminError, match="actions 'everything' is none of"):
         admin.set_faults({"throttle": 0.1}, actions="everything")
+
+
+def test_a_rate_limit_answers_with_slbs_throttling_as_the_sdk_reports_it(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    budget = ProviderBudget("test:emulator-throttle")  # no client-side rate: only counts
+    admin.rate_limit(0.2, burst=2)  # a token every 5 s: the third call at once is over
+    try:
+        with _client(served, monkeypatch, retry=RetryPolicy(max_attempts=1), budget=budget) as client:
+            client.describe_vserver_groups(LB)
+            client.describe_vserver_groups(LB)
+            with pytest.raises(SLBError) as caught:
+                client.describe_vserver_groups(LB)
+    finally:
+        admin.rate_limit(None)
+    err = caught.value
+    assert (err.code, err.http_status) == ("Throttling.User", 400)
+    assert err.message == "Request was denied due to user flow control."
+    assert err.transient and err.request_id
+    assert budget.snapshot().throttles[Priority.READ] == 1
+    assert admin.call_counts()[("DescribeVServerGroups", "Throttling.User")] >= 1
+
+
+def test_every_call_through_the_budget_lands_under_a_throttling_emulator(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The budget paces the client below the emulator's rate; a throttle that still comes (the
+    two clocks differ) pauses the budget and the call is retried: none is lost."""
+    budget = ProviderBudget("test:emulator-paced", ProviderBudgetOptions(rate=4.0, burst=1))
+    admin.rate_limit(5.0, burst=1)
+    try:
+        with _client(served, monkeypatch, retry=RetryPolicy(), budget=budget) as client:
+            group = client.create_vserver_group(LB, "resourceconsist/ns/paced")
+            for n in range(20, 26):
+                client.add_backend_servers(group, [_backend(n)], load_balancer_id=LB)
+    finally:
+        admin.rate_limit(None)
+    assert sorted(b["ServerIp"] for b in _group_backends(admin, group)) == [
+        f"10.0.0.{n}" for n in range(20, 26)
+    ]
+    counts = admin.call_counts()
+    throttled = sum(n for (_, code), n in counts.items() if code == "Throttling.User")
+    assert sum(budget.snapshot().throttles.values()) <= throttled
+    assert budget.snapshot().granted[Priority.REGISTER] >= 7  # the create, its read and six adds
+
+
+def test_admin_api_rejects_bad_rate_limits_with_a_clear_message(admin: EmulatorAdmin) -> None:
+    with pytest.raises(AdminError, match="calls_per_second must be a positive number"):
+        admin.rate_limit(0.0)
+    with pytest.raises(AdminError, match="burst must be a whole number >= 1"):
+        admin.rate_limit(1.0, burst=0)
 
 
 def test_served_emulator_exits_on_sigterm(tmp_path: Path) -> None:
