@@ -544,7 +544,15 @@ def _serving_options(flags: Mapping[str, Any]) -> ManagerKeywords:
 
 #: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
 _manager_flags = _flag_group(
-    _field_flag("--namespace", ManagerOptions, "namespace", "Watch only this namespace (default: all)."),
+    _field_flag(
+        "--namespace",
+        ManagerOptions,
+        "namespace",
+        "Watch only this namespace; several: repeat the flag or separate them with commas (default: all).",
+        multiple=True,
+        default=(),
+        show_default=False,
+    ),
     _field_flag(
         "--resync-seconds",
         ManagerOptions,
@@ -579,6 +587,21 @@ _manager_flags = _flag_group(
 )
 
 
+_FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
+
+
+def _namespaces(given: Sequence[str]) -> tuple[str, ...]:
+    """The namespaces of every ``--namespace`` (each a name or a comma-separated list)."""
+    names = tuple(name.strip() for value in given for name in value.split(","))
+    if "" in names:
+        raise click.BadParameter(
+            f"{','.join(given)!r} holds an empty namespace name: give names separated by commas, "
+            "e.g. --namespace shop,payments",
+            param_hint="--namespace",
+        )
+    return names
+
+
 def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
     """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags`` and
     ``_leader_election_flags``)."""
@@ -595,9 +618,11 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 retry_period=flags["retry_period"],
             )
     serving = _serving_options(flags)
+    watched = _namespaces(flags["namespace"])
     with _flags(ManagerOptions, GarbageOptions):
         return ManagerOptions(
-            namespace=flags["namespace"],
+            namespace=watched[0] if len(watched) == 1 else None,
+            namespaces=watched if len(watched) > 1 else (),
             resync_period=flags["resync_seconds"] or None,
             full_pass_every=flags["full_pass_every"],
             metrics_address=serving.get("metrics_address"),
