@@ -10,8 +10,9 @@ restart the garbage pass over a Service force-deleted while the manager was down
 token, every write beyond that is refused by the policy with a message naming what was refused
 (the table in docs/security.md is this module's). The grants the runs used are read from the
 audit log, never from a list written by hand, and every grant of the chart is either used or
-explained in docs/security.md. A namespaced install (`watchNamespace`) runs on a Role, and
-what it may not read answers 403: unknown, never gone.
+explained in docs/security.md. A namespaced install (`watchNamespaces`, two namespaces) runs on
+a Role and RoleBinding in each: guard, gate and drain work in both, a third namespace is
+neither touched nor read, and what it may not read answers 403: unknown, never gone.
 
 Each install has a control plane of its own: the chart's webhook configuration (failurePolicy
 Fail) and policy must not reach the session's other tests.
@@ -35,6 +36,7 @@ import yaml
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapters.alibabacloudslb import (
+    DRAIN_ANNOTATION,
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
@@ -65,6 +67,8 @@ CLUSTER_NAME = "privilege-test"
 LOAD_BALANCER = "lb-privilege"
 #: Where the controlled pods and their Service live.
 APP = "shop"
+#: The second namespace a namespaced install watches.
+SECOND = "payments"
 #: A namespace a namespaced install does not watch.
 ELSEWHERE = "elsewhere"
 FLZ = lifecycle.lifecycle_finalizer("web")
@@ -170,9 +174,9 @@ def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
         admin = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="admin")
         try:
             # The webhook changes the pods' specs (readiness gates) in namespaces that opt in. They
-            # exist before the install, which may put a Role in one (watchNamespace).
+            # exist before the install, which may put a Role in them (watchNamespaces).
             inject = {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}
-            for namespace in (APP, ELSEWHERE):
+            for namespace in (APP, SECOND, ELSEWHERE):
                 admin.create(kube.NAMESPACE, None, {"metadata": {"name": namespace, "labels": inject}})
             _apply(admin, docs, webhook_port)
             token = cp.service_account_token(RELEASE_NAMESPACE, MANAGER)
@@ -296,10 +300,17 @@ def _manager_forbidden(events: list[dict[str, Any]]) -> list[str]:
 
 
 async def _serve(
-    cluster: Cluster, admin: EmulatorAdmin, service: str, pods: list[str], first_eni: int
+    cluster: Cluster,
+    admin: EmulatorAdmin,
+    service: str,
+    pods: list[str],
+    first_eni: int,
+    *,
+    pre_stop: bool = False,
 ) -> None:
     """Service ``service`` (already created, selecting ``app: <service>``) gets ``pods``: admitted
-    by the webhook, guarded, served by its VServer group, their gate True."""
+    by the webhook (``pre_stop``: given the sleep of the Service's `drain-seconds`), guarded,
+    served by its VServer group, their gate True."""
     group_name = f"resourceconsist/{cluster.namespace}/{service}"
     flz, gate = lifecycle.lifecycle_finalizer(service), lifecycle.readiness_gate(service)
     for index, name in enumerate(pods, start=first_eni):
@@ -311,6 +322,8 @@ async def _serve(
         )
         # Admitted by the webhook, served by the manager process with its bootstrapped certificate.
         assert gate in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
+        if pre_stop:
+            assert created["spec"]["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
         # As the kubelet: containers ready (a pod with the frame's gate is Ready only once the
         # gate is True), PodOpsLifecycle's gate True.
         await cluster.set_status(name, ready=False, service_ready=True)
@@ -329,12 +342,25 @@ async def _serve(
     await async_wait_for(served, timeout=90, message=f"{service}'s pods served, guarded, their gate True")
 
 
-async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[str]) -> None:
+async def _serve_and_release(
+    cluster: Cluster, admin: EmulatorAdmin, pods: list[str], *, first_eni: int = 0, drained: bool = False
+) -> None:
     """Service `web` (already created) serves `pods` (``_serve``); then one pod's deletion is
-    released, and the Service's deletion releases the rest."""
-    await _serve(cluster, admin, "web", pods, first_eni=0)
+    released (``drained``: after its backend was seen at weight 0 while the pod waited, the
+    Service's `slb-drain-seconds`), and the Service's deletion releases the rest."""
+    await _serve(cluster, admin, "web", pods, first_eni=first_eni, pre_stop=drained)
     first, rest = pods[0], pods[1:]
     await cluster.delete(kube.POD, first)
+    if drained:
+        group_name = f"resourceconsist/{cluster.namespace}/web"
+
+        async def draining() -> bool:
+            (group,) = [g for g in admin.state()["groups"] if g["name"] == group_name]
+            weights = sorted(b["Weight"] for b in group["backends"])
+            pod = await cluster.get(kube.POD, first)
+            return weights == [0] + [100] * len(rest) and pod is not None and FLZ in finalizers(pod)
+
+        await async_wait_for(draining, timeout=60, message=f"{first} drained at weight 0 while it waits")
 
     async def deleted(name: str) -> bool:
         return await cluster.get(kube.POD, name) is None
@@ -668,45 +694,69 @@ def _every_grant_is_used_or_explained(events: list[dict[str, Any]], docs: list[d
 
 @pytest.fixture
 def installed_namespaced(tmp_path: Path) -> Iterator[Install]:
-    """The chart with `watchNamespace` (a Role in that namespace) on a control plane of its own."""
-    yield from _install({"watchNamespace": APP}, tmp_path)
+    """The chart with `watchNamespaces` (a Role and RoleBinding in each) on a control plane of
+    its own."""
+    yield from _install({"watchNamespaces": [APP, SECOND]}, tmp_path)
 
 
-async def test_a_namespaced_install_serves_its_namespace_and_cannot_read_the_others(
+async def test_a_namespaced_install_serves_its_namespaces_and_cannot_read_the_others(
     installed_namespaced: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
 ) -> None:
     install = installed_namespaced
-    kinds = {(d["kind"], d["metadata"]["name"]): d for d in install.docs}
-    assert kinds[("Role", MANAGER)]["metadata"]["namespace"] == APP
-    assert ("ClusterRole", MANAGER) not in kinds
+    manager_roles = {
+        (d["kind"], d["metadata"].get("namespace")) for d in install.docs if d["metadata"]["name"] == MANAGER
+    }
+    assert {("Role", APP), ("Role", SECOND), ("RoleBinding", APP), ("RoleBinding", SECOND)} <= manager_roles
+    assert not {kind for kind, _ in manager_roles} & {"ClusterRole", "ClusterRoleBinding"}
+    assert f"--namespace={','.join(sorted((APP, SECOND)))}" in _manager_args(install.docs)
     info, slb = emulator
-    cluster, elsewhere = Cluster(install.admin, APP), Cluster(install.admin, ELSEWHERE)
+    cluster, second = Cluster(install.admin, APP), Cluster(install.admin, SECOND)
+    elsewhere = Cluster(install.admin, ELSEWHERE)
     before = len(install.cp.audit_events())
-    for where in (cluster, elsewhere):
+    for where in (cluster, second, elsewhere):
         await where.service(
             "web",
             labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
-            annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+            annotations={
+                MODE_ANNOTATION: "manage",
+                wire.READINESS_GATE_ANNOTATION: "true",
+                # The drain of a leaving backend (weight 0 first) and the webhook's preStop sleep.
+                DRAIN_ANNOTATION: "3",
+                wire.DRAIN_SECONDS_ANNOTATION: "5",
+            },
         )
     async with _manager(install, info, tmp_path / "certs") as manager:
-        await _serve_and_release(cluster, slb, ["web-0", "web-1"])
-        # The other namespace's Service is not the manager's to keep: no clean finalizer.
+        # A pod of the unwatched namespace, which its Service selects: the webhook finds no
+        # employer of it (its cache holds the watched namespaces), the controller never sees it
+        # while it serves the other two.
+        stray = await elsewhere.pod(
+            "web-0", {"app": "web", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}, readiness_gate=True
+        )
+        assert GATE not in [g["conditionType"] for g in stray["spec"].get("readinessGates", [])]
+        assert "lifecycle" not in stray["spec"]["containers"][0]
+        await elsewhere.set_status("web-0", ready=True, service_ready=True)
+        await _serve_and_release(cluster, slb, ["web-0", "web-1"], drained=True)
+        await _serve_and_release(second, slb, ["web-0", "web-1"], first_eni=30, drained=True)
         assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
+        assert finalizers(await elsewhere.get(kube.POD, "web-0")) == []
+        assert not [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{ELSEWHERE}/web"]
     events = install.cp.audit_events()[before:]
     assert not _manager_forbidden(events), manager.output
-    # Nothing of another namespace was asked for, except the cluster-scoped reads the page lists.
+    # Nothing of another namespace was asked for (not even tried: no 403 above), nor anything
+    # namespaced across all namespaces; only the cluster-scoped reads the page lists.
     outside = {
         (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace"))
         for e in events
         if e["user"]["username"] == USER
         and "objectRef" in e
-        and e["objectRef"].get("namespace") not in {APP, RELEASE_NAMESPACE}
+        and e["objectRef"].get("namespace") not in {APP, SECOND, RELEASE_NAMESPACE}
     }
     assert {resource for _, resource, _ in outside} <= {
         "namespaces",
         "mutatingwebhookconfigurations",
         "validatingwebhookconfigurations",
     }, outside
+    _every_grant_is_used_or_explained(events, install.docs)
 
     # What the install may not read is a 403, which the garbage pass takes for "unknown", never
     # for "gone" (a 404 would be): the employer's live lookup fails instead of answering None.
