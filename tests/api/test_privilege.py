@@ -851,3 +851,111 @@ async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
             return not set(held) & set(finalizers(await cluster.get(kube.POD, "hidden-0")))
 
         await async_wait_for(released, timeout=90, message="the lookup answered 404: collected and released")
+
+
+PDB = kube.Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
+#: A third-party adapter with a sub-resource (docs/lifecycle-hooks.md, "Sub-resources"): the demo
+#: adapter, with a PodDisruptionBudget per Service; registered by entry point, as theirs would be.
+GUARDED_ADAPTER = """
+from resourceconsist.experimental.demo import DemoAdapter
+
+
+class Guarded(DemoAdapter):
+    def sub_resources(self, ctx, employer):
+        meta = employer["metadata"]
+        return [
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": meta["name"] + "-drain"},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": employer["spec"]["selector"]}},
+            }
+        ]
+
+    def sub_resource_kinds(self):
+        return []
+
+
+def register(registry):
+    registry.register("guarded", controller=lambda env: Guarded(name="guarded"))
+"""
+#: What an adapter with a namespaced sub-resource adds to the chart's grants, in each namespace
+#: it serves (docs/security.md, "Sub-resources"): the chart grants no sub-resource kind.
+SUB_RESOURCE_RULES = [
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]}
+]
+
+
+async def test_an_adapter_s_sub_resource_is_kept_as_the_service_account(
+    installed: Install, tmp_path: Path
+) -> None:
+    """`resourceconsist run` with a third-party adapter that owns a PodDisruptionBudget per
+    Service, as the manager's ServiceAccount with the chart's grants and one Role for the
+    sub-resource's kind: the PDB is made with its owner reference and put back after an edit,
+    nothing is refused, and the audit log shows the grants it used on PDBs are the Role's."""
+    admin, cluster = installed.admin, Cluster(installed.admin, APP)
+    (tmp_path / "guarded_adapter.py").write_text(GUARDED_ADAPTER)
+    dist = tmp_path / "guarded_adapter-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: guarded-adapter\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[resourceconsist.adapters]\nguarded = guarded_adapter:register\n")
+    role = admin.resource("rbac.authorization.k8s.io/v1", "Role")
+    binding = admin.resource("rbac.authorization.k8s.io/v1", "RoleBinding")
+    admin.create(role, APP, {"metadata": {"name": "guarded-sub-resources"}, "rules": SUB_RESOURCE_RULES})
+    admin.create(
+        binding,
+        APP,
+        {
+            "metadata": {"name": "guarded-sub-resources"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "guarded-sub-resources",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": MANAGER, "namespace": RELEASE_NAMESPACE}],
+        },
+    )
+    service = await cluster.service("guarded")
+    before = len(installed.cp.audit_events())
+    health_port = free_port()
+    args = [
+        *("run", "--adapter=guarded", f"--namespace={APP}", f"--kubeconfig={installed.kubeconfig}"),
+        *("--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{health_port}"),
+        "--log-format=text",
+    ]
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
+    }
+    manager = CommandProcess(args, env, health_port)
+    try:
+        await async_wait_for(manager.ready, timeout=90, message="the manager ready")
+
+        async def pdb() -> dict[str, Any] | None:
+            return await cluster.get(PDB, "guarded-drain")
+
+        made = await async_wait_for(pdb, timeout=60, message="the PDB made for Service guarded")
+        (owner,) = made["metadata"]["ownerReferences"]
+        owned_by = ("Service", "guarded", service["metadata"]["uid"])
+        assert (owner["kind"], owner["name"], owner["uid"]) == owned_by
+        # Someone edits the PDB; the Service's next pass puts it back, as the ServiceAccount.
+        await cluster.patch(PDB, "guarded-drain", {"spec": {"maxUnavailable": 3}})
+        await cluster.patch(kube.SERVICE, "guarded", {"metadata": {"annotations": {"touch": "1"}}})
+
+        async def restored() -> bool:
+            found = await pdb()
+            return found is not None and found["spec"]["maxUnavailable"] == 1
+
+        await async_wait_for(restored, timeout=60, message="the PDB put back")
+    except BaseException:
+        print(manager.output[-20000:])
+        raise
+    finally:
+        manager.stop()
+    events = installed.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output
+    on_pdbs = {grant for grant in _used(events) if grant[1] == "poddisruptionbudgets"}
+    assert on_pdbs == {("policy", "poddisruptionbudgets", verb) for verb in SUB_RESOURCE_RULES[0]["verbs"]}
+    # Everything else it used is the chart's.
+    assert _used(events) - on_pdbs <= _granted(installed.docs)
