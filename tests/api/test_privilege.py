@@ -42,6 +42,7 @@ from resourceconsist.adapters.alibabacloudslb import (
     SERVER_ID_ANNOTATION,
 )
 from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist.orphans import LOOKUP_REFUSED_REASON
 from resourceconsist.testing import (
     Cluster,
     LocalControlPlane,
@@ -832,13 +833,20 @@ async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
                 and e.get("responseStatus", {}).get("code") == 403
             )
 
-        async with _manager(installed, info, tmp_path / "certs-narrowed"):
+        async with _manager(installed, info, tmp_path / "certs-narrowed") as narrowed:
             await async_wait_for(
                 lambda: refused_lookups() >= 3, timeout=60, message="three garbage passes refused the lookup"
             )
             # The pod keeps its lifecycle finalizer (it may not leave) and the group still routes.
             assert held[0] in finalizers(await cluster.get(kube.POD, "hidden-0"))
             assert [g for g in slb.state()["groups"] if g["name"] == group_name]
+            # That employer is unknown, the pass itself did not fail; the operator is told once
+            # what permission is missing.
+            assert "garbage pass failed" not in narrowed.output
+            told_in_log = f"Service {APP}/hidden looks gone but looking it up was refused"
+            assert narrowed.output.count(told_in_log) == 1
+            told = [m for _, r, m in await cluster.events(APP) if r == LOOKUP_REFUSED_REASON]
+            assert len(told) == 1 and 'cannot get resource "services"' in told[0], told
     finally:
         for name, role in roles.items():
             admin.patch(CLUSTER_ROLE, None, name, {"rules": role["rules"]})
