@@ -670,6 +670,17 @@ NO_SERVICE_GET = [
 ]
 
 
+class _DemoWithClusterScopedSubResources(DemoAdapter):
+    """The demo adapter, declaring a cluster-scoped sub-resource kind (none made): the garbage
+    pass's stray collector lists ClusterRoles of it."""
+
+    def sub_resources(self, ctx: Any, employer: Any) -> list[Any]:
+        return []
+
+    def sub_resource_kinds(self) -> list[tuple[str, str]]:
+        return [("rbac.authorization.k8s.io/v1", "ClusterRole")]
+
+
 async def test_a_refused_lookup_makes_that_employer_unknown_and_the_others_go_on(
     cluster: Cluster,
     kube_client: KubeClient,
@@ -681,11 +692,12 @@ async def test_a_refused_lookup_makes_that_employer_unknown_and_the_others_go_on
     the second: each has a Service force-deleted while the manager was down. The first's is
     collected and its pod released; the second's live lookup answers 403, so that employer is
     unknown, never gone: its pod and its provider side stay, the operator is told what
-    permission is missing, and the pass goes on (docs/security.md, "A namespaced install")."""
+    permission is missing, and the pass goes on (docs/security.md, "A namespaced install").
+    Its stray collector may not list ClusterRoles either: that kind is skipped, said so."""
     other = Cluster(kube_client, f"t-{uuid.uuid4().hex[:10]}")
     await other.call(kube_client.create, kube.NAMESPACE, None, {"metadata": {"name": other.namespace}})
     provider = FakeProvider()
-    adapter = DemoAdapter(provider)
+    adapter = _DemoWithClusterScopedSubResources(provider)
     watched = (cluster.namespace, other.namespace)
 
     for where in (cluster, other):
@@ -723,4 +735,6 @@ async def test_a_refused_lookup_makes_that_employer_unknown_and_the_others_go_on
     assert 'cannot get resource "services"' in message
     (line,) = [r.getMessage() for r in caplog.records if "looking it up was refused" in r.getMessage()]
     assert unknown in line and "unknown, never gone" in line
+    (strays,) = [r.getMessage() for r in caplog.records if "listing ClusterRole refused" in r.getMessage()]
+    assert 'cannot list resource "clusterroles"' in strays
     assert not [r for r in caplog.records if r.exc_info], "no traceback: the pass did not fail"
