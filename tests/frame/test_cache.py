@@ -5,6 +5,7 @@ slow list, how events whose handler read an unsynced cache wait for it (``Parked
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 import uuid
@@ -170,6 +171,33 @@ async def test_an_informer_of_several_namespaces_holds_them_all_and_asks_for_no_
         selected = reader.list(kube.POD, two, {"matchLabels": {"app": "web"}})
         assert sorted(p["metadata"]["name"] for p in selected) == ["after", "before"]
         assert pods.relists == 1  # one first list per namespace counts as the informer's first
+    finally:
+        factory.stop()
+
+
+async def test_a_watched_namespace_that_may_not_be_read_keeps_the_cache_unsynced_and_says_which(
+    kc: KubeClient,
+    service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A namespace in the list without its Role (docs/security.md, "A namespaced install"): the
+    cache never reports synced (so a manager stays unready), and the log names that namespace."""
+    readable, forbidden = (f"t-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    for name in (readable, forbidden):
+        await asyncio.to_thread(kc.create, kube.NAMESPACE, None, {"metadata": {"name": name}})
+    factory = InformerFactory(service_account({readable: READ_PODS}), namespaces=(readable, forbidden))
+    factory.informer(kube.POD)
+    factory.start(asyncio.get_running_loop())
+    try:
+        with caplog.at_level(logging.WARNING, logger="resourceconsist.cache"):
+
+            def refused() -> list[str]:
+                lines = [r.getMessage() for r in caplog.records]
+                return [line for line in lines if f"informer pods in {forbidden}:" in line]
+
+            (line, *_) = await async_wait_for(refused, timeout=20, message="the refused list logged")
+        assert "403" in line and not factory.has_synced
+        assert not [r for r in caplog.records if f"pods in {readable}:" in r.getMessage()]
     finally:
         factory.stop()
 
