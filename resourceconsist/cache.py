@@ -308,7 +308,7 @@ class Informer:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def signal_stop(self) -> None:
-        """Tell the informer thread to end (it is a daemon: nothing waits for it unless joined)."""
+        """Tell the informer threads to end (daemons: nothing waits for them unless joined)."""
         self._stop.set()
         if self._resync_handle is not None:
             self._resync_handle.cancel()
