@@ -11,8 +11,10 @@ token, every write beyond that is refused by the policy with a message naming wh
 (the table in docs/security.md is this module's). The grants the runs used are read from the
 audit log, never from a list written by hand, and every grant of the chart is either used or
 explained in docs/security.md. A namespaced install (`watchNamespaces`, two namespaces) runs on
-a Role and RoleBinding in each: guard, gate and drain work in both, a third namespace is
-neither touched nor read, and what it may not read answers 403: unknown, never gone.
+a Role and RoleBinding in each: guard, gate, drain and the garbage pass after a restart work in
+both, a third namespace is neither touched nor read, and what it may not read answers 403:
+unknown, never gone. An adapter's sub-resource (a PodDisruptionBudget) is kept as the
+ServiceAccount too, with one Role for its kind.
 
 Each install has a control plane of its own: the chart's webhook configuration (failurePolicy
 Fail) and policy must not reach the session's other tests.
@@ -383,6 +385,42 @@ async def _serve_and_release(
     )
 
 
+async def _collected_after_restart(
+    install: Install, info: dict[str, str], clusters: list[Cluster], admin: EmulatorAdmin, cert_dir: Path
+) -> CommandProcess:
+    """While the manager is down an operator force-deletes Service `gone` (served, with pod
+    `gone-0`) in each of ``clusters``: its group and its pod's marks are orphans, which the
+    garbage pass of the next start collects and releases (docs/lifecycle-hooks.md); then gone-0's
+    deletion is released. Returns the restarted manager (stopped)."""
+    for cluster in clusters:
+        await cluster.patch(kube.SERVICE, "gone", {"metadata": {"finalizers": None}})
+        await cluster.delete(kube.SERVICE, "gone")
+    held = (lifecycle.lifecycle_finalizer("gone"), lifecycle.guard_finalizer("gone"))
+    async with _manager(install, info, cert_dir) as restarted:
+        for cluster in clusters:
+
+            async def collected_and_released(cluster: Cluster = cluster) -> bool:
+                name = f"resourceconsist/{cluster.namespace}/gone"
+                if [g for g in admin.state()["groups"] if g["name"] == name]:
+                    return False
+                return not set(held) & set(finalizers(await cluster.get(kube.POD, "gone-0")))
+
+            await async_wait_for(
+                collected_and_released,
+                timeout=90,
+                message=f"the orphaned group collected, gone-0 released in {cluster.namespace}",
+            )
+            await cluster.delete(kube.POD, "gone-0")
+
+            async def deleted(cluster: Cluster = cluster) -> bool:
+                return await cluster.get(kube.POD, "gone-0") is None
+
+            await async_wait_for(
+                deleted, timeout=60, message=f"gone-0's deletion released in {cluster.namespace}"
+            )
+    return restarted
+
+
 async def test_the_manager_keeps_the_promise_as_its_service_account(
     installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
 ) -> None:
@@ -406,27 +444,7 @@ async def test_the_manager_keeps_the_promise_as_its_service_account(
             installed.admin.get, kube.LEASE, RELEASE_NAMESPACE, "resourceconsist-manager"
         )
         assert lease["spec"]["holderIdentity"]
-    # While the manager is down an operator force-deletes Service `gone`: its group and its pod's
-    # marks are orphans, for the garbage pass of the next start (docs/lifecycle-hooks.md).
-    await cluster.patch(kube.SERVICE, "gone", {"metadata": {"finalizers": None}})
-    await cluster.delete(kube.SERVICE, "gone")
-    async with _manager(installed, info, tmp_path / "certs-again") as restarted:
-        held = (lifecycle.lifecycle_finalizer("gone"), lifecycle.guard_finalizer("gone"))
-
-        async def collected_and_released() -> bool:
-            if [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{APP}/gone"]:
-                return False
-            return not set(held) & set(finalizers(await cluster.get(kube.POD, "gone-0")))
-
-        await async_wait_for(
-            collected_and_released, timeout=90, message="the orphaned group collected, gone-0 released"
-        )
-        await cluster.delete(kube.POD, "gone-0")
-
-        async def deleted() -> bool:
-            return await cluster.get(kube.POD, "gone-0") is None
-
-        await async_wait_for(deleted, timeout=60, message="gone-0's deletion released")
+    restarted = await _collected_after_restart(installed, info, [cluster], slb, tmp_path / "certs-again")
     events = installed.cp.audit_events()[before:]
     assert not _manager_forbidden(events), manager.output + restarted.output
     secret = installed.admin.get(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
@@ -726,6 +744,12 @@ async def test_a_namespaced_install_serves_its_namespaces_and_cannot_read_the_ot
                 wire.DRAIN_SECONDS_ANNOTATION: "5",
             },
         )
+    for where in (cluster, second):
+        await where.service(
+            "gone",
+            labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+            annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+        )
     async with _manager(install, info, tmp_path / "certs") as manager:
         # A pod of the unwatched namespace, which its Service selects: the webhook finds no
         # employer of it (its cache holds the watched namespaces), the controller never sees it
@@ -738,11 +762,17 @@ async def test_a_namespaced_install_serves_its_namespaces_and_cannot_read_the_ot
         await elsewhere.set_status("web-0", ready=True, service_ready=True)
         await _serve_and_release(cluster, slb, ["web-0", "web-1"], drained=True)
         await _serve_and_release(second, slb, ["web-0", "web-1"], first_eni=30, drained=True)
-        assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
-        assert finalizers(await elsewhere.get(kube.POD, "web-0")) == []
-        assert not [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{ELSEWHERE}/web"]
+        for index, where in enumerate((cluster, second)):
+            await _serve(where, slb, "gone", ["gone-0"], first_eni=50 + index)
+    # The garbage pass of each watched namespace, as the ServiceAccount of Roles only.
+    restarted = await _collected_after_restart(
+        install, info, [cluster, second], slb, tmp_path / "certs-again"
+    )
+    assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
+    assert finalizers(await elsewhere.get(kube.POD, "web-0")) == []
+    assert not [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{ELSEWHERE}/web"]
     events = install.cp.audit_events()[before:]
-    assert not _manager_forbidden(events), manager.output
+    assert not _manager_forbidden(events), manager.output + restarted.output
     # Nothing of another namespace was asked for (not even tried: no 403 above), nor anything
     # namespaced across all namespaces; only the cluster-scoped reads the page lists.
     outside = {
