@@ -542,17 +542,20 @@ def _serving_options(flags: Mapping[str, Any]) -> ManagerKeywords:
     return {"health_address": legacy}
 
 
+#: The namespaces watched (``ManagerOptions.namespace`` or ``namespaces``), of ``run`` and ``webhook``.
+_namespace_flag = _field_flag(
+    "--namespace",
+    ManagerOptions,
+    "namespace",
+    "Watch only this namespace; several: repeat the flag or separate them with commas (default: all).",
+    multiple=True,
+    default=(),
+    show_default=False,
+)
+
 #: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
 _manager_flags = _flag_group(
-    _field_flag(
-        "--namespace",
-        ManagerOptions,
-        "namespace",
-        "Watch only this namespace; several: repeat the flag or separate them with commas (default: all).",
-        multiple=True,
-        default=(),
-        show_default=False,
-    ),
+    _namespace_flag,
     _field_flag(
         "--resync-seconds",
         ManagerOptions,
@@ -590,8 +593,9 @@ _manager_flags = _flag_group(
 _FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
 
 
-def _namespaces(given: Sequence[str]) -> tuple[str, ...]:
-    """The namespaces of every ``--namespace`` (each a name or a comma-separated list)."""
+def _namespaces(given: Sequence[str]) -> dict[str, Any]:
+    """``ManagerOptions``' ``namespace`` (one) or ``namespaces`` (several) of every
+    ``--namespace`` (each a name or a comma-separated list)."""
     names = tuple(name.strip() for value in given for name in value.split(","))
     if "" in names:
         raise click.BadParameter(
@@ -599,7 +603,7 @@ def _namespaces(given: Sequence[str]) -> tuple[str, ...]:
             "e.g. --namespace shop,payments",
             param_hint="--namespace",
         )
-    return names
+    return {"namespace": names[0]} if len(names) == 1 else {"namespaces": names}
 
 
 def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -621,8 +625,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
     watched = _namespaces(flags["namespace"])
     with _flags(ManagerOptions, GarbageOptions):
         return ManagerOptions(
-            namespace=watched[0] if len(watched) == 1 else None,
-            namespaces=watched if len(watched) > 1 else (),
+            **watched,
             resync_period=flags["resync_seconds"] or None,
             full_pass_every=flags["full_pass_every"],
             metrics_address=serving.get("metrics_address"),
@@ -705,11 +708,20 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
 
 
+def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """The ``ManagerOptions`` of the manager without controllers the ``webhook`` command serves
+    on: the namespaces its caches hold, and where metrics and probes are served."""
+    watched = _namespaces(flags["namespace"])
+    with _flags(ManagerOptions):
+        return ManagerOptions(**watched, **_serving_options(flags))
+
+
 @main.command()
 @click.option(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_namespace_flag
 @_serving_flags
 @_webhook_flags
 def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
@@ -721,8 +733,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     import asyncio
 
     options = _webhook_options(flags)
-    with _flags(ManagerOptions):
-        manager_options = ManagerOptions(**_serving_options(flags))
+    manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.

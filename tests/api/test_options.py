@@ -227,6 +227,10 @@ def test_namespaces_come_from_repeated_or_comma_separated_flags() -> None:
             namespaces=("shop", "web"), metrics_address=("", 8080), health_probe_address=("", 8081)
         )
         assert manager.watched_namespaces == ("shop", "web")
+    # The webhook command's caches hold the same namespaces (its employers' lookups).
+    webhook = cli._webhook_manager_options(_flags(cli.webhook, "--namespace", "shop", "--namespace", "web"))
+    assert webhook.watched_namespaces == ("shop", "web")
+    assert cli._webhook_manager_options(_flags(cli.webhook)).watched_namespaces is None
     one = cli._manager_options(_flags(cli.run, "--namespace", "shop"))
     assert one.namespace == "shop" and one.namespaces == () and one.watched_namespaces == ("shop",)
     assert ManagerOptions().watched_namespaces is None
