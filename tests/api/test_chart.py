@@ -284,6 +284,14 @@ def test_watch_namespaces_put_a_role_and_binding_in_each_and_tell_the_manager(tm
     assert not [r for r in webhook_role["rules"] if "services" in r["resources"]]
     (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
     assert "--namespace=pay,shop,web" in _container(deployment)["args"]
+    # Pods of other namespaces are not sent to the webhook (a selector given is kept instead).
+    configuration = _by_kind(docs)[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]
+    (hook,) = configuration["webhooks"]
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["pay", "shop", "web"]}
+        ]
+    }
     # Without either value: a ClusterRole, and no --namespace.
     default = _template("resourceconsist", None, tmp_path)
     assert ("ClusterRole", manager) in _by_kind(default)

@@ -751,9 +751,9 @@ async def test_a_namespaced_install_serves_its_namespaces_and_cannot_read_the_ot
             annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
         )
     async with _manager(install, info, tmp_path / "certs") as manager:
-        # A pod of the unwatched namespace, which its Service selects: the webhook finds no
-        # employer of it (its cache holds the watched namespaces), the controller never sees it
-        # while it serves the other two.
+        # A pod of the unwatched namespace, which its Service selects: it is not sent to the
+        # webhook (the chart's namespaceSelector of a namespaced install), the controller never
+        # sees it while it serves the other two.
         stray = await elsewhere.pod(
             "web-0", {"app": "web", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}, readiness_gate=True
         )
