@@ -7,7 +7,10 @@ not scans. Handlers run on the event loop after the store has changed, as in cli
 An ``InformerFactory`` shares one informer per resource among controllers and the webhook;
 ``CacheReader`` is the read-only face adapters get. ``SnapshotReader`` answers the same lookups
 over the same indexed stores, filled once by one LIST per kind and namespace, for the one-off
-reads of ``explain`` and the hand-over.
+reads of ``explain`` and the hand-over. A manager that watches a list of namespaces
+(docs/security.md, "A namespaced install") has, per namespaced resource, one informer with a
+list + watch per namespace into one store: readers and handlers see one cache, and nothing of
+another namespace is ever asked for.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -159,13 +162,15 @@ class Store:
                 self._unindex(key, old)
             return old
 
-    def replace(self, objs: Iterable[KubeObject]) -> list[WatchEvent]:
-        """Make the store hold exactly ``objs``; return the events that turn the old into the new."""
+    def replace(self, objs: Iterable[KubeObject], namespace: str | None = None) -> list[WatchEvent]:
+        """Make the store hold exactly ``objs`` (in ``namespace``, when given: the objects of
+        other namespaces stay); return the events that turn the old into the new."""
         events: list[WatchEvent] = []
+        prefix = f"{namespace}/" if namespace is not None else ""
         with self._lock:
             fresh = {object_key(o): o for o in objs}
             for key, old in builtins.list(self._items.items()):
-                if key not in fresh:
+                if key.startswith(prefix) and key not in fresh:
                     self.delete(old)
                     events.append(WatchEvent("DELETED", old, old))
             for obj in fresh.values():
@@ -205,7 +210,8 @@ def _rv(obj: KubeObject) -> str:
 
 
 class Informer:
-    """List + watch of one resource (all namespaces, or one) into a ``Store``."""
+    """List + watch of one resource (all namespaces, one, or each of ``namespaces``) into a
+    ``Store``: one informer thread per namespace watched, all into the same store."""
 
     def __init__(
         self,
@@ -213,6 +219,7 @@ class Informer:
         resource: Resource,
         *,
         namespace: str | None = None,
+        namespaces: Sequence[str] = (),
         indexers: Mapping[str, Indexer] | None = None,
         resync_period: float | None = None,
         page_size: int = 500,
@@ -220,6 +227,8 @@ class Informer:
         self.client = client
         self.resource = resource
         self.namespace = namespace
+        #: What each informer thread lists and watches: a namespace, or None for all.
+        self.scopes: tuple[str | None, ...] = tuple(namespaces) if namespaces else (namespace,)
         self.store = Store({LABEL_INDEX: index_by_label, **(indexers or {})})
         self.resync_period = resync_period
         self.page_size = page_size
@@ -227,16 +236,19 @@ class Informer:
         #: Held while the store changes and the change is sent, and while a handler is added.
         self._emit_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self._synced = threading.Event()
+        #: The scopes whose first list is in the store: synced once it holds every scope.
+        self._listed: set[str | None] = set()
         #: Callbacks waiting for the first list (``when_synced``), and the lock that makes a
         #: callback registered as the list completes run once, not never.
         self._sync_waiters: list[Callable[[], None]] = []
         self._sync_lock = threading.Lock()
-        self._watch: WatchStream | None = None
+        self._watches: dict[str | None, WatchStream] = {}
         self._resync_handle: asyncio.TimerHandle | None = None
-        #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone).
+        #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone) of
+        #: any scope.
         self.relists = 0
 
     @property
@@ -295,13 +307,14 @@ class Informer:
             return
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._thread is not None:
+        if self._threads:
             return
         self._loop = loop
-        self._thread = threading.Thread(
-            target=self._run, name=f"informer-{self.resource.plural}", daemon=True
-        )
-        self._thread.start()
+        for scope in self.scopes:
+            name = f"informer-{self.resource.plural}" + (f"-{scope}" if len(self.scopes) > 1 else "")
+            thread = threading.Thread(target=self._run, args=(scope,), name=name, daemon=True)
+            self._threads.append(thread)
+            thread.start()
         if self.resync_period:
             self._resync_handle = loop.call_later(self.resync_period, self._resync)
 
@@ -313,16 +326,16 @@ class Informer:
 
     def stop(self, timeout: float = 5.0) -> None:
         self.signal_stop()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def signal_stop(self) -> None:
-        """Tell the informer thread to end (it is a daemon: nothing waits for it unless joined)."""
+        """Tell the informer threads to end (daemons: nothing waits for them unless joined)."""
         self._stop.set()
         if self._resync_handle is not None:
             self._resync_handle.cancel()
-        watch = self._watch
-        if watch is not None:
+        for watch in builtins.list(self._watches.values()):
             watch.close()
 
     # -- the informer thread -----------------------------------------------------------------
@@ -354,11 +367,16 @@ class Informer:
         if self._loop is not None and self.resync_period and not self._stop.is_set():
             self._resync_handle = self._loop.call_later(self.resync_period, self._resync)
 
-    def _list(self) -> str:
+    def _where(self, scope: str | None) -> str:
+        """The resource, and the namespace when this informer watches several (for logs)."""
+        plural = self.resource.plural
+        return plural if len(self.scopes) == 1 else f"{plural} in {scope}"
+
+    def _list(self, scope: str | None) -> str:
         items: list[KubeObject] = []
         token: str | None = None
         while True:
-            page = self.client.list(self.resource, self.namespace, limit=self.page_size, continue_token=token)
+            page = self.client.list(self.resource, scope, limit=self.page_size, continue_token=token)
             items.extend(page.get("items") or [])
             token = page.get("metadata", {}).get("continue") or None
             if not token:
@@ -366,30 +384,35 @@ class Informer:
         for item in items:
             _as_stored(item, self.resource)
         with self._emit_lock:
-            for event in self.store.replace(items):
+            for event in self.store.replace(items, scope if len(self.scopes) > 1 else None):
                 self._emit(event)
-        self.relists += 1
-        self._synced.set()
         with self._sync_lock:
+            # A scope's first list counts once for the informer, not once per namespace.
+            if scope in self._listed or not self._listed:
+                self.relists += 1
+            self._listed.add(scope)
+            if len(self._listed) < len(self.scopes):
+                return str(page.get("metadata", {}).get("resourceVersion", ""))
+            self._synced.set()
             waiters, self._sync_waiters = self._sync_waiters, []
         for callback in waiters:
             # Scheduled after the list's events (sent above): the cache a waiter needs is full.
             self._call_on_loop(callback)
         return str(page.get("metadata", {}).get("resourceVersion", ""))
 
-    def _run(self) -> None:
+    def _run(self, scope: str | None) -> None:
         backoff = 0.2
         while not self._stop.is_set():
             try:
-                rv = self._list()
+                rv = self._list(scope)
                 backoff = 0.2
                 while not self._stop.is_set():
-                    rv = self._watch_from(rv)
+                    rv = self._watch_from(scope, rv)
             except ApiError as err:
                 if self._stop.is_set():
                     return
                 if not isinstance(err, Gone):
-                    log.warning("informer %s: %s; re-listing", self.resource.plural, err)
+                    log.warning("informer %s: %s; re-listing", self._where(scope), err)
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
             except Exception as err:
@@ -401,17 +424,15 @@ class Informer:
                 log.log(
                     logging.DEBUG if quiet else logging.WARNING,
                     "informer %s: watch broke (%s); re-listing",
-                    self.resource.plural,
+                    self._where(scope),
                     err,
                 )
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
 
-    def _watch_from(self, rv: str) -> str:
-        stream = self.client.watch(
-            self.resource, self.namespace, rv, timeout_seconds=random.randint(240, 480)
-        )
-        self._watch = stream
+    def _watch_from(self, scope: str | None, rv: str) -> str:
+        stream = self.client.watch(self.resource, scope, rv, timeout_seconds=random.randint(240, 480))
+        self._watches[scope] = stream
         try:
             for event in stream:
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -432,36 +453,55 @@ class Informer:
                         old = self.store.upsert(obj)
                         self._emit(WatchEvent("ADDED" if old is None else "MODIFIED", obj, old))
         finally:
-            self._watch = None
+            self._watches.pop(scope, None)
         return rv
 
 
 class InformerFactory:
-    """One shared informer per (client, resource, namespace); started on first use."""
+    """One shared informer per (client, resource); started on first use."""
 
     def __init__(
-        self, client: KubeClient, *, resync_period: float | None = None, namespace: str | None = None
+        self,
+        client: KubeClient,
+        *,
+        resync_period: float | None = None,
+        namespace: str | None = None,
+        namespaces: Sequence[str] = (),
     ) -> None:
         self.client = client
         self.resync_period = resync_period
-        #: Watch only this namespace (namespaced kinds); None watches all.
-        self.namespace = namespace
-        self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        #: The namespaces watched (namespaced kinds); None: all. ``namespace`` is one of them.
+        self.namespaces: tuple[str, ...] | None = (
+            tuple(sorted({*namespaces, *([namespace] if namespace else [])}))
+            if namespace or namespaces
+            else None
+        )
+        self._informers: dict[Resource, Informer] = {}
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
 
+    @property
+    def namespace(self) -> str | None:
+        """The one namespace watched; None: all, or several (``namespaces``)."""
+        return self.namespaces[0] if self.namespaces is not None and len(self.namespaces) == 1 else None
+
+    def watches(self, namespace: str | None) -> bool:
+        """Objects of ``namespace`` are in the caches (None: a cluster-scoped object)."""
+        return self.namespaces is None or namespace is None or namespace in self.namespaces
+
     def informer(self, resource: Resource) -> Informer:
-        namespace = self.namespace if resource.namespaced else None
+        namespaces = self.namespaces if resource.namespaced and self.namespaces is not None else ()
         with self._lock:
-            key = (resource, namespace)
+            key = resource
             found = self._informers.get(key)
             if found is None:
                 found = Informer(
                     self.client,
                     resource,
-                    namespace=namespace,
+                    namespace=namespaces[0] if len(namespaces) == 1 else None,
+                    namespaces=namespaces if len(namespaces) > 1 else (),
                     indexers=indexers_for(resource),
                     resync_period=self.resync_period,
                 )

@@ -550,9 +550,20 @@ def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
         return ManagerOptions(health_address=legacy)
 
 
+#: The namespaces watched (``ManagerOptions.namespace`` or ``namespaces``), of ``run`` and ``webhook``.
+_namespace_flag = _field_flag(
+    "--namespace",
+    ManagerOptions,
+    "namespace",
+    "Watch only this namespace; several: repeat the flag or separate them with commas (default: all).",
+    multiple=True,
+    default=(),
+    show_default=False,
+)
+
 #: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
 _manager_flags = _flag_group(
-    _field_flag("--namespace", ManagerOptions, "namespace", "Watch only this namespace (default: all)."),
+    _namespace_flag,
     _field_flag(
         "--resync-seconds",
         ManagerOptions,
@@ -603,6 +614,22 @@ _manager_flags = _flag_group(
 )
 
 
+_FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
+
+
+def _namespaces(given: Sequence[str]) -> dict[str, Any]:
+    """``ManagerOptions``' ``namespace`` (one) or ``namespaces`` (several) of every
+    ``--namespace`` (each a name or a comma-separated list)."""
+    names = tuple(name.strip() for value in given for name in value.split(","))
+    if "" in names:
+        raise click.BadParameter(
+            f"{','.join(given)!r} holds an empty namespace name: give names separated by commas, "
+            "e.g. --namespace shop,payments",
+            param_hint="--namespace",
+        )
+    return {"namespace": names[0]} if len(names) == 1 else {"namespaces": names}
+
+
 def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
     """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags`` and
     ``_leader_election_flags``)."""
@@ -618,10 +645,11 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 renew_deadline=flags["renew_deadline"],
                 retry_period=flags["retry_period"],
             )
+    watched = _namespaces(flags["namespace"])
     with _flags(ManagerOptions, GarbageOptions, ProviderBudgetOptions):
         return dataclasses.replace(
             _serving_options(flags),
-            namespace=flags["namespace"],
+            **watched,
             resync_period=flags["resync_seconds"] or None,
             full_pass_every=flags["full_pass_every"],
             shutdown_timeout=flags["shutdown_timeout"],
@@ -705,11 +733,20 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
 
 
+def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """The ``ManagerOptions`` of the manager without controllers the ``webhook`` command serves
+    on: the namespaces its caches hold, and where metrics and probes are served."""
+    watched = _namespaces(flags["namespace"])
+    with _flags(ManagerOptions):
+        return dataclasses.replace(_serving_options(flags), **watched)
+
+
 @main.command()
 @click.option(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_namespace_flag
 @_serving_flags
 @_webhook_flags
 def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
@@ -721,7 +758,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     import asyncio
 
     options = _webhook_options(flags)
-    manager_options = _serving_options(flags)
+    manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.

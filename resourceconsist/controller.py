@@ -498,8 +498,8 @@ class _Handle:
         return self._controller.informers.has_synced
 
     @property
-    def namespace(self) -> str | None:
-        return self._controller.informers.namespace
+    def namespaces(self) -> tuple[str, ...] | None:
+        return self._controller.informers.namespaces
 
     @property
     def follows_lifecycle(self) -> bool:
@@ -510,8 +510,7 @@ class _Handle:
         return self._controller.employees_in_members
 
     def watches(self, key: str) -> bool:
-        namespace = self.namespace
-        return namespace is None or not self.employer.namespaced or key.rpartition("/")[0] == namespace
+        return not self.employer.namespaced or self._controller.informers.watches(key.rpartition("/")[0])
 
     def claim(self, key: str) -> bool:
         return self._controller.queue.claim(key)

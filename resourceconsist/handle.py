@@ -50,8 +50,8 @@ class ControllerHandle(Protocol):
         """The controller's caches have synced (an empty cache would make every owner look gone)."""
 
     @property
-    def namespace(self) -> str | None:
-        """The one namespace the manager watches; None: all of them."""
+    def namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces the manager watches; None: all of them."""
 
     @property
     def follows_lifecycle(self) -> bool:
@@ -63,7 +63,8 @@ class ControllerHandle(Protocol):
 
     def watches(self, key: str) -> bool:
         """The employer ``key`` is in what the manager watches (a namespace-bound manager sees
-        one namespace: elsewhere its cache cannot see the pods to release)."""
+        its namespaces only: elsewhere its cache cannot see the pods to release, and its
+        ServiceAccount may not even look)."""
 
     def claim(self, key: str) -> bool:
         """Hold the employer ``key`` as if a pass of it ran (False: one is queued or running);

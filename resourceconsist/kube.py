@@ -107,8 +107,9 @@ _KNOWN = {
 class ApiError(ResourceConsistError):
     """A non-2xx answer of the API server, with its status and Status reason/message.
 
-    ``ApiError.of(...)`` builds the subclass for the status callers branch on: ``NotFound``
-    (404), ``Conflict`` (409: a stale resourceVersion, or AlreadyExists) and ``Gone`` (410)."""
+    ``ApiError.of(...)`` builds the subclass for the status callers branch on: ``Forbidden``
+    (403), ``NotFound`` (404), ``Conflict`` (409: a stale resourceVersion, or AlreadyExists) and
+    ``Gone`` (410)."""
 
     def __init__(self, status: int, reason: str, message: str, method: str = "", path: str = "") -> None:
         super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
@@ -118,8 +119,13 @@ class ApiError(ResourceConsistError):
 
     @staticmethod
     def of(status: int, reason: str, message: str, method: str = "", path: str = "") -> ApiError:
-        kind = {404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
+        kind = {403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
         return kind(status, reason, message, method, path)
+
+
+class Forbidden(ApiError):
+    """403: the caller may not make this request (RBAC, or an admission policy). Says nothing
+    about whether the object exists: a lookup refused is "unknown", never "gone"."""
 
 
 class NotFound(ApiError):

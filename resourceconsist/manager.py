@@ -87,7 +87,9 @@ class Manager:
         budget.configure(self.options.provider_budget)
         self.subscribers: list[LifecycleSubscriber] = []
         self.informers = InformerFactory(
-            client, resync_period=self.options.resync_period, namespace=self.options.namespace
+            client,
+            resync_period=self.options.resync_period,
+            namespaces=self.options.watched_namespaces or (),
         )
         self.metrics = Metrics()
         self.metrics.watch_cluster(client, self.informers)

@@ -9,6 +9,7 @@ its HTTP server or the Kubernetes client (``resourceconsist --help`` stays light
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +21,9 @@ from resourceconsist.errors import InvalidOptions, check_seconds
 def _identity() -> str:
     return f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
+
+#: A namespace's name (an RFC 1123 label), as the API server checks it.
+_NAMESPACE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 #: The default of ``ManagerOptions.full_pass_every``: an employer's memo is rebuilt at least this often.
 DEFAULT_FULL_PASS_EVERY: Final = 300.0
@@ -133,8 +137,12 @@ class ManagerOptions:
     """What a ``Manager`` watches, serves and how it stops (controller-runtime's
     ``manager.Options``). Bad values raise ``InvalidOptions`` naming the field."""
 
-    #: Watch only this namespace (namespaced kinds); None: all namespaces.
+    #: Watch only this namespace (namespaced kinds); None: all namespaces (unless ``namespaces``).
     namespace: str | None = None
+    #: Watch only these namespaces (controller-runtime's ``Cache.DefaultNamespaces``;
+    #: ``resourceconsist run --namespace a,b``); empty: all (unless ``namespace``). Exclusive
+    #: with ``namespace``, which is the one-namespace shorthand.
+    namespaces: tuple[str, ...] = ()
     #: Seconds between full resyncs of every informer cache; None: never (events only).
     resync_period: float | None = None
     #: Seconds after which an employer's next pass is a full one whatever changed, so state an
@@ -164,6 +172,26 @@ class ManagerOptions:
     provider_budget: ProviderBudgetOptions = field(default_factory=ProviderBudgetOptions)
 
     def __post_init__(self) -> None:
+        # A list is taken too; the options stay frozen and hashable.
+        object.__setattr__(self, "namespaces", tuple(self.namespaces))
+        if self.namespace is not None and self.namespaces:
+            raise InvalidOptions(
+                f"namespace {self.namespace!r} and namespaces {list(self.namespaces)} both given: "
+                "give the one namespace as namespace, or every namespace as namespaces",
+                "namespace",
+                "namespaces",
+            )
+        given = ([] if self.namespace is None else [self.namespace]) + list(self.namespaces)
+        for name in given:
+            if not _NAMESPACE_NAME.fullmatch(name):
+                raise InvalidOptions(
+                    f"namespace {name!r} is not a namespace name (lower-case letters, digits and "
+                    "'-', at most 63, starting and ending with a letter or digit)",
+                    "namespace" if self.namespace is not None else "namespaces",
+                )
+        repeated = sorted({name for name in self.namespaces if self.namespaces.count(name) > 1})
+        if repeated:
+            raise InvalidOptions(f"namespaces lists {', '.join(repeated)} more than once", "namespaces")
         check_seconds("resync_period", self.resync_period)
         check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
@@ -183,6 +211,13 @@ class ManagerOptions:
                 *beside,
             )
 
+    @property
+    def watched_namespaces(self) -> tuple[str, ...] | None:
+        """The namespaces watched, sorted; None: all."""
+        if self.namespace is not None:
+            return (self.namespace,)
+        return tuple(sorted(self.namespaces)) or None
+
 
 class ManagerKeywords(TypedDict, total=False):
     """Deprecated: ``ManagerOptions``' fields as keywords of ``Manager(client, **keywords)``;
@@ -190,6 +225,7 @@ class ManagerKeywords(TypedDict, total=False):
     ``DeprecationWarning``; this name stays importable for code that annotates with it."""
 
     namespace: str | None
+    namespaces: tuple[str, ...]
     resync_period: float | None
     full_pass_every: float
     metrics_address: tuple[str, int] | None

@@ -22,6 +22,11 @@ listing failed or may be partial, or only the hash is left, nothing is released 
 the operator is told once per pod and employer: a Warning Event on the pod and on the Namespace
 with the ``kubectl`` command that releases the pod by hand, the
 ``resourceconsist_pods_held_by_gone_employers`` gauge, and ``resourceconsist explain pod``.
+
+A lookup the install may not make (403: a namespaced install, a narrowed role) says nothing of
+whether the employer exists: that employer is unknown, never gone, and waits (a log line and a
+Warning Event on its Namespace name the permission missing) while the others go on
+(docs/security.md, "A namespaced install").
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ NOT_COMPLETE = (
     "so the provider may still route to the pods"
 )
 NAME_UNKNOWN = "only the hash of its name is left on the pod: no entry, readiness gate or Event names it"
+#: The reason of the Warning Event (on the Namespace) about a gone-looking employer whose live
+#: lookup was refused (403): unknown, never gone.
+LOOKUP_REFUSED_REASON = "EmployerLookupRefused"
 
 
 @dataclass
@@ -89,6 +97,9 @@ class GarbageReport:
     uncollectable: dict[str, str] = field(default_factory=dict)
     #: The adapter's ``list_owned`` failed this pass (its error); nothing was released.
     list_error: str | None = None
+    #: Owners whose live lookup was refused (403), and the API server's words: unknown, never
+    #: gone; nothing of theirs was touched.
+    unknown: dict[str, str] = field(default_factory=dict)
 
 
 def stand_in(resource: kube.Resource, key: str, item: OwnedItem) -> KubeObject:
@@ -117,6 +128,9 @@ class GarbageCollector:
         #: (pod key, employer) pairs and (namespace, employer) pairs the operator was told about:
         #: once each per controller lifetime (forgotten once the employer's marks are gone).
         self._told: set[tuple[str, str]] = set()
+        #: Owners whose refused lookup (403) the operator was told about, with the refusal: told
+        #: again only when it changes, forgotten once a lookup answers.
+        self._refused: dict[str, str] = {}
         #: The other controllers of this manager that employ the same kind (set by the manager):
         #: a gone employer that no listed item ties to this controller may be one of theirs.
         self.peers: Callable[[], list[str]] = list
@@ -197,10 +211,10 @@ class GarbageCollector:
         await self._collect_strays(report)
         self.passes += 1
         self.last_report = report
-        if report.orphans or report.strays or report.held:
+        if report.orphans or report.strays or report.held or report.unknown:
             log.info(
                 "%s: garbage pass%s: orphans of %s; pods held by gone %s; collected %s; pending %s; "
-                "skipped %s; strays %s",
+                "skipped %s; unknown (lookup refused) %s; strays %s",
                 controller.name,
                 " (dry run)" if report.dry_run else "",
                 ", ".join(sorted(report.orphans)) or "none",
@@ -208,6 +222,7 @@ class GarbageCollector:
                 ", ".join(report.collected) or "none",
                 ", ".join(report.pending) or "none",
                 ", ".join(f"{k} ({why})" for k, why in sorted(report.skipped.items())) or "none",
+                ", ".join(sorted(report.unknown)) or "none",
                 ", ".join(report.strays) or "none",
             )
         return report
@@ -235,7 +250,8 @@ class GarbageCollector:
             return {}
         kind = resource.kind
         by_namespace: dict[str, list[KubeObject]] = {}
-        for pod in controller.reader.list(kube.POD, controller.namespace):
+        # The cache holds the namespaces watched, and no other.
+        for pod in controller.reader.list(kube.POD):
             if marks.entry_names(pod, kind) or any(
                 marks.digest_of(f) for f in pod["metadata"].get("finalizers") or []
             ):
@@ -380,7 +396,13 @@ class GarbageCollector:
             return
         try:
             # Looked up again under the claim: a re-created employer's pass now waits for us.
-            if await self.owner_exists(key):
+            try:
+                exists = await self.owner_exists(key)
+            except kube.Forbidden as err:
+                await self._refused_lookup(key, err, report)
+                return
+            self._refused.pop(key, None)
+            if exists:
                 report.skipped[key] = "the employer exists"
                 return
             pods = sorted({hold.pod for _, hold in holds})
@@ -444,6 +466,35 @@ class GarbageCollector:
         finally:
             controller.done(key)
 
+    async def _refused_lookup(self, key: str, err: kube.Forbidden, report: GarbageReport) -> None:
+        """The live lookup of ``key`` was refused (403): whether it is gone is unknown, so
+        nothing of it is touched. The operator is told which permission is missing (a log line
+        and a Warning Event on the Namespace), once until the refusal changes."""
+        controller = self.controller
+        refusal = err.message or str(err)
+        report.unknown[key] = refusal
+        if self._refused.get(key) == refusal:
+            return
+        self._refused[key] = refusal
+        kind = controller.employer.kind
+        log.warning(
+            "%s: %s %s looks gone but looking it up was refused, so it is unknown, never gone; "
+            "nothing of it is touched until the lookup answers: %s",
+            controller.name,
+            kind,
+            key,
+            refusal,
+        )
+        namespace = key.rpartition("/")[0]
+        await controller.recorder.event(
+            _namespace_object(namespace),
+            "Warning",
+            LOOKUP_REFUSED_REASON,
+            f"{controller.name}: {kind} {key} is not in its cache and looking it up was refused "
+            f"(403): it is unknown, never gone, so its pods keep their finalizers and what the "
+            f"provider holds for it stays. Grant the manager `get` on it: {refusal}",
+        )
+
     async def _collect_strays(self, report: GarbageReport) -> None:
         """Delete this controller's cluster-scoped sub-resources (resourceconsist/subresources.py)
         whose owner employer is gone."""
@@ -455,7 +506,12 @@ class GarbageCollector:
             res = await asyncio.to_thread(client.resource, api_version, kind)
             if res.namespaced:
                 continue  # owner references: Kubernetes' garbage collector deletes them
-            listing = await asyncio.to_thread(client.list, res, None, label_selector=selector)
+            try:
+                listing = await asyncio.to_thread(client.list, res, None, label_selector=selector)
+            except kube.Forbidden as err:
+                # Unknown, never gone: the other kinds and the owners above go on.
+                log.warning("%s: listing %s refused, none collected: %s", controller.name, kind, err.message)
+                continue
             for obj in listing.get("items") or []:
                 meta = obj["metadata"]
                 key = str((meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""))
@@ -468,7 +524,11 @@ class GarbageCollector:
                     report.skipped[f"{kind}/{meta['name']}"] = BUSY
                     continue
                 try:
-                    live = await asyncio.to_thread(client.get_or_none, controller.employer, *_split(key))
+                    try:
+                        live = await asyncio.to_thread(client.get_or_none, controller.employer, *_split(key))
+                    except kube.Forbidden as err:
+                        await self._refused_lookup(key, err, report)
+                        continue
                     if _owner_alive(live, uid):
                         continue
                     report.strays.append(f"{kind}/{meta['name']}")

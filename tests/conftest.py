@@ -70,13 +70,14 @@ def cluster(kube_client: KubeClient, namespace: str) -> Cluster:
 @pytest.fixture
 def run_manager(cluster: Cluster) -> Callable[..., Any]:
     """``async with run_manager(adapter, ...) as manager:`` runs a manager on the test namespace
-    (through ``client`` when given, else the cluster's)."""
+    (on ``namespaces`` when given; through ``client`` when given, else the cluster's)."""
 
     @asynccontextmanager
     async def run(
         *adapters: ReconcileAdapter, client: KubeClient | None = None, **options: Any
     ) -> AsyncIterator[Manager]:
-        manager = Manager(client or cluster.client, ManagerOptions(namespace=cluster.namespace, **options))
+        options.setdefault("namespace", None if "namespaces" in options else cluster.namespace)
+        manager = Manager(client or cluster.client, ManagerOptions(**options))
         for adapter in adapters:
             await manager.add(adapter)
         await manager.start()
@@ -86,6 +87,44 @@ def run_manager(cluster: Cluster) -> Callable[..., Any]:
             await manager.stop(timeout=5)
 
     return run
+
+
+@pytest.fixture
+def service_account(
+    control_plane: LocalControlPlane, kube_client: KubeClient, tmp_path: Path
+) -> Iterator[Callable[[dict[str, list[dict[str, Any]]]], KubeClient]]:
+    """``service_account({namespace: rules})``: a client of a fresh ServiceAccount whose only
+    grants are a Role with ``rules`` in each of those namespaces (RBAC rules, as in a Role), its
+    token minted by TokenRequest: what it may not do, the API server refuses (403)."""
+    clients: list[KubeClient] = []
+
+    def make(grants: dict[str, list[dict[str, Any]]]) -> KubeClient:
+        home = next(iter(grants))
+        name = f"sa-{len(clients)}"
+        account = kube_client.resource("v1", "ServiceAccount")
+        role = kube_client.resource("rbac.authorization.k8s.io/v1", "Role")
+        binding = kube_client.resource("rbac.authorization.k8s.io/v1", "RoleBinding")
+        kube_client.create(account, home, {"metadata": {"name": name}})
+        for namespace, rules in grants.items():
+            kube_client.create(role, namespace, {"metadata": {"name": name}, "rules": rules})
+            kube_client.create(
+                binding,
+                namespace,
+                {
+                    "metadata": {"name": name},
+                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                    "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": home}],
+                },
+            )
+        token = control_plane.service_account_token(home, name)
+        config = control_plane.token_kubeconfig(token, tmp_path / f"{name}.kubeconfig")
+        client = KubeClient.from_kubeconfig(str(config), name=name)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
 
 
 @dataclass

@@ -245,6 +245,8 @@ def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp
         # A Role goes into the namespace watched: it must be a namespace's name.
         ("watchNamespace=Shop", "at '/watchNamespace': 'Shop' does not match pattern"),
         ("providerBudget.burst=0", "at '/providerBudget/burst': minimum: got 0, want 1"),
+        ("watchNamespaces={shop,Web}", "at '/watchNamespaces/1': 'Web' does not match pattern"),
+        ("watchNamespaces={shop,shop}", "at '/watchNamespaces': items at 0 and 1 are equal"),
         (
             "extraArgs[0]=resync-seconds=5",
             "at '/extraArgs/0': 'resync-seconds=5' does not match pattern '^--'",
@@ -255,6 +257,48 @@ def test_bad_values_are_refused_naming_the_value(setting: str, error: str) -> No
     refused = _helm("template", "x", str(CHART), "--set", setting)
     assert refused.returncode != 0
     assert error in refused.stderr
+
+
+def test_watch_namespaces_put_a_role_and_binding_in_each_and_tell_the_manager(tmp_path: Path) -> None:
+    """watchNamespaces (and watchNamespace, the one-namespace value of earlier charts, merged
+    in): a Role and RoleBinding of the manager in each, no ClusterRole of the manager, the
+    Services grant off the webhook's ClusterRole, and `--namespace` with the list
+    (docs/security.md, "A namespaced install")."""
+    docs = _template(
+        "resourceconsist", {"watchNamespaces": ["web", "shop"], "watchNamespace": "pay"}, tmp_path
+    )
+    manager = "resourceconsist-manager"
+    roles = {(d["kind"], d["metadata"].get("namespace")) for d in docs if d["metadata"]["name"] == manager}
+    assert {(kind, ns) for kind, ns in roles if kind in {"Role", "RoleBinding"}} == {
+        (kind, ns) for kind in ("Role", "RoleBinding") for ns in ("pay", "shop", "web")
+    }
+    assert not {kind for kind, _ in roles} & {"ClusterRole", "ClusterRoleBinding"}
+    for binding in (d for d in docs if d["kind"] == "RoleBinding" and d["metadata"]["name"] == manager):
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": manager,
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": manager, "namespace": "resourceconsist"}
+        ]
+    webhook_role = _by_kind(docs)[("ClusterRole", "resourceconsist-webhook")]
+    assert not [r for r in webhook_role["rules"] if "services" in r["resources"]]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert "--namespace=pay,shop,web" in _container(deployment)["args"]
+    # Pods of other namespaces are not sent to the webhook (a selector given is kept instead).
+    configuration = _by_kind(docs)[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]
+    (hook,) = configuration["webhooks"]
+    assert hook["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["pay", "shop", "web"]}
+        ]
+    }
+    # Without either value: a ClusterRole, and no --namespace.
+    default = _template("resourceconsist", None, tmp_path)
+    assert ("ClusterRole", manager) in _by_kind(default)
+    (deployment,) = [d for d in default if d["kind"] == "Deployment"]
+    assert not [a for a in _container(deployment)["args"] if a.startswith("--namespace")]
 
 
 def test_helm_install_with_default_values_on_a_real_api_server(

@@ -81,6 +81,8 @@ BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
         {"interval": 3600, "ca_overlap": datetime.timedelta(minutes=30)},
         "ca_overlap (0:30:00) must be longer than the re-check interval (3600s)",
     ),
+    (ManagerOptions, {"namespaces": ("shop", "Shop")}, "namespace 'Shop' is not a namespace name"),
+    (ManagerOptions, {"namespaces": ("shop", "web", "shop")}, "namespaces lists shop more than once"),
     (ConnectionLimits, {"idle_timeout": 0}, "idle timeout must be more than 0 seconds (got 0)"),
     (ConnectionLimits, {"max_connections": 0}, "max connections must be at least 1 (got 0)"),
 ]
@@ -249,6 +251,47 @@ def test_the_provider_budget_flags_set_its_rate_and_burst() -> None:
     assert cli._manager_options(_flags(cli.run, "--provider-rate", "0")).provider_budget.rate is None
     flags = _flags(cli.run, "--provider-rate", "12.5", "--provider-burst", "4")
     assert cli._manager_options(flags).provider_budget == ProviderBudgetOptions(rate=12.5, burst=4)
+
+
+def test_namespaces_come_from_repeated_or_comma_separated_flags() -> None:
+    for argv in (("--namespace", "shop,web"), ("--namespace", "shop", "--namespace", "web")):
+        manager = cli._manager_options(_flags(cli.run, *argv))
+        assert manager == ManagerOptions(
+            namespaces=("shop", "web"), metrics_address=("", 8080), health_probe_address=("", 8081)
+        )
+        assert manager.watched_namespaces == ("shop", "web")
+    # The webhook command's caches hold the same namespaces (its employers' lookups).
+    webhook = cli._webhook_manager_options(_flags(cli.webhook, "--namespace", "shop", "--namespace", "web"))
+    assert webhook.watched_namespaces == ("shop", "web")
+    assert cli._webhook_manager_options(_flags(cli.webhook)).watched_namespaces is None
+    one = cli._manager_options(_flags(cli.run, "--namespace", "shop"))
+    assert one.namespace == "shop" and one.namespaces == () and one.watched_namespaces == ("shop",)
+    assert ManagerOptions().watched_namespaces is None
+    # The factory watches what the options say: a Manager's caches hold these namespaces only.
+    several = Manager(_client(), ManagerOptions(namespaces=("web", "shop")))
+    assert several.informers.namespaces == ("shop", "web")
+    assert Manager(_client()).informers.namespaces is None
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (("--namespace", "shop,"), "'shop,' holds an empty namespace name"),
+        (("--namespace", "shop,Web"), "namespace 'Web' is not a namespace name"),
+        (("--namespace", "shop", "--namespace", "shop"), "namespaces lists shop more than once"),
+    ],
+)
+def test_a_bad_namespace_list_is_a_usage_error_naming_the_flag(argv: tuple[str, ...], message: str) -> None:
+    with pytest.raises(click.UsageError) as err:
+        cli._manager_options(_flags(cli.run, *argv))
+    assert message in err.value.message
+    assert "--namespace" in err.value.message or err.value.param_hint == "--namespace"
+
+
+def test_one_namespace_and_a_list_together_are_refused() -> None:
+    with pytest.raises(InvalidOptions, match="both given") as err:
+        ManagerOptions(namespace="shop", namespaces=("web",))
+    assert err.value.fields == ("namespace", "namespaces")
 
 
 def test_help_shows_the_defaults_of_the_options() -> None:

@@ -10,8 +10,11 @@ restart the garbage pass over a Service force-deleted while the manager was down
 token, every write beyond that is refused by the policy with a message naming what was refused
 (the table in docs/security.md is this module's). The grants the runs used are read from the
 audit log, never from a list written by hand, and every grant of the chart is either used or
-explained in docs/security.md. A namespaced install (`watchNamespace`) runs on a Role, and
-what it may not read answers 403: unknown, never gone.
+explained in docs/security.md. A namespaced install (`watchNamespaces`, two namespaces) runs on
+a Role and RoleBinding in each: guard, gate, drain and the garbage pass after a restart work in
+both, a third namespace is neither touched nor read, and what it may not read answers 403:
+unknown, never gone. An adapter's sub-resource (a PodDisruptionBudget) is kept as the
+ServiceAccount too, with one Role for its kind.
 
 Each install has a control plane of its own: the chart's webhook configuration (failurePolicy
 Fail) and policy must not reach the session's other tests.
@@ -35,11 +38,13 @@ import yaml
 
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.adapters.alibabacloudslb import (
+    DRAIN_ANNOTATION,
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
 )
 from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist.orphans import LOOKUP_REFUSED_REASON
 from resourceconsist.testing import (
     Cluster,
     LocalControlPlane,
@@ -65,6 +70,8 @@ CLUSTER_NAME = "privilege-test"
 LOAD_BALANCER = "lb-privilege"
 #: Where the controlled pods and their Service live.
 APP = "shop"
+#: The second namespace a namespaced install watches.
+SECOND = "payments"
 #: A namespace a namespaced install does not watch.
 ELSEWHERE = "elsewhere"
 FLZ = lifecycle.lifecycle_finalizer("web")
@@ -170,9 +177,9 @@ def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
         admin = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="admin")
         try:
             # The webhook changes the pods' specs (readiness gates) in namespaces that opt in. They
-            # exist before the install, which may put a Role in one (watchNamespace).
+            # exist before the install, which may put a Role in them (watchNamespaces).
             inject = {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}
-            for namespace in (APP, ELSEWHERE):
+            for namespace in (APP, SECOND, ELSEWHERE):
                 admin.create(kube.NAMESPACE, None, {"metadata": {"name": namespace, "labels": inject}})
             _apply(admin, docs, webhook_port)
             token = cp.service_account_token(RELEASE_NAMESPACE, MANAGER)
@@ -296,10 +303,17 @@ def _manager_forbidden(events: list[dict[str, Any]]) -> list[str]:
 
 
 async def _serve(
-    cluster: Cluster, admin: EmulatorAdmin, service: str, pods: list[str], first_eni: int
+    cluster: Cluster,
+    admin: EmulatorAdmin,
+    service: str,
+    pods: list[str],
+    first_eni: int,
+    *,
+    pre_stop: bool = False,
 ) -> None:
     """Service ``service`` (already created, selecting ``app: <service>``) gets ``pods``: admitted
-    by the webhook, guarded, served by its VServer group, their gate True."""
+    by the webhook (``pre_stop``: given the sleep of the Service's `drain-seconds`), guarded,
+    served by its VServer group, their gate True."""
     group_name = f"resourceconsist/{cluster.namespace}/{service}"
     flz, gate = lifecycle.lifecycle_finalizer(service), lifecycle.readiness_gate(service)
     for index, name in enumerate(pods, start=first_eni):
@@ -311,6 +325,8 @@ async def _serve(
         )
         # Admitted by the webhook, served by the manager process with its bootstrapped certificate.
         assert gate in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
+        if pre_stop:
+            assert created["spec"]["containers"][0]["lifecycle"]["preStop"]["sleep"]["seconds"] == 5
         # As the kubelet: containers ready (a pod with the frame's gate is Ready only once the
         # gate is True), PodOpsLifecycle's gate True.
         await cluster.set_status(name, ready=False, service_ready=True)
@@ -329,12 +345,25 @@ async def _serve(
     await async_wait_for(served, timeout=90, message=f"{service}'s pods served, guarded, their gate True")
 
 
-async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[str]) -> None:
+async def _serve_and_release(
+    cluster: Cluster, admin: EmulatorAdmin, pods: list[str], *, first_eni: int = 0, drained: bool = False
+) -> None:
     """Service `web` (already created) serves `pods` (``_serve``); then one pod's deletion is
-    released, and the Service's deletion releases the rest."""
-    await _serve(cluster, admin, "web", pods, first_eni=0)
+    released (``drained``: after its backend was seen at weight 0 while the pod waited, the
+    Service's `slb-drain-seconds`), and the Service's deletion releases the rest."""
+    await _serve(cluster, admin, "web", pods, first_eni=first_eni, pre_stop=drained)
     first, rest = pods[0], pods[1:]
     await cluster.delete(kube.POD, first)
+    if drained:
+        group_name = f"resourceconsist/{cluster.namespace}/web"
+
+        async def draining() -> bool:
+            (group,) = [g for g in admin.state()["groups"] if g["name"] == group_name]
+            weights = sorted(b["Weight"] for b in group["backends"])
+            pod = await cluster.get(kube.POD, first)
+            return weights == [0] + [100] * len(rest) and pod is not None and FLZ in finalizers(pod)
+
+        await async_wait_for(draining, timeout=60, message=f"{first} drained at weight 0 while it waits")
 
     async def deleted(name: str) -> bool:
         return await cluster.get(kube.POD, name) is None
@@ -354,6 +383,42 @@ async def _serve_and_release(cluster: Cluster, admin: EmulatorAdmin, pods: list[
     await async_wait_for(
         employer_gone_pods_released, timeout=90, message="the Service deleted, its pods released"
     )
+
+
+async def _collected_after_restart(
+    install: Install, info: dict[str, str], clusters: list[Cluster], admin: EmulatorAdmin, cert_dir: Path
+) -> CommandProcess:
+    """While the manager is down an operator force-deletes Service `gone` (served, with pod
+    `gone-0`) in each of ``clusters``: its group and its pod's marks are orphans, which the
+    garbage pass of the next start collects and releases (docs/lifecycle-hooks.md); then gone-0's
+    deletion is released. Returns the restarted manager (stopped)."""
+    for cluster in clusters:
+        await cluster.patch(kube.SERVICE, "gone", {"metadata": {"finalizers": None}})
+        await cluster.delete(kube.SERVICE, "gone")
+    held = (lifecycle.lifecycle_finalizer("gone"), lifecycle.guard_finalizer("gone"))
+    async with _manager(install, info, cert_dir) as restarted:
+        for cluster in clusters:
+
+            async def collected_and_released(cluster: Cluster = cluster) -> bool:
+                name = f"resourceconsist/{cluster.namespace}/gone"
+                if [g for g in admin.state()["groups"] if g["name"] == name]:
+                    return False
+                return not set(held) & set(finalizers(await cluster.get(kube.POD, "gone-0")))
+
+            await async_wait_for(
+                collected_and_released,
+                timeout=90,
+                message=f"the orphaned group collected, gone-0 released in {cluster.namespace}",
+            )
+            await cluster.delete(kube.POD, "gone-0")
+
+            async def deleted(cluster: Cluster = cluster) -> bool:
+                return await cluster.get(kube.POD, "gone-0") is None
+
+            await async_wait_for(
+                deleted, timeout=60, message=f"gone-0's deletion released in {cluster.namespace}"
+            )
+    return restarted
 
 
 async def test_the_manager_keeps_the_promise_as_its_service_account(
@@ -379,27 +444,7 @@ async def test_the_manager_keeps_the_promise_as_its_service_account(
             installed.admin.get, kube.LEASE, RELEASE_NAMESPACE, "resourceconsist-manager"
         )
         assert lease["spec"]["holderIdentity"]
-    # While the manager is down an operator force-deletes Service `gone`: its group and its pod's
-    # marks are orphans, for the garbage pass of the next start (docs/lifecycle-hooks.md).
-    await cluster.patch(kube.SERVICE, "gone", {"metadata": {"finalizers": None}})
-    await cluster.delete(kube.SERVICE, "gone")
-    async with _manager(installed, info, tmp_path / "certs-again") as restarted:
-        held = (lifecycle.lifecycle_finalizer("gone"), lifecycle.guard_finalizer("gone"))
-
-        async def collected_and_released() -> bool:
-            if [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{APP}/gone"]:
-                return False
-            return not set(held) & set(finalizers(await cluster.get(kube.POD, "gone-0")))
-
-        await async_wait_for(
-            collected_and_released, timeout=90, message="the orphaned group collected, gone-0 released"
-        )
-        await cluster.delete(kube.POD, "gone-0")
-
-        async def deleted() -> bool:
-            return await cluster.get(kube.POD, "gone-0") is None
-
-        await async_wait_for(deleted, timeout=60, message="gone-0's deletion released")
+    restarted = await _collected_after_restart(installed, info, [cluster], slb, tmp_path / "certs-again")
     events = installed.cp.audit_events()[before:]
     assert not _manager_forbidden(events), manager.output + restarted.output
     secret = installed.admin.get(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
@@ -668,45 +713,81 @@ def _every_grant_is_used_or_explained(events: list[dict[str, Any]], docs: list[d
 
 @pytest.fixture
 def installed_namespaced(tmp_path: Path) -> Iterator[Install]:
-    """The chart with `watchNamespace` (a Role in that namespace) on a control plane of its own."""
-    yield from _install({"watchNamespace": APP}, tmp_path)
+    """The chart with `watchNamespaces` (a Role and RoleBinding in each) on a control plane of
+    its own."""
+    yield from _install({"watchNamespaces": [APP, SECOND]}, tmp_path)
 
 
-async def test_a_namespaced_install_serves_its_namespace_and_cannot_read_the_others(
+async def test_a_namespaced_install_serves_its_namespaces_and_cannot_read_the_others(
     installed_namespaced: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
 ) -> None:
     install = installed_namespaced
-    kinds = {(d["kind"], d["metadata"]["name"]): d for d in install.docs}
-    assert kinds[("Role", MANAGER)]["metadata"]["namespace"] == APP
-    assert ("ClusterRole", MANAGER) not in kinds
+    manager_roles = {
+        (d["kind"], d["metadata"].get("namespace")) for d in install.docs if d["metadata"]["name"] == MANAGER
+    }
+    assert {("Role", APP), ("Role", SECOND), ("RoleBinding", APP), ("RoleBinding", SECOND)} <= manager_roles
+    assert not {kind for kind, _ in manager_roles} & {"ClusterRole", "ClusterRoleBinding"}
+    assert f"--namespace={','.join(sorted((APP, SECOND)))}" in _manager_args(install.docs)
     info, slb = emulator
-    cluster, elsewhere = Cluster(install.admin, APP), Cluster(install.admin, ELSEWHERE)
+    cluster, second = Cluster(install.admin, APP), Cluster(install.admin, SECOND)
+    elsewhere = Cluster(install.admin, ELSEWHERE)
     before = len(install.cp.audit_events())
-    for where in (cluster, elsewhere):
+    for where in (cluster, second, elsewhere):
         await where.service(
             "web",
+            labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+            annotations={
+                MODE_ANNOTATION: "manage",
+                wire.READINESS_GATE_ANNOTATION: "true",
+                # The drain of a leaving backend (weight 0 first) and the webhook's preStop sleep.
+                DRAIN_ANNOTATION: "3",
+                wire.DRAIN_SECONDS_ANNOTATION: "5",
+            },
+        )
+    for where in (cluster, second):
+        await where.service(
+            "gone",
             labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
             annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
         )
     async with _manager(install, info, tmp_path / "certs") as manager:
-        await _serve_and_release(cluster, slb, ["web-0", "web-1"])
-        # The other namespace's Service is not the manager's to keep: no clean finalizer.
-        assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
+        # A pod of the unwatched namespace, which its Service selects: it is not sent to the
+        # webhook (the chart's namespaceSelector of a namespaced install), the controller never
+        # sees it while it serves the other two.
+        stray = await elsewhere.pod(
+            "web-0", {"app": "web", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}, readiness_gate=True
+        )
+        assert GATE not in [g["conditionType"] for g in stray["spec"].get("readinessGates", [])]
+        assert "lifecycle" not in stray["spec"]["containers"][0]
+        await elsewhere.set_status("web-0", ready=True, service_ready=True)
+        await _serve_and_release(cluster, slb, ["web-0", "web-1"], drained=True)
+        await _serve_and_release(second, slb, ["web-0", "web-1"], first_eni=30, drained=True)
+        for index, where in enumerate((cluster, second)):
+            await _serve(where, slb, "gone", ["gone-0"], first_eni=50 + index)
+    # The garbage pass of each watched namespace, as the ServiceAccount of Roles only.
+    restarted = await _collected_after_restart(
+        install, info, [cluster, second], slb, tmp_path / "certs-again"
+    )
+    assert finalizers(await elsewhere.get(kube.SERVICE, "web")) == []
+    assert finalizers(await elsewhere.get(kube.POD, "web-0")) == []
+    assert not [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{ELSEWHERE}/web"]
     events = install.cp.audit_events()[before:]
-    assert not _manager_forbidden(events), manager.output
-    # Nothing of another namespace was asked for, except the cluster-scoped reads the page lists.
+    assert not _manager_forbidden(events), manager.output + restarted.output
+    # Nothing of another namespace was asked for (not even tried: no 403 above), nor anything
+    # namespaced across all namespaces; only the cluster-scoped reads the page lists.
     outside = {
         (e["verb"], e["objectRef"]["resource"], e["objectRef"].get("namespace"))
         for e in events
         if e["user"]["username"] == USER
         and "objectRef" in e
-        and e["objectRef"].get("namespace") not in {APP, RELEASE_NAMESPACE}
+        and e["objectRef"].get("namespace") not in {APP, SECOND, RELEASE_NAMESPACE}
     }
     assert {resource for _, resource, _ in outside} <= {
         "namespaces",
         "mutatingwebhookconfigurations",
         "validatingwebhookconfigurations",
     }, outside
+    _every_grant_is_used_or_explained(events, install.docs)
 
     # What the install may not read is a 403, which the garbage pass takes for "unknown", never
     # for "gone" (a 404 would be): the employer's live lookup fails instead of answering None.
@@ -782,13 +863,20 @@ async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
                 and e.get("responseStatus", {}).get("code") == 403
             )
 
-        async with _manager(installed, info, tmp_path / "certs-narrowed"):
+        async with _manager(installed, info, tmp_path / "certs-narrowed") as narrowed:
             await async_wait_for(
                 lambda: refused_lookups() >= 3, timeout=60, message="three garbage passes refused the lookup"
             )
             # The pod keeps its lifecycle finalizer (it may not leave) and the group still routes.
             assert held[0] in finalizers(await cluster.get(kube.POD, "hidden-0"))
             assert [g for g in slb.state()["groups"] if g["name"] == group_name]
+            # That employer is unknown, the pass itself did not fail; the operator is told once
+            # what permission is missing.
+            assert "garbage pass failed" not in narrowed.output
+            told_in_log = f"Service {APP}/hidden looks gone but looking it up was refused"
+            assert narrowed.output.count(told_in_log) == 1
+            told = [m for _, r, m in await cluster.events(APP) if r == LOOKUP_REFUSED_REASON]
+            assert len(told) == 1 and 'cannot get resource "services"' in told[0], told
     finally:
         for name, role in roles.items():
             admin.patch(CLUSTER_ROLE, None, name, {"rules": role["rules"]})
@@ -801,3 +889,111 @@ async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
             return not set(held) & set(finalizers(await cluster.get(kube.POD, "hidden-0")))
 
         await async_wait_for(released, timeout=90, message="the lookup answered 404: collected and released")
+
+
+PDB = kube.Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")
+#: A third-party adapter with a sub-resource (docs/lifecycle-hooks.md, "Sub-resources"): the demo
+#: adapter, with a PodDisruptionBudget per Service; registered by entry point, as theirs would be.
+GUARDED_ADAPTER = """
+from resourceconsist.experimental.demo import DemoAdapter
+
+
+class Guarded(DemoAdapter):
+    def sub_resources(self, ctx, employer):
+        meta = employer["metadata"]
+        return [
+            {
+                "apiVersion": "policy/v1",
+                "kind": "PodDisruptionBudget",
+                "metadata": {"name": meta["name"] + "-drain"},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": employer["spec"]["selector"]}},
+            }
+        ]
+
+    def sub_resource_kinds(self):
+        return []
+
+
+def register(registry):
+    registry.register("guarded", controller=lambda env: Guarded(name="guarded"))
+"""
+#: What an adapter with a namespaced sub-resource adds to the chart's grants, in each namespace
+#: it serves (docs/security.md, "Sub-resources"): the chart grants no sub-resource kind.
+SUB_RESOURCE_RULES = [
+    {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["get", "create", "patch"]}
+]
+
+
+async def test_an_adapter_s_sub_resource_is_kept_as_the_service_account(
+    installed: Install, tmp_path: Path
+) -> None:
+    """`resourceconsist run` with a third-party adapter that owns a PodDisruptionBudget per
+    Service, as the manager's ServiceAccount with the chart's grants and one Role for the
+    sub-resource's kind: the PDB is made with its owner reference and put back after an edit,
+    nothing is refused, and the audit log shows the grants it used on PDBs are the Role's."""
+    admin, cluster = installed.admin, Cluster(installed.admin, APP)
+    (tmp_path / "guarded_adapter.py").write_text(GUARDED_ADAPTER)
+    dist = tmp_path / "guarded_adapter-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: guarded-adapter\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[resourceconsist.adapters]\nguarded = guarded_adapter:register\n")
+    role = admin.resource("rbac.authorization.k8s.io/v1", "Role")
+    binding = admin.resource("rbac.authorization.k8s.io/v1", "RoleBinding")
+    admin.create(role, APP, {"metadata": {"name": "guarded-sub-resources"}, "rules": SUB_RESOURCE_RULES})
+    admin.create(
+        binding,
+        APP,
+        {
+            "metadata": {"name": "guarded-sub-resources"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "guarded-sub-resources",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": MANAGER, "namespace": RELEASE_NAMESPACE}],
+        },
+    )
+    service = await cluster.service("guarded")
+    before = len(installed.cp.audit_events())
+    health_port = free_port()
+    args = [
+        *("run", "--adapter=guarded", f"--namespace={APP}", f"--kubeconfig={installed.kubeconfig}"),
+        *("--metrics-bind-address=0", f"--health-probe-bind-address=127.0.0.1:{health_port}"),
+        "--log-format=text",
+    ]
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "KUBECONFIG"},
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+        wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
+    }
+    manager = CommandProcess(args, env, health_port)
+    try:
+        await async_wait_for(manager.ready, timeout=90, message="the manager ready")
+
+        async def pdb() -> dict[str, Any] | None:
+            return await cluster.get(PDB, "guarded-drain")
+
+        made = await async_wait_for(pdb, timeout=60, message="the PDB made for Service guarded")
+        (owner,) = made["metadata"]["ownerReferences"]
+        owned_by = ("Service", "guarded", service["metadata"]["uid"])
+        assert (owner["kind"], owner["name"], owner["uid"]) == owned_by
+        # Someone edits the PDB; the Service's next pass puts it back, as the ServiceAccount.
+        await cluster.patch(PDB, "guarded-drain", {"spec": {"maxUnavailable": 3}})
+        await cluster.patch(kube.SERVICE, "guarded", {"metadata": {"annotations": {"touch": "1"}}})
+
+        async def restored() -> bool:
+            found = await pdb()
+            return found is not None and found["spec"]["maxUnavailable"] == 1
+
+        await async_wait_for(restored, timeout=60, message="the PDB put back")
+    except BaseException:
+        print(manager.output[-20000:])
+        raise
+    finally:
+        manager.stop()
+    events = installed.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output
+    on_pdbs = {grant for grant in _used(events) if grant[1] == "poddisruptionbudgets"}
+    assert on_pdbs == {("policy", "poddisruptionbudgets", verb) for verb in SUB_RESOURCE_RULES[0]["verbs"]}
+    # Everything else it used is the chart's.
+    assert _used(events) - on_pdbs <= _granted(installed.docs)

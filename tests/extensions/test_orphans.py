@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import shlex
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,7 @@ from resourceconsist.orphans import (
     CANNOT_LIST,
     COLLECTED_REASON,
     HELD_BY_GONE_REASON,
+    LOOKUP_REFUSED_REASON,
     NAME_UNKNOWN,
     NOT_COMPLETE,
     GarbageReport,
@@ -651,3 +654,87 @@ async def test_a_garbage_pass_before_the_caches_sync_says_so_and_collects_nothin
     finally:
         await asyncio.to_thread(informers.stop)
         client.close()
+
+
+#: What a manager of the demo adapter needs in a namespace it watches (docs/security.md).
+MANAGER_RULES = [
+    {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+#: The same, but a Service may not be looked up by name (a narrowed or half-applied Role).
+NO_SERVICE_GET = [
+    {"apiGroups": [""], "resources": ["services"], "verbs": ["list", "watch", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
+    *MANAGER_RULES[1:],
+]
+
+
+class _DemoWithClusterScopedSubResources(DemoAdapter):
+    """The demo adapter, declaring a cluster-scoped sub-resource kind (none made): the garbage
+    pass's stray collector lists ClusterRoles of it."""
+
+    def sub_resources(self, ctx: Any, employer: Any) -> list[Any]:
+        return []
+
+    def sub_resource_kinds(self) -> list[tuple[str, str]]:
+        return [("rbac.authorization.k8s.io/v1", "ClusterRole")]
+
+
+async def test_a_refused_lookup_makes_that_employer_unknown_and_the_others_go_on(
+    cluster: Cluster,
+    kube_client: KubeClient,
+    run_manager: Callable[..., Any],
+    service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Two namespaces watched by one manager, as a ServiceAccount that may not `get` Services in
+    the second: each has a Service force-deleted while the manager was down. The first's is
+    collected and its pod released; the second's live lookup answers 403, so that employer is
+    unknown, never gone: its pod and its provider side stay, the operator is told what
+    permission is missing, and the pass goes on (docs/security.md, "A namespaced install").
+    Its stray collector may not list ClusterRoles either: that kind is skipped, said so."""
+    other = Cluster(kube_client, f"t-{uuid.uuid4().hex[:10]}")
+    await other.call(kube_client.create, kube.NAMESPACE, None, {"metadata": {"name": other.namespace}})
+    provider = FakeProvider()
+    adapter = _DemoWithClusterScopedSubResources(provider)
+    watched = (cluster.namespace, other.namespace)
+
+    for where in (cluster, other):
+        await where.service("web")
+        await where.pod("web-0", {"app": "web"})
+        await where.set_status("web-0", ready=True)
+    async with run_manager(adapter, namespaces=watched, garbage=OFF):
+
+        async def served() -> bool:
+            pods = [await where.get(kube.POD, "web-0") for where in (cluster, other)]
+            return all(FLZ in finalizers(pod) for pod in pods)
+
+        await async_wait_for(served, timeout=30, message="web-0 served in both namespaces")
+    for where in (cluster, other):
+        await _delete_stripped(where)
+        await _deleting_web_0(where)
+    gone, unknown = f"{cluster.namespace}/web", f"{other.namespace}/web"
+    assert {gone, unknown} <= set(provider.vips)
+
+    client = service_account({cluster.namespace: MANAGER_RULES, other.namespace: NO_SERVICE_GET})
+    with caplog.at_level(logging.WARNING, logger="resourceconsist.orphans"):
+        async with run_manager(adapter, client=client, namespaces=watched, garbage=START_ONLY) as manager:
+            report = await _report(_controller(manager))
+            assert report.collected == [gone]
+            assert list(report.unknown) == [unknown]
+            assert 'cannot get resource "services"' in report.unknown[unknown]
+            assert unknown not in report.held and unknown not in report.failed
+            await _web_0_gone(cluster)
+    # Unknown, never gone: the pod may not leave, and the provider side stays.
+    assert FLZ in finalizers(await other.get(kube.POD, "web-0"))
+    assert unknown in provider.vips and provider.query_rs(unknown)
+    assert gone not in provider.vips
+    (message,) = [m for _, r, m in await other.events(other.namespace) if r == LOOKUP_REFUSED_REASON]
+    assert f"Service {unknown} is not in its cache and looking it up was refused (403)" in message
+    assert 'cannot get resource "services"' in message
+    (line,) = [r.getMessage() for r in caplog.records if "looking it up was refused" in r.getMessage()]
+    assert unknown in line and "unknown, never gone" in line
+    (strays,) = [r.getMessage() for r in caplog.records if "listing ClusterRole refused" in r.getMessage()]
+    assert 'cannot list resource "clusterroles"' in strays
+    assert not [r for r in caplog.records if r.exc_info], "no traceback: the pass did not fail"

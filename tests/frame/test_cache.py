@@ -5,9 +5,11 @@ slow list, how events whose handler read an unsynced cache wait for it (``Parked
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +18,7 @@ import pytest
 from resourceconsist import handler, kube
 from resourceconsist.cache import CacheNotSynced, Informer, InformerFactory, SnapshotReader, Store, WatchEvent
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound
+from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 
 
@@ -166,6 +168,89 @@ async def test_the_snapshot_reader_answers_the_cache_readers_lookups_from_one_li
         assert await asyncio.to_thread(answers, snapshot) == expected
         await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("later", {"app": "web"}))
         assert await asyncio.to_thread(answers, snapshot) == expected, "one list per kind: one moment"
+    finally:
+        factory.stop()
+
+
+def test_a_store_replaced_for_one_namespace_keeps_the_others() -> None:
+    store = Store()
+    store.upsert({"metadata": {"name": "a", "namespace": "one", "resourceVersion": "1"}})
+    store.upsert({"metadata": {"name": "b", "namespace": "two", "resourceVersion": "1"}})
+    events = store.replace([{"metadata": {"name": "c", "namespace": "one", "resourceVersion": "2"}}], "one")
+    assert [(e.type, e.obj["metadata"]["name"]) for e in events] == [("DELETED", "a"), ("ADDED", "c")]
+    assert sorted(object_key(o) for o in store.list()) == ["one/c", "two/b"]
+
+
+READ_PODS = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
+
+
+async def test_an_informer_of_several_namespaces_holds_them_all_and_asks_for_no_other(
+    kc: KubeClient, service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient]
+) -> None:
+    """One informer, a list + watch per namespace, one store: as a ServiceAccount that may read
+    pods in two namespaces only, so that any request beyond them (a cluster-wide list, the third
+    namespace) would be refused and the cache would never sync."""
+    one, two, other = (f"t-{uuid.uuid4().hex[:10]}" for _ in range(3))
+    for name in (one, two, other):
+        await asyncio.to_thread(kc.create, kube.NAMESPACE, None, {"metadata": {"name": name}})
+    for name in (one, two, other):
+        await asyncio.to_thread(kc.create, kube.POD, name, _pod("before", {"app": "web"}))
+    client = service_account({one: READ_PODS, two: READ_PODS})
+    factory = InformerFactory(client, namespaces=(two, one))
+    assert factory.namespaces == tuple(sorted((one, two))) and factory.namespace is None
+    pods = factory.informer(kube.POD)
+    seen: list[WatchEvent] = []
+    pods.add_handler(seen.append)
+    factory.start(asyncio.get_running_loop())
+    try:
+        await factory.wait_synced(timeout=30)
+        reader = factory.reader()
+        assert sorted(object_key(p) for p in reader.list(kube.POD)) == sorted(
+            [f"{one}/before", f"{two}/before"]
+        )
+        assert reader.get(kube.POD, other, "before") is None
+        for name in (one, two, other):
+            await asyncio.to_thread(kc.create, kube.POD, name, _pod("after", {"app": "web"}))
+        await asyncio.to_thread(kc.delete, kube.POD, one, "before")
+
+        def caught_up() -> bool:
+            return sorted(object_key(p) for p in reader.list(kube.POD)) == sorted(
+                [f"{one}/after", f"{two}/after", f"{two}/before"]
+            )
+
+        await async_wait_for(caught_up, timeout=20, message="both namespaces' changes in the one store")
+        assert {e.obj["metadata"]["namespace"] for e in seen} == {one, two}
+        # The indexes are per namespace as before: a selector lookup in one sees that one only.
+        selected = reader.list(kube.POD, two, {"matchLabels": {"app": "web"}})
+        assert sorted(p["metadata"]["name"] for p in selected) == ["after", "before"]
+        assert pods.relists == 1  # one first list per namespace counts as the informer's first
+    finally:
+        factory.stop()
+
+
+async def test_a_watched_namespace_that_may_not_be_read_keeps_the_cache_unsynced_and_says_which(
+    kc: KubeClient,
+    service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A namespace in the list without its Role (docs/security.md, "A namespaced install"): the
+    cache never reports synced (so a manager stays unready), and the log names that namespace."""
+    readable, forbidden = (f"t-{uuid.uuid4().hex[:10]}" for _ in range(2))
+    for name in (readable, forbidden):
+        await asyncio.to_thread(kc.create, kube.NAMESPACE, None, {"metadata": {"name": name}})
+    factory = InformerFactory(service_account({readable: READ_PODS}), namespaces=(readable, forbidden))
+    factory.informer(kube.POD)
+    factory.start(asyncio.get_running_loop())
+    try:
+        with caplog.at_level(logging.WARNING, logger="resourceconsist.cache"):
+
+            def refused() -> list[str]:
+                lines = [r.getMessage() for r in caplog.records]
+                return [line for line in lines if f"informer pods in {forbidden}:" in line]
+
+            (line, *_) = await async_wait_for(refused, timeout=20, message="the refused list logged")
+        assert "403" in line and not factory.has_synced
+        assert not [r for r in caplog.records if f"pods in {readable}:" in r.getMessage()]
     finally:
         factory.stop()
 

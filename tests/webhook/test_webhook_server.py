@@ -16,6 +16,7 @@ import re
 import shutil
 import socket
 import ssl
+import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -98,12 +99,15 @@ class Webhook:
         return f"https://127.0.0.1:{self.server.port}{path}"
 
 
-@pytest.fixture
-async def webhook(control_plane: LocalControlPlane, kc: KubeClient, tmp_path: Path) -> AsyncIterator[Webhook]:
+@contextlib.asynccontextmanager
+async def _started(
+    control_plane: LocalControlPlane, directory: Path, informers: InformerFactory
+) -> AsyncIterator[Webhook]:
+    """A WebhookServer of the test adapters on ``informers``, its certificate in ``directory``."""
     assert control_plane.ca is not None
     cert, key = control_plane.webhook_certificate()
     # Private copies: the cert-reload test rewrites them.
-    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert_file, key_file = directory / "tls.crt", directory / "tls.key"
     shutil.copy(cert, cert_file)
     shutil.copy(key, key_file)
     decisions: list[AdmissionDecision] = []
@@ -118,12 +122,12 @@ async def webhook(control_plane: LocalControlPlane, kc: KubeClient, tmp_path: Pa
         WebhookOptions(
             host="127.0.0.1",
             port=0,
-            cert_dir=tmp_path,
+            cert_dir=directory,
             bootstrap=None,
             adapter_timeout=1.0,
             cert_reload_interval=0.05,
         ),
-        informers=InformerFactory(kc),
+        informers=informers,
         own_informers=True,
         observer=decisions.append,
     )
@@ -133,6 +137,12 @@ async def webhook(control_plane: LocalControlPlane, kc: KubeClient, tmp_path: Pa
         yield Webhook(server, decisions, control_plane.ca)
     finally:
         await server.stop()
+
+
+@pytest.fixture
+async def webhook(control_plane: LocalControlPlane, kc: KubeClient, tmp_path: Path) -> AsyncIterator[Webhook]:
+    async with _started(control_plane, tmp_path, InformerFactory(kc)) as started:
+        yield started
 
 
 def _pod(name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> KubeObject:
@@ -1187,3 +1197,38 @@ async def test_an_unexpected_error_is_answered_with_a_denial_and_its_cause_not_a
             await _good_request_succeeds(session, webhook)
     finally:
         webhook.server.remove_adapter("mistyped")
+
+
+async def test_a_webhook_caching_some_namespaces_leaves_a_pod_of_another_untouched(
+    control_plane: LocalControlPlane, kc: KubeClient, opted_in: str, tmp_path: Path
+) -> None:
+    """A manager of a list of namespaces (docs/security.md, "A namespaced install") shares its
+    caches with its webhook: a pod of a namespace outside the list, sent to it anyway (a
+    namespaceSelector of the operator's own), finds no employer and is admitted untouched, while
+    a pod of a watched namespace gets its entry from the same server."""
+    watched = f"t-{uuid.uuid4().hex[:10]}"
+    await call_adapter(kc.create, kube.NAMESPACE, None, {"metadata": {"name": watched}})
+    await call_adapter(kc.create, kube.SERVICE, watched, _service("web", {"app": "web"}, CONTROLLED))
+    async with (
+        _started(control_plane, tmp_path, InformerFactory(kc, namespaces=(watched,))) as webhook,
+        aiohttp.ClientSession() as session,
+    ):
+
+        async def entry_in_watched() -> bool:
+            body = json.dumps(_review_body(_guarded_pod(watched), namespace=watched)).encode()
+            status, review = await _post(session, webhook, "/mutating-generic", body)
+            assert status == 200 and review["response"]["allowed"] is True
+            if "patch" not in review["response"]:
+                return False
+            pod = _apply_patch(
+                _guarded_pod(watched), json.loads(base64.b64decode(review["response"]["patch"]))
+            )
+            return f"Service/{watched}/web" in lifecycle.expected_finalizers(pod)
+
+        await async_wait_for(entry_in_watched, timeout=30, message="the watched namespace's pod: its entry")
+        # Its Service is in the API server, not in these caches.
+        assert webhook.server.reader.get(kube.SERVICE, opted_in, "web") is None
+        body = json.dumps(_review_body(_guarded_pod(opted_in), namespace=opted_in)).encode()
+        status, review = await _post(session, webhook, "/mutating-generic", body)
+    assert status == 200 and review["response"]["allowed"] is True
+    assert "patch" not in review["response"], review["response"]

@@ -43,6 +43,15 @@ Whether the manager makes its own webhook certificates (no cert-manager).
 {{- end }}
 
 {{/*
+The namespaces the manager watches, comma-separated (empty: all): watchNamespaces, and
+watchNamespace (the one-namespace value of earlier charts), each once, sorted.
+*/}}
+{{- define "resourceconsist.watchNamespaces" -}}
+{{- $names := concat (.Values.watchNamespaces | default list) (compact (list .Values.watchNamespace)) }}
+{{- join "," (sortAlpha (uniq $names)) }}
+{{- end }}
+
+{{/*
 The manager's identity, as the API server names it in request.userInfo.username.
 */}}
 {{- define "resourceconsist.managerUser" -}}
