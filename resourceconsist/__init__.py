@@ -4,8 +4,8 @@ The public API, importable from the package itself::
 
     from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
 
-A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions`` and
-``GarbageOptions``); the webhook's are ``resourceconsist.webhook.WebhookOptions``.
+A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions``,
+``GarbageOptions`` and ``ShardingOptions``); the webhook's are ``resourceconsist.webhook.WebhookOptions``.
 
 Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
 not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for the testing kit,
@@ -46,7 +46,13 @@ if TYPE_CHECKING:
     from resourceconsist.errors import InvalidOptions, PermanentError, ResourceConsistError, RetryAfter
     from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
     from resourceconsist.manager import Manager, Runnable, add_to_manager
-    from resourceconsist.options import GarbageOptions, LeaderElectionOptions, ManagerKeywords, ManagerOptions
+    from resourceconsist.options import (
+        GarbageOptions,
+        LeaderElectionOptions,
+        ManagerKeywords,
+        ManagerOptions,
+        ShardingOptions,
+    )
     from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
 #: Each public name and the module that holds it.
@@ -87,7 +93,7 @@ _HOMES: dict[str, str] = {
     ),
     **dict.fromkeys(("Manager", "Runnable", "add_to_manager"), "resourceconsist.manager"),
     **dict.fromkeys(
-        ("GarbageOptions", "LeaderElectionOptions", "ManagerKeywords", "ManagerOptions"),
+        ("GarbageOptions", "LeaderElectionOptions", "ManagerKeywords", "ManagerOptions", "ShardingOptions"),
         "resourceconsist.options",
     ),
     **dict.fromkeys(("LifecycleEvent", "LifecycleSubscriber"), "resourceconsist.subscribers"),
@@ -132,6 +138,7 @@ __all__ = [
     "ResourceConsistError",
     "RetryAfter",
     "Runnable",
+    "ShardingOptions",
     "StatusRecordOptions",
     "SubResourceOptions",
     "WatchEvent",

@@ -20,16 +20,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
+from resourceconsist import kube, wire
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.cache import InformerFactory
+from resourceconsist.cache import Informer, InformerFactory, WatchEvent
 from resourceconsist.cancellation import DaemonThreadExecutor
 from resourceconsist.controller import Controller
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeClient
+from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
+from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.sharding.sharder import Sharder
 from resourceconsist.subscribers import LifecycleSubscriber
 
 if TYPE_CHECKING:
@@ -84,6 +87,31 @@ class Manager:
         self._started = False
         election = self.options.leader_election
         self._elector = LeaderElector(client, election) if election is not None else None
+        sharding = self.options.sharding
+        #: With sharding: the ring's shard Leases, this replica's shard, the sharder's election
+        #: and, while this replica runs it, the sharder (docs/scaling.md).
+        self.shard: ShardGate | None = None
+        self.sharder: Sharder | None = None
+        self._shard_leases: InformerFactory | None = None
+        self._sharder_elector: LeaderElector | None = None
+        self._sharder_task: asyncio.Task[None] | None = None
+        if sharding is not None:
+            election = sharding.lease_options()
+            self._elector = LeaderElector(
+                client,
+                election,
+                labels={wire.SHARD_RING_LABEL: sharding.controller_ring},
+                release_on_cancel=sharding.release_on_cancel,
+            )
+            self._shard_leases = InformerFactory(client, namespace=self._elector.namespace)
+            self._shard_leases.select(kube.LEASE, f"{wire.SHARD_RING_LABEL}={sharding.controller_ring}")
+            self.shard = ShardGate(
+                client, sharding.controller_ring, sharding.shard_name, self._leases_informer()
+            )
+            if sharding.sharder:
+                self._sharder_elector = LeaderElector(
+                    client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel
+                )
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
@@ -127,6 +155,10 @@ class Manager:
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
+        if self.shard is not None:
+            # This replica caches and acts on its share of the employers only (docs/scaling.md).
+            self.informers.select(controller.spec.employer, self.shard.selector)
+            controller.shard = self.shard
         # A gone employer found only from its pods' marks may be any of these controllers'
         # (docs/lifecycle-hooks.md, "Gone employers").
         controller.garbage.peers = lambda: [
@@ -197,6 +229,12 @@ class Manager:
             self._elector_task = asyncio.create_task(
                 self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
             )
+        if self._shard_leases is not None:
+            self._shard_leases.start(loop)
+        if self._sharder_elector is not None:
+            self._sharder_task = asyncio.create_task(
+                self._sharder_elector.run(self._start_sharder, self._stop_sharder, self._elector_stop)
+            )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
 
     def _report_leading(self) -> None:
@@ -245,6 +283,31 @@ class Manager:
             self._servers.clear()
             raise
 
+    def _leases_informer(self) -> Informer:
+        assert self._shard_leases is not None
+        return self._shard_leases.informer(kube.LEASE)
+
+    async def _start_sharder(self) -> None:
+        sharding = self.options.sharding
+        assert sharding is not None
+        by_kind: dict[Resource, list[Controller]] = {}
+        for controller in self.controllers.values():
+            by_kind.setdefault(controller.spec.employer, []).append(controller)
+        self.sharder = Sharder(
+            self.client,
+            sharding.controller_ring,
+            self._leases_informer(),
+            [(resource, _any_accepts(controllers)) for resource, controllers in by_kind.items()],
+            namespace=self.options.namespace,
+            resync=sharding.sharder_resync,
+        )
+        await self.sharder.start()
+
+    async def _stop_sharder(self) -> None:
+        if self.sharder is not None:
+            await self.sharder.stop()
+            self.sharder = None
+
     async def _start_controllers(self) -> None:
         self.leading = True
         self._report_leading()
@@ -264,6 +327,11 @@ class Manager:
             self._elector_stop.set()
             await self._elector_task
             self._elector_task = None
+        if self._sharder_task is not None:
+            await self._sharder_task
+            self._sharder_task = None
+        if self._shard_leases is not None:
+            await asyncio.to_thread(self._shard_leases.stop)
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
         for runnable in reversed(self.runnables):
             try:
@@ -290,6 +358,12 @@ class Manager:
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
     """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
     return await manager.add(adapter)
+
+
+def _any_accepts(controllers: list[Controller]) -> Callable[[WatchEvent], bool]:
+    """An employer is the ring's when a controller of its kind would reconcile it."""
+    predicates = [c.spec.employer_predicate for c in controllers]
+    return lambda event: any(predicate(event) for predicate in predicates)
 
 
 def _one_port(metrics: tuple[str, int], probes: tuple[str, int] | None) -> bool:

@@ -1,0 +1,207 @@
+"""Active-active sharding on a real API server (docs/scaling.md): three replicas share thirty
+Services of the demo adapter; each Service is acted on by exactly one replica at any moment;
+a replica that dies silently loses its Services to the others once its Lease has been silent for
+two lease durations; a replica that joins gets its share through the drain handshake.
+
+"Acted on" is what each replica's gate lets through (a Service in its own, label-selected cache
+with its shard label and no drain label) and what its workers hold. A sampler reads every
+replica together, on the event loop they share, every few milliseconds for the whole test, and
+records any Service two replicas would act on at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from resourceconsist import kube, wire
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.manager import Manager
+from resourceconsist.options import ShardingOptions
+from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.testing import Cluster, async_wait_for
+
+RING = "demo"
+SERVICES = 30
+LEASE_SECONDS = 4.0
+
+
+class Replica:
+    """One replica: a manager with its own demo provider, sharing the test's event loop."""
+
+    def __init__(self, cluster: Cluster, shard: str, *, release_on_cancel: bool = True) -> None:
+        self.shard = shard
+        self.provider = FakeProvider()
+        options = ShardingOptions(
+            controller_ring=RING,
+            shard_name=shard,
+            namespace=cluster.namespace,
+            lease_duration=LEASE_SECONDS,
+            renew_deadline=3.0,
+            retry_period=0.5,
+            release_on_cancel=release_on_cancel,
+        )
+        self.manager = Manager(cluster.client, namespace=cluster.namespace, sharding=options)
+        self.running = False
+
+    async def start(self) -> None:
+        await self.manager.add(DemoAdapter(self.provider))
+        await self.manager.start()
+        self.running = True
+
+    async def stop(self) -> None:
+        self.running = False
+        await self.manager.stop(timeout=5)
+
+    def acting_on(self) -> set[str]:
+        """The Services this replica may act on now: those its gate lets a pass run on, and those
+        a worker holds (a pass, or the let-go write itself, counted as acting to be strict)."""
+        gate = self.manager.shard
+        if not self.running or gate is None:
+            return set()
+        held = {key for c in self.manager.controllers.values() for key in c.queue.processing()}
+        if not self.manager.leading:
+            return held
+        store = self.manager.informers.informer(kube.SERVICE).store
+        return held | {kube.object_key(obj) for obj in store.list() if gate.assigned(obj)}
+
+
+@contextmanager
+def sampling(replicas: list[Replica]) -> Iterator[list[str]]:
+    """Check, every few milliseconds until the block ends, that no Service is acted on by two
+    replicas; yields the list of violations found (empty when none)."""
+    violations: list[str] = []
+    samples = [0]
+
+    async def sample() -> None:
+        while True:
+            seen: dict[str, str] = {}
+            for replica in replicas:
+                for key in replica.acting_on():
+                    if key in seen:
+                        violations.append(f"{key} acted on by {seen[key]} and {replica.shard}")
+                    seen[key] = replica.shard
+            samples[0] += 1
+            await asyncio.sleep(0.005)
+
+    task = asyncio.get_running_loop().create_task(sample())
+    try:
+        yield violations
+    finally:
+        task.cancel()
+    assert samples[0] > 0
+
+
+async def shards_of(cluster: Cluster) -> dict[str, str]:
+    """Each Service's shard label ("" when unassigned)."""
+    listing = await cluster.call(cluster.client.list, kube.SERVICE, cluster.namespace)
+    return {
+        obj["metadata"]["name"]: (obj["metadata"].get("labels") or {}).get(shard_label(RING), "")
+        for obj in listing.get("items") or []
+    }
+
+
+def placed(cluster: Cluster, shards: set[str]) -> dict[str, str]:
+    ring = HashRing(shards)
+    return {
+        f"svc-{i}": ring.shard_of(hash_key("v1", "Service", cluster.namespace, f"svc-{i}")) or ""
+        for i in range(SERVICES)
+    }
+
+
+def served(replicas: list[Replica], cluster: Cluster, expected: dict[str, str]) -> bool:
+    """Each Service's VIP is on the provider of the replica it is assigned to."""
+    by_shard = {r.shard: r for r in replicas}
+    return all(
+        f"{cluster.namespace}/{name}" in by_shard[shard].provider.vips for name, shard in expected.items()
+    )
+
+
+async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster: Cluster) -> None:
+    replicas = [
+        Replica(cluster, "shard-0"),
+        Replica(cluster, "shard-1"),
+        Replica(cluster, "shard-2", release_on_cancel=False),
+    ]
+    joiner = Replica(cluster, "shard-3")
+    everyone = [*replicas, joiner]
+    with sampling(everyone) as violations:
+        try:
+            for replica in replicas:
+                await replica.start()
+            for i in range(SERVICES):
+                await cluster.service(f"svc-{i}")
+
+            # 1. Every Service lands on the shard the ring places it on, and is served there.
+            three = placed(cluster, {"shard-0", "shard-1", "shard-2"})
+            assert set(three.values()) == {"shard-0", "shard-1", "shard-2"}
+            await async_wait_for(
+                lambda: _labels_are(cluster, three),
+                timeout=60,
+                message="the thirty Services assigned as the ring places them",
+            )
+            await async_wait_for(
+                lambda: served(replicas, cluster, three),
+                timeout=60,
+                message="each Service served by its shard",
+            )
+            # Each replica caches only its share.
+            for replica in replicas:
+                mine = {n for n, s in three.items() if s == replica.shard}
+                cached = {
+                    o["metadata"]["name"]
+                    for o in replica.manager.informers.informer(kube.SERVICE).store.list()
+                }
+                assert cached == mine
+
+            # 2. shard-2 dies without releasing its Lease: its Services move once the Lease has
+            # been silent for two lease durations (the protocol's rule), and are served again.
+            killed = time.monotonic()
+            await replicas[2].stop()
+            two = placed(cluster, {"shard-0", "shard-1"})
+            await async_wait_for(
+                lambda: _labels_are(cluster, two),
+                timeout=2 * LEASE_SECONDS + 20,
+                message="shard-2's Services reassigned to the live shards",
+            )
+            moved_after = time.monotonic() - killed
+            assert moved_after >= LEASE_SECONDS, (
+                f"moved {moved_after:.1f}s after the kill, before the lease expired"
+            )
+            await async_wait_for(
+                lambda: served(replicas, cluster, two), timeout=60, message="the moved Services served again"
+            )
+            lease = await cluster.get(kube.LEASE, "shard-2")
+            assert lease is not None
+            assert lease["spec"]["holderIdentity"] == wire.SHARD_LEASE_TAKEN_BY_SHARDER
+
+            # 3. shard-3 joins: its share moves to it through the drain handshake.
+            drained_before = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
+            await joiner.start()
+            with_joiner = placed(cluster, {"shard-0", "shard-1", "shard-3"})
+            to_joiner = {n for n, s in with_joiner.items() if s == "shard-3"}
+            assert to_joiner, "the ring gives the new shard nothing; pick other names"
+            await async_wait_for(
+                lambda: _labels_are(cluster, with_joiner),
+                timeout=60,
+                message="the new shard's share moved to it",
+            )
+            await async_wait_for(
+                lambda: served([*replicas[:2], joiner], cluster, with_joiner),
+                timeout=60,
+                message="the new shard serving its share",
+            )
+            drained = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
+            # Each Service that moved to a live shard's successor was let go of by that shard.
+            assert drained - drained_before == len(to_joiner)
+        finally:
+            for replica in everyone:
+                if replica.running:
+                    await replica.stop()
+    assert violations == [], violations[:5]
+
+
+async def _labels_are(cluster: Cluster, expected: dict[str, str]) -> bool:
+    return await shards_of(cluster) == expected
