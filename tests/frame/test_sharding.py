@@ -12,15 +12,18 @@ records any Service two replicas would act on at once.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from resourceconsist import kube, wire
+from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeObject
 from resourceconsist.manager import Manager
 from resourceconsist.options import ShardingOptions
-from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
 from resourceconsist.testing import Cluster, async_wait_for
 
 RING = "demo"
@@ -46,8 +49,8 @@ class Replica:
         self.manager = Manager(cluster.client, namespace=cluster.namespace, sharding=options)
         self.running = False
 
-    async def start(self) -> None:
-        await self.manager.add(DemoAdapter(self.provider))
+    async def start(self, adapter: DemoAdapter | None = None) -> None:
+        await self.manager.add(adapter or DemoAdapter(self.provider))
         await self.manager.start()
         self.running = True
 
@@ -103,11 +106,12 @@ async def shards_of(cluster: Cluster) -> dict[str, str]:
     }
 
 
-def placed(cluster: Cluster, shards: set[str]) -> dict[str, str]:
+def placed(cluster: Cluster, shards: set[str], names: list[str] | None = None) -> dict[str, str]:
+    """Where the ring over ``shards`` places each Service (by default the thirty)."""
     ring = HashRing(shards)
     return {
-        f"svc-{i}": ring.shard_of(hash_key("v1", "Service", cluster.namespace, f"svc-{i}")) or ""
-        for i in range(SERVICES)
+        name: ring.shard_of(hash_key("v1", "Service", cluster.namespace, name)) or ""
+        for name in (names if names is not None else [f"svc-{i}" for i in range(SERVICES)])
     }
 
 
@@ -205,3 +209,88 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
 
 async def _labels_are(cluster: Cluster, expected: dict[str, str]) -> bool:
     return await shards_of(cluster) == expected
+
+
+class TimedDemo(DemoAdapter):
+    """The demo adapter, recording when each pass of each Service asks for the expected employer
+    and holding the passes of ``held`` while ``hold`` is not set (a slow provider)."""
+
+    def __init__(self, shard: str, provider: FakeProvider) -> None:
+        super().__init__(provider)
+        self.shard = shard
+        self.held = ""
+        self.hold = threading.Event()
+        #: (Service name, shard, start, end) of each pass, as it asked for the expected employer.
+        self.passes: list[tuple[str, str, float, float]] = []
+        #: Passes waiting on ``hold`` now.
+        self.waiting = 0
+
+    def get_expected_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:
+        name = employer["metadata"]["name"]
+        started = time.monotonic()
+        if name == self.held:
+            self.waiting += 1
+            self.hold.wait(60)
+            self.waiting -= 1
+        self.passes.append((name, self.shard, started, time.monotonic()))
+        return super().get_expected_employer(ctx, employer)
+
+
+async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:
+    """The drain waits for the pass the old shard is in the middle of: its labels stay until the
+    pass ends, and the new shard's first pass of the Service starts after that."""
+    names = [f"svc-{i}" for i in range(10)]
+    joined = placed(cluster, {"shard-0", "shard-1", "shard-2"}, names)
+    before = placed(cluster, {"shard-0", "shard-1"}, names)
+    moving = sorted(n for n in names if joined[n] == "shard-2")
+    assert moving, "the ring gives the new shard none of these Services; pick other names"
+    held = moving[0]
+    replicas = [Replica(cluster, f"shard-{i}") for i in range(3)]
+    adapters = {r.shard: TimedDemo(r.shard, r.provider) for r in replicas}
+    owner = adapters[before[held]]
+    try:
+        for replica in replicas[:2]:
+            await replica.start(adapters[replica.shard])
+        for name in names:
+            await cluster.service(name)
+        await async_wait_for(lambda: _labels_are(cluster, before), timeout=60, message="assigned")
+        await async_wait_for(
+            lambda: any(p[0] == held for p in owner.passes), timeout=60, message="a first pass"
+        )
+
+        # A pass of `held` on its owner, held in the middle.
+        owner.held = held
+        await cluster.patch(kube.SERVICE, held, {"metadata": {"annotations": {"touch": "1"}}})
+        await async_wait_for(lambda: owner.waiting > 0, timeout=30, message="held")
+        await replicas[2].start(adapters["shard-2"])
+
+        async def draining() -> bool:
+            obj = await cluster.get(kube.SERVICE, held)
+            return obj is not None and drain_label(RING) in (obj["metadata"].get("labels") or {})
+
+        await async_wait_for(draining, timeout=60, message="the drain label on the held Service")
+        # The owner is still in its pass: it has not let go, and the new shard has not started.
+        obj = await cluster.get(kube.SERVICE, held)
+        assert obj is not None
+        assert obj["metadata"]["labels"][shard_label(RING)] == before[held]
+        assert not [p for p in adapters["shard-2"].passes if p[0] == held]
+
+        released = time.monotonic()
+        owner.hold.set()
+        await async_wait_for(
+            lambda: _labels_are(cluster, joined), timeout=60, message="the new shard's share moved to it"
+        )
+        await async_wait_for(
+            lambda: [p for p in adapters["shard-2"].passes if p[0] == held],
+            timeout=60,
+            message="its first pass",
+        )
+        first_new = min(p[2] for p in adapters["shard-2"].passes if p[0] == held)
+        last_old = max(p[3] for p in owner.passes if p[0] == held)
+        assert last_old >= released > 0
+        assert first_new > last_old, "the new shard started before the old one's pass ended"
+    finally:
+        owner.hold.set()
+        for replica in replicas:
+            if replica.running:
+                await replica.stop()
