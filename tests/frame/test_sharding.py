@@ -159,6 +159,15 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
                     for o in replica.manager.informers.informer(kube.SERVICE).store.list()
                 }
                 assert cached == mine
+                # ... and did the work of its share alone: its provider holds only their VIPs.
+                assert {k.rpartition("/")[2] for k in replica.provider.vips} == mine
+            # A gone employer's garbage pass would run on the one replica its key hashes to.
+            for name, shard in three.items():
+                key = f"{cluster.namespace}/{name}"
+                watching = {
+                    r.shard for r in replicas for c in r.manager.controllers.values() if c.handle.watches(key)
+                }
+                assert watching == {shard}, f"{key}: the garbage pass of {watching}, not of {shard}"
 
             # 2. shard-2 dies without releasing its Lease: its Services move once the Lease has
             # been silent for two lease durations (the protocol's rule), and are served again.
