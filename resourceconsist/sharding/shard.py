@@ -18,12 +18,14 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
+import time
 from typing import Any
 
 from resourceconsist import kube
 from resourceconsist.cache import Informer, WatchEvent
 from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.sharding.ring import (
+    HashRing,
     drain_label,
     hash_key,
     ring_of,
@@ -51,6 +53,7 @@ class ShardGate:
         self.leases = leases
         #: Employers this shard let go of so far (drains acknowledged).
         self.drained = 0
+        self._ring_cache: tuple[float, HashRing] | None = None
 
     @property
     def selector(self) -> str:
@@ -74,12 +77,21 @@ class ShardGate:
 
     def ring_owns(self, resource: Resource, key: str) -> bool:
         """The ring places ``key`` (``namespace/name`` of ``resource``) on this shard."""
-        if self.leases is None:
-            return False
-        now = datetime.datetime.now(datetime.UTC)
-        ring = ring_of(shard_of_lease(lease, now) for lease in self.leases.store.list())
+        ring = self._ring()
         namespace, _, name = key.rpartition("/")
         return ring.shard_of(hash_key(resource.api_version, resource.kind, namespace, name)) == self.shard
+
+    def _ring(self) -> HashRing:
+        """The ring as the Leases say now; built again at most once a second (a garbage pass asks
+        for many keys at once)."""
+        now = time.monotonic()
+        if self._ring_cache is not None and now - self._ring_cache[0] < 1.0:
+            return self._ring_cache[1]
+        leases = self.leases.store.list() if self.leases is not None else []
+        moment = datetime.datetime.now(datetime.UTC)
+        ring = ring_of(shard_of_lease(lease, moment) for lease in leases)
+        self._ring_cache = (now, ring)
+        return ring
 
     async def may_act(self, resource: Resource, key: str, cached: KubeObject | None) -> bool:
         """Whether a pass of ``key`` may run on this shard now; lets go of a draining employer.

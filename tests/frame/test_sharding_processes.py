@@ -19,7 +19,7 @@ from resourceconsist.testing.process import CommandProcess
 
 RING = "demo"
 SERVICES = 30
-LEASE_SECONDS = 4.0
+LEASE_SECONDS = 6.0
 
 
 def _replica(kubeconfig: Path, namespace: str, shard: str) -> CommandProcess:
@@ -28,7 +28,7 @@ def _replica(kubeconfig: Path, namespace: str, shard: str) -> CommandProcess:
         *("run", "--adapter", "demo", "--kubeconfig", str(kubeconfig), "--namespace", namespace),
         *("--sharding", "--controller-ring", RING, "--shard-name", shard),
         *("--leader-election-namespace", namespace, "--lease-duration", str(LEASE_SECONDS)),
-        *("--renew-deadline", "3", "--retry-period", "0.5"),
+        *("--renew-deadline", "4", "--retry-period", "0.5"),
         *("--health-probe-bind-address", f"127.0.0.1:{port}", "--metrics-bind-address", "0"),
     ]
     return CommandProcess(args, dict(os.environ), port)
