@@ -169,6 +169,11 @@ class Manager:
         self.controllers[name] = controller
         if self._started and self.leading:
             await controller.start()
+        sharder = self.sharder
+        if sharder is not None and controller.spec.employer not in {r for r, _ in sharder.employers}:
+            # The running sharder watches the kinds of the controllers it started with.
+            await self._stop_sharder()
+            await self._start_sharder()
         return controller
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:

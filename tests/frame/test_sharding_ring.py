@@ -55,6 +55,26 @@ def test_the_ring_hashes_with_xxhash64_as_the_go_sharder_does() -> None:
     assert ring._tokens == tokens
 
 
+#: Where kubernetes-controller-sharding's own ring (its Go consistenthash package, 100 tokens per
+#: node, run once on these keys) places them: ours must agree, key for key, or its sharder and
+#: ours would move objects back and forth.
+GO_PLACEMENTS = {
+    # The n-th digit: the shard of the n-th key.
+    ("shard-0", "shard-1", "shard-2"): {
+        f"/Service/shop/svc-{i}": f"shard-{digit}" for i, digit in enumerate("011220121220")
+    },
+    ("web-0", "web-1", "web-2", "web-3"): {
+        f"apps/Deployment/ns-{i}/app": f"web-{digit}" for i, digit in enumerate("203332013111")
+    },
+}
+
+
+@pytest.mark.parametrize("shards", list(GO_PLACEMENTS))
+def test_the_ring_places_keys_where_the_go_sharder_does(shards: tuple[str, ...]) -> None:
+    ring = HashRing(shards)
+    assert {key: ring.shard_of(key) for key in GO_PLACEMENTS[shards]} == GO_PLACEMENTS[shards]
+
+
 def test_every_key_goes_to_one_shard_and_the_shares_are_even() -> None:
     ring = HashRing(["a", "b", "c"])
     shares = Counter(ring.shard_of(key) for key in KEYS)
