@@ -6,6 +6,9 @@ at runtime. Extra runnables (the webhook server) start and stop with the manager
 stops taking work and waits for in-flight reconciles up to a timeout.
 (Go: ``AddToMgr`` is ``add_to_manager`` here.)
 
+With sharding (``ShardingOptions``; docs/scaling.md) every replica runs its controllers on its
+share of the employers, held by its own shard Lease, and one of them runs the sharder.
+
 Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
 ``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
 ``resourceconsist run`` builds it from its flags (docs/reference/options.md).
@@ -235,6 +238,9 @@ class Manager:
                 self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
             )
         if self._shard_leases is not None:
+            # Made again after a stop (stopping a factory drops its informers).
+            assert self.shard is not None
+            self.shard.leases = self._leases_informer()
             self._shard_leases.start(loop)
         if self._sharder_elector is not None:
             self._sharder_task = asyncio.create_task(
