@@ -243,6 +243,8 @@ class TimedDemo(DemoAdapter):
         self.hold = threading.Event()
         #: (Service name, shard, start, end) of each pass, as it asked for the expected employer.
         self.passes: list[tuple[str, str, float, float]] = []
+        #: The Services whose passes here were full ones (``ReconcileContext.changed`` is None), in order.
+        self.full: list[tuple[str, bool]] = []
         #: Passes waiting on ``hold`` now.
         self.waiting = 0
 
@@ -254,6 +256,7 @@ class TimedDemo(DemoAdapter):
             self.hold.wait(60)
             self.waiting -= 1
         self.passes.append((name, self.shard, started, time.monotonic()))
+        self.full.append((name, ctx.changed is None))
         return super().get_expected_employer(ctx, employer)
 
 
@@ -310,6 +313,8 @@ async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluste
         last_old = max(p[3] for p in owner.passes if p[0] == held)
         assert last_old >= released > 0
         assert first_new > last_old, "the new shard started before the old one's pass ended"
+        # ... and with a full pass: it knows nothing of the Service yet.
+        assert next(full for name, full in adapters["shard-2"].full if name == held)
     finally:
         owner.hold.set()
         for replica in replicas:
