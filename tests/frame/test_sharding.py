@@ -243,7 +243,7 @@ class TimedDemo(DemoAdapter):
         self.hold = threading.Event()
         #: (Service name, shard, start, end) of each pass, as it asked for the expected employer.
         self.passes: list[tuple[str, str, float, float]] = []
-        #: The Services whose passes here were full ones (``ReconcileContext.changed`` is None), in order.
+        #: Each pass here, in order: its Service and whether it was a full one (no ``changed``).
         self.full: list[tuple[str, bool]] = []
         #: Passes waiting on ``hold`` now.
         self.waiting = 0
