@@ -34,7 +34,9 @@ LEASE_SECONDS = 6.0
 class Replica:
     """One replica: a manager with its own demo provider, sharing the test's event loop."""
 
-    def __init__(self, cluster: Cluster, shard: str, *, release_on_cancel: bool = True) -> None:
+    def __init__(
+        self, cluster: Cluster, shard: str, *, release_on_cancel: bool = True, sharder: bool = True
+    ) -> None:
         self.shard = shard
         self.provider = FakeProvider()
         options = ShardingOptions(
@@ -45,6 +47,7 @@ class Replica:
             renew_deadline=4.0,
             retry_period=0.5,
             release_on_cancel=release_on_cancel,
+            sharder=sharder,
         )
         self.manager = Manager(cluster.client, namespace=cluster.namespace, sharding=options)
         self.running = False
@@ -317,6 +320,54 @@ async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluste
         assert next(full for name, full in adapters["shard-2"].full if name == held)
     finally:
         owner.hold.set()
+        for replica in replicas:
+            if replica.running:
+                await replica.stop()
+
+
+async def test_shards_follow_another_sharder_speaking_the_protocol(cluster: Cluster) -> None:
+    """With --no-sharder, the shards only follow the labels, as under kubernetes-controller-
+    sharding's sharder; the test writes them as that sharder does: assign, drain, wait for the
+    shard to let go, assign again."""
+    replicas = [Replica(cluster, f"shard-{i}", sharder=False) for i in range(2)]
+    by_shard = {r.shard: r for r in replicas}
+    try:
+        for replica in replicas:
+            await replica.start()
+        for name in ("moved", "untouched"):
+            await cluster.service(name)
+        key = f"{cluster.namespace}/moved"
+
+        async def labels() -> dict[str, str]:
+            obj = await cluster.get(kube.SERVICE, "moved")
+            assert obj is not None
+            return dict(obj["metadata"].get("labels") or {})
+
+        await cluster.patch(kube.SERVICE, "moved", {"metadata": {"labels": {shard_label(RING): "shard-0"}}})
+        await async_wait_for(
+            lambda: key in by_shard["shard-0"].provider.vips, timeout=60, message="shard-0 serving"
+        )
+
+        await cluster.patch(kube.SERVICE, "moved", {"metadata": {"labels": {drain_label(RING): "true"}}})
+
+        async def let_go() -> bool:
+            found = await labels()
+            return shard_label(RING) not in found and drain_label(RING) not in found
+
+        await async_wait_for(let_go, timeout=60, message="shard-0 removing both labels")
+        assert key not in by_shard["shard-1"].provider.vips
+
+        await cluster.patch(kube.SERVICE, "moved", {"metadata": {"labels": {shard_label(RING): "shard-1"}}})
+        await async_wait_for(
+            lambda: key in by_shard["shard-1"].provider.vips, timeout=60, message="shard-1 serving"
+        )
+        # Nobody assigns what the outside sharder leaves alone.
+        untouched = await cluster.get(kube.SERVICE, "untouched")
+        assert untouched is not None
+        assert shard_label(RING) not in (untouched["metadata"].get("labels") or {})
+        assert all(f"{cluster.namespace}/untouched" not in r.provider.vips for r in replicas)
+        assert all(r.manager.sharder is None for r in replicas)
+    finally:
         for replica in replicas:
             if replica.running:
                 await replica.stop()
