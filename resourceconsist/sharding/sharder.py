@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -86,10 +87,13 @@ class Sharder:
         self.last_round: SharderRound | None = None
         self._informers: InformerFactory | None = None
         self._wake = asyncio.Event()
-        #: Employers changed since the last round, and whether a Lease did (then every employer
-        #: is looked at: the ring may have changed).
+        #: Employers changed since the last round; whether the next round looks at every employer
+        #: (at start, after a failure, every ``resync``); the shards' states the last round saw
+        #: (when they change, the ring may have: every employer is looked at).
         self._pending: set[tuple[Resource, str]] = set()
         self._full = True
+        self._last_full = 0.0
+        self._seen: dict[str, ShardState] = {}
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: list[Callable[[], None]] = []
 
@@ -129,15 +133,17 @@ class Sharder:
             self._wake.set()
 
     def _lease_changed(self, event: WatchEvent) -> None:
-        self._full = True
+        # A renewal changes no state: the round sees whether anything did.
         self._wake.set()
 
     async def _run(self) -> None:
         while True:
             self._wake.clear()
             delay = self.resync
-            # A Lease's change, the clock (a shard's state changes) or the resync: every employer;
-            # else only the employers that changed (a new Service costs one placement, not N).
+            # The resync: every employer; else the employers that changed (a new Service costs one
+            # placement, not N), or every one when a shard's state changed (``round``).
+            if time.monotonic() - self._last_full >= self.resync:
+                self._full = True
             only = None if self._full else self._pending
             self._full, self._pending = False, set()
             try:
@@ -150,10 +156,8 @@ class Sharder:
                 log.log(logging.DEBUG if quiet else logging.WARNING, "sharder of ring %s: %s", self.ring, err)
                 delay = min(delay, 1.0)
                 self._full = True
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=max(delay, 0.05))
-            except TimeoutError:
-                self._full = True
 
     # -- one round (in a worker thread: it writes) -------------------------------------------------
 
@@ -174,6 +178,11 @@ class Sharder:
                 continue
             shards[shard.name] = shard
         done.shards = {name: s.state for name, s in shards.items()}
+        if done.shards != self._seen:
+            only = None
+        self._seen = done.shards
+        if only is None:
+            self._last_full = time.monotonic()
         waits = [w for w in (s.next_change(now) for s in shards.values()) if w is not None]
         done.next_in = min(waits).total_seconds() + 0.05 if waits else None
         ring = ring_of(shards.values())
