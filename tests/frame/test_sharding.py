@@ -58,8 +58,9 @@ class Replica:
         self.running = True
 
     async def stop(self) -> None:
-        self.running = False
+        # Sampled until stopped: a pass finishing during the stop still counts.
         await self.manager.stop(timeout=5)
+        self.running = False
 
     def acting_on(self) -> set[str]:
         """The Services this replica may act on now: those its gate lets a pass run on, and those
