@@ -34,8 +34,9 @@ from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
+from resourceconsist.sharding.ring import ShardState
 from resourceconsist.sharding.shard import ShardGate
-from resourceconsist.sharding.sharder import Sharder
+from resourceconsist.sharding.sharder import Sharder, SharderRound
 from resourceconsist.subscribers import LifecycleSubscriber
 
 if TYPE_CHECKING:
@@ -109,7 +110,11 @@ class Manager:
             self._shard_leases = InformerFactory(client, namespace=self._elector.namespace)
             self._shard_leases.select(kube.LEASE, f"{wire.SHARD_RING_LABEL}={sharding.controller_ring}")
             self.shard = ShardGate(
-                client, sharding.controller_ring, sharding.shard_name, self._leases_informer()
+                client,
+                sharding.controller_ring,
+                sharding.shard_name,
+                self._leases_informer(),
+                on_drained=self.metrics.shard_drains.inc,
             )
             if sharding.sharder:
                 self._sharder_elector = LeaderElector(
@@ -311,8 +316,16 @@ class Manager:
             [(resource, _any_accepts(controllers)) for resource, controllers in by_kind.items()],
             namespace=self.options.namespace,
             resync=sharding.sharder_resync,
+            report=self._report_round,
         )
         await self.sharder.start()
+
+    def _report_round(self, done: SharderRound) -> None:
+        metrics = self.metrics
+        metrics.sharder_moves.labels("assign").inc(done.assigned)
+        metrics.sharder_moves.labels("drain").inc(done.drained)
+        for state in (ShardState.READY, ShardState.EXPIRED, ShardState.UNCERTAIN, ShardState.DEAD):
+            metrics.sharder_shards.labels(str(state)).set(sum(1 for s in done.shards.values() if s == state))
 
     async def _stop_sharder(self) -> None:
         if self.sharder is not None:

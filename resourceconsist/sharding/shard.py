@@ -19,6 +19,7 @@ import asyncio
 import datetime
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from resourceconsist import kube
@@ -43,7 +44,15 @@ def _labels(obj: KubeObject | None) -> dict[str, str]:
 class ShardGate:
     """One shard's view of its ring: which employers it may act on, and the drain."""
 
-    def __init__(self, client: KubeClient, ring: str, shard: str, leases: Informer | None = None) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        ring: str,
+        shard: str,
+        leases: Informer | None = None,
+        *,
+        on_drained: Callable[[], None] = lambda: None,
+    ) -> None:
         self.client = client
         self.ring = ring
         self.shard = shard
@@ -53,6 +62,7 @@ class ShardGate:
         self.leases = leases
         #: Employers this shard let go of so far (drains acknowledged).
         self.drained = 0
+        self._on_drained = on_drained
         self._ring_cache: tuple[float, HashRing] | None = None
 
     @property
@@ -123,6 +133,7 @@ class ShardGate:
         )
         if wrote:
             self.drained += 1
+            self._on_drained()
             log.info(
                 "shard %s let go of %s %s (drained for the ring %s)",
                 self.shard,

@@ -76,6 +76,7 @@ class Sharder:
         *,
         namespace: str | None = None,
         resync: float = 60.0,
+        report: Callable[[SharderRound], None] = lambda done: None,
     ) -> None:
         self.client = client
         self.ring = ring
@@ -83,6 +84,8 @@ class Sharder:
         self.employers = list(employers)
         self.namespace = namespace
         self.resync = resync
+        #: Told each round (the manager's metrics).
+        self.report = report
         self.rounds = 0
         self.last_round: SharderRound | None = None
         self._informers: InformerFactory | None = None
@@ -198,6 +201,7 @@ class Sharder:
                     self._place(resource, accepts, obj, ring.shard_of, shards, done)
         self.rounds += 1
         self.last_round = done
+        self.report(done)
         if done.taken_over or done.deleted or (only is None and (done.assigned or done.drained)):
             log.info(
                 "sharder of ring %s: assigned %d, draining %d, shards %s%s%s",

@@ -205,6 +205,19 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             lease = await cluster.get(kube.LEASE, "shard-2")
             assert lease is not None
             assert lease["spec"]["holderIdentity"] == wire.SHARD_LEASE_TAKEN_BY_SHARDER
+            # The replica running the sharder reports the dead shard (docs/observability.md).
+            await async_wait_for(
+                lambda: any(
+                    r.manager.sharder is not None
+                    and r.manager.metrics.registry.get_sample_value(
+                        "resourceconsist_sharder_shards", {"state": "dead"}
+                    )
+                    == 1
+                    for r in replicas[:2]
+                ),
+                timeout=30,
+                message="resourceconsist_sharder_shards{state=dead} 1",
+            )
 
             # 3. shard-3 joins: its share moves to it through the drain handshake.
             drained_before = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
@@ -225,6 +238,11 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             drained = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
             # Each Service that moved to a live shard's successor was let go of by that shard.
             assert drained - drained_before == len(to_joiner)
+            reported = sum(
+                r.manager.metrics.registry.get_sample_value("resourceconsist_shard_drains_total") or 0
+                for r in replicas[:2]
+            )
+            assert reported == drained
         finally:
             for replica in everyone:
                 if replica.running:
