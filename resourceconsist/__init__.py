@@ -5,7 +5,7 @@ The public API, importable from the package itself::
     from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
 
 A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions``,
-``GarbageOptions`` and ``ProviderBudgetOptions``); the webhook's are
+``GarbageOptions``, ``ProviderBudgetOptions`` and ``ShardingOptions``); the webhook's are
 ``resourceconsist.webhook.WebhookOptions``.
 
 Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
@@ -53,6 +53,7 @@ if TYPE_CHECKING:
         ManagerKeywords,
         ManagerOptions,
         ProviderBudgetOptions,
+        ShardingOptions,
     )
     from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
 
@@ -98,6 +99,7 @@ __all__ = (
     "ResourceConsistError",
     "RetryAfter",
     "Runnable",
+    "ShardingOptions",
     "StatusRecordOptions",
     "SubResourceOptions",
     "WatchEvent",

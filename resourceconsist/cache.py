@@ -223,12 +223,15 @@ class Informer:
         indexers: Mapping[str, Indexer] | None = None,
         resync_period: float | None = None,
         page_size: int = 500,
+        label_selector: str | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
         self.namespace = namespace
         #: What each informer thread lists and watches: a namespace, or None for all.
         self.scopes: tuple[str | None, ...] = tuple(namespaces) if namespaces else (namespace,)
+        #: List and watch only the objects this selector selects (a shard's share; docs/scaling.md).
+        self.label_selector = label_selector
         self.store = Store({LABEL_INDEX: index_by_label, **(indexers or {})})
         self.resync_period = resync_period
         self.page_size = page_size
@@ -376,7 +379,13 @@ class Informer:
         items: list[KubeObject] = []
         token: str | None = None
         while True:
-            page = self.client.list(self.resource, scope, limit=self.page_size, continue_token=token)
+            page = self.client.list(
+                self.resource,
+                scope,
+                limit=self.page_size,
+                continue_token=token,
+                label_selector=self.label_selector,
+            )
             items.extend(page.get("items") or [])
             token = page.get("metadata", {}).get("continue") or None
             if not token:
@@ -431,7 +440,13 @@ class Informer:
                 backoff = min(backoff * 2, 30.0)
 
     def _watch_from(self, scope: str | None, rv: str) -> str:
-        stream = self.client.watch(self.resource, scope, rv, timeout_seconds=random.randint(240, 480))
+        stream = self.client.watch(
+            self.resource,
+            scope,
+            rv,
+            timeout_seconds=random.randint(240, 480),
+            label_selector=self.label_selector,
+        )
         self._watches[scope] = stream
         try:
             for event in stream:
@@ -477,6 +492,8 @@ class InformerFactory:
             else None
         )
         self._informers: dict[Resource, Informer] = {}
+        #: Label selectors of the kinds this factory watches only in part (``select``).
+        self._selectors: dict[Resource, str] = {}
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -504,11 +521,30 @@ class InformerFactory:
                     namespaces=namespaces if len(namespaces) > 1 else (),
                     indexers=indexers_for(resource),
                     resync_period=self.resync_period,
+                    label_selector=self._selectors.get(resource),
                 )
                 self._informers[key] = found
                 if self._loop is not None:
                     found.start(self._loop)
             return found
+
+    def select(self, resource: Resource, label_selector: str) -> None:
+        """Watch ``resource`` only where ``label_selector`` selects (a shard caches its share of
+        the employers; docs/scaling.md). Said before its informer is made: a cache never changes
+        what it holds under its readers."""
+        with self._lock:
+            if self._selectors.get(resource, label_selector) != label_selector:
+                raise ValueError(
+                    f"{resource.plural} are already selected by {self._selectors[resource]!r}, "
+                    f"not {label_selector!r}"
+                )
+            made = resource in self._informers
+            if made and resource not in self._selectors:
+                raise ValueError(
+                    f"the cache of {resource.plural} is already watching every object; select "
+                    "it before the first reader asks for it"
+                )
+            self._selectors[resource] = label_selector
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:

@@ -33,6 +33,7 @@ from resourceconsist.options import (
     LeaderElectionOptions,
     ManagerOptions,
     ProviderBudgetOptions,
+    ShardingOptions,
 )
 from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
@@ -490,6 +491,37 @@ _leader_election_flags = _flag_group(
 )
 
 
+#: ``run``'s ``ShardingOptions`` (docs/scaling.md); the shard Lease's namespace and timings are
+#: leader election's flags.
+_sharding_flags = _flag_group(
+    click.option(
+        "--sharding/--no-sharding",
+        default=False,
+        help="Share the employers among active replicas (docs/scaling.md); excludes --leader-elect.",
+    ),
+    _field_flag(
+        "--controller-ring",
+        ShardingOptions,
+        "controller_ring",
+        "Name of the ring: ends the shard and drain label keys.",
+        default="resourceconsist",
+    ),
+    _field_flag(
+        "--shard-name",
+        ShardingOptions,
+        "shard_name",
+        "This replica's shard: its Lease's name and the shard label's value.",
+        default=None,
+        show_default="$POD_NAME, else the host name",
+    ),
+    click.option(
+        "--sharder/--no-sharder",
+        default=True,
+        help="Run the built-in sharder (one replica at a time); --no-sharder where another assigns.",
+    ),
+)
+
+
 #: The CLI serves metrics and health probes by default (the manifests scrape and probe them),
 #: where controller-runtime does; a ``Manager`` built in Python does not.
 _METRICS_ADDRESS, _PROBE_ADDRESS = ":8080", ":8081"
@@ -631,19 +663,34 @@ def _namespaces(given: Sequence[str]) -> dict[str, Any]:
 
 
 def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
-    """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags`` and
-    ``_leader_election_flags``)."""
+    """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags``,
+    ``_leader_election_flags`` and ``_sharding_flags``)."""
     if flags["garbage_interval"] < 0:
         raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
+    # The Lease's namespace and timings: the leader's, or (with sharding) each shard's.
+    lease: dict[str, Any] = {
+        "namespace": flags["leader_election_namespace"],
+        "lease_duration": flags["lease_duration"],
+        "renew_deadline": flags["renew_deadline"],
+        "retry_period": flags["retry_period"],
+    }
     election = None
     if flags["leader_elect"]:
         with _flags(LeaderElectionOptions):
-            election = LeaderElectionOptions(
-                name=flags["leader_election_id"],
-                namespace=flags["leader_election_namespace"],
-                lease_duration=flags["lease_duration"],
-                renew_deadline=flags["renew_deadline"],
-                retry_period=flags["retry_period"],
+            election = LeaderElectionOptions(name=flags["leader_election_id"], **lease)
+    sharding = None
+    if flags["sharding"]:
+        if flags["leader_elect"]:
+            raise click.UsageError(
+                "--sharding and --leader-elect exclude each other: with sharding every replica "
+                "reconciles its share; drop one"
+            )
+        with _flags(ShardingOptions, LeaderElectionOptions):
+            sharding = ShardingOptions(
+                controller_ring=flags["controller_ring"],
+                **({"shard_name": flags["shard_name"]} if flags["shard_name"] else {}),
+                sharder=flags["sharder"],
+                **lease,
             )
     watched = _namespaces(flags["namespace"])
     with _flags(ManagerOptions, GarbageOptions, ProviderBudgetOptions):
@@ -654,6 +701,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
             full_pass_every=flags["full_pass_every"],
             shutdown_timeout=flags["shutdown_timeout"],
             leader_election=election,
+            sharding=sharding,
             garbage=GarbageOptions(
                 enabled=not flags["no_garbage"],
                 interval=flags["garbage_interval"] or None,
@@ -718,6 +766,7 @@ def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> 
 @_manager_flags
 @_serving_flags
 @_leader_election_flags
+@_sharding_flags
 @_webhook_flags
 @_slb_flags
 def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
@@ -725,6 +774,12 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     import asyncio
 
     manager_options = _manager_options(flags)
+    if with_webhook and manager_options.sharding is not None:
+        # A shard caches only its own employers; the webhook must see every one of a new pod's.
+        raise click.UsageError(
+            "--webhook cannot ride on a sharded replica (its cache holds only its share of the "
+            "employers); serve it with `resourceconsist webhook` (docs/scaling.md)"
+        )
     webhook_options = _webhook_options(flags)
     registry = _all_adapters()
     environ = _adapter_environ(adapter_names, flags)

@@ -35,6 +35,7 @@ from resourceconsist.metrics import Metrics
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
 from resourceconsist.orphans import GarbageCollector
 from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
+from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
@@ -143,6 +144,9 @@ class Controller:
         self._requeue_pending = False
         self.reconciles = 0
         self.failures = 0
+        #: With sharding, this replica's shard: which employers it acts on (set by the manager
+        #: before the controller starts; docs/scaling.md).
+        self.shard: ShardGate | None = None
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
         """Tell ``subscriber`` what happens to this controller's pods and employers."""
@@ -180,8 +184,14 @@ class Controller:
             if self.queue.shutting_down:
                 return
             accepted = False
+            shard = self.shard if employees_of is None else None
             try:
-                if not predicate(event):
+                if shard is not None and shard.left(event):
+                    # Moved to another shard, not deleted: nothing of it is released here.
+                    reconciler.let_go(kube.object_key(event.obj))
+                    return
+                # A drain is acted on whatever the adapter's predicate says (docs/scaling.md).
+                if not (shard is not None and shard.draining(event.obj)) and not predicate(event):
                     return
                 accepted = True
                 keys = to_keys(event, reader)
@@ -413,6 +423,10 @@ class Controller:
         self.series.active.inc()
         try:
             with running_pass(cancellation), self.metrics.bound(self.name):
+                if self.shard is not None and not await self._shard_may_act(key):
+                    self.reconciler.let_go(key)
+                    self.queue.forget(key)
+                    return
                 result = await self.reconciler.reconcile(key)
                 await sync_sub_resources(self.handle, key)
         except asyncio.CancelledError:
@@ -462,6 +476,14 @@ class Controller:
             self.metrics.observe_reconcile(self.name, outcome, seconds)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))
 
+    async def _shard_may_act(self, key: str) -> bool:
+        """With sharding: the employer is this shard's (a draining one is let go of here, in the
+        worker that holds its key, so no pass of it runs meanwhile)."""
+        assert self.shard is not None
+        namespace, _, name = key.rpartition("/")
+        cached = self.reader.get(self.spec.employer, namespace or None, name)
+        return await self.shard.may_act(self.spec.employer, key, cached)
+
 
 class _Handle:
     """``ControllerHandle`` over one controller: what runs beside it reads and does this, no more."""
@@ -510,7 +532,11 @@ class _Handle:
         return self._controller.employees_in_members
 
     def watches(self, key: str) -> bool:
-        return not self.employer.namespaced or self._controller.informers.watches(key.rpartition("/")[0])
+        if self.employer.namespaced and not self._controller.informers.watches(key.rpartition("/")[0]):
+            return False
+        # With sharding, a gone employer is the business of the one shard its key hashes to.
+        shard = self._controller.shard
+        return shard is None or shard.ring_owns(self.employer, key)
 
     def claim(self, key: str) -> bool:
         return self._controller.queue.claim(key)

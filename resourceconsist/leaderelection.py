@@ -17,7 +17,7 @@ import contextlib
 import datetime
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from resourceconsist import kube
@@ -31,11 +31,13 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-def _stamp(moment: datetime.datetime) -> str:
+def lease_time(moment: datetime.datetime) -> str:
+    """A Lease's time field (``MicroTime``) for ``moment``."""
     return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _parse(value: str | None) -> datetime.datetime | None:
+def parse_lease_time(value: str | None) -> datetime.datetime | None:
+    """A Lease's time field as a datetime; None when unset."""
     if not value:
         return None
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -48,9 +50,20 @@ RELEASE_TIMEOUT = 1.0
 class LeaderElector:
     """Campaigns for the Lease and calls back when leadership starts and stops."""
 
-    def __init__(self, client: KubeClient, options: LeaderElectionOptions) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        options: LeaderElectionOptions,
+        *,
+        labels: Mapping[str, str] | None = None,
+        release_on_cancel: bool = True,
+    ) -> None:
         self.client = client
         self.options = options
+        #: Labels the Lease carries (a shard Lease names its ring; docs/scaling.md).
+        self.labels = dict(labels or {})
+        #: Release the Lease when the campaign stops (False: it is left to expire).
+        self.release_on_cancel = release_on_cancel
         #: The Lease's namespace, resolved once (``LeaderElectionOptions.namespace``).
         self.namespace = kube.pod_namespace(options.namespace)
         self.leading = False
@@ -64,12 +77,15 @@ class LeaderElector:
         spec: dict[str, Any] = {
             "holderIdentity": c.identity,
             "leaseDurationSeconds": max(1, round(c.lease_duration)),
-            "renewTime": _stamp(now),
+            "renewTime": lease_time(now),
         }
         if lease is None:
-            spec["acquireTime"] = _stamp(now)
+            spec["acquireTime"] = lease_time(now)
             spec["leaseTransitions"] = 0
-            body = {"metadata": {"name": c.name, "namespace": self.namespace}, "spec": spec}
+            meta: dict[str, Any] = {"name": c.name, "namespace": self.namespace}
+            if self.labels:
+                meta["labels"] = self.labels
+            body = {"metadata": meta, "spec": spec}
             try:
                 self.client.create(kube.LEASE, self.namespace, body)
                 return True
@@ -80,7 +96,7 @@ class LeaderElector:
         if holder and holder != c.identity and not self._expired(current, now):
             return False
         if holder != c.identity:
-            spec["acquireTime"] = _stamp(now)
+            spec["acquireTime"] = lease_time(now)
             spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
         return self._update(lease, spec)
 
@@ -96,13 +112,17 @@ class LeaderElector:
 
     @staticmethod
     def _expired(spec: dict[str, Any], now: datetime.datetime) -> bool:
-        renewed = _parse(spec.get("renewTime")) or _parse(spec.get("acquireTime"))
+        renewed = parse_lease_time(spec.get("renewTime")) or parse_lease_time(spec.get("acquireTime"))
         if renewed is None:
             return True
         return now > renewed + datetime.timedelta(seconds=float(spec.get("leaseDurationSeconds") or 0))
 
     def _update(self, lease: KubeObject, spec: dict[str, Any]) -> bool:
-        body = {"metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]}, "spec": spec}
+        meta: dict[str, Any] = {"resourceVersion": lease["metadata"]["resourceVersion"]}
+        held = lease["metadata"].get("labels") or {}
+        if any(held.get(k) != v for k, v in self.labels.items()):
+            meta["labels"] = self.labels
+        body = {"metadata": meta, "spec": spec}
         try:
             self.client.patch(kube.LEASE, self.namespace, self.options.name, body)
             return True
@@ -113,7 +133,8 @@ class LeaderElector:
         lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
         if lease is None or lease.get("spec", {}).get("holderIdentity") != self.options.identity:
             return
-        self._update(lease, {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": _stamp(_now())})
+        released = {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": lease_time(_now())}
+        self._update(lease, released)
 
     async def run(
         self,
@@ -161,9 +182,11 @@ class LeaderElector:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=c.retry_period)
         finally:
-            if self.leading:
+            was_leading = self.leading
+            if was_leading:
                 self.leading = False
                 await on_stopped_leading()
+            if was_leading and self.release_on_cancel:
                 try:
                     # Bounded: a stop must not wait on an API server that does not answer; an
                     # unreleased lease only makes the standby wait for it to expire.

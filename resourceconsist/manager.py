@@ -6,6 +6,9 @@ at runtime. Extra runnables (the webhook server) start and stop with the manager
 stops taking work and waits for in-flight reconciles up to a timeout.
 (Go: ``AddToMgr`` is ``add_to_manager`` here.)
 
+With sharding (``ShardingOptions``; docs/scaling.md) every replica runs its controllers on its
+share of the employers, held by its own shard Lease, and one of them runs the sharder.
+
 Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
 ``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
 ``resourceconsist run`` builds it from its flags (docs/reference/options.md).
@@ -21,17 +24,20 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
-from resourceconsist import budget
+from resourceconsist import budget, kube, wire
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.cache import InformerFactory
+from resourceconsist.cache import Informer, InformerFactory, WatchEvent
 from resourceconsist.cancellation import DaemonThreadExecutor
 from resourceconsist.controller import Controller
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeClient
+from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
+from resourceconsist.sharding.ring import ShardState
+from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.sharding.sharder import Sharder, SharderRound
 from resourceconsist.subscribers import LifecycleSubscriber
 
 if TYPE_CHECKING:
@@ -101,6 +107,35 @@ class Manager:
         self._started = False
         election = self.options.leader_election
         self._elector = LeaderElector(client, election) if election is not None else None
+        sharding = self.options.sharding
+        #: With sharding: the ring's shard Leases, this replica's shard, the sharder's election
+        #: and, while this replica runs it, the sharder (docs/scaling.md).
+        self.shard: ShardGate | None = None
+        self.sharder: Sharder | None = None
+        self._shard_leases: InformerFactory | None = None
+        self._sharder_elector: LeaderElector | None = None
+        self._sharder_task: asyncio.Task[None] | None = None
+        if sharding is not None:
+            election = sharding.lease_options()
+            self._elector = LeaderElector(
+                client,
+                election,
+                labels={wire.SHARD_RING_LABEL: sharding.controller_ring},
+                release_on_cancel=sharding.release_on_cancel,
+            )
+            self._shard_leases = InformerFactory(client, namespace=self._elector.namespace)
+            self._shard_leases.select(kube.LEASE, f"{wire.SHARD_RING_LABEL}={sharding.controller_ring}")
+            self.shard = ShardGate(
+                client,
+                sharding.controller_ring,
+                sharding.shard_name,
+                self._leases_informer(),
+                on_drained=self.metrics.shard_drains.inc,
+            )
+            if sharding.sharder:
+                self._sharder_elector = LeaderElector(
+                    client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel
+                )
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
@@ -144,6 +179,10 @@ class Manager:
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
+        if self.shard is not None:
+            # This replica caches and acts on its share of the employers only (docs/scaling.md).
+            self.informers.select(controller.spec.employer, self.shard.selector)
+            controller.shard = self.shard
         # A gone employer found only from its pods' marks may be any of these controllers'
         # (docs/lifecycle-hooks.md, "Gone employers").
         controller.garbage.peers = lambda: [
@@ -154,6 +193,11 @@ class Manager:
         self.controllers[name] = controller
         if self._started and self.leading:
             await controller.start()
+        sharder = self.sharder
+        if sharder is not None and controller.spec.employer not in {r for r, _ in sharder.employers}:
+            # The running sharder watches the kinds of the controllers it started with.
+            await self._stop_sharder()
+            await self._start_sharder()
         return controller
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
@@ -214,6 +258,15 @@ class Manager:
             self._elector_task = asyncio.create_task(
                 self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
             )
+        if self._shard_leases is not None:
+            # Made again after a stop (stopping a factory drops its informers).
+            assert self.shard is not None
+            self.shard.leases = self._leases_informer()
+            self._shard_leases.start(loop)
+        if self._sharder_elector is not None:
+            self._sharder_task = asyncio.create_task(
+                self._sharder_elector.run(self._start_sharder, self._stop_sharder, self._elector_stop)
+            )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
 
     def _report_leading(self) -> None:
@@ -262,6 +315,39 @@ class Manager:
             self._servers.clear()
             raise
 
+    def _leases_informer(self) -> Informer:
+        assert self._shard_leases is not None
+        return self._shard_leases.informer(kube.LEASE)
+
+    async def _start_sharder(self) -> None:
+        sharding = self.options.sharding
+        assert sharding is not None
+        by_kind: dict[Resource, list[Controller]] = {}
+        for controller in self.controllers.values():
+            by_kind.setdefault(controller.spec.employer, []).append(controller)
+        self.sharder = Sharder(
+            self.client,
+            sharding.controller_ring,
+            self._leases_informer(),
+            [(resource, _any_accepts(controllers)) for resource, controllers in by_kind.items()],
+            namespaces=self.options.watched_namespaces or (),
+            resync=sharding.sharder_resync,
+            report=self._report_round,
+        )
+        await self.sharder.start()
+
+    def _report_round(self, done: SharderRound) -> None:
+        metrics = self.metrics
+        metrics.sharder_moves.labels("assign").inc(done.assigned)
+        metrics.sharder_moves.labels("drain").inc(done.drained)
+        for state in (ShardState.READY, ShardState.EXPIRED, ShardState.UNCERTAIN, ShardState.DEAD):
+            metrics.sharder_shards.labels(str(state)).set(sum(1 for s in done.shards.values() if s == state))
+
+    async def _stop_sharder(self) -> None:
+        if self.sharder is not None:
+            await self.sharder.stop()
+            self.sharder = None
+
     async def _start_controllers(self) -> None:
         self.leading = True
         self._report_leading()
@@ -281,6 +367,11 @@ class Manager:
             self._elector_stop.set()
             await self._elector_task
             self._elector_task = None
+        if self._sharder_task is not None:
+            await self._sharder_task
+            self._sharder_task = None
+        if self._shard_leases is not None:
+            await asyncio.to_thread(self._shard_leases.stop)
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
         for runnable in reversed(self.runnables):
             try:
@@ -307,6 +398,12 @@ class Manager:
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
     """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
     return await manager.add(adapter)
+
+
+def _any_accepts(controllers: list[Controller]) -> Callable[[WatchEvent], bool]:
+    """An employer is the ring's when a controller of its kind would reconcile it."""
+    predicates = [c.spec.employer_predicate for c in controllers]
+    return lambda event: any(predicate(event) for predicate in predicates)
 
 
 def _one_port(metrics: tuple[str, int], probes: tuple[str, int] | None) -> bool:

@@ -152,6 +152,26 @@ class Metrics:
             ["controller"],
             registry=self.registry,
         )
+        #: Sharding (docs/scaling.md): what this replica's shard and, while it runs it, the sharder did.
+        self.shard_drains = Counter(
+            "resourceconsist_shard_drains_total",
+            "Employers this shard let go of when the sharder asked (the drain handshake).",
+            registry=self.registry,
+        )
+        self.sharder_moves = Counter(
+            "resourceconsist_sharder_moves_total",
+            "Label writes of the sharder run by this replica: an employer assigned to a shard, or "
+            "asked to leave its shard (drain).",
+            ["move"],
+            registry=self.registry,
+        )
+        self.sharder_shards = Gauge(
+            "resourceconsist_sharder_shards",
+            "The ring's shards by state (ready, expired, uncertain, dead), as the sharder run by this "
+            "replica last saw them.",
+            ["state"],
+            registry=self.registry,
+        )
         self._kube = _KubeCollector()
         self.registry.register(self._kube)
         # The process's provider budgets, read when scraped (docs/observability.md).

@@ -76,6 +76,96 @@ class LeaderElectionOptions:
             )
 
 
+#: What a name written into a label value may be: at most 63 characters, alphanumerics, ``-``, ``_``
+#: and ``.``, starting and ending with an alphanumeric.
+_LABEL_VALUE = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?$")
+#: A ControllerRing's name: a DNS label (it ends the shard and drain label keys).
+_RING_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def _shard_name() -> str:
+    return os.environ.get("POD_NAME") or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class ShardingOptions:
+    """Active-active sharding (docs/scaling.md): every replica reconciles the employers assigned
+    to it, announced by its own shard Lease, in kubernetes-controller-sharding's protocol.
+
+    The timings of the shard Lease are leader election's (lease duration > renew deadline >
+    retry period > 0); ``InvalidOptions`` names the field at fault.
+    """
+
+    #: The ControllerRing's name: it ends the shard and drain label keys and labels the Leases
+    #: (``resourceconsist run --controller-ring``).
+    controller_ring: str
+    #: This replica's shard: the name of its Lease, its holder and the shard label's value. By
+    #: default ``$POD_NAME``, else the host name: a restarted pod keeps its name and its share.
+    shard_name: str = field(default_factory=_shard_name)
+    #: Namespace of the shard Leases and the sharder's Lease; None: the pod's own
+    #: (``$POD_NAMESPACE``), else ``resourceconsist``.
+    namespace: str | None = None
+    #: Seconds after the last renewal a shard counts as expired; its employers move away one
+    #: more lease duration later (docs/scaling.md, "Shard states").
+    lease_duration: float = 15.0
+    #: Seconds a shard keeps trying to renew before it stops its controllers.
+    renew_deadline: float = 10.0
+    #: Seconds between two renewals.
+    retry_period: float = 2.0
+    #: Run the built-in sharder (one replica at a time, elected on its own Lease); False where
+    #: kubernetes-controller-sharding's sharder assigns the employers.
+    sharder: bool = True
+    #: Seconds between two full resyncs of the sharder (between them it acts on events).
+    sharder_resync: float = 60.0
+    #: Release the shard Lease on a graceful stop, so the employers move at once
+    #: (controller-runtime's ``LeaderElectionReleaseOnCancel``); False: they wait for it to expire.
+    release_on_cancel: bool = True
+
+    def __post_init__(self) -> None:
+        if not _RING_NAME.match(self.controller_ring):
+            raise InvalidOptions(
+                f"controller ring {self.controller_ring!r} must be a DNS label (lower-case "
+                "alphanumerics and '-', at most 63 characters): it ends the shard label's key",
+                "controller_ring",
+            )
+        if not self.shard_name or not _LABEL_VALUE.match(self.shard_name):
+            raise InvalidOptions(
+                f"shard name {self.shard_name!r} must be a label value (alphanumerics, '-', '_', '.', "
+                "at most 63 characters): it is the shard label's value; set it, or $POD_NAME",
+                "shard_name",
+            )
+        check_seconds("sharder_resync", self.sharder_resync)
+        # The same rules as leader election's, checked by the same code.
+        self.lease_options()
+
+    @property
+    def sharder_lease(self) -> str:
+        """The Lease the replicas compete for to run the sharder."""
+        return f"{self.controller_ring}-sharder"
+
+    def lease_options(self) -> LeaderElectionOptions:
+        """The shard Lease as leader election's options: named after the shard and held by it."""
+        return LeaderElectionOptions(
+            name=self.shard_name,
+            namespace=self.namespace,
+            identity=self.shard_name,
+            lease_duration=self.lease_duration,
+            renew_deadline=self.renew_deadline,
+            retry_period=self.retry_period,
+        )
+
+    def sharder_options(self) -> LeaderElectionOptions:
+        """The sharder's election, with the shard Lease's timings."""
+        return LeaderElectionOptions(
+            name=self.sharder_lease,
+            namespace=self.namespace,
+            identity=_identity(),
+            lease_duration=self.lease_duration,
+            renew_deadline=self.renew_deadline,
+            retry_period=self.retry_period,
+        )
+
+
 @dataclass(frozen=True)
 class GarbageOptions:
     """When a controller looks for orphans (docs/lifecycle-hooks.md, "Orphans"); part of
@@ -170,6 +260,8 @@ class ManagerOptions:
     #: The API budget of every provider account of the process (``--provider-rate``,
     #: ``--provider-burst``); by default no client-side limit.
     provider_budget: ProviderBudgetOptions = field(default_factory=ProviderBudgetOptions)
+    #: Share the employers among active replicas (docs/scaling.md); excludes ``leader_election``.
+    sharding: ShardingOptions | None = None
 
     def __post_init__(self) -> None:
         # A list is taken too; the options stay frozen and hashable.
@@ -202,6 +294,13 @@ class ManagerOptions:
                     f"{name.replace('_', ' ')} {address[0]}:{address[1]} has no valid port (0 to 65535)",
                     name,
                 )
+        if self.sharding is not None and self.leader_election is not None:
+            raise InvalidOptions(
+                "sharding and leader election exclude each other: with sharding every replica "
+                "reconciles its share; drop one",
+                "sharding",
+                "leader_election",
+            )
         beside = [n for n in ("metrics_address", "health_probe_address") if getattr(self, n) is not None]
         if self.health_address is not None and beside:
             raise InvalidOptions(
@@ -235,3 +334,4 @@ class ManagerKeywords(TypedDict, total=False):
     leader_election: LeaderElectionOptions | None
     garbage: GarbageOptions
     provider_budget: ProviderBudgetOptions
+    sharding: ShardingOptions | None

@@ -80,6 +80,17 @@ MUTATING_WEBHOOK_CONFIGURATION: Final = "resourceconsist-manager-mutating"
 VALIDATING_WEBHOOK_CONFIGURATION: Final = "resourceconsist-manager-validating"
 
 
+#: Sharding: kubernetes-controller-sharding's label protocol (docs/scaling.md), so that project's
+#: sharder can assign employers to this controller's shards. A shard Lease carries the ring label
+#: (value: the ControllerRing's name); an employer carries the shard label (key: prefix + ring,
+#: value: the shard's name) and, while it is being moved, the drain label (key: prefix + ring).
+SHARD_RING_LABEL: Final = "alpha.sharding.timebertt.dev/controllerring"
+SHARD_LABEL_PREFIX: Final = "shard.alpha.sharding.timebertt.dev/"
+DRAIN_LABEL_PREFIX: Final = "drain.alpha.sharding.timebertt.dev/"
+#: The holder the sharder writes into the Lease of a shard gone silent, marking it dead.
+SHARD_LEASE_TAKEN_BY_SHARDER: Final = "shardlease-controller"
+
+
 class GateReason(StrEnum):
     """Reasons of the readiness-gate conditions the frame writes on pods (docs/zero-downtime.md)."""
 

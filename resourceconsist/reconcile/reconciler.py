@@ -216,6 +216,11 @@ class Reconciler:
         if self._memory.forget(key):
             self.report_unguarded(sum(self.unguarded.values()))
 
+    def let_go(self, key: str) -> None:
+        """The employer is another replica's now (docs/scaling.md): what this one kept of it goes,
+        and so does its count in the unguarded gauge; the employer itself is not touched."""
+        self._forget(key)
+
     def context(self, key: str) -> ReconcileContext:
         return ReconcileContext(
             reader=self.reader,

@@ -514,6 +514,20 @@ def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
             subresource="status",
         ),
         Attempt(
+            "put sharding's shard label on a pod",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"labels": {wire.SHARD_LABEL_PREFIX + "ring": "shard-0"}}},
+        ),
+        Attempt(
+            "relabel a Service with anything but sharding's labels",
+            kube.SERVICE,
+            APP,
+            victim_service,
+            {"metadata": {"labels": {"tier": "evil"}}},
+        ),
+        Attempt(
             "rewrite a Service's selector",
             kube.SERVICE,
             APP,
@@ -630,6 +644,11 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
             subresource="status",
         )
         manager.patch(kube.POD, APP, victim_pod, {"metadata": {"finalizers": ["example.com/keep"]}})
+        # Sharding's labels on the Service: the sharder assigns and drains, the shard lets go
+        # (docs/scaling.md).
+        shard, drain = wire.SHARD_LABEL_PREFIX + "ring", wire.DRAIN_LABEL_PREFIX + "ring"
+        for labels in ({shard: "shard-0"}, {drain: "true"}, {shard: None, drain: None}):
+            manager.patch(kube.SERVICE, APP, victim_service, {"metadata": {"labels": labels}})
 
         rows = [(attempt.what, _try(manager, attempt)) for attempt in _attempts(victim_pod, victim_service)]
     finally:
@@ -638,7 +657,9 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
     assert pod["metadata"]["labels"] == {"app": "checkout"} and finalizers(pod) == ["example.com/keep"]
     assert pod["spec"]["containers"][0]["image"] == "registry.example/checkout:1"
     assert condition(pod, "Ready") == "True" and pod["status"]["podIP"] == "10.9.0.1"
-    assert admin.get(kube.SERVICE, APP, victim_service)["spec"]["selector"] == {"app": "checkout"}
+    service_now = admin.get(kube.SERVICE, APP, victim_service)
+    assert service_now["spec"]["selector"] == {"app": "checkout"}
+    assert not (service_now["metadata"].get("labels") or {}), "the Service kept a label"
     assert admin.get_or_none(kube.SECRET, RELEASE_NAMESPACE, "stolen") is None
     # Anyone else may still make the same change: the binding matches the manager's user only.
     admin.patch(kube.POD, APP, victim_pod, {"metadata": {"labels": {"app": "checkout", "tier": "web"}}})
@@ -654,6 +675,10 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
         "add an annotation of someone else to a pod": f"may not change annotation example.com/owner of {pod}",
         "set a pod's Ready condition": f"may not change condition Ready of {status}",
         "change a pod's IP": f"may change only its readiness gates in the status of {status}",
+        "put sharding's shard label on a pod": f"may not change the labels of {pod}",
+        "relabel a Service with anything but sharding's labels": (
+            f"may not change the labels of {service}{victim_service}"
+        ),
         "rewrite a Service's selector": f"may not change the spec of {service}{victim_service}",
         "change a Service's SLB mode annotation": f"may not change annotation {MODE_ANNOTATION} of {service}",
         "loosen the webhook's failurePolicy": "may change only the caBundle of mutatingwebhookconfigurations "
@@ -815,6 +840,8 @@ def test_the_policy_names_the_wire_contracts_keys(tmp_path: Path) -> None:
         wire.GUARD_FINALIZER_PREFIX + "/",
         wire.READINESS_GATE_DOMAIN + "/",
         wire.WEBHOOK_CERT_SECRET,
+        wire.SHARD_LABEL_PREFIX,
+        wire.DRAIN_LABEL_PREFIX,
         USER,
     ):
         assert f"'{key}" in text, key

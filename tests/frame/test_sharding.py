@@ -1,0 +1,392 @@
+"""Active-active sharding on a real API server (docs/scaling.md): three replicas share thirty
+Services of the demo adapter; each Service is acted on by exactly one replica at any moment;
+a replica that dies silently loses its Services to the others once its Lease has been silent for
+two lease durations; a replica that joins gets its share through the drain handshake.
+
+"Acted on" is what each replica's gate lets through (a Service in its own, label-selected cache
+with its shard label and no drain label) and what its workers hold. A sampler reads every
+replica together, on the event loop they share, every few milliseconds for the whole test, and
+records any Service two replicas would act on at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from resourceconsist import kube, wire
+from resourceconsist.adapter import Employer, ReconcileContext
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeObject
+from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions, ShardingOptions
+from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
+from resourceconsist.testing import Cluster, async_wait_for
+
+RING = "demo"
+SERVICES = 30
+LEASE_SECONDS = 6.0
+
+
+class Replica:
+    """One replica: a manager with its own demo provider, sharing the test's event loop."""
+
+    def __init__(
+        self, cluster: Cluster, shard: str, *, release_on_cancel: bool = True, sharder: bool = True
+    ) -> None:
+        self.shard = shard
+        self.provider = FakeProvider()
+        options = ShardingOptions(
+            controller_ring=RING,
+            shard_name=shard,
+            namespace=cluster.namespace,
+            lease_duration=LEASE_SECONDS,
+            renew_deadline=4.0,
+            retry_period=0.5,
+            release_on_cancel=release_on_cancel,
+            sharder=sharder,
+        )
+        self.manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
+        self.running = False
+
+    async def start(self, adapter: DemoAdapter | None = None) -> None:
+        await self.manager.add(adapter or DemoAdapter(self.provider))
+        await self.manager.start()
+        self.running = True
+
+    async def stop(self) -> None:
+        # Sampled until stopped: a pass finishing during the stop still counts.
+        await self.manager.stop(timeout=5)
+        self.running = False
+
+    def acting_on(self) -> set[str]:
+        """The Services this replica may act on now: those its gate lets a pass run on, and those
+        a worker holds (a pass, or the let-go write itself, counted as acting to be strict)."""
+        gate = self.manager.shard
+        if not self.running or gate is None:
+            return set()
+        held = {key for c in self.manager.controllers.values() for key in c.queue.processing()}
+        if not self.manager.leading:
+            return held
+        store = self.manager.informers.informer(kube.SERVICE).store
+        return held | {kube.object_key(obj) for obj in store.list() if gate.assigned(obj)}
+
+
+@contextmanager
+def sampling(replicas: list[Replica]) -> Iterator[list[str]]:
+    """Check, every few milliseconds until the block ends, that no Service is acted on by two
+    replicas; yields the list of violations found (empty when none)."""
+    violations: list[str] = []
+    samples = [0]
+
+    async def sample() -> None:
+        while True:
+            seen: dict[str, str] = {}
+            for replica in replicas:
+                for key in replica.acting_on():
+                    if key in seen:
+                        violations.append(f"{key} acted on by {seen[key]} and {replica.shard}")
+                    seen[key] = replica.shard
+            samples[0] += 1
+            await asyncio.sleep(0.005)
+
+    task = asyncio.get_running_loop().create_task(sample())
+    try:
+        yield violations
+    finally:
+        task.cancel()
+    assert samples[0] > 0
+
+
+async def shards_of(cluster: Cluster) -> dict[str, str]:
+    """Each Service's shard label ("" when unassigned)."""
+    listing = await cluster.call(cluster.client.list, kube.SERVICE, cluster.namespace)
+    return {
+        obj["metadata"]["name"]: (obj["metadata"].get("labels") or {}).get(shard_label(RING), "")
+        for obj in listing.get("items") or []
+    }
+
+
+def placed(cluster: Cluster, shards: set[str], names: list[str] | None = None) -> dict[str, str]:
+    """Where the ring over ``shards`` places each Service (by default the thirty)."""
+    ring = HashRing(shards)
+    return {
+        name: ring.shard_of(hash_key("v1", "Service", cluster.namespace, name)) or ""
+        for name in (names if names is not None else [f"svc-{i}" for i in range(SERVICES)])
+    }
+
+
+def served(replicas: list[Replica], cluster: Cluster, expected: dict[str, str]) -> bool:
+    """Each Service's VIP is on the provider of the replica it is assigned to."""
+    by_shard = {r.shard: r for r in replicas}
+    return all(
+        f"{cluster.namespace}/{name}" in by_shard[shard].provider.vips for name, shard in expected.items()
+    )
+
+
+async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster: Cluster) -> None:
+    replicas = [
+        Replica(cluster, "shard-0"),
+        Replica(cluster, "shard-1"),
+        Replica(cluster, "shard-2", release_on_cancel=False),
+    ]
+    joiner = Replica(cluster, "shard-3")
+    everyone = [*replicas, joiner]
+    with sampling(everyone) as violations:
+        try:
+            for replica in replicas:
+                await replica.start()
+            for i in range(SERVICES):
+                await cluster.service(f"svc-{i}")
+
+            # 1. Every Service lands on the shard the ring places it on, and is served there.
+            three = placed(cluster, {"shard-0", "shard-1", "shard-2"})
+            assert set(three.values()) == {"shard-0", "shard-1", "shard-2"}
+            await async_wait_for(
+                lambda: _labels_are(cluster, three),
+                timeout=60,
+                message="the thirty Services assigned as the ring places them",
+            )
+            await async_wait_for(
+                lambda: served(replicas, cluster, three),
+                timeout=60,
+                message="each Service served by its shard",
+            )
+            # Each replica caches only its share.
+            for replica in replicas:
+                mine = {n for n, s in three.items() if s == replica.shard}
+                cached = {
+                    o["metadata"]["name"]
+                    for o in replica.manager.informers.informer(kube.SERVICE).store.list()
+                }
+                assert cached == mine
+                # ... and did the work of its share alone: its provider holds only their VIPs.
+                assert {k.rpartition("/")[2] for k in replica.provider.vips} == mine
+
+            # A gone employer's garbage pass would run on the one replica its key hashes to (each
+            # replica reads the ring from the Leases at most once a second).
+            def garbage_passes() -> dict[str, set[str]]:
+                return {
+                    name: {
+                        r.shard
+                        for r in replicas
+                        for c in r.manager.controllers.values()
+                        if c.handle.watches(f"{cluster.namespace}/{name}")
+                    }
+                    for name in three
+                }
+
+            await async_wait_for(
+                lambda: garbage_passes() == {name: {shard} for name, shard in three.items()},
+                timeout=10,
+                message="each key's garbage pass on its ring owner alone",
+            )
+
+            # 2. shard-2 dies without releasing its Lease: its Services move once the Lease has
+            # been silent for two lease durations (the protocol's rule), and are served again.
+            killed = time.monotonic()
+            await replicas[2].stop()
+            two = placed(cluster, {"shard-0", "shard-1"})
+            await async_wait_for(
+                lambda: _labels_are(cluster, two),
+                timeout=2 * LEASE_SECONDS + 20,
+                message="shard-2's Services reassigned to the live shards",
+            )
+            moved_after = time.monotonic() - killed
+            assert moved_after >= LEASE_SECONDS, (
+                f"moved {moved_after:.1f}s after the kill, before the lease expired"
+            )
+            await async_wait_for(
+                lambda: served(replicas, cluster, two), timeout=60, message="the moved Services served again"
+            )
+            lease = await cluster.get(kube.LEASE, "shard-2")
+            assert lease is not None
+            assert lease["spec"]["holderIdentity"] == wire.SHARD_LEASE_TAKEN_BY_SHARDER
+            # The replica running the sharder reports the dead shard (docs/observability.md).
+            await async_wait_for(
+                lambda: any(
+                    r.manager.sharder is not None
+                    and r.manager.metrics.registry.get_sample_value(
+                        "resourceconsist_sharder_shards", {"state": "dead"}
+                    )
+                    == 1
+                    for r in replicas[:2]
+                ),
+                timeout=30,
+                message="resourceconsist_sharder_shards{state=dead} 1",
+            )
+
+            # 3. shard-3 joins: its share moves to it through the drain handshake.
+            drained_before = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
+            await joiner.start()
+            with_joiner = placed(cluster, {"shard-0", "shard-1", "shard-3"})
+            to_joiner = {n for n, s in with_joiner.items() if s == "shard-3"}
+            assert to_joiner, "the ring gives the new shard nothing; pick other names"
+            await async_wait_for(
+                lambda: _labels_are(cluster, with_joiner),
+                timeout=60,
+                message="the new shard's share moved to it",
+            )
+            await async_wait_for(
+                lambda: served([*replicas[:2], joiner], cluster, with_joiner),
+                timeout=60,
+                message="the new shard serving its share",
+            )
+            drained = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
+            # Each Service that moved to a live shard's successor was let go of by that shard.
+            assert drained - drained_before == len(to_joiner)
+            reported = sum(
+                r.manager.metrics.registry.get_sample_value("resourceconsist_shard_drains_total") or 0
+                for r in replicas[:2]
+            )
+            assert reported == drained
+        finally:
+            for replica in everyone:
+                if replica.running:
+                    await replica.stop()
+    assert violations == [], violations[:5]
+
+
+async def _labels_are(cluster: Cluster, expected: dict[str, str]) -> bool:
+    return await shards_of(cluster) == expected
+
+
+class TimedDemo(DemoAdapter):
+    """The demo adapter, recording when each pass of each Service asks for the expected employer
+    and holding the passes of ``held`` while ``hold`` is not set (a slow provider)."""
+
+    def __init__(self, shard: str, provider: FakeProvider) -> None:
+        super().__init__(provider)
+        self.shard = shard
+        self.held = ""
+        self.hold = threading.Event()
+        #: (Service name, shard, start, end) of each pass, as it asked for the expected employer.
+        self.passes: list[tuple[str, str, float, float]] = []
+        #: Each pass here, in order: its Service and whether it was a full one (no ``changed``).
+        self.full: list[tuple[str, bool]] = []
+        #: Passes waiting on ``hold`` now.
+        self.waiting = 0
+
+    def get_expected_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:
+        name = employer["metadata"]["name"]
+        started = time.monotonic()
+        if name == self.held:
+            self.waiting += 1
+            self.hold.wait(60)
+            self.waiting -= 1
+        self.passes.append((name, self.shard, started, time.monotonic()))
+        self.full.append((name, ctx.changed is None))
+        return super().get_expected_employer(ctx, employer)
+
+
+async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:
+    """The drain waits for the pass the old shard is in the middle of: its labels stay until the
+    pass ends, and the new shard's first pass of the Service starts after that."""
+    names = [f"svc-{i}" for i in range(10)]
+    joined = placed(cluster, {"shard-0", "shard-1", "shard-2"}, names)
+    before = placed(cluster, {"shard-0", "shard-1"}, names)
+    moving = sorted(n for n in names if joined[n] == "shard-2")
+    assert moving, "the ring gives the new shard none of these Services; pick other names"
+    held = moving[0]
+    replicas = [Replica(cluster, f"shard-{i}") for i in range(3)]
+    adapters = {r.shard: TimedDemo(r.shard, r.provider) for r in replicas}
+    owner = adapters[before[held]]
+    try:
+        for replica in replicas[:2]:
+            await replica.start(adapters[replica.shard])
+        for name in names:
+            await cluster.service(name)
+        await async_wait_for(lambda: _labels_are(cluster, before), timeout=60, message="assigned")
+        await async_wait_for(
+            lambda: any(p[0] == held for p in owner.passes), timeout=60, message="a first pass"
+        )
+
+        # A pass of `held` on its owner, held in the middle.
+        owner.held = held
+        await cluster.patch(kube.SERVICE, held, {"metadata": {"annotations": {"touch": "1"}}})
+        await async_wait_for(lambda: owner.waiting > 0, timeout=30, message="held")
+        await replicas[2].start(adapters["shard-2"])
+
+        async def draining() -> bool:
+            obj = await cluster.get(kube.SERVICE, held)
+            return obj is not None and drain_label(RING) in (obj["metadata"].get("labels") or {})
+
+        await async_wait_for(draining, timeout=60, message="the drain label on the held Service")
+        # The owner is still in its pass: it has not let go, and the new shard has not started.
+        obj = await cluster.get(kube.SERVICE, held)
+        assert obj is not None
+        assert obj["metadata"]["labels"][shard_label(RING)] == before[held]
+        assert not [p for p in adapters["shard-2"].passes if p[0] == held]
+
+        released = time.monotonic()
+        owner.hold.set()
+        await async_wait_for(
+            lambda: _labels_are(cluster, joined), timeout=60, message="the new shard's share moved to it"
+        )
+        await async_wait_for(
+            lambda: [p for p in adapters["shard-2"].passes if p[0] == held],
+            timeout=60,
+            message="its first pass",
+        )
+        first_new = min(p[2] for p in adapters["shard-2"].passes if p[0] == held)
+        last_old = max(p[3] for p in owner.passes if p[0] == held)
+        assert last_old >= released > 0
+        assert first_new > last_old, "the new shard started before the old one's pass ended"
+        # ... and with a full pass: it knows nothing of the Service yet.
+        assert next(full for name, full in adapters["shard-2"].full if name == held)
+    finally:
+        owner.hold.set()
+        for replica in replicas:
+            if replica.running:
+                await replica.stop()
+
+
+async def test_shards_follow_another_sharder_speaking_the_protocol(cluster: Cluster) -> None:
+    """With --no-sharder, the shards only follow the labels, as under kubernetes-controller-
+    sharding's sharder; the test writes them as that sharder does: assign, drain, wait for the
+    shard to let go, assign again."""
+    replicas = [Replica(cluster, f"shard-{i}", sharder=False) for i in range(2)]
+    by_shard = {r.shard: r for r in replicas}
+    try:
+        for replica in replicas:
+            await replica.start()
+        for name in ("moved", "untouched"):
+            await cluster.service(name)
+        key = f"{cluster.namespace}/moved"
+
+        async def labels() -> dict[str, str]:
+            obj = await cluster.get(kube.SERVICE, "moved")
+            assert obj is not None
+            return dict(obj["metadata"].get("labels") or {})
+
+        await cluster.patch(kube.SERVICE, "moved", {"metadata": {"labels": {shard_label(RING): "shard-0"}}})
+        await async_wait_for(
+            lambda: key in by_shard["shard-0"].provider.vips, timeout=60, message="shard-0 serving"
+        )
+
+        await cluster.patch(kube.SERVICE, "moved", {"metadata": {"labels": {drain_label(RING): "true"}}})
+
+        async def let_go() -> bool:
+            found = await labels()
+            return shard_label(RING) not in found and drain_label(RING) not in found
+
+        await async_wait_for(let_go, timeout=60, message="shard-0 removing both labels")
+        assert key not in by_shard["shard-1"].provider.vips
+
+        await cluster.patch(kube.SERVICE, "moved", {"metadata": {"labels": {shard_label(RING): "shard-1"}}})
+        await async_wait_for(
+            lambda: key in by_shard["shard-1"].provider.vips, timeout=60, message="shard-1 serving"
+        )
+        # Nobody assigns what the outside sharder leaves alone.
+        untouched = await cluster.get(kube.SERVICE, "untouched")
+        assert untouched is not None
+        assert shard_label(RING) not in (untouched["metadata"].get("labels") or {})
+        assert all(f"{cluster.namespace}/untouched" not in r.provider.vips for r in replicas)
+        assert all(r.manager.sharder is None for r in replicas)
+    finally:
+        for replica in replicas:
+            if replica.running:
+                await replica.stop()
