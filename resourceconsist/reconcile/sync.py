@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileContext
@@ -16,34 +15,10 @@ from resourceconsist.cancellation import call_adapter
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
-from resourceconsist.wire import EventReason
+from resourceconsist.reconcile.failures import CALLS, PassFailures, Side
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of the sync: its name in messages and its Event reasons."""
-
-    what: str
-    expected_reason: EventReason
-    current_reason: EventReason
-    sync_reason: EventReason
-
-
-EMPLOYER = Side(
-    "employer",
-    EventReason.GET_EXPECTED_EMPLOYER_FAILED,
-    EventReason.GET_CURRENT_EMPLOYER_FAILED,
-    EventReason.SYNC_EMPLOYER_FAILED,
-)
-EMPLOYEES = Side(
-    "employees",
-    EventReason.GET_EXPECTED_EMPLOYEES_FAILED,
-    EventReason.GET_CURRENT_EMPLOYEES_FAILED,
-    EventReason.SYNC_EMPLOYEES_FAILED,
-)
 
 
 class SyncError(ResourceConsistError):
@@ -81,23 +56,18 @@ async def sync(
     results.fail_updated = [i for i in planned.to_update if i.id in held_back]
     planned.to_create = [i for i in planned.to_create if i.id not in held_back]
     planned.to_update = [i for i in planned.to_update if i.id not in held_back]
-    for label, fn, items in (
-        ("syncCreate", create, planned.to_create),
-        ("syncUpdate", update, planned.to_update),
-        ("syncDelete", delete, planned.to_delete),
+    for call, fn, items in zip(
+        CALLS,
+        (create, update, delete),
+        (planned.to_create, planned.to_update, planned.to_delete),
+        strict=True,
     ):
         try:
             succeeded, failed = await call_adapter(fn, ctx, employer, list(items)) if items else ([], [])
         except Exception as err:
-            raise SyncError(f"{label} failed, err: {err}") from err
-        if label == "syncCreate":
-            results.succ_created = list(succeeded)
-            results.fail_created += list(failed)
-        elif label == "syncUpdate":
-            results.succ_updated = list(succeeded)
-            results.fail_updated += list(failed)
-        else:
-            results.succ_deleted, results.fail_deleted = list(succeeded), list(failed)
+            raise SyncError(f"{call.label} failed, err: {err}") from err
+        call.succeeded(results).extend(succeeded)
+        call.failed(results).extend(failed)
     return results
 
 
@@ -122,3 +92,33 @@ def log_changes(controller: str, key: str, what: str, results: CUDResults[Any]) 
     }
     if any(counts.values()):
         log.info("%s %s: %s %s", controller, key, what, " ".join(f"{k}={v}" for k, v in counts.items() if v))
+
+
+async def sync_side(
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    side: Side,
+    get_expected: Callable[..., Any],
+    get_current: Callable[..., Any],
+    cud: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
+    failures: PassFailures,
+    before_calls: BeforeCalls | None = None,
+) -> tuple[CUDResults[Any], dict[str, Any], dict[str, str]]:
+    """Expected, current, diff and create/update/delete for one side, with the Go events;
+    what the provider did, its current items by id, and the provider's reason for each pod
+    whose item it refused (for the readiness gates)."""
+    try:
+        expected = list(await call_adapter(get_expected, ctx, employer))
+    except Exception as err:
+        raise await failures.fail(side.expected_reason, f"get expect {side.what} failed: {err}") from err
+    try:
+        current = list(await call_adapter(get_current, ctx, employer))
+    except Exception as err:
+        raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
+    try:
+        results = await sync(ctx, employer, expected, current, *cud, side.what, before_calls)
+    except SyncError as err:
+        raise await failures.fail(side.sync_reason, f"sync {side.what} failed: {err}") from err
+    log_changes(failures.controller, failures.key, side.what, results)
+    refused = await failures.report_refused(side, results, ctx.failures) if results.any_failed else {}
+    return results, {item.id: item for item in current}, refused
