@@ -16,6 +16,7 @@ from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.interfaces import EventSink, ObjectReader
 from resourceconsist.kube import KubeObject
 from resourceconsist.podwriter import PodLocation
+from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.outcome import ReconcileError
 
 log = logging.getLogger(__package__)
@@ -189,6 +190,16 @@ class GateOutcome:
 
     recheck: float | None = None
     failures: dict[str, BaseException] = field(default_factory=dict)
+
+    async def raise_failures(self, failures: PassFailures) -> None:
+        """The pass's error for the gate writes that failed, if any (a Warning Event)."""
+        if self.failures:
+            name, err = sorted(self.failures.items())[0]
+            raise await failures.fail(
+                wire.EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"update readiness gates failed: pod {name}: {err}"
+                + (f" (and {len(self.failures) - 1} more pods)" if len(self.failures) > 1 else ""),
+            )
 
 
 @dataclass(frozen=True)

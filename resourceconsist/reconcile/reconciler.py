@@ -6,17 +6,18 @@ and none imports this module:
    (``readiness.Gatekeeper.release_gone``), done.
 2. ``finalizers.ensure_clean_finalizer``   add the clean finalizer and stop.
 3. ``finalizers.plan_expected_entries``    plan this employer's entry in each selected pod.
-4. ``sync.sync_side``                      the provider sync of the employer.
-5. ``_sync_employees``   the same for the employees, under the guard: before the calls
-   ``guard.before_calls`` guards every pod the provider holds or is about to hold; after them
-   ``guard.after_calls`` judges each pod and plans its swaps and releases.
+4. ``sync.sync_employer``                  the provider sync of the employer.
+5. ``sync.sync_employees``  the same for the employees, under the guard (``_sync_employees``):
+   before the calls ``guard.before_calls`` guards every pod the provider holds or is about to
+   hold; after them ``guard.after_calls`` judges each pod and plans its swaps and releases.
    ``_write``     write each planned pod once, then the employer's record annotations
    (``finalizers.records_after_writes``); ``telling`` tells the subscribers.
    ``_gates``     this employer's readiness gates, from what the provider confirmed
    (``readiness.Gatekeeper.update``; docs/zero-downtime.md).
 6. ``finalizers.release_clean_finalizer``  deleting and clean: drop the clean finalizer.
-7. statuses after success, error conditions after failure (``_finish``, ``reconcile``).
-8. failed items without an error: requeue after the adapter's interval, or a rate-limited retry.
+7. ``statuses.record_statuses`` after success, ``statuses.record_error_conditions`` after failure.
+8. ``statuses.requeue``  failed items without an error: requeue after the adapter's interval, or
+   a rate-limited retry.
 
 What the reconciler keeps of an employer between passes is one record (``memory.EmployerMemory``).
 Event reasons and messages are the Go frame's, so dashboards and alerts carry over. The guard
@@ -27,40 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import cast
 
 from resourceconsist import kube, lifecycle
-from resourceconsist.adapter import (
-    Employee,
-    MultiClusterOptions,
-    ReconcileAdapter,
-    ReconcileContext,
-)
+from resourceconsist.adapter import Employee, MultiClusterOptions, ReconcileAdapter, ReconcileContext
 from resourceconsist.cancellation import current_cancellation
 from resourceconsist.diff import Diff
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import KubeObject, Resource
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.podwriter import PodWriter, RecentWrites
-from resourceconsist.reconcile import capabilities, finalizers, guard, readiness, statuses
-from resourceconsist.reconcile.failures import EMPLOYEES, EMPLOYER, PassFailures
+from resourceconsist.reconcile import capabilities, finalizers, guard, readiness, statuses, sync
+from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.memory import Memories
-from resourceconsist.reconcile.outcome import (
-    DEFAULT_WARN_AFTER_PASSES,
-    DEFAULT_WARN_AFTER_SECONDS,
-    Result,
-)
+from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
 from resourceconsist.reconcile.pods import PodPlaces
 from resourceconsist.reconcile.state import PassState, employer_entry
-from resourceconsist.reconcile.sync import is_clean, sync_side
 from resourceconsist.reconcile.telling import Telling
-from resourceconsist.wire import EventReason
-
-#: The package's logger (``resourceconsist.reconcile``), shared by its modules.
-log = logging.getLogger(__package__)
 
 
 class Reconciler:
@@ -99,12 +85,11 @@ class Reconciler:
         # A runtime-checkable protocol's isinstance walks its members: once here, not per pod.
         self._multi_cluster = isinstance(adapter, MultiClusterOptions)
         #: What the reconciler keeps of each employer between passes, by employer key.
-        self._memory = Memories()
+        self._memory = Memories(report_unguarded)
         #: Seconds after which an employer's next pass is a full one whatever changed
         #: (``ReconcileContext.changed`` None; docs/concepts.md, "Work proportional to change").
         self.full_pass_every = full_pass_every
         self.api_down = api_down
-        self.report_unguarded = report_unguarded
         #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
         self.recent = RecentWrites()
         #: Where the pod employees live, and their freshest copies.
@@ -169,18 +154,6 @@ class Reconciler:
         """The employer itself changed (or anything the frame cannot name): a full pass next."""
         self._memory.employer_changed(key)
 
-    def _forget(self, key: str) -> None:
-        """Drop what the frame keeps of an employer once it is gone or its leftovers were collected."""
-        if self._memory.forget(key):
-            self.report_unguarded(sum(self.unguarded.values()))
-
-    def _count_unguarded(self, key: str, count: int) -> None:
-        """The guard of a pass found ``count`` registrations without their pod's guard."""
-        memory = self._memory.of(key)
-        if memory.unguarded != count:
-            memory.unguarded = count
-            self.report_unguarded(sum(self.unguarded.values()))
-
     def _pod_of(self, p: PassState) -> Callable[[str], KubeObject | None]:
         """A pod employee's freshest copy in the pass's namespace (``PodPlaces.get``)."""
         return functools.partial(self.pods.get, namespace=p.writer.namespace)
@@ -207,7 +180,7 @@ class Reconciler:
         namespace, _, name = key.rpartition("/")
         employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
         if employer is None:
-            self._forget(key)
+            self._memory.forget(key)
             if self.employees_are_pods:
                 await self.gates.release_gone(namespace, name)
             if "" in self.telling.told(key):
@@ -241,7 +214,7 @@ class Reconciler:
                     self._memory.of(key).full_pass_at = began
         result.collected = p.collected
         if p.collected:
-            self._forget(key)
+            self._memory.forget(key)
         if not p.deleting and result.requeue_after is None:
             self.telling.tell(key, "", "employer_converged")
         return result
@@ -292,15 +265,8 @@ class Reconciler:
                         if p.stand_in and not self._in_members()
                         else (),
                     )
-                a = self.adapter  # 4.
-                p.employer_results, _, refused = await sync_side(
-                    p.ctx,
-                    p.employer,
-                    EMPLOYER,
-                    a.get_expected_employer,
-                    a.get_current_employer,
-                    (a.create_employer, a.update_employer, a.delete_employer),
-                    p.failures,
+                p.employer_results, refused = await sync.sync_employer(  # 4.
+                    self.adapter, p.ctx, p.employer, p.failures
                 )
                 p.refused.update(refused)
                 await self._sync_employees(p)  # 5.
@@ -318,19 +284,11 @@ class Reconciler:
             await self._gates(p)
             raise
         await self._gates(p)
-        if p.gates.failures:
-            name, err = sorted(p.gates.failures.items())[0]
-            raise await p.failures.fail(
-                EventReason.UPDATE_READINESS_GATES_FAILED,
-                f"update readiness gates failed: pod {name}: {err}"
-                + (f" (and {len(p.gates.failures) - 1} more pods)" if len(p.gates.failures) > 1 else ""),
-            )
+        await p.gates.raise_failures(p.failures)
         result = await self._finish(p)
         # The gates' fail-safe and the adapter's own ask (ReconcileContext.look_again_in) bring
         # the next pass forward; the earliest wins.
-        for recheck in (p.gates.recheck, p.ctx.look_again):
-            if recheck is not None and (result.requeue_after is None or recheck < result.requeue_after):
-                result.requeue_after = recheck
+        result.sooner(p.gates.recheck, p.ctx.look_again)
         return result
 
     async def _sync_employees(self, p: PassState) -> None:
@@ -346,7 +304,7 @@ class Reconciler:
                 pod_of=self._pod_of(p),
                 writer=p.writer,
                 written=p.written,
-                report_unguarded=functools.partial(self._count_unguarded, p.key),
+                report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
                 controller=self.name,
                 key=p.key,
             )
@@ -354,16 +312,9 @@ class Reconciler:
             self.telling.guarded(p.key, guarding.guarding)
             return guarding.blocked
 
-        a = self.adapter
-        p.employee_results, current_by_id, refused = await sync_side(
-            p.ctx,
-            p.employer,
-            EMPLOYEES,
-            a.get_expected_employee,
-            a.get_current_employee,
-            (a.create_employees, a.update_employees, a.delete_employees),
-            p.failures,
-            before_calls if p.follows_lifecycle else None,
+        guarded = before_calls if p.follows_lifecycle else None
+        p.employee_results, current_by_id, refused = await sync.sync_employees(
+            self.adapter, p.ctx, p.employer, p.failures, guarded
         )
         p.refused.update(refused)
         if not self.employees_are_pods:  # (following PodOpsLifecycle implies pod employees)
@@ -423,7 +374,12 @@ class Reconciler:
 
     async def _finish(self, p: PassState) -> Result:
         """6. Release the clean finalizer; 7. record statuses; 8. requeue failed items."""
-        if p.deleting and is_clean(p.employer_results) and is_clean(p.employee_results) and p.expected_clean:
+        if (
+            p.deleting
+            and sync.is_clean(p.employer_results)
+            and sync.is_clean(p.employee_results)
+            and p.expected_clean
+        ):
             if p.stand_in:
                 p.collected = True
                 self.telling.tell(p.key, "", "employer_deleted")

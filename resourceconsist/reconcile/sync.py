@@ -10,12 +10,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileContext
+from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileAdapter, ReconcileContext
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
-from resourceconsist.reconcile.failures import CALLS, PassFailures, Side
+from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)
@@ -122,3 +122,31 @@ async def sync_side(
     log_changes(failures.controller, failures.key, side.what, results)
     refused = await failures.report_refused(side, results, ctx.failures) if results.any_failed else {}
     return results, {item.id: item for item in current}, refused
+
+
+async def sync_employer(
+    adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject, failures: PassFailures
+) -> tuple[CUDResults[Employer], dict[str, str]]:
+    """Step 4: the employer's items; what the provider did, and the reasons it refused."""
+    a = adapter
+    cud = (a.create_employer, a.update_employer, a.delete_employer)
+    results, _, refused = await sync_side(
+        ctx, employer, EMPLOYER, a.get_expected_employer, a.get_current_employer, cud, failures
+    )
+    return results, refused
+
+
+async def sync_employees(
+    adapter: ReconcileAdapter,
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    failures: PassFailures,
+    before_calls: BeforeCalls | None,
+) -> tuple[CUDResults[Employee], dict[str, Any], dict[str, str]]:
+    """Step 5: the employees' items, ``before_calls`` (the guard) between the diff and the calls;
+    what the provider did, its current items by id, and the reasons it refused, by pod."""
+    a = adapter
+    cud = (a.create_employees, a.update_employees, a.delete_employees)
+    return await sync_side(
+        ctx, employer, EMPLOYEES, a.get_expected_employee, a.get_current_employee, cud, failures, before_calls
+    )
