@@ -154,10 +154,6 @@ class Reconciler:
         """The employer itself changed (or anything the frame cannot name): a full pass next."""
         self._memory.employer_changed(key)
 
-    def _pod_of(self, p: PassState) -> Callable[[str], KubeObject | None]:
-        """A pod employee's freshest copy in the pass's namespace (``PodPlaces.get``)."""
-        return functools.partial(self.pods.get, namespace=p.writer.namespace)
-
     def context(self, key: str) -> ReconcileContext:
         return ReconcileContext(
             reader=self.reader,
@@ -195,7 +191,7 @@ class Reconciler:
             if await finalizers.ensure_clean_finalizer(p.employer, self.employer_writes, p.failures):
                 return Result()
             result = await self._steps(p)
-            completed = not (p.employer_results.any_failed or p.employee_results.any_failed)
+            completed = not p.any_failed
         except BaseException as err:
             if not isinstance(err, asyncio.CancelledError):
                 self.telling.tell(key, "", "employer_failing")
@@ -223,13 +219,15 @@ class Reconciler:
         """The state of a new pass over ``employer``."""
         follows = self.follows_lifecycle
         entry = employer_entry(employer) if follows else None
+        namespace = key.rpartition("/")[0]
         p = PassState(
             employer=employer,
             ctx=self.context(key),
-            writer=PodWriter(key.rpartition("/")[0], self.pods.locate, entry, self.recent),
+            writer=PodWriter(namespace, self.pods.locate, entry, self.recent),
             key=key,
             deleting=lifecycle.is_deleting(employer),
             follows_lifecycle=follows,
+            pod_of=functools.partial(self.pods.get, namespace=namespace),
             stand_in=stand_in,
         )
         if entry is not None:
@@ -248,6 +246,7 @@ class Reconciler:
         return p
 
     async def _steps(self, p: PassState) -> Result:
+        """Steps 3 to 8, over a live employer that carries its clean finalizer (or a deleting one)."""
         try:
             try:
                 if p.follows_lifecycle:  # 3.
@@ -256,7 +255,7 @@ class Reconciler:
                         selected=functools.partial(self._selected_names, p),
                         keeps_record=capabilities.records_expected_finalizers(self.adapter),
                         entry=p.entry,
-                        pod_of=self._pod_of(p),
+                        pod_of=p.pod_of,
                         writer=p.writer,
                         failures=p.failures,
                         # Nothing selects a gone employer's pods any more; its entries would stay
@@ -275,9 +274,7 @@ class Reconciler:
                 # finalizers it needs even while the provider is failing.
                 await self._write(p)
                 if p.confirmed is not None:
-                    finalizers_of = functools.partial(
-                        finalizers.finalizers_after, p.written, pod_of=self._pod_of(p)
-                    )
+                    finalizers_of = functools.partial(finalizers.finalizers_after, p.written, pod_of=p.pod_of)
                     self.telling.announce(p.key, p.confirmed.verdicts, finalizers_of, p.entry)
         except Exception:
             # The fail-safe of the readiness gates exists for a failing provider: it still runs.
@@ -301,7 +298,7 @@ class Reconciler:
                 planned,
                 current,
                 entry=p.entry,
-                pod_of=self._pod_of(p),
+                pod_of=p.pod_of,
                 writer=p.writer,
                 written=p.written,
                 report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
@@ -325,7 +322,7 @@ class Reconciler:
             follows_lifecycle=p.follows_lifecycle,
             carriers=p.carriers,
             entry=p.entry,
-            pod_of=self._pod_of(p),
+            pod_of=p.pod_of,
             writer=p.writer,
         )
         p.lifecycle_record = p.follows_lifecycle and capabilities.records_lifecycle_finalizers(self.adapter)
@@ -334,7 +331,6 @@ class Reconciler:
         """Write each planned pod once, then the employer's record annotations."""
         if p.writer.pending:
             p.written.merge(await p.writer.flush())
-        pod_of = self._pod_of(p)
         records = finalizers.records_after_writes(
             p.employer,
             p.written,
@@ -342,7 +338,7 @@ class Reconciler:
             lifecycle_record=p.lifecycle_record,
             carriers=p.carriers,
             entry=p.entry,
-            pod_of=pod_of,
+            pod_of=p.pod_of,
         )
         if records is None:
             return
@@ -357,29 +353,17 @@ class Reconciler:
         """This employer's readiness gates, from what the pass confirmed (docs/zero-downtime.md)."""
         if not self.employees_are_pods:
             return
-        confirmed = p.confirmed
         p.gates = await self.gates.update(
             p.employer,
             p.key,
-            confirmed=readiness.GateFacts(
-                deleting=p.deleting,
-                synced=confirmed is not None,
-                serving=confirmed.serving if confirmed else set(),
-                unknown=confirmed.unknown if confirmed else set(),
-                refused=p.refused,
-            ),
-            expected=confirmed.employed if confirmed else set(),
+            confirmed=p.gate_facts(),
+            expected=p.confirmed.employed if p.confirmed else set(),
             selected=functools.partial(self._selected_names, p, fresh=True),
         )
 
     async def _finish(self, p: PassState) -> Result:
         """6. Release the clean finalizer; 7. record statuses; 8. requeue failed items."""
-        if (
-            p.deleting
-            and sync.is_clean(p.employer_results)
-            and sync.is_clean(p.employee_results)
-            and p.expected_clean
-        ):
+        if p.clean:
             if p.stand_in:
                 p.collected = True
                 self.telling.tell(p.key, "", "employer_deleted")
@@ -388,5 +372,4 @@ class Reconciler:
         if not p.stand_in:
             results = (p.employer_results, p.employee_results)
             await statuses.record_statuses(self.adapter, p.ctx, p.employer, results, p.failures)
-        any_failed = p.employer_results.any_failed or p.employee_results.any_failed
-        return statuses.requeue(self.adapter, p.ctx, p.employer, any_failed)
+        return statuses.requeue(self.adapter, p.ctx, p.employer, p.any_failed)

@@ -12,9 +12,10 @@ from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileCon
 from resourceconsist.kube import KubeObject
 from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
 from resourceconsist.reconcile.failures import PassFailures
-from resourceconsist.reconcile.finalizers import EntryPlan
+from resourceconsist.reconcile.finalizers import EntryPlan, PodOf
 from resourceconsist.reconcile.guard import AfterCalls
-from resourceconsist.reconcile.readiness import GateOutcome
+from resourceconsist.reconcile.readiness import GateFacts, GateOutcome
+from resourceconsist.reconcile.sync import is_clean
 
 #: The entry of an employer that does not follow PodOpsLifecycle: none.
 NO_ENTRY = EmployerEntry("", "", "")
@@ -43,6 +44,8 @@ class PassState:
     key: str
     deleting: bool
     follows_lifecycle: bool
+    #: A pod employee's freshest copy in the employer's namespace (``PodPlaces.get``).
+    pod_of: PodOf
     #: This employer's entry and finalizers (``NO_ENTRY`` when it does not follow PodOpsLifecycle).
     entry: EmployerEntry = NO_ENTRY
     #: A pass over a stand-in of a gone employer (docs/lifecycle-hooks.md, "Orphans"): it
@@ -69,3 +72,27 @@ class PassState:
     collected: bool = False
     #: How this pass reports its failures (set as the pass begins).
     failures: PassFailures = field(init=False)
+
+    @property
+    def any_failed(self) -> bool:
+        """Some item of the employer's or the employees' sync failed (an error aside)."""
+        return self.employer_results.any_failed or self.employee_results.any_failed
+
+    @property
+    def clean(self) -> bool:
+        """Deleting, and clean on both sides: the provider holds nothing of the employer, and its
+        entries and finalizers are gone from its pods (docs/concepts.md, "One reconcile", 6)."""
+        provider_clean = is_clean(self.employer_results) and is_clean(self.employee_results)
+        return self.deleting and provider_clean and self.expected_clean
+
+    def gate_facts(self) -> GateFacts:
+        """What the pass confirmed that the readiness gates follow (whom the employer employs
+        is read by the gates themselves)."""
+        confirmed = self.confirmed
+        return GateFacts(
+            deleting=self.deleting,
+            synced=confirmed is not None,
+            serving=confirmed.serving if confirmed else set(),
+            unknown=confirmed.unknown if confirmed else set(),
+            refused=self.refused,
+        )
