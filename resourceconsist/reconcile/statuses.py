@@ -6,6 +6,7 @@ the pass for a rate-limited retry (``SyncFailedExist``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from resourceconsist.adapter import (
@@ -59,15 +60,22 @@ async def record_error_conditions(
         )
 
 
+#: Who says when an employer whose items failed without an error is looked at again: the
+#: first of these protocols the adapter implements, and its interval in seconds.
+REQUEUE_INTERVALS: tuple[tuple[type[Any], Callable[[Any, ReconcileContext, KubeObject], float]], ...] = (
+    (EmployerRequeueOptions, lambda adapter, ctx, employer: adapter.employer_requeue_interval(ctx, employer)),
+    (ReconcileRequeueOptions, lambda adapter, ctx, employer: adapter.employee_sync_requeue_interval()),
+)
+
+
 def requeue(
     adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject, any_failed: bool
 ) -> Result:
-    """8. Items failed without an error: look again after the adapter's interval (the
-    employer's, else the employees'); without one, ``SyncFailedExist`` (a rate-limited retry)."""
+    """8. Items failed without an error: look again after the adapter's interval
+    (``REQUEUE_INTERVALS``); without one, ``SyncFailedExist`` (a rate-limited retry)."""
     if not any_failed:
         return Result()
-    if isinstance(adapter, EmployerRequeueOptions):
-        return Result(requeue_after=adapter.employer_requeue_interval(ctx, employer))
-    if isinstance(adapter, ReconcileRequeueOptions):
-        return Result(requeue_after=adapter.employee_sync_requeue_interval())
+    for protocol, interval in REQUEUE_INTERVALS:
+        if isinstance(adapter, protocol):
+            return Result(requeue_after=interval(adapter, ctx, employer))
     raise SyncFailedExist()
