@@ -21,22 +21,6 @@ from resourceconsist.reconcile.finalizers import PodOf, guarded, holds_entry, st
 
 log = logging.getLogger(__package__)
 
-__all__ = [
-    "AfterCalls",
-    "Guarding",
-    "PodOf",
-    "Verdict",
-    "after_calls",
-    "announcements",
-    "before_calls",
-    "guarded",
-    "holds_entry",
-    "judge",
-    "plan_after_calls",
-    "plan_guard",
-    "swapped",
-]
-
 
 class Verdict(IntEnum):
     """What the provider's confirmed state means for one pod's finalizers after the calls.

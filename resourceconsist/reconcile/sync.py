@@ -1,7 +1,7 @@
-"""The provider sync of one side (the employer, or its employees): expected against current,
-the diff, then create, update and delete through the adapter (docs/concepts.md, "One reconcile",
-steps 4 and 5). It returns what the provider did; what that means for the pods is the guard's
-(resourceconsist/reconcile/guard.py).
+"""The provider sync of one side (``sync_employer``, ``sync_employees``): expected against
+current, the diff, then create, update and delete through the adapter, one table of the three
+calls (``failures.CALLS``; docs/concepts.md, "One reconcile", steps 4 and 5). It returns what
+the provider did; what that means for the pods is the guard's (resourceconsist/reconcile/guard.py).
 """
 
 from __future__ import annotations
