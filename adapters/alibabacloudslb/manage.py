@@ -15,10 +15,10 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import (
@@ -44,6 +44,8 @@ from .strategy import Change, ModeStrategy, Tools, log, pod_name
 
 #: Where the drain clocks live in the frame's per-Service ``ctx.memo``.
 _DRAIN_KEY: Final = "alibabacloudslb.drain_since"
+#: The backends one SLB write changes, each with the id of the item it is for.
+_Ops = list[tuple[str, BackendServer]]
 
 _ORPHAN_UNSAFE = re.compile(r"[^A-Za-z0-9.-]")
 #: The tail ``config.vserver_group_name`` gives a shortened name.
@@ -520,11 +522,24 @@ class ManageStrategy(ModeStrategy):
             not_done |= {item_id for item_id, _ in (*adds, *sets, *removes)}
         else:
             group = self.group
-            for action, ops, call in (
-                ("add", adds, client.add_backend_servers),
-                ("set weights of", sets, client.set_backend_weights),
-                ("remove", removes, client.remove_backend_servers),
-            ):
+
+            def drains_start(ops: _Ops) -> None:
+                # The drain of a backend just set to weight 0 starts now.
+                for _, member in drained:
+                    clocks[member.key] = now
+
+            def drains_end(ops: _Ops) -> None:
+                for _, member in ops:
+                    clocks.pop(member.key, None)
+
+            # Each write: its words in the log, its backends, its call, and what it does to
+            # the drain clocks once written.
+            writes: tuple[tuple[str, _Ops, Callable[..., Any], Callable[[_Ops], None]], ...] = (
+                ("add", adds, client.add_backend_servers, lambda ops: None),
+                ("set weights of", sets, client.set_backend_weights, drains_start),
+                ("remove", removes, client.remove_backend_servers, drains_end),
+            )
+            for action, ops, call, written in writes:
                 if not ops or group is None:
                     continue
                 try:
@@ -550,13 +565,7 @@ class ManageStrategy(ModeStrategy):
                     ", ".join(f"{s.server_ip or s.server_id}:{s.port}@{s.weight}" for _, s in ops[:5])
                     + (" ..." if len(ops) > 5 else ""),
                 )
-                if action == "set weights of":
-                    # The drain of a backend just set to weight 0 starts now.
-                    for _, member in drained:
-                        clocks[member.key] = now
-                elif action == "remove":
-                    for _, member in ops:
-                        clocks.pop(member.key, None)
+                written(ops)
         raised = {item_id for item_id, server in (*adds, *sets) if server.weight > 0}
         done = [
             _health_pending(item) if self.health_matters and item.id in raised else item

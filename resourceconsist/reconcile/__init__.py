@@ -1,12 +1,17 @@
 """One reconcile pass of one employer: ``Reconciler`` (resourceconsist/reconcile/reconciler.py,
 the orchestrator) over its steps, each a module of its own (docs/concepts.md, "One reconcile"):
 
-- ``finalizers``  the employer's clean finalizer, its entries in the pods, its record annotations;
-- ``guard``       the guard before the calls, each pod's verdict after them, the swaps;
-- ``readiness``   the readiness gates;
-- ``sync``        the provider sync of the employer and of its employees;
-- ``memory``      what is kept of an employer between passes (one record);
-- ``outcome``     what a pass ends with (``Result``, its errors, the retry numbers).
+- ``finalizers``    the employer's clean finalizer, its entries in the pods, its record annotations;
+- ``guard``         the guard before the calls, each pod's verdict after them, the swaps;
+- ``readiness``     the readiness gates;
+- ``sync``          the provider sync of the employer and of its employees;
+- ``statuses``      the adapter's statuses or error conditions, and the requeue of failed items;
+- ``telling``       what the adapter's subscribers are told;
+- ``failures``      how a pass reports what failed (a Warning, or a retry first);
+- ``capabilities``  what the adapter's optional protocols say, and their defaults;
+- ``state``, ``pods``  the pass's state, and where pod employees live;
+- ``memory``        what is kept of an employer between passes (one record);
+- ``outcome``       what a pass ends with (``Result``, its errors, the retry numbers).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from resourceconsist import kube, wire
@@ -21,10 +22,50 @@ from resourceconsist.interfaces import EventSink
 from resourceconsist.kube import KubeObject
 from resourceconsist.reconcile.memory import Streak
 from resourceconsist.reconcile.outcome import MAX_CONFLICT_RETRY_SECONDS, MAX_ITEM_WARNINGS, ReconcileError
-from resourceconsist.reconcile.sync import EMPLOYEES, Side
 from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__package__)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side of the sync: its name in messages and its Event reasons."""
+
+    what: str
+    expected_reason: EventReason
+    current_reason: EventReason
+    sync_reason: EventReason
+
+
+EMPLOYER = Side(
+    "employer",
+    EventReason.GET_EXPECTED_EMPLOYER_FAILED,
+    EventReason.GET_CURRENT_EMPLOYER_FAILED,
+    EventReason.SYNC_EMPLOYER_FAILED,
+)
+EMPLOYEES = Side(
+    "employees",
+    EventReason.GET_EXPECTED_EMPLOYEES_FAILED,
+    EventReason.GET_CURRENT_EMPLOYEES_FAILED,
+    EventReason.SYNC_EMPLOYEES_FAILED,
+)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One of the sync's three provider calls: its name in the Go frame's messages and Events
+    (``syncCreate`` ...), and where its items land in ``CUDResults``."""
+
+    label: str
+    succeeded: Callable[[CUDResults[Any]], list[Any]]
+    failed: Callable[[CUDResults[Any]], list[Any]]
+
+
+#: The sync's calls, in the order it makes them.
+CREATE = Call("syncCreate", lambda r: r.succ_created, lambda r: r.fail_created)
+UPDATE = Call("syncUpdate", lambda r: r.succ_updated, lambda r: r.fail_updated)
+DELETE = Call("syncDelete", lambda r: r.succ_deleted, lambda r: r.fail_deleted)
+CALLS = (CREATE, UPDATE, DELETE)
 
 
 class PassFailures:
@@ -123,15 +164,11 @@ class PassFailures:
         ``resourceconsist explain``. Items failed without a reason are "not done yet" (a drain,
         a cloud controller catching up): never a Warning."""
         refused: list[tuple[str, Any, ItemFailure]] = []
-        for label, items in (
-            ("syncCreate", results.fail_created),
-            ("syncUpdate", results.fail_updated),
-            ("syncDelete", results.fail_deleted),
-        ):
-            for item in items:
+        for call in CALLS:
+            for item in call.failed(results):
                 failure = reasons.get(item.id)
                 if failure is not None:
-                    refused.append((label, item, failure))
+                    refused.append((call.label, item, failure))
         by_pod: dict[str, str] = {}
         warnings: list[tuple[str, Any, ItemFailure]] = []
         for label, item, failure in refused:

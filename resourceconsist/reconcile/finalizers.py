@@ -1,28 +1,54 @@
 """The finalizers and records that keep the promise (docs/concepts.md, "The finalizers and what
-they protect"): the employer's clean finalizer, its entry in each selected pod's
-``available-conditions`` (and the record of who got it), and the employer's record annotations.
+they protect"; "One reconcile", steps 2, 3 and 6): the employer's clean finalizer
+(``ensure_clean_finalizer``, ``release_clean_finalizer``), its entry in each selected pod's
+``available-conditions`` (``plan_expected_entries``, and the record of who got it), what a pod
+carries after the pass's writes (``finalizers_after``), and the employer's record annotations
+(``records_after_writes``, ``patch_record_annotations``) and the pod writes' failures
+(``raise_write_failures``).
 
-What to plan is decided here from what the pass read (``plan_entries``, ``record_annotations``);
-the employer's own writes (``patch_employer_finalizers``, ``patch_employer_annotations``) run in
-the frame's threads, never the adapters' (resourceconsist.cancellation).
+What to plan is decided here from what the pass read; the employer's own writes
+(``patch_employer_finalizers``, ``patch_employer_annotations``) run in the frame's threads,
+never the adapters' (resourceconsist.cancellation).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Collection, Sequence
+import logging
+from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from resourceconsist import lifecycle, wire
-from resourceconsist.interfaces import ObjectWriter
-from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.podwriter import PodWriteResult
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.interfaces import EventSink, ObjectWriter
+from resourceconsist.kube import ApiError, KubeObject, Resource
+from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist.reconcile.failures import PassFailures
+from resourceconsist.wire import EventReason
+
+log = logging.getLogger(__package__)
+
+#: A pod employee's freshest copy (the pass's cache, with its own recent writes), or None.
+PodOf = Callable[[str], KubeObject | None]
 
 
 def old_clean_finalizer(employer: KubeObject) -> str:
     """The per-name clean finalizer older versions of the Go frame put on the employer."""
     return wire.OLD_CLEAN_FINALIZER_PREFIX + str(employer["metadata"]["name"])
+
+
+def holds_entry(pod: KubeObject, key: str) -> bool:
+    """The pod's ``available-conditions`` hold the entry ``key`` (a malformed one counts as not)."""
+    try:
+        return key in lifecycle.expected_finalizers(pod)
+    except lifecycle.MalformedAvailableConditions:
+        return False
+
+
+def guarded(finalizers: Sequence[str], entry: EmployerEntry) -> bool:
+    """The finalizers hold this employer's guard or lifecycle finalizer."""
+    return entry.guard_finalizer in finalizers or entry.lifecycle_finalizer in finalizers
 
 
 def record_list(obj: KubeObject, annotation: str) -> list[str]:
@@ -127,3 +153,234 @@ async def _patch_employer(
         meta["name"],
         change,
     )
+
+
+# -- 2. the clean finalizer ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EmployerWrites:
+    """How one reconciler writes its employers: its client, their resource, and its Events."""
+
+    client: ObjectWriter
+    resource: Resource
+    recorder: EventSink
+
+
+async def ensure_clean_finalizer(
+    employer: KubeObject, writes: EmployerWrites, failures: PassFailures
+) -> bool:
+    """Add the clean finalizer to a live employer that lacks it (dropping the old per-name one);
+    True when the pass stops here: it wrote, or found nothing to write on a fresher copy."""
+    if lifecycle.is_deleting(employer):
+        return False
+    if wire.CLEAN_FINALIZER in lifecycle.get_finalizers(employer):
+        return False
+    old = old_clean_finalizer(employer)
+    try:
+        wrote = await patch_employer_finalizers(
+            writes.client, writes.resource, employer, add=[wire.CLEAN_FINALIZER], remove=[old]
+        )
+    except Exception as err:
+        raise await failures.fail(
+            EventReason.ENSURE_EMPLOYER_CLEAN_FINALIZER_FAILED,
+            f"add employer clean finalizer failed: {err}",
+        ) from err
+    if not wrote:
+        # Gone, deleting or already guarded on a fresher copy: its watch event brings the next pass.
+        return True
+    log.info("%s %s: added clean finalizer", failures.controller, failures.key)
+    await writes.recorder.event(
+        employer,
+        "Normal",
+        EventReason.ENSURE_EMPLOYER_CLEAN_FINALIZER_SUCCEED,
+        "add employer clean finalizer succeed",
+    )
+    return True
+
+
+# -- 3. the employer's entries in its pods ----------------------------------------------------------------
+
+
+@dataclass
+class EntryPlan:
+    """The entries one pass plans: the record of who got one as the employer holds it (None:
+    the adapter keeps no record), the pods that get the entry, and those that lose it."""
+
+    record: list[str] | None = None
+    adds: set[str] = field(default_factory=set)
+    removes: set[str] = field(default_factory=set)
+
+
+async def plan_expected_entries(
+    employer: KubeObject,
+    *,
+    selected: Callable[[], Awaitable[Sequence[str]]],
+    keeps_record: bool,
+    entry: EmployerEntry,
+    pod_of: PodOf,
+    writer: PodWriter,
+    failures: PassFailures,
+    unselected: Iterable[KubeObject] = (),
+) -> EntryPlan:
+    """Plan this employer's entry in each pod it selects (removal when deleting) on the pass's
+    writer; ``unselected``: pods that may hold the entry though nothing selects them any more
+    (the namespace of a gone employer's stand-in), whose entry goes too."""
+    try:
+        names = await selected()
+    except Exception as err:
+        raise await failures.fail(
+            EventReason.ENSURE_EXPECTED_FINALIZER_FAILED,
+            f"ensure employees expected finalizer failed: get selected employees' names failed, err: {err}",
+        ) from err
+    record = record_list(employer, wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) if keeps_record else None
+
+    def has_entry(name: str) -> bool:
+        """The cached pod holds the entry (a pod not cached yet counts as holding it: its watch
+        event brings it to the next pass)."""
+        pod = pod_of(name)
+        # A malformed annotation counts as lacking it; the write reports it.
+        return pod is None or holds_entry(pod, entry.key)
+
+    adds, removes = plan_entries(
+        names, deleting=lifecycle.is_deleting(employer), recorded=record, has_entry=has_entry
+    )
+    removes |= {str(pod["metadata"]["name"]) for pod in unselected if holds_entry(pod, entry.key)}
+    for name in sorted(adds):
+        writer.add_entry(name, entry.key, entry.lifecycle_finalizer)
+    for name in sorted(removes):
+        writer.remove_entry(name, entry.key)
+    return EntryPlan(record, adds, removes)
+
+
+# -- after the pod writes: what the pods carry, the record annotations, the failures ------------------------
+
+
+def finalizers_after(written: PodWriteResult, name: str, pod_of: PodOf) -> list[str]:
+    """A pod's finalizers after this pass's writes (from the write, else from the cache)."""
+    if name in written.finalizers:
+        return written.finalizers[name]
+    if name in written.done and name not in written.failed:
+        return []  # written to and found gone
+    pod = pod_of(name)
+    return lifecycle.get_finalizers(pod) if pod is not None else []
+
+
+def still_carries(written: PodWriteResult, name: str, pod_of: PodOf, entry: EmployerEntry) -> bool:
+    """The pod still carries this employer's guard or lifecycle finalizer after the writes."""
+    return guarded(finalizers_after(written, name, pod_of), entry)
+
+
+@dataclass(frozen=True)
+class Records:
+    """What the pass's pod writes mean for the employer: the record annotations they changed,
+    and whether the employer's entries and finalizers are gone from every pod (when deleting;
+    True otherwise)."""
+
+    annotations: dict[str, str]
+    clean: bool
+
+
+def records_after_writes(
+    employer: KubeObject,
+    written: PodWriteResult,
+    *,
+    plan: EntryPlan,
+    lifecycle_record: bool,
+    carriers: Collection[str],
+    entry: EmployerEntry,
+    pod_of: PodOf,
+) -> Records | None:
+    """The employer's records after the pass's pod writes; None when the writes changed nothing
+    a record holds."""
+    if not written.done and not written.failed and plan.record is None and not lifecycle_record:
+        return None
+    clean = True
+    if lifecycle.is_deleting(employer):
+        clean = all(n in written.done and n not in written.deferred for n in plan.removes) and not any(
+            still_carries(written, n, pod_of, entry) for n in carriers
+        )
+    annotations = record_annotations(
+        employer,
+        written,
+        expected_record=plan.record,
+        adds=plan.adds,
+        removes=plan.removes,
+        lifecycle_record=lifecycle_record,
+        carriers=carriers,
+        carries_lifecycle=lambda name: entry.lifecycle_finalizer in finalizers_after(written, name, pod_of),
+    )
+    return Records(annotations, clean)
+
+
+async def patch_record_annotations(
+    employer: KubeObject,
+    annotations: dict[str, str],
+    writes: EmployerWrites,
+    failures: PassFailures,
+) -> KubeObject:
+    """Write the employer's record annotations; the employer as written (as it was when it is
+    gone). A 409 Conflict is left to a quick retry until it outlasts it (``failures``)."""
+    try:
+        patched = await patch_employer_annotations(writes.client, writes.resource, employer, annotations)
+    except ApiError as err:
+        message = f"sync employees failed: patch record annotations failed, err: {err}"
+        if isinstance(err, kube.Conflict):
+            failure = ("conflict", str(EventReason.SYNC_EMPLOYEES_FAILED), "")
+            retrying = await failures.fail_unless_retrying(
+                EventReason.SYNC_EMPLOYEES_FAILED, message, [failure]
+            )
+            # Its cause is the retry it asks for (errors.steering reads the cause chain).
+            raise retrying from retrying.__cause__
+        raise await failures.fail(EventReason.SYNC_EMPLOYEES_FAILED, message) from err
+    return employer if patched is None else patched
+
+
+async def raise_write_failures(
+    written: PodWriteResult, entries: Collection[str], failures: PassFailures
+) -> None:
+    """The pass's error for its failed pod writes, if any: the Go frame's expected-finalizer
+    failure when a pod of ``entries`` (the entries planned) failed, else its lifecycle one."""
+    entry_failures = {n: e for n, e in written.failed.items() if n in entries}
+    if entry_failures:
+        name, err = sorted(entry_failures.items())[0]
+        raise await failures.pod_writes_failed(
+            EventReason.ENSURE_EXPECTED_FINALIZER_FAILED,
+            f"ensure employees expected finalizer failed: pod {name}: {err}"
+            + (f" (and {len(entry_failures) - 1} more pods)" if len(entry_failures) > 1 else ""),
+            entry_failures,
+        )
+    if written.failed:
+        name, err = sorted(written.failed.items())[0]
+        raise await failures.pod_writes_failed(
+            EventReason.SYNC_EMPLOYEES_FAILED,
+            f"sync employees failed: ensureLifecycleFinalizer failed, err: pod {name}: {err}",
+            written.failed,
+        )
+
+
+# -- 6. releasing the clean finalizer --------------------------------------------------------------------
+
+
+async def release_clean_finalizer(
+    employer: KubeObject, writes: EmployerWrites, failures: PassFailures
+) -> bool:
+    """Drop the clean finalizer (and the old per-name one) of a deleting employer the provider
+    is clean of; True when written."""
+    obsolete = [wire.CLEAN_FINALIZER, old_clean_finalizer(employer)]
+    try:
+        if not await patch_employer_finalizers(writes.client, writes.resource, employer, remove=obsolete):
+            return False
+    except Exception as err:
+        raise await failures.fail(
+            EventReason.CLEAN_EMPLOYER_CLEAN_FINALIZER_FAILED,
+            f"clean employer clean-finalizer failed: {err}",
+        ) from err
+    log.info("%s %s: provider side clean, released clean finalizer", failures.controller, failures.key)
+    await writes.recorder.event(
+        employer,
+        "Normal",
+        EventReason.CLEAN_EMPLOYER_CLEAN_FINALIZER_SUCCEED,
+        "clean employer clean finalizer succeed",
+    )
+    return True

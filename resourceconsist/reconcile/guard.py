@@ -1,22 +1,25 @@
 """The guard (docs/concepts.md, "The guard"): which pods must carry this employer's guard before
-the provider is called, and, from what the provider confirmed after the calls, each pod's
-verdict and the finalizer swaps and releases it plans. Every function here decides and plans
-(on the pass's ``PodWriter``); the orchestrator (resourceconsist/reconcile/reconciler.py) writes.
+the provider is called (``before_calls``, which writes them at once), and, from what the
+provider confirmed after the calls, each pod's verdict and the finalizer swaps and releases it
+plans (``after_calls``). Apart from ``before_calls``, every function here decides and plans on
+the pass's ``PodWriter``; the orchestrator (resourceconsist/reconcile/reconciler.py) writes.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from resourceconsist import lifecycle
+from resourceconsist import lifecycle, wire
 from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses
-from resourceconsist.kube import KubeObject
-from resourceconsist.podwriter import EmployerEntry, PodWriter
+from resourceconsist.diff import Diff
+from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist.reconcile.finalizers import PodOf, guarded, holds_entry, still_carries
 
-#: A pod employee's freshest copy (the pass's cache, with its own recent writes), or None.
-PodOf = Callable[[str], KubeObject | None]
+log = logging.getLogger(__package__)
 
 
 class Verdict(IntEnum):
@@ -28,19 +31,6 @@ class Verdict(IntEnum):
     SERVED = 1  # registered and lifecycle-ready: guard swapped for the lifecycle finalizer
     ROUTING = 2  # registered, not ready: lifecycle finalizer swapped for the guard
     UNKNOWN = 3  # a call failed or was skipped: the outcome is unknown, change nothing
-
-
-def holds_entry(pod: KubeObject, key: str) -> bool:
-    """The pod's ``available-conditions`` hold the entry ``key`` (a malformed one counts as not)."""
-    try:
-        return key in lifecycle.expected_finalizers(pod)
-    except lifecycle.MalformedAvailableConditions:
-        return False
-
-
-def guarded(finalizers: Sequence[str], entry: EmployerEntry) -> bool:
-    """The finalizers hold this employer's guard or lifecycle finalizer."""
-    return entry.guard_finalizer in finalizers or entry.lifecycle_finalizer in finalizers
 
 
 def plan_guard(
@@ -160,3 +150,114 @@ def announcements(
         elif verdict is Verdict.IDLE and last is not None and not guarded(finalizers, entry):
             found.append((name, "pod_released"))
     return found
+
+
+@dataclass(frozen=True)
+class Guarding:
+    """What the guard before the calls did: the pods whose writes left them carrying this
+    employer's guard or lifecycle finalizer, those it guarded (in order), and the ids of the
+    creates/updates that must wait because their pod could not be guarded."""
+
+    carrying: set[str]
+    guarding: list[str]
+    blocked: set[str]
+
+
+async def before_calls(
+    planned: Diff[Employee],
+    current: Sequence[Employee],
+    *,
+    entry: EmployerEntry,
+    pod_of: PodOf,
+    writer: PodWriter,
+    written: PodWriteResult,
+    report_unguarded: Callable[[int], None],
+    controller: str,
+    key: str,
+) -> Guarding:
+    """Guard every pod the provider holds, or is about to hold, a registration of, before any
+    call (folding the writes into ``written``, the pass's); ``report_unguarded`` gets how many
+    registrations the provider held without their pod's guard.
+
+    Entries planned in step 3 go out in the same write, so a new pod costs one write. A
+    registration found without its guard (a crash between a call and its write) is guarded
+    here, before anything else (docs/concepts.md, "The guard")."""
+    held = {item.name for item in current if item.name and item.registered()}
+    registering = {
+        e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
+    }
+    guarding, unguarded = plan_guard(held, registering, pod_of, entry, writer)
+    report_unguarded(unguarded)
+    # Additions go out now; removals wait for the calls (an entry stays while its
+    # lifecycle finalizer does).
+    adding = writer.adding()
+    if adding:
+        written.merge(await writer.flush(only=adding))
+    blocked = {
+        item_id
+        for name, item_id in registering.items()
+        if name in written.failed or not still_carries(written, name, pod_of, entry)
+    }
+    if blocked:
+        log.info(
+            "%s %s: not registering %d employees whose pods could not be guarded yet",
+            controller,
+            key,
+            len(blocked),
+        )
+    return Guarding(
+        carrying={n for n, f in written.finalizers.items() if guarded(f, entry)},
+        guarding=[n for n in sorted(guarding) if guarded(written.finalizers.get(n, []), entry)],
+        blocked=blocked,
+    )
+
+
+@dataclass(frozen=True)
+class AfterCalls:
+    """What the provider confirmed of the employer's pods: each pod's verdict (the carriers it
+    holds nothing for included; none when the employer does not follow PodOpsLifecycle), the
+    pods it serves, those whose outcome is unknown, and the names it is expected to hold."""
+
+    verdicts: dict[str, Verdict]
+    serving: set[str]
+    unknown: set[str]
+    employed: set[str]
+
+
+def after_calls(
+    results: CUDResults[Employee],
+    current_by_id: Mapping[str, Any],
+    *,
+    follows_lifecycle: bool,
+    carriers: Iterable[str],
+    entry: EmployerEntry,
+    pod_of: PodOf,
+    writer: PodWriter,
+) -> AfterCalls:
+    """Judge each pod from what the provider confirmed and, when the employer follows
+    PodOpsLifecycle, plan its swaps and releases (``plan_after_calls``)."""
+    verdicts, serves = judge(results, current_by_id)
+    planned = plan_after_calls(verdicts, carriers, entry, pod_of, writer) if follows_lifecycle else {}
+    expected: list[list[Employee]] = [results.succ_created, results.fail_created]
+    expected += [results.succ_updated, results.fail_updated, results.unchanged]
+    return AfterCalls(
+        verdicts=planned,
+        serving={n for n in serves if verdicts.get(n) is Verdict.SERVED},
+        unknown={n for n, v in verdicts.items() if v is Verdict.UNKNOWN},
+        employed={i.name for items in expected for i in items if i.name},
+    )
+
+
+def removes_traffic(carriers: Iterable[str], selected: set[str], pod_of: PodOf) -> bool:
+    """Whether a pass takes traffic off one of the pods carrying the employer's guard or
+    lifecycle finalizer (``carriers``), as the cache tells before any provider call: one is
+    gone or deleting, is no longer selected, or PodOpsLifecycle took it out of service. Such a
+    pass spends the provider budget at removal priority (docs/concepts.md, "The provider budget")."""
+    for name in carriers:
+        pod = pod_of(name)
+        if name not in selected or pod is None or lifecycle.is_deleting(pod):
+            return True
+        service_ready = lifecycle.pod_condition(pod, wire.SERVICE_READY_CONDITION)
+        if service_ready is not None and service_ready.get("status") == "False":
+            return True
+    return False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ class Streak:
 @dataclass
 class EmployerMemory:
     """What the reconciler keeps of one employer between its passes, in one record, so that
-    forgetting an employer is one operation (``Reconciler._forget``)."""
+    forgetting an employer is one operation (``Memories.forget``)."""
 
     #: The adapter's ``ReconcileContext.memo``.
     memo: dict[str, Any] = field(default_factory=dict)
@@ -37,10 +38,12 @@ class EmployerMemory:
 
 
 class Memories:
-    """The ``EmployerMemory`` of every employer a reconciler has met, by employer key."""
+    """The ``EmployerMemory`` of every employer a reconciler has met, by employer key;
+    ``report_unguarded`` gets the sum of the unguarded counts whenever it may have changed."""
 
-    def __init__(self) -> None:
+    def __init__(self, report_unguarded: Callable[[int], None] = lambda total: None) -> None:
         self._by_key: dict[str, EmployerMemory] = {}
+        self._report_unguarded = report_unguarded
 
     def of(self, key: str) -> EmployerMemory:
         """The employer's record (a new one the first time)."""
@@ -77,15 +80,23 @@ class Memories:
             return None
         return frozenset(pending)
 
-    def forget(self, key: str) -> bool:
+    def count_unguarded(self, key: str, count: int) -> None:
+        """A pass of the employer found ``count`` registrations without their pod's guard."""
+        memory = self.of(key)
+        if memory.unguarded != count:
+            memory.unguarded = count
+            self._report_unguarded(sum(self.unguarded().values()))
+
+    def forget(self, key: str) -> None:
         """Drop the employer's record, in one piece; what its subscribers were told stays until
-        they are told it is deleted (``told_deleted``). True when it counted unguarded pods."""
+        they are told it is deleted (``told_deleted``)."""
         memory = self._by_key.pop(key, None)
         if memory is None:
-            return False
+            return
         if memory.told:
             self._by_key[key] = EmployerMemory(told=memory.told)
-        return bool(memory.unguarded)
+        if memory.unguarded:
+            self._report_unguarded(sum(self.unguarded().values()))
 
     def told_deleted(self, key: str) -> None:
         """Its subscribers were told the employer is deleted: nothing is left to tell them."""

@@ -29,6 +29,12 @@ class Result:
     #: A stand-in pass (``reconcile(key, stand_in=...)``): the provider holds nothing any more.
     collected: bool = False
 
+    def sooner(self, *delays: float | None) -> None:
+        """Bring the next pass forward to the earliest of ``delays`` (None: no ask)."""
+        for delay in delays:
+            if delay is not None and (self.requeue_after is None or delay < self.requeue_after):
+                self.requeue_after = delay
+
 
 class ReconcileError(ResourceConsistError):
     """A failed reconcile, already reported as an Event; the controller retries with backoff."""

@@ -9,13 +9,15 @@ import asyncio
 import datetime
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
 from resourceconsist import gates, kube, lifecycle, wire
 from resourceconsist.interfaces import EventSink, ObjectReader
 from resourceconsist.kube import KubeObject
 from resourceconsist.podwriter import PodLocation
+from resourceconsist.reconcile.failures import PassFailures
+from resourceconsist.reconcile.outcome import ReconcileError
 
 log = logging.getLogger(__package__)
 
@@ -155,3 +157,129 @@ async def write_gates(
 
     await asyncio.gather(*(one(n, pod, want) for n, pod, want in changes))
     return failures
+
+
+async def employed_pods(
+    synced: bool,
+    expected: set[str],
+    selected: Callable[[], Awaitable[Sequence[str]]],
+    *,
+    controller: str,
+    key: str,
+) -> set[str] | None:
+    """The pods this employer employs: those the adapter expects to hold (``expected``), and
+    those it selects; None when the pass could not tell.
+
+    The selection is read afresh, after the caller listed the gated pods: a pod created
+    during the pass is in the cache by then, so it is never taken for one the employer
+    stopped selecting (which would open its gate before the provider serves it)."""
+    if not synced:
+        return None
+    try:
+        names = await selected()
+    except Exception as err:
+        log.info("%s %s: readiness gates: selected pods unknown: %s", controller, key, err)
+        return None
+    return expected | set(names)
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What updating one employer's gates left: when the fail-safe wants the employer looked at
+    again, and the writes that failed, by pod."""
+
+    recheck: float | None = None
+    failures: dict[str, BaseException] = field(default_factory=dict)
+
+    async def raise_failures(self, failures: PassFailures) -> None:
+        """The pass's error for the gate writes that failed, if any (a Warning Event)."""
+        if self.failures:
+            name, err = sorted(self.failures.items())[0]
+            raise await failures.fail(
+                wire.EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"update readiness gates failed: pod {name}: {err}"
+                + (f" (and {len(self.failures) - 1} more pods)" if len(self.failures) > 1 else ""),
+            )
+
+
+@dataclass(frozen=True)
+class Gatekeeper:
+    """Where one reconciler reads and writes its employers' readiness gates: the gated pods of
+    a namespace, where each pod lives, the Events, and the names its messages use."""
+
+    controller: str
+    #: The employers' kind, for a stand-in or gone employer that carries none.
+    employer_kind: str
+    gated: Callable[[str, str], Sequence[tuple[str, KubeObject]]]
+    locate: Callable[[str], PodLocation]
+    recorder: EventSink
+
+    async def update(
+        self,
+        employer: KubeObject,
+        key: str,
+        *,
+        confirmed: GateFacts,
+        expected: set[str],
+        selected: Callable[[], Awaitable[Sequence[str]]],
+    ) -> GateOutcome:
+        """Set this employer's readiness gate on every live pod that carries it: True once the
+        provider confirmed it serves the pod, False while it does not, True when the employer is
+        deleting or no longer employs the pod, and True after the employer's fail-safe timeout
+        (with a Warning Event on the pod). Only changed conditions are written.
+
+        ``confirmed``: what the pass confirmed, but whom the employer employs: the names the
+        provider is expected to hold (``expected``) and those it ``selected`` (read afresh)."""
+        meta = employer["metadata"]
+        namespace = str(meta.get("namespace") or "")
+        gate = lifecycle.readiness_gate(meta["name"])
+        pods = [(n, pod) for n, pod in self.gated(namespace, gate) if not lifecycle.is_deleting(pod)]
+        if not pods:
+            return GateOutcome()
+        try:
+            timeout = None if confirmed.deleting else gates.gate_timeout(employer)
+        except gates.InvalidAnnotation as err:
+            await self.recorder.event(
+                employer,
+                "Warning",
+                wire.EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"{err}; the fail-safe is off",
+            )
+            timeout = None
+        employed = await employed_pods(
+            confirmed.synced, expected, selected, controller=self.controller, key=key
+        )
+        facts = replace(confirmed, employed=employed)
+        now = datetime.datetime.now(datetime.UTC)
+        who = f"{employer.get('kind') or self.employer_kind} {kube.object_key(employer)}"
+        plan = plan_gates(pods, gate, employer=who, facts=facts, timeout=timeout, now=now)
+        failures = await self.write(namespace, gate, plan.changes, now)
+        return GateOutcome(plan.recheck, failures)
+
+    async def write(
+        self, namespace: str, gate: str, changes: Sequence[Change], now: datetime.datetime
+    ) -> dict[str, BaseException]:
+        """Write each changed gate condition (``write_gates``); the failures by pod."""
+        return await write_gates(
+            namespace,
+            gate,
+            changes,
+            now,
+            locate=self.locate,
+            recorder=self.recorder,
+            controller=self.controller,
+        )
+
+    async def release_gone(self, namespace: str, name: str) -> None:
+        """The employer is gone: its gate goes True on every pod still waiting on it, so no pod
+        stays un-Ready for ever (docs/zero-downtime.md)."""
+        gate = lifecycle.readiness_gate(name)
+        who = f"{self.employer_kind} {namespace}/{name}"
+        changes = gone_employer_changes(self.gated(namespace, gate), gate, who)
+        failures = await self.write(namespace, gate, changes, datetime.datetime.now(datetime.UTC))
+        if failures:
+            pod, err = sorted(failures.items())[0]
+            raise ReconcileError(
+                wire.EventReason.UPDATE_READINESS_GATES_FAILED,
+                f"update readiness gates of deleted {namespace}/{name} failed: pod {pod}: {err}",
+            )

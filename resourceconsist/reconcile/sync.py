@@ -1,50 +1,25 @@
-"""The provider sync of one side (the employer, or its employees): expected against current,
-the diff, then create, update and delete through the adapter (docs/concepts.md, "One reconcile",
-steps 4 and 5). It returns what the provider did; what that means for the pods is the guard's
-(resourceconsist/reconcile/guard.py).
+"""The provider sync of one side (``sync_employer``, ``sync_employees``): expected against
+current, the diff, then create, update and delete through the adapter, one table of the three
+calls (``failures.CALLS``; docs/concepts.md, "One reconcile", steps 4 and 5). It returns what
+the provider did; what that means for the pods is the guard's (resourceconsist/reconcile/guard.py).
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileContext
+from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileAdapter, ReconcileContext
 from resourceconsist.budget import Priority, spending_for
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.diff import Diff, diff
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import KubeObject
-from resourceconsist.wire import EventReason
+from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)
-
-
-@dataclass(frozen=True)
-class Side:
-    """One side of the sync: its name in messages and its Event reasons."""
-
-    what: str
-    expected_reason: EventReason
-    current_reason: EventReason
-    sync_reason: EventReason
-
-
-EMPLOYER = Side(
-    "employer",
-    EventReason.GET_EXPECTED_EMPLOYER_FAILED,
-    EventReason.GET_CURRENT_EMPLOYER_FAILED,
-    EventReason.SYNC_EMPLOYER_FAILED,
-)
-EMPLOYEES = Side(
-    "employees",
-    EventReason.GET_EXPECTED_EMPLOYEES_FAILED,
-    EventReason.GET_CURRENT_EMPLOYEES_FAILED,
-    EventReason.SYNC_EMPLOYEES_FAILED,
-)
 
 
 class SyncError(ResourceConsistError):
@@ -82,24 +57,19 @@ async def sync(
     results.fail_updated = [i for i in planned.to_update if i.id in held_back]
     planned.to_create = [i for i in planned.to_create if i.id not in held_back]
     planned.to_update = [i for i in planned.to_update if i.id not in held_back]
-    for label, fn, items in (
-        ("syncCreate", create, planned.to_create),
-        ("syncUpdate", update, planned.to_update),
-        ("syncDelete", delete, planned.to_delete),
+    for call, fn, items in zip(
+        CALLS,
+        (create, update, delete),
+        (planned.to_create, planned.to_update, planned.to_delete),
+        strict=True,
     ):
         try:
-            with spending_for(_priority(label, what, items)):
+            with spending_for(_priority(call.label, what, items)):
                 succeeded, failed = await call_adapter(fn, ctx, employer, list(items)) if items else ([], [])
         except Exception as err:
-            raise SyncError(f"{label} failed, err: {err}") from err
-        if label == "syncCreate":
-            results.succ_created = list(succeeded)
-            results.fail_created += list(failed)
-        elif label == "syncUpdate":
-            results.succ_updated = list(succeeded)
-            results.fail_updated += list(failed)
-        else:
-            results.succ_deleted, results.fail_deleted = list(succeeded), list(failed)
+            raise SyncError(f"{call.label} failed, err: {err}") from err
+        call.succeeded(results).extend(succeeded)
+        call.failed(results).extend(failed)
     return results
 
 
@@ -136,3 +106,61 @@ def log_changes(controller: str, key: str, what: str, results: CUDResults[Any]) 
     }
     if any(counts.values()):
         log.info("%s %s: %s %s", controller, key, what, " ".join(f"{k}={v}" for k, v in counts.items() if v))
+
+
+async def sync_side(
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    side: Side,
+    get_expected: Callable[..., Any],
+    get_current: Callable[..., Any],
+    cud: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
+    failures: PassFailures,
+    before_calls: BeforeCalls | None = None,
+) -> tuple[CUDResults[Any], dict[str, Any], dict[str, str]]:
+    """Expected, current, diff and create/update/delete for one side, with the Go events;
+    what the provider did, its current items by id, and the provider's reason for each pod
+    whose item it refused (for the readiness gates)."""
+    try:
+        expected = list(await call_adapter(get_expected, ctx, employer))
+    except Exception as err:
+        raise await failures.fail(side.expected_reason, f"get expect {side.what} failed: {err}") from err
+    try:
+        current = list(await call_adapter(get_current, ctx, employer))
+    except Exception as err:
+        raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
+    try:
+        results = await sync(ctx, employer, expected, current, *cud, side.what, before_calls)
+    except SyncError as err:
+        raise await failures.fail(side.sync_reason, f"sync {side.what} failed: {err}") from err
+    log_changes(failures.controller, failures.key, side.what, results)
+    refused = await failures.report_refused(side, results, ctx.failures) if results.any_failed else {}
+    return results, {item.id: item for item in current}, refused
+
+
+async def sync_employer(
+    adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject, failures: PassFailures
+) -> tuple[CUDResults[Employer], dict[str, str]]:
+    """Step 4: the employer's items; what the provider did, and the reasons it refused."""
+    a = adapter
+    cud = (a.create_employer, a.update_employer, a.delete_employer)
+    results, _, refused = await sync_side(
+        ctx, employer, EMPLOYER, a.get_expected_employer, a.get_current_employer, cud, failures
+    )
+    return results, refused
+
+
+async def sync_employees(
+    adapter: ReconcileAdapter,
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    failures: PassFailures,
+    before_calls: BeforeCalls | None,
+) -> tuple[CUDResults[Employee], dict[str, Any], dict[str, str]]:
+    """Step 5: the employees' items, ``before_calls`` (the guard) between the diff and the calls;
+    what the provider did, its current items by id, and the reasons it refused, by pod."""
+    a = adapter
+    cud = (a.create_employees, a.update_employees, a.delete_employees)
+    return await sync_side(
+        ctx, employer, EMPLOYEES, a.get_expected_employee, a.get_current_employee, cud, failures, before_calls
+    )

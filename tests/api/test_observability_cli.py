@@ -128,5 +128,6 @@ def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, c
     assert finalized["controller"] == "demo-controller"
     assert (finalized["namespace"], finalized["name"]) == (cluster.namespace, "svc")
     assert finalized["logger"] == "resourceconsist.reconcile"
-    assert finalized["caller"].startswith("reconcile/reconciler.py:")  # zap's short caller: directory/file
+    # zap's short caller: directory/file (the clean finalizer is the finalizers step's)
+    assert finalized["caller"].startswith("reconcile/finalizers.py:")
     assert any(e["msg"] == "manager stopped" for e in entries)

@@ -16,12 +16,22 @@ from typing import Any
 import pytest
 
 from resourceconsist import kube, lifecycle, wire
-from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses, ReconcileContext
 from resourceconsist.errors import PermanentError, steering
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
 from resourceconsist.kube import KubeObject, Resource
 from resourceconsist.labels import map_selects
-from resourceconsist.reconcile import ReconcileError, Reconciler, SyncFailedExist
+from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter
+from resourceconsist.reconcile import (
+    ReconcileError,
+    Reconciler,
+    Result,
+    SyncFailedExist,
+    failures,
+    guard,
+    sync,
+)
+from resourceconsist.reconcile.memory import Memories
 
 NS = "ns"
 G, L = lifecycle.guard_finalizer("svc"), lifecycle.lifecycle_finalizer("svc")
@@ -498,3 +508,108 @@ def test_look_again_in_keeps_the_earliest_ask_and_refuses_negative_seconds() -> 
     assert ctx.look_again == 2.0
     with pytest.raises(ValueError, match=">= 0"):
         ctx.look_again_in(-1)
+
+
+# -- the step modules on their own: what each takes, what it returns --------------------------------------
+
+
+async def test_the_sync_puts_each_calls_items_in_its_own_results_and_holds_back_what_guard_refused() -> None:
+    # reconcile/sync.py: one table of the three calls (failures.CALLS), each call's items in its fields.
+    calls: list[tuple[str, list[str]]] = []
+
+    def call(label: str, fail: set[str]) -> Callable[..., tuple[list[Employee], list[Employee]]]:
+        def run(ctx: ReconcileContext, employer: KubeObject, items: list[Employee]) -> Any:
+            calls.append((label, [i.id for i in items]))
+            return [i for i in items if i.id not in fail], [i for i in items if i.id in fail]
+
+        return run
+
+    async def before_calls(planned: Any, current: Any) -> set[str]:
+        return {"b"}  # the guard could not go on b's pod
+
+    ctx = ReconcileContext(reader=None, controller="c", employer_key="ns/web")  # type: ignore[arg-type]
+    expected = [Employee(id=i, name=f"web-{i}") for i in ("a", "b", "c")]
+    current = [Employee(id="z", name="web-z")]
+    results = await sync.sync(
+        ctx,
+        {},
+        expected,
+        current,
+        call("create", {"c"}),
+        call("update", set()),
+        call("delete", set()),
+        "employees",
+        before_calls,
+    )
+    assert calls == [("create", ["a", "c"]), ("delete", ["z"])]
+    assert [i.id for i in results.succ_created] == ["a"]
+    assert [i.id for i in results.fail_created] == ["b", "c"], "held back first, then refused"
+    assert [i.id for i in results.succ_deleted] == ["z"]
+    assert not (results.succ_updated or results.fail_updated or results.fail_deleted)
+    assert [c.label for c in failures.CALLS] == ["syncCreate", "syncUpdate", "syncDelete"]
+
+
+def test_after_the_calls_the_guard_returns_each_pods_verdict_and_the_gate_facts() -> None:
+    # reconcile/guard.py: after_calls decides from what the provider confirmed and plans the swaps.
+    ready = PodEmployeeStatuses(lifecycle_ready=True)
+    results: CUDResults[Employee] = CUDResults(
+        succ_created=[Employee(id="a", name="web-a", statuses=ready)],
+        fail_updated=[Employee(id="b", name="web-b")],
+        unchanged=[Employee(id="c", name="web-c")],
+    )
+    entry = EmployerEntry(ENTRY, L, G)
+    writer = PodWriter(NS, lambda name: PodLocation(None, None, name), entry)  # type: ignore[arg-type]
+    after = guard.after_calls(
+        results,
+        {"c": Employee(id="c", name="web-c")},
+        follows_lifecycle=True,
+        carriers={"web-d"},
+        entry=entry,
+        pod_of=lambda name: None,
+        writer=writer,
+    )
+    assert after.verdicts == {
+        "web-a": guard.Verdict.SERVED,
+        "web-b": guard.Verdict.UNKNOWN,
+        "web-c": guard.Verdict.ROUTING,
+        "web-d": guard.Verdict.IDLE,
+    }
+    assert after.serving == {"web-a"} and after.unknown == {"web-b"}
+    assert after.employed == {"web-a", "web-b", "web-c"}
+    planned = [name for name in ("web-a", "web-b", "web-c", "web-d") if writer.planned(name)]
+    assert planned == ["web-a", "web-c", "web-d"], "web-b's outcome is unknown: untouched"
+    assert (
+        guard.after_calls(
+            results,
+            {},
+            follows_lifecycle=False,
+            carriers=(),
+            entry=entry,
+            pod_of=lambda n: None,
+            writer=writer,
+        ).verdicts
+        == {}
+    ), "an employer that does not follow PodOpsLifecycle plans no swaps"
+
+
+def test_the_unguarded_count_is_reported_when_it_changes_and_when_its_employer_is_forgotten() -> None:
+    # reconcile/memory.py: the count lives in the employer's one record.
+    reported: list[int] = []
+    memories = Memories(reported.append)
+    memories.count_unguarded("ns/a", 2)
+    memories.count_unguarded("ns/a", 2)
+    memories.count_unguarded("ns/b", 0)
+    memories.count_unguarded("ns/b", 1)
+    assert reported == [2, 2, 3]
+    memories.forget("ns/a")
+    assert reported[-1] == 1 and memories.unguarded() == {"ns/b": 1}
+    memories.forget("ns/never-seen")
+    assert reported == [2, 2, 3, 1]
+
+
+def test_the_next_pass_comes_at_the_earliest_ask() -> None:
+    result = Result()
+    result.sooner(None, 5.0, 2.0)
+    assert result.requeue_after == 2.0
+    result.sooner(3.0, None)
+    assert result.requeue_after == 2.0

@@ -1,0 +1,81 @@
+"""The end of a pass (docs/concepts.md, "One reconcile", steps 7 and 8): the adapter records
+the statuses after success, or error conditions after a failure (``StatusRecordOptions``); and
+items failed without an error bring the employer back after the adapter's interval, or fail
+the pass for a rate-limited retry (``SyncFailedExist``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from resourceconsist.adapter import (
+    CUDResults,
+    EmployerRequeueOptions,
+    ReconcileAdapter,
+    ReconcileContext,
+    ReconcileRequeueOptions,
+    StatusRecordOptions,
+)
+from resourceconsist.cancellation import call_adapter
+from resourceconsist.kube import KubeObject
+from resourceconsist.reconcile.failures import PassFailures
+from resourceconsist.reconcile.outcome import Result, SyncFailedExist
+from resourceconsist.wire import EventReason
+
+
+async def record_statuses(
+    adapter: ReconcileAdapter,
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    results: tuple[CUDResults[Any], CUDResults[Any]],
+    failures: PassFailures,
+) -> None:
+    """7. The adapter records what the employer and employee syncs did (``results``)."""
+    if not isinstance(adapter, StatusRecordOptions):
+        return
+    try:
+        await call_adapter(adapter.record_statuses, ctx, employer, *results)
+    except Exception as err:
+        raise await failures.fail(EventReason.RECORD_STATUSES_FAILED, f"record status failed: {err}") from err
+
+
+async def record_error_conditions(
+    adapter: ReconcileAdapter,
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    error: BaseException,
+    failures: PassFailures,
+) -> None:
+    """7. After a failed pass, the adapter records its error conditions; a failure to is a
+    Warning, and the pass's own error stays the one it raises."""
+    if not isinstance(adapter, StatusRecordOptions):
+        return
+    try:
+        await call_adapter(adapter.record_error_conditions, ctx, employer, error)
+    except Exception as record_err:
+        await failures.fail(
+            EventReason.RECORD_ERROR_CONDITIONS_FAILED,
+            f"record error conditions failed: {record_err}",
+        )
+
+
+#: Who says when an employer whose items failed without an error is looked at again: the
+#: first of these protocols the adapter implements, and its interval in seconds.
+REQUEUE_INTERVALS: tuple[tuple[type[Any], Callable[[Any, ReconcileContext, KubeObject], float]], ...] = (
+    (EmployerRequeueOptions, lambda adapter, ctx, employer: adapter.employer_requeue_interval(ctx, employer)),
+    (ReconcileRequeueOptions, lambda adapter, ctx, employer: adapter.employee_sync_requeue_interval()),
+)
+
+
+def requeue(
+    adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject, any_failed: bool
+) -> Result:
+    """8. Items failed without an error: look again after the adapter's interval
+    (``REQUEUE_INTERVALS``); without one, ``SyncFailedExist`` (a rate-limited retry)."""
+    if not any_failed:
+        return Result()
+    for protocol, interval in REQUEUE_INTERVALS:
+        if isinstance(adapter, protocol):
+            return Result(requeue_after=interval(adapter, ctx, employer))
+    raise SyncFailedExist()
