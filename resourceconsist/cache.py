@@ -36,6 +36,8 @@ LABEL_INDEX = "label"
 SERVICE_SELECTOR_INDEX = "service-selector"
 #: Index of pods by ``namespace/finalizer`` for each of their finalizers.
 FINALIZER_INDEX = "finalizer"
+#: Index of pods by ``namespace/conditionType`` for each of their ``spec.readinessGates``.
+READINESS_GATE_INDEX = "readiness-gate"
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,16 @@ def index_by_finalizer(obj: KubeObject) -> list[str]:
     a lookup (the release of pods whatever the provider did, docs/concepts.md)."""
     ns = _ns(obj)
     return [f"{ns}/{f}" for f in obj.get("metadata", {}).get("finalizers") or []]
+
+
+def index_by_readiness_gate(obj: KubeObject) -> list[str]:
+    """A pod under each of its readiness gates' condition types, so "the pods waiting on this
+    employer's gate" is a lookup whose cost is those pods, not the namespace's (a pod the
+    employer stopped selecting keeps its gate, so no selector lookup finds it;
+    docs/zero-downtime.md)."""
+    ns = _ns(obj)
+    gates = (obj.get("spec") or {}).get("readinessGates") or []
+    return [f"{ns}/{g.get('conditionType', '')}" for g in gates]
 
 
 def index_by_service_selector(obj: KubeObject) -> list[str]:
@@ -443,6 +455,7 @@ class InformerFactory:
                     indexers[SERVICE_SELECTOR_INDEX] = index_by_service_selector
                 if resource == kube.POD:
                     indexers[FINALIZER_INDEX] = index_by_finalizer
+                    indexers[READINESS_GATE_INDEX] = index_by_readiness_gate
                 found = Informer(
                     self.client,
                     resource,
@@ -592,6 +605,12 @@ class CacheReader:
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
         """The pods in ``namespace`` whose ``metadata.finalizers`` hold ``finalizer``."""
         return self._store(kube.POD).by_index(FINALIZER_INDEX, f"{namespace}/{finalizer}")
+
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> builtins.list[KubeObject]:
+        """The pods in ``namespace`` whose ``spec.readinessGates`` hold ``condition_type``, by name."""
+        store = self._store(kube.POD)
+        keys = sorted(store.keys_by_index(READINESS_GATE_INDEX, f"{namespace}/{condition_type}"))
+        return [o for o in (store.get(k) for k in keys) if o is not None]
 
     def services_selecting(self, pod: KubeObject) -> builtins.list[KubeObject]:
         """The Services in the pod's namespace whose ``spec.selector`` selects it."""

@@ -272,6 +272,10 @@ class SnapshotReader:
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
         return [p for p in self._listed(kube.POD, namespace) if finalizer in lifecycle.get_finalizers(p)]
 
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> builtins.list[KubeObject]:
+        pods = self._listed(kube.POD, namespace)
+        return [p for p in pods if condition_type in lifecycle.readiness_gates(p)]
+
 
 def _ref(resource: Resource, namespace: str, name: str) -> str:
     return f"{resource.kind}/{namespace}/{name}"
