@@ -20,6 +20,7 @@ from resourceconsist.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import (
+        CachedPodFieldsOptions,
         CompleteListingOptions,
         CUDResults,
         Employee,
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
 _HOMES: dict[str, str] = {
     **dict.fromkeys(
         (
+            "CachedPodFieldsOptions",
             "CompleteListingOptions",
             "CUDResults",
             "Employee",
@@ -97,6 +99,7 @@ __all__ = [
     "ApiError",
     "CUDResults",
     "CacheReader",
+    "CachedPodFieldsOptions",
     "CompleteListingOptions",
     "Conflict",
     "Controller",

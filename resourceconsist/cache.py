@@ -24,6 +24,7 @@ from resourceconsist import kube
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Gone, KubeClient, KubeObject, Resource, WatchStream, object_key
 from resourceconsist.labels import label_selector_selects, map_selects
+from resourceconsist.transform import FRAME_POD_FIELDS, Transform, field_tree, keeping, trim
 
 log = logging.getLogger(__name__)
 
@@ -84,16 +85,6 @@ def index_by_service_selector(obj: KubeObject) -> list[str]:
         return []
     key, value = min(selector.items())
     return [f"{_ns(obj)}/{key}={value}"]
-
-
-def trim(obj: KubeObject) -> KubeObject:
-    """The object as the caches keep it: without ``metadata.managedFields`` (server-side apply's
-    bookkeeping, often half a small pod's bytes), which nothing here or in an adapter reads
-    (controller-runtime's transform functions drop it the same way). Changes ``obj`` in place."""
-    meta = obj.get("metadata")
-    if meta is not None:
-        meta.pop("managedFields", None)
-    return obj
 
 
 class Store:
@@ -205,6 +196,7 @@ class Informer:
         indexers: Mapping[str, Indexer] | None = None,
         resync_period: float | None = None,
         page_size: int = 500,
+        transform: Transform = trim,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -227,6 +219,14 @@ class Informer:
         self._resync_handle: asyncio.TimerHandle | None = None
         #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone).
         self.relists = 0
+        #: What is kept of each object (resourceconsist.transform); ``set_transform`` changes it.
+        self.transform = transform
+        #: Set while the store holds what the current transform keeps (cleared by a wider one
+        #: until the re-list it asks for is in), and a re-list asked for by ``set_transform``.
+        self._kept = threading.Event()
+        self._kept.set()
+        self._transform_version = 0
+        self._relist = threading.Event()
 
     @property
     def has_synced(self) -> bool:
@@ -295,10 +295,28 @@ class Informer:
             self._resync_handle = loop.call_later(self.resync_period, self._resync)
 
     async def wait_synced(self, timeout: float = 60.0) -> None:
-        """Wait until the first list is in the store."""
+        """Wait until the first list is in the store, and what the current transform keeps."""
+        deadline = time.monotonic() + timeout
         ok = await asyncio.to_thread(self._synced.wait, timeout)
+        if ok:
+            ok = await asyncio.to_thread(self._kept.wait, max(0.0, deadline - time.monotonic()))
         if not ok:
             raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
+
+    def set_transform(self, transform: Transform) -> None:
+        """Keep what ``transform`` keeps from now on. Objects already stored were kept by the old
+        one, so a started informer lists again (an unchanged object sends no event);
+        ``wait_synced`` waits for that list."""
+        with self._sync_lock:
+            self.transform = transform
+            self._transform_version += 1
+            if self._thread is None:
+                return
+            self._kept.clear()
+        self._relist.set()
+        watch = self._watch
+        if watch is not None:
+            watch.close()
 
     def stop(self, timeout: float = 5.0) -> None:
         self.signal_stop()
@@ -344,25 +362,30 @@ class Informer:
             self._resync_handle = self._loop.call_later(self.resync_period, self._resync)
 
     def _list(self) -> str:
+        self._relist.clear()
+        with self._sync_lock:
+            transform, version = self.transform, self._transform_version
         items: list[KubeObject] = []
         token: str | None = None
         while True:
             page = self.client.list(self.resource, self.namespace, limit=self.page_size, continue_token=token)
-            items.extend(page.get("items") or [])
+            for item in page.get("items") or []:
+                # LIST items carry no kind/apiVersion; handlers and adapters expect them.
+                item.setdefault("kind", self.resource.kind)
+                item.setdefault("apiVersion", self.resource.api_version)
+                # Page by page: only one page is ever held whole.
+                items.append(transform(item))
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
-        for item in items:
-            trim(item)
-            # LIST items carry no kind/apiVersion; handlers and adapters expect them.
-            item.setdefault("kind", self.resource.kind)
-            item.setdefault("apiVersion", self.resource.api_version)
         with self._emit_lock:
             for event in self.store.replace(items):
                 self._emit(event)
         self.relists += 1
         self._synced.set()
         with self._sync_lock:
+            if version == self._transform_version:
+                self._kept.set()
             waiters, self._sync_waiters = self._sync_waiters, []
         for callback in waiters:
             # Scheduled after the list's events (sent above): the cache a waiter needs is full.
@@ -375,11 +398,13 @@ class Informer:
             try:
                 rv = self._list()
                 backoff = 0.2
-                while not self._stop.is_set():
+                while not self._stop.is_set() and not self._relist.is_set():
                     rv = self._watch_from(rv)
             except ApiError as err:
                 if self._stop.is_set():
                     return
+                if self._relist.is_set():
+                    continue
                 if not isinstance(err, Gone):
                     log.warning("informer %s: %s; re-listing", self.resource.plural, err)
                     self._stop.wait(backoff)
@@ -387,6 +412,8 @@ class Informer:
             except Exception as err:
                 if self._stop.is_set():
                     return
+                if self._relist.is_set():
+                    continue  # the watch was closed for a re-list (set_transform)
                 # An unreachable API server is logged once per outage by the client
                 # (kube.Reachability), not once per informer and retry.
                 quiet = kube.is_unreachable(err) or self.client.reachability.down
@@ -404,6 +431,8 @@ class Informer:
             self.resource, self.namespace, rv, timeout_seconds=random.randint(240, 480)
         )
         self._watch = stream
+        if self._relist.is_set():
+            stream.close()  # set_transform asked for a re-list before this watch was seen
         try:
             for event in stream:
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -415,7 +444,7 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
-                trim(obj)
+                obj = self.transform(obj)
                 with self._emit_lock:
                     if kind == "DELETED":
                         old = self.store.delete(obj)
@@ -439,6 +468,8 @@ class InformerFactory:
         #: Watch only this namespace (namespaced kinds); None watches all.
         self.namespace = namespace
         self._informers: dict[tuple[Resource, str | None], Informer] = {}
+        #: The fields the pod informers keep: the frame's, and those the adapters declared.
+        self._pod_fields: frozenset[str] = frozenset(FRAME_POD_FIELDS)
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -462,11 +493,27 @@ class InformerFactory:
                     namespace=namespace,
                     indexers=indexers,
                     resync_period=self.resync_period,
+                    transform=keeping(self._pod_fields) if resource == kube.POD else trim,
                 )
                 self._informers[key] = found
                 if self._loop is not None:
                     found.start(self._loop)
             return found
+
+    def keep_pod_fields(self, paths: Iterable[str]) -> None:
+        """Keep these fields of pods too (an adapter's ``CachedPodFieldsOptions``); a pod informer
+        already running lists again to fill them in (``Informer.set_transform``).
+
+        Raises ``ValueError`` on a path that is not a dotted path of field names."""
+        with self._lock:
+            wider = self._pod_fields.union(paths)
+            if field_tree(wider) == field_tree(self._pod_fields):
+                return
+            self._pod_fields = wider
+            transform = keeping(wider)
+            pods = [i for (resource, _), i in self._informers.items() if resource == kube.POD]
+        for informer in pods:
+            informer.set_transform(transform)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
