@@ -25,6 +25,7 @@ from resourceconsist.cache import (
 )
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound
+from resourceconsist.reconcile import readiness
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 
 
@@ -147,6 +148,10 @@ async def test_the_cache_finds_gated_pods_whatever_their_labels_and_forgets_dele
             message="the relabelled pod in the cache",
         )
         assert gated(gate) == ["web-1", "web-2"]
+        # What the readiness step asks, in one cluster and (named pod#cluster) in member clusters.
+        assert [n for n, _ in readiness.gated_pods(namespace, gate, reader)] == ["web-1", "web-2"]
+        in_members = readiness.gated_pods(namespace, gate, reader, {"b": reader, "a": reader})
+        assert [n for n, _ in in_members] == ["web-1#a", "web-2#a", "web-1#b", "web-2#b"]
         await asyncio.to_thread(kc.delete, kube.POD, namespace, "web-1")
         await async_wait_for(lambda: gated(gate) == ["web-2"], timeout=10, message="web-1 out of the index")
     finally:
