@@ -21,6 +21,7 @@ from resourceconsist.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import (
+        CachedPodFieldsOptions,
         CompleteListingOptions,
         CUDResults,
         Employee,
@@ -63,6 +64,7 @@ __all__ = (
     "ApiError",
     "CUDResults",
     "CacheReader",
+    "CachedPodFieldsOptions",
     "CompleteListingOptions",
     "Conflict",
     "Controller",

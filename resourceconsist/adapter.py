@@ -405,6 +405,25 @@ class MultiClusterOptions(Protocol):
     def employee_fed(self) -> bool: ...
 
 
+@runtime_checkable
+class CachedPodFieldsOptions(Protocol):
+    """The fields of a pod the adapter reads from the cache beyond the frame's own.
+
+    The pod cache keeps only what the frame reads (``metadata`` but managedFields,
+    ``spec.readinessGates``, ``status.conditions``, ``status.phase``, ``status.podIP``,
+    ``status.podIPs``: ``resourceconsist.transform.FRAME_POD_FIELDS``) and the dotted paths
+    returned here, e.g. ``["spec.nodeName", "spec.containers.ports"]`` (a path through a list
+    keeps the rest of the path in each element). Default: none (docs/tutorial.md, "Fields the
+    cache keeps")."""
+
+    def get_cached_pod_fields(self) -> Iterable[str]: ...
+
+
+def cached_pod_fields(adapter: object) -> tuple[str, ...]:
+    """The pod fields an adapter declared (``CachedPodFieldsOptions``); none when it did not."""
+    return tuple(adapter.get_cached_pod_fields()) if isinstance(adapter, CachedPodFieldsOptions) else ()
+
+
 # -- beyond Go: orphans, sub-resources (docs/lifecycle-hooks.md) -----------------------------------
 
 

@@ -30,6 +30,7 @@ from resourceconsist import kube
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Gone, KubeClient, KubeObject, Resource, WatchStream, object_key
 from resourceconsist.labels import label_selector_selects, map_selects
+from resourceconsist.transform import FRAME_POD_FIELDS, Transform, field_tree, keeping, trim
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ LABEL_INDEX = "label"
 SERVICE_SELECTOR_INDEX = "service-selector"
 #: Index of pods by ``namespace/finalizer`` for each of their finalizers.
 FINALIZER_INDEX = "finalizer"
+#: Index of pods by ``namespace/conditionType`` for each of their ``spec.readinessGates``.
+READINESS_GATE_INDEX = "readiness-gate"
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,16 @@ def index_by_finalizer(obj: KubeObject) -> list[str]:
     return [f"{ns}/{f}" for f in obj.get("metadata", {}).get("finalizers") or []]
 
 
+def index_by_readiness_gate(obj: KubeObject) -> list[str]:
+    """A pod under each of its readiness gates' condition types, so "the pods waiting on this
+    employer's gate" is a lookup whose cost is those pods, not the namespace's (a pod the
+    employer stopped selecting keeps its gate, so no selector lookup finds it;
+    docs/zero-downtime.md)."""
+    ns = _ns(obj)
+    gates = (obj.get("spec") or {}).get("readinessGates") or []
+    return [f"{ns}/{g.get('conditionType', '')}" for g in gates]
+
+
 def index_by_service_selector(obj: KubeObject) -> list[str]:
     """A Service under its selector's smallest pair only: a Service selects a pod only if the
     pod holds every pair, so holding this one is necessary, and a pair shared by many Services
@@ -82,32 +95,22 @@ def index_by_service_selector(obj: KubeObject) -> list[str]:
 
 def indexers_for(resource: Resource) -> dict[str, Indexer]:
     """The indexes a store of ``resource`` keeps, whatever fills it: labels for every kind, the
-    selector's pair for Services, finalizers for pods (the lookups of ``StoreReader``)."""
+    selector's pair for Services, finalizers and readiness gates for pods (the lookups of ``StoreReader``)."""
     indexers: dict[str, Indexer] = {LABEL_INDEX: index_by_label}
     if resource == kube.SERVICE:
         indexers[SERVICE_SELECTOR_INDEX] = index_by_service_selector
     if resource == kube.POD:
         indexers[FINALIZER_INDEX] = index_by_finalizer
+        indexers[READINESS_GATE_INDEX] = index_by_readiness_gate
     return indexers
 
 
-def trim(obj: KubeObject) -> KubeObject:
-    """The object as the caches keep it: without ``metadata.managedFields`` (server-side apply's
-    bookkeeping, often half a small pod's bytes), which nothing here or in an adapter reads
-    (controller-runtime's transform functions drop it the same way). Changes ``obj`` in place."""
-    meta = obj.get("metadata")
-    if meta is not None:
-        meta.pop("managedFields", None)
-    return obj
-
-
-def _as_stored(obj: KubeObject, resource: Resource) -> KubeObject:
-    """A listed object as a store keeps it: trimmed, and with the kind and apiVersion that LIST
-    items lack (handlers and adapters expect them)."""
-    trim(obj)
+def _as_stored(obj: KubeObject, resource: Resource, transform: Transform = trim) -> KubeObject:
+    """A listed object as a store keeps it: with the kind and apiVersion that LIST items lack
+    (handlers and adapters expect them), then what ``transform`` keeps of it."""
     obj.setdefault("kind", resource.kind)
     obj.setdefault("apiVersion", resource.api_version)
-    return obj
+    return transform(obj)
 
 
 class Store:
@@ -224,6 +227,7 @@ class Informer:
         resync_period: float | None = None,
         page_size: int = 500,
         label_selector: str | None = None,
+        transform: Transform = trim,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -253,6 +257,16 @@ class Informer:
         #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone) of
         #: any scope.
         self.relists = 0
+        #: What is kept of each object (resourceconsist.transform); ``set_transform`` changes it.
+        self.transform = transform
+        #: Set while the store holds what the current transform keeps (cleared by a wider one
+        #: until the re-list of every scope it asks for is in), the scopes listed with it, and
+        #: each scope's re-list asked for by ``set_transform``.
+        self._kept = threading.Event()
+        self._kept.set()
+        self._kept_scopes: set[str | None] = set(self.scopes)
+        self._transform_version = 0
+        self._relist = {scope: threading.Event() for scope in self.scopes}
 
     @property
     def has_synced(self) -> bool:
@@ -322,10 +336,29 @@ class Informer:
             self._resync_handle = loop.call_later(self.resync_period, self._resync)
 
     async def wait_synced(self, timeout: float = 60.0) -> None:
-        """Wait until the first list is in the store."""
+        """Wait until the first list is in the store, and what the current transform keeps."""
+        deadline = time.monotonic() + timeout
         ok = await asyncio.to_thread(self._synced.wait, timeout)
+        if ok:
+            ok = await asyncio.to_thread(self._kept.wait, max(0.0, deadline - time.monotonic()))
         if not ok:
             raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
+
+    def set_transform(self, transform: Transform) -> None:
+        """Keep what ``transform`` keeps from now on. Objects already stored were kept by the old
+        one, so a started informer lists again (an unchanged object sends no event);
+        ``wait_synced`` waits for that list."""
+        with self._sync_lock:
+            self.transform = transform
+            self._transform_version += 1
+            if not self._threads:
+                return
+            self._kept.clear()
+            self._kept_scopes.clear()
+        for relist in self._relist.values():
+            relist.set()
+        for watch in builtins.list(self._watches.values()):
+            watch.close()
 
     def stop(self, timeout: float = 5.0) -> None:
         self.signal_stop()
@@ -376,6 +409,9 @@ class Informer:
         return plural if len(self.scopes) == 1 else f"{plural} in {scope}"
 
     def _list(self, scope: str | None) -> str:
+        self._relist[scope].clear()
+        with self._sync_lock:
+            transform, version = self.transform, self._transform_version
         items: list[KubeObject] = []
         token: str | None = None
         while True:
@@ -386,12 +422,11 @@ class Informer:
                 continue_token=token,
                 label_selector=self.label_selector,
             )
-            items.extend(page.get("items") or [])
+            # Page by page: only one page is ever held whole.
+            items.extend(_as_stored(item, self.resource, transform) for item in page.get("items") or [])
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
-        for item in items:
-            _as_stored(item, self.resource)
         with self._emit_lock:
             for event in self.store.replace(items, scope if len(self.scopes) > 1 else None):
                 self._emit(event)
@@ -400,6 +435,10 @@ class Informer:
             if scope in self._listed or not self._listed:
                 self.relists += 1
             self._listed.add(scope)
+            if version == self._transform_version:
+                self._kept_scopes.add(scope)
+                if len(self._kept_scopes) == len(self.scopes):
+                    self._kept.set()
             if len(self._listed) < len(self.scopes):
                 return str(page.get("metadata", {}).get("resourceVersion", ""))
             self._synced.set()
@@ -415,11 +454,13 @@ class Informer:
             try:
                 rv = self._list(scope)
                 backoff = 0.2
-                while not self._stop.is_set():
+                while not self._stop.is_set() and not self._relist[scope].is_set():
                     rv = self._watch_from(scope, rv)
             except ApiError as err:
                 if self._stop.is_set():
                     return
+                if self._relist[scope].is_set():
+                    continue
                 if not isinstance(err, Gone):
                     log.warning("informer %s: %s; re-listing", self._where(scope), err)
                     self._stop.wait(backoff)
@@ -427,6 +468,8 @@ class Informer:
             except Exception as err:
                 if self._stop.is_set():
                     return
+                if self._relist[scope].is_set():
+                    continue  # the watch was closed for a re-list (set_transform)
                 # An unreachable API server is logged once per outage by the client
                 # (kube.Reachability), not once per informer and retry.
                 quiet = kube.is_unreachable(err) or self.client.reachability.down
@@ -448,6 +491,8 @@ class Informer:
             label_selector=self.label_selector,
         )
         self._watches[scope] = stream
+        if self._relist[scope].is_set():
+            stream.close()  # set_transform asked for a re-list before this watch was seen
         try:
             for event in stream:
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -459,7 +504,7 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
-                trim(obj)
+                obj = self.transform(obj)
                 with self._emit_lock:
                     if kind == "DELETED":
                         old = self.store.delete(obj)
@@ -494,6 +539,8 @@ class InformerFactory:
         self._informers: dict[Resource, Informer] = {}
         #: Label selectors of the kinds this factory watches only in part (``select``).
         self._selectors: dict[Resource, str] = {}
+        #: The fields the pod informers keep: the frame's, and those the adapters declared.
+        self._pod_fields: frozenset[str] = frozenset(FRAME_POD_FIELDS)
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
         self.generation = 0
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -522,6 +569,7 @@ class InformerFactory:
                     indexers=indexers_for(resource),
                     resync_period=self.resync_period,
                     label_selector=self._selectors.get(resource),
+                    transform=keeping(self._pod_fields) if resource == kube.POD else trim,
                 )
                 self._informers[key] = found
                 if self._loop is not None:
@@ -545,6 +593,21 @@ class InformerFactory:
                     "it before the first reader asks for it"
                 )
             self._selectors[resource] = label_selector
+
+    def keep_pod_fields(self, paths: Iterable[str]) -> None:
+        """Keep these fields of pods too (an adapter's ``CachedPodFieldsOptions``); a pod informer
+        already running lists again to fill them in (``Informer.set_transform``).
+
+        Raises ``ValueError`` on a path that is not a dotted path of field names."""
+        with self._lock:
+            wider = self._pod_fields.union(paths)
+            if field_tree(wider) == field_tree(self._pod_fields):
+                return
+            self._pod_fields = wider
+            transform = keeping(wider)
+            pods = [i for resource, i in self._informers.items() if resource == kube.POD]
+        for informer in pods:
+            informer.set_transform(transform)
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
@@ -656,6 +719,12 @@ class StoreReader(abc.ABC):
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]:
         """The pods in ``namespace`` whose ``metadata.finalizers`` hold ``finalizer``."""
         return self._store(kube.POD, namespace).by_index(FINALIZER_INDEX, f"{namespace}/{finalizer}")
+
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> builtins.list[KubeObject]:
+        """The pods in ``namespace`` whose ``spec.readinessGates`` hold ``condition_type``, by name."""
+        store = self._store(kube.POD, namespace)
+        keys = sorted(store.keys_by_index(READINESS_GATE_INDEX, f"{namespace}/{condition_type}"))
+        return [o for o in (store.get(k) for k in keys) if o is not None]
 
     def services_selecting(self, pod: KubeObject) -> builtins.list[KubeObject]:
         """The Services in the pod's namespace whose ``spec.selector`` selects it."""

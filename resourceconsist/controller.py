@@ -24,6 +24,7 @@ from resourceconsist.adapter import (
     ReconcileContext,
     ReconcileOptions,
     ReconcileWatchOptions,
+    cached_pod_fields,
 )
 from resourceconsist.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
 from resourceconsist.cancellation import Cancellation, PassCancelled, running_pass
@@ -105,8 +106,15 @@ class Controller:
         #: controller-runtime's series of this controller and its queue (docs/observability.md).
         self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
         self.queue = WorkQueue(limiter, name=self.name, metrics=self.series.queue)
-        self.reader: CacheReader = informers.reader()
+        #: The pod fields the adapter reads beyond the frame's own: every cache it reads keeps them.
+        self.pod_fields = cached_pod_fields(adapter)
         self.member_clusters = member_clusters if member_clusters is not None else {}
+        try:
+            for factory in (informers, *(f for _, f in self.member_clusters.values())):
+                factory.keep_pod_fields(self.pod_fields)
+        except ValueError as err:
+            raise ValueError(f"adapter {self.name}: get_cached_pod_fields: {err}") from err
+        self.reader: CacheReader = informers.reader()
         self._clusters: dict[str, tuple[KubeClient, CacheReader]] = {
             name: (c, f.reader()) for name, (c, f) in self.member_clusters.items()
         }
@@ -301,6 +309,7 @@ class Controller:
 
     def add_member_cluster(self, name: str, client: KubeClient, informers: InformerFactory) -> None:
         """Start watching employees in a new member cluster (multi-cluster adapters)."""
+        informers.keep_pod_fields(self.pod_fields)
         self.member_clusters[name] = (client, informers)
         self._clusters[name] = (client, informers.reader())
         if self.employees_in_members and self._workers:

@@ -38,6 +38,8 @@ class ObjectReader(Protocol):
 
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> builtins.list[KubeObject]: ...
 
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> builtins.list[KubeObject]: ...
+
 
 class ObjectWriter(Protocol):
     """Writes to the API server; ``patch_optimistic`` carries the resourceVersion precondition."""

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from resourceconsist import kube, lifecycle, wire
-from resourceconsist.cache import trim
 from resourceconsist.interfaces import ObjectReader, ObjectWriter
 from resourceconsist.kube import KubeObject
+from resourceconsist.transform import trim
 
 log = logging.getLogger(__name__)
 

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
+from resourceconsist.adapter import cached_pod_fields
 from resourceconsist.cache import CacheReader, InformerFactory
 from resourceconsist.cancellation import call_adapter
 from resourceconsist.kube import KubeClient, KubeObject
@@ -172,6 +173,11 @@ class WebhookServer:
         name = validate_adapter_name(adapter.name)
         if name in self._adapters:
             raise ValueError(f"a webhook adapter named {name!r} is already registered")
+        try:
+            # Pods are cached lean (docs/tutorial.md, "Fields the cache keeps").
+            self._informers.keep_pod_fields(cached_pod_fields(adapter))
+        except ValueError as err:
+            raise ValueError(f"webhook adapter {name}: get_cached_pod_fields: {err}") from err
         for resource in cached_resources(adapter):
             # Creating the informer starts it when the factory runs, so the cache fills
             # before the first admission needs it.

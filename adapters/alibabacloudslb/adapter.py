@@ -168,6 +168,11 @@ class SLBAdapter(ReconcileAdapter):
     def employee_event_handler(self) -> EventHandler:
         return _enqueue_services_of_pod
 
+    # -- cached pod fields: a named targetPort is found in the pod's container ports ------------------
+
+    def get_cached_pod_fields(self) -> list[str]:
+        return ["spec.containers.ports"]
+
     # -- lifecycle options (the Go adapter's) ------------------------------------------------------
 
     def follow_pod_ops_lifecycle(self) -> bool:

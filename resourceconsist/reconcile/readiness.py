@@ -55,20 +55,16 @@ def gated_pods(
     """(employee name, pod) of the cached pods whose ``spec.readinessGates`` holds ``gate``;
     with ``members``, the pods of the member clusters (named ``pod#cluster``).
 
-    A scan of the namespace's cached pods (in memory): a pod the employer stopped selecting
-    keeps its gate, and only such a scan finds it."""
+    Found by the cache's readiness-gate index, not by selector: a pod the employer stopped
+    selecting keeps its gate, and must still be found; the lookup costs the gated pods, not
+    the namespace's."""
     if members is not None:
         return [
             (f"{pod['metadata']['name']}{wire.MULTI_CLUSTER_SEPARATOR}{cluster}", pod)
             for cluster, member in sorted(members.items())
-            for pod in member.list(kube.POD, namespace)
-            if gate in lifecycle.readiness_gates(pod)
+            for pod in member.pods_with_readiness_gate(namespace, gate)
         ]
-    return [
-        (pod["metadata"]["name"], pod)
-        for pod in reader.list(kube.POD, namespace)
-        if gate in lifecycle.readiness_gates(pod)
-    ]
+    return [(pod["metadata"]["name"], pod) for pod in reader.pods_with_readiness_gate(namespace, gate)]
 
 
 def plan_gates(

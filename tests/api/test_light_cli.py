@@ -1,15 +1,20 @@
 """The command line loads only what a command runs (docs/reference/options.md, "Import cost"):
 importing it, ``--help``, ``adapters`` and a refused flag load none of the runtime (the manager,
-aiohttp, prometheus_client, the Kubernetes client, cryptography, the adapter API). Each check runs
-in a fresh interpreter, since this one has imported everything already."""
+aiohttp, prometheus_client, the Kubernetes client, cryptography, the adapter API); ``run`` itself
+loads none of the official client's generated models and API classes. Each check runs in a fresh
+interpreter, since this one has imported everything already."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
-from resourceconsist.testing import run_cli
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.testing import Cluster, LocalControlPlane, finalizers, run_cli, wait_for
+from resourceconsist.testing.controlplane import free_port
 
 #: What only a running command may load.
 RUNTIME = (
@@ -84,3 +89,71 @@ def test_python_m_resourceconsist_help_lists_the_commands() -> None:
     assert done.stdout.startswith("Usage: python -m resourceconsist"), done.stdout
     for command in ("adapters", "demo", "explain", "run", "webhook"):
         assert f"  {command} " in done.stdout, done.stdout
+
+
+#: The official client's generated code: its models and its API classes, hundreds of modules that
+#: ``run`` never needs (it sends its own requests and reads plain JSON; resourceconsist.kube).
+GENERATED = ("kubernetes.client.models.", "kubernetes.client.api.")
+
+
+def test_run_loads_none_of_the_official_clients_generated_models_or_apis(
+    control_plane: LocalControlPlane, cluster: Cluster, tmp_path: Path
+) -> None:
+    health = free_port()
+    imports = tmp_path / "imports.txt"
+    with imports.open("w") as stderr:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-X",
+                "importtime",
+                "-m",
+                "resourceconsist",
+                "run",
+                "--adapter",
+                "demo",
+                "--kubeconfig",
+                str(control_plane.kubeconfig),
+                "--namespace",
+                cluster.namespace,
+                "--health-address",
+                f"127.0.0.1:{health}",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        try:
+            # A whole pass: the Service, a Ready pod, and the pod's writes up to its finalizer.
+            client, ns = cluster.client, cluster.namespace
+            service = {
+                "metadata": {"name": "web", "labels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
+            }
+            client.create(kube.SERVICE, ns, service)
+            pod = {
+                "metadata": {"name": "web-0", "labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+            }
+            client.create(kube.POD, ns, pod)
+            status = {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
+            client.patch(kube.POD, ns, "web-0", {"status": status}, subresource="status")
+            finalizer = lifecycle.lifecycle_finalizer("web")
+            wait_for(
+                lambda: finalizer in finalizers(client.get(kube.POD, ns, "web-0")),
+                timeout=60,
+                message="the run process guarding pod web-0",
+            )
+            process.send_signal(signal.SIGTERM)
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    loaded = [
+        line.rsplit("|", 1)[1].strip()
+        for line in imports.read_text().splitlines()
+        if line.startswith("import time:")
+    ]
+    assert "resourceconsist.manager" in loaded and "kubernetes.client" in loaded, "the import log is whole"
+    assert [m for m in loaded if m.startswith(GENERATED)] == []

@@ -16,9 +16,19 @@ from typing import Any
 import pytest
 
 from resourceconsist import handler, kube
-from resourceconsist.cache import CacheNotSynced, Informer, InformerFactory, SnapshotReader, Store, WatchEvent
+from resourceconsist.cache import (
+    READINESS_GATE_INDEX,
+    CacheNotSynced,
+    Informer,
+    InformerFactory,
+    SnapshotReader,
+    Store,
+    WatchEvent,
+    index_by_readiness_gate,
+)
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound, object_key
+from resourceconsist.reconcile import readiness
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 
 
@@ -71,6 +81,84 @@ def test_store_indexes_follow_updates_and_deletes() -> None:
     events = store.replace([{"metadata": {"name": "b", "namespace": "n", "resourceVersion": "1"}}])
     assert [(e.type, e.obj["metadata"]["name"]) for e in events] == [("DELETED", "a"), ("ADDED", "b")]
     assert store.by_index("label", "x=2") == []
+
+
+def _gated(name: str, namespace: str, *gates: str, rv: str = "1") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": rv},
+        "spec": {"readinessGates": [{"conditionType": g} for g in gates]},
+    }
+
+
+def test_the_readiness_gate_index_follows_adds_updates_deletes_and_relists() -> None:
+    store = Store({READINESS_GATE_INDEX: index_by_readiness_gate})
+
+    def names(key: str) -> list[str]:
+        return sorted(o["metadata"]["name"] for o in store.by_index(READINESS_GATE_INDEX, key))
+
+    store.upsert(_gated("a", "n", "example.com/web", "other/warm"))
+    store.upsert(_gated("b", "n", "example.com/web"))
+    store.upsert(_gated("c", "m", "example.com/web"))
+    store.upsert(_gated("plain", "n"))
+    assert names("n/example.com/web") == ["a", "b"]
+    assert names("n/other/warm") == ["a"]
+    assert names("m/example.com/web") == ["c"], "a namespace's lookup holds only its own pods"
+    store.upsert(_gated("b", "n", "example.com/api", rv="2"))
+    assert names("n/example.com/web") == ["a"]
+    assert names("n/example.com/api") == ["b"]
+    store.delete(_gated("a", "n"))
+    assert names("n/example.com/web") == []
+    assert names("n/other/warm") == []
+    store.replace([_gated("d", "n", "example.com/web"), _gated("c", "m", "example.com/web")])
+    assert names("n/example.com/web") == ["d"]
+    assert names("n/example.com/api") == [], "a re-list drops the gates of pods no longer listed"
+    assert names("m/example.com/web") == ["c"]
+
+
+async def test_the_cache_finds_gated_pods_whatever_their_labels_and_forgets_deleted_ones(
+    kc: KubeClient, namespace: str
+) -> None:
+    gate = "example.com/web"
+    factory = InformerFactory(kc)
+    factory.informer(kube.POD)
+    for name, gates in (
+        ("web-1", [gate]),
+        ("web-2", [gate, "example.com/api"]),
+        ("api", ["example.com/api"]),
+    ):
+        pod = _pod(name, {"app": "web"})
+        pod["spec"]["readinessGates"] = [{"conditionType": g} for g in gates]  # type: ignore[index]
+        await asyncio.to_thread(kc.create, kube.POD, namespace, pod)
+    await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("plain", {"app": "web"}))
+    factory.start(asyncio.get_running_loop())
+    try:
+        await factory.wait_synced()
+        reader = factory.reader()
+
+        def gated(condition_type: str) -> list[str]:
+            return [p["metadata"]["name"] for p in reader.pods_with_readiness_gate(namespace, condition_type)]
+
+        assert gated(gate) == ["web-1", "web-2"]
+        assert gated("example.com/api") == ["api", "web-2"]
+        assert reader.pods_with_readiness_gate("elsewhere", gate) == []
+        # The employer stops selecting the pod: its gate stays, and so does the lookup's answer.
+        await asyncio.to_thread(
+            kc.patch, kube.POD, namespace, "web-1", {"metadata": {"labels": {"app": "x"}}}
+        )
+        await async_wait_for(
+            lambda: (reader.get(kube.POD, namespace, "web-1") or {})["metadata"]["labels"] == {"app": "x"},
+            timeout=10,
+            message="the relabelled pod in the cache",
+        )
+        assert gated(gate) == ["web-1", "web-2"]
+        # What the readiness step asks, in one cluster and (named pod#cluster) in member clusters.
+        assert [n for n, _ in readiness.gated_pods(namespace, gate, reader)] == ["web-1", "web-2"]
+        in_members = readiness.gated_pods(namespace, gate, reader, {"b": reader, "a": reader})
+        assert [n for n, _ in in_members] == ["web-1#a", "web-2#a", "web-1#b", "web-2#b"]
+        await asyncio.to_thread(kc.delete, kube.POD, namespace, "web-1")
+        await async_wait_for(lambda: gated(gate) == ["web-2"], timeout=10, message="web-1 out of the index")
+    finally:
+        factory.stop()
 
 
 async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClient, namespace: str) -> None:

@@ -79,6 +79,9 @@ class FakeApi:
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> list[KubeObject]:
         return [p for p in self.list(kube.POD) if finalizer in (p["metadata"].get("finalizers") or [])]
 
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> list[KubeObject]:
+        return [p for p in self.list(kube.POD) if condition_type in lifecycle.readiness_gates(p)]
+
     # -- ObjectWriter ----------------------------------------------------------------------------
 
     def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:

@@ -200,6 +200,9 @@ class PodsReader:
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> list[KubeObject]:
         return [p for p in self.pods if finalizer in (p["metadata"].get("finalizers") or [])]
 
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> list[KubeObject]:
+        return [p for p in self.pods if condition_type in lifecycle.readiness_gates(p)]
+
 
 def _ctx(reader: PodsReader | None = None) -> ReconcileContext:
     return ReconcileContext(reader=reader or PodsReader(), controller="c", employer_key="ns/web")

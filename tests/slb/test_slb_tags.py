@@ -62,6 +62,9 @@ class ServicesReader:
     def pods_with_finalizer(self, namespace: str, finalizer: str) -> list[KubeObject]:
         return []
 
+    def pods_with_readiness_gate(self, namespace: str, condition_type: str) -> list[KubeObject]:
+        return []
+
 
 def _service(lb: str, name: str = "web", namespace: str = "ns", uid: str = UID) -> KubeObject:
     return {
