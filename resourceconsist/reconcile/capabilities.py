@@ -1,14 +1,17 @@
 """What an adapter's optional protocols say for one pass, and their defaults when it does not
 implement them (docs/reference/adapter.md, "Optional capabilities and their defaults"):
-whether its employers' pods follow PodOpsLifecycle, which records it keeps, and which
-employees an employer selects.
+whether its employers' pods follow PodOpsLifecycle, whether its pod employees live in member
+clusters, which records it keeps, and which employees an employer selects.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from resourceconsist import kube
 from resourceconsist.adapter import (
     ExpectedFinalizerRecordOptions,
+    MultiClusterOptions,
     ReconcileAdapter,
     ReconcileContext,
     ReconcileLifecycleOptions,
@@ -25,6 +28,16 @@ def follows_lifecycle(adapter: ReconcileAdapter, employee_resource: Resource) ->
     if isinstance(adapter, ReconcileLifecycleOptions):
         return adapter.follow_pod_ops_lifecycle()
     return True
+
+
+def employees_in_members(adapter: ReconcileAdapter) -> Callable[[], bool]:
+    """Asks whether pod employees live in member clusters (named ``pod#cluster``), each time
+    (the adapter answers while it runs)."""
+    # A runtime-checkable protocol's isinstance walks its members: once here, not per pod.
+    if not isinstance(adapter, MultiClusterOptions):
+        return lambda: False
+    multi_cluster = adapter
+    return lambda: not multi_cluster.employee_fed()
 
 
 def records_lifecycle_finalizers(adapter: ReconcileAdapter) -> bool:

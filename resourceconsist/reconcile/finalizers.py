@@ -2,9 +2,9 @@
 they protect"; "One reconcile", steps 2, 3 and 6): the employer's clean finalizer
 (``ensure_clean_finalizer``, ``release_clean_finalizer``), its entry in each selected pod's
 ``available-conditions`` (``plan_expected_entries``, and the record of who got it), what a pod
-carries after the pass's writes (``finalizers_after``), and the employer's record annotations
-(``records_after_writes``, ``patch_record_annotations``) and the pod writes' failures
-(``raise_write_failures``).
+carries after the pass's writes (``finalizers_after``), the pass's pod writes and the employer's
+record annotations (``write_planned``: ``records_after_writes``, ``patch_record_annotations``) and
+the pod writes' failures (``raise_write_failures``).
 
 What to plan is decided here from what the pass read; the employer's own writes
 (``patch_employer_finalizers``, ``patch_employer_annotations``) run in the frame's threads,
@@ -14,6 +14,7 @@ never the adapters' (resourceconsist.cancellation).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
@@ -274,11 +275,12 @@ def still_carries(written: PodWriteResult, name: str, pod_of: PodOf, entry: Empl
 @dataclass(frozen=True)
 class Records:
     """What the pass's pod writes mean for the employer: the record annotations they changed,
-    and whether the employer's entries and finalizers are gone from every pod (when deleting;
-    True otherwise)."""
+    whether the employer's entries and finalizers are gone from every pod (when deleting;
+    True otherwise), and the employer (as written, once ``write_planned`` wrote the records)."""
 
     annotations: dict[str, str]
     clean: bool
+    employer: KubeObject
 
 
 def records_after_writes(
@@ -310,7 +312,7 @@ def records_after_writes(
         carriers=carriers,
         carries_lifecycle=lambda name: entry.lifecycle_finalizer in finalizers_after(written, name, pod_of),
     )
-    return Records(annotations, clean)
+    return Records(annotations, clean, employer)
 
 
 async def patch_record_annotations(
@@ -334,6 +336,41 @@ async def patch_record_annotations(
             raise retrying from retrying.__cause__
         raise await failures.fail(EventReason.SYNC_EMPLOYEES_FAILED, message) from err
     return employer if patched is None else patched
+
+
+async def write_planned(
+    employer: KubeObject,
+    writer: PodWriter,
+    written: PodWriteResult,
+    *,
+    plan: EntryPlan,
+    lifecycle_record: bool,
+    carriers: Collection[str],
+    entry: EmployerEntry,
+    pod_of: PodOf,
+    writes: EmployerWrites | None,
+    failures: PassFailures,
+) -> Records | None:
+    """Write each pod the pass planned once (its outcome merged into ``written``), then the
+    employer's record annotations (``writes`` None: the employer is not written, as for a gone
+    employer's stand-in). The records, with the employer as written; None when the writes
+    changed nothing a record holds. The pod writes' failures are the caller's to raise
+    (``raise_write_failures``) once it holds the employer as written."""
+    if writer.pending:
+        written.merge(await writer.flush())
+    records = records_after_writes(
+        employer,
+        written,
+        plan=plan,
+        lifecycle_record=lifecycle_record,
+        carriers=carriers,
+        entry=entry,
+        pod_of=pod_of,
+    )
+    if records is None or not records.annotations or writes is None:
+        return records
+    patched = await patch_record_annotations(employer, records.annotations, writes, failures)
+    return dataclasses.replace(records, employer=patched)
 
 
 async def raise_write_failures(

@@ -62,11 +62,13 @@ class Memories:
         return {key: m.unguarded for key, m in self._by_key.items() if m.unguarded is not None}
 
     def employee_changed(self, key: str, name: str) -> None:
+        """An event of employee ``name`` (``pod`` or ``pod#cluster``) woke employer ``key``."""
         pending = self.of(key).changes
         if pending is not None:
             pending.add(name)
 
     def employer_changed(self, key: str) -> None:
+        """The employer itself changed (or anything the frame cannot name): a full pass next."""
         self.of(key).changes = None
 
     def take_changes(self, key: str, full_pass_every: float) -> frozenset[str] | None:
@@ -80,6 +82,15 @@ class Memories:
             return None
         return frozenset(pending)
 
+    def pass_ended(self, key: str, *, began: float, completed: bool, full: bool) -> None:
+        """A pass of the employer that ``began`` (monotonic seconds) ended: a ``full`` one that
+        ``completed`` is its last full pass; one that did not complete leaves a full pass next,
+        since whatever the adapter kept from it may be wrong."""
+        if not completed:
+            self.employer_changed(key)
+        elif full:
+            self.of(key).full_pass_at = began
+
     def count_unguarded(self, key: str, count: int) -> None:
         """A pass of the employer found ``count`` registrations without their pod's guard."""
         memory = self.of(key)
@@ -88,8 +99,9 @@ class Memories:
             self._report_unguarded(sum(self.unguarded().values()))
 
     def forget(self, key: str) -> None:
-        """Drop the employer's record, in one piece; what its subscribers were told stays until
-        they are told it is deleted (``told_deleted``)."""
+        """Drop the employer's record, in one piece, and its count in the unguarded gauge (it is
+        gone, or another replica's now: docs/scaling.md); what its subscribers were told stays
+        until they are told it is deleted (``told_deleted``)."""
         memory = self._by_key.pop(key, None)
         if memory is None:
             return

@@ -11,7 +11,7 @@ and none imports this module:
    before the calls ``guard.before_calls`` guards every pod the provider holds or is about to
    hold; after them ``guard.after_calls`` judges each pod and plans its swaps and releases.
    ``_write``     write each planned pod once, then the employer's record annotations
-   (``finalizers.records_after_writes``); ``telling`` tells the subscribers.
+   (``finalizers.write_planned``); ``telling`` tells the subscribers.
    ``_gates``     this employer's readiness gates, from what the provider confirmed
    (``readiness.Gatekeeper.update``; docs/zero-downtime.md).
 6. ``finalizers.release_clean_finalizer``  deleting and clean: drop the clean finalizer.
@@ -19,7 +19,9 @@ and none imports this module:
 8. ``statuses.requeue``  failed items without an error: requeue after the adapter's interval, or
    a rate-limited retry.
 
-What the reconciler keeps of an employer between passes is one record (``memory.EmployerMemory``).
+Each pass begins in ``passes.PassFactory``: its context and state, and what it reads of the
+cache before the calls (the selected employees, the budget priority). What the reconciler keeps
+of an employer between passes is one record (``memory.EmployerMemory``).
 Event reasons and messages are the Go frame's, so dashboards and alerts carry over. The guard
 invariant these steps keep is written down in docs/concepts.md, "The guard".
 """
@@ -30,23 +32,18 @@ import asyncio
 import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import cast
 
-from resourceconsist import kube, lifecycle
-from resourceconsist.adapter import Employee, MultiClusterOptions, ReconcileAdapter, ReconcileContext
-from resourceconsist.budget import Priority, spending_for
-from resourceconsist.cancellation import current_cancellation
+from resourceconsist import kube
+from resourceconsist.adapter import Employee, ReconcileAdapter, ReconcileContext
+from resourceconsist.budget import spending_for
 from resourceconsist.diff import Diff
 from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.kube import KubeObject, Resource
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
-from resourceconsist.podwriter import PodWriter, RecentWrites
 from resourceconsist.reconcile import capabilities, finalizers, guard, readiness, statuses, sync
-from resourceconsist.reconcile.failures import PassFailures
-from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
-from resourceconsist.reconcile.pods import PodPlaces
-from resourceconsist.reconcile.state import PassState, employer_entry
+from resourceconsist.reconcile.passes import PassFactory
+from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
 
 
@@ -83,18 +80,32 @@ class Reconciler:
         self.employee_resource = employee_resource
         self.clusters = clusters if clusters is not None else {}
         self.name = adapter.get_controller_name()
-        # A runtime-checkable protocol's isinstance walks its members: once here, not per pod.
-        self._multi_cluster = isinstance(adapter, MultiClusterOptions)
+        #: How each pass begins: its context, its state, what it reads before the calls.
+        self.passes = PassFactory(
+            adapter,
+            client,
+            reader,
+            recorder,
+            employer_resource,
+            employee_resource,
+            self.clusters,
+            api_down=api_down,
+            report_unguarded=report_unguarded,
+        )
         #: What the reconciler keeps of each employer between passes, by employer key.
-        self._memory = Memories(report_unguarded)
+        self._memory = self.passes.memory
+        #: What the runtime tells of an employer between its passes (``memory.Memories``): an
+        #: employee's event woke it, it changed itself (a full pass next), or it is another
+        #: replica's now (``let_go``: what this one kept of it goes; the employer is not touched).
+        self.employee_changed = self._memory.employee_changed
+        self.employer_changed = self._memory.employer_changed
+        self.let_go = self._memory.forget
+        #: Pods written by this reconciler that the cache may not show yet, and where pod
+        #: employees live (both shared with its passes).
+        self.recent, self.pods = self.passes.recent, self.passes.pods
         #: Seconds after which an employer's next pass is a full one whatever changed
         #: (``ReconcileContext.changed`` None; docs/concepts.md, "Work proportional to change").
         self.full_pass_every = full_pass_every
-        self.api_down = api_down
-        #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
-        self.recent = RecentWrites()
-        #: Where the pod employees live, and their freshest copies.
-        self.pods = PodPlaces(client, reader, self.clusters, self._in_members, self.recent)
         #: When a failure left to retries becomes a Warning Event: met on this many consecutive
         #: passes, over at least this many seconds (docs/concepts.md, "When a failure becomes a
         #: Warning"). An adapter error stays a Warning at once, as in the Go original.
@@ -123,23 +134,7 @@ class Reconciler:
         """The employers' pods carry their marks: entries, guard and lifecycle finalizers."""
         return capabilities.follows_lifecycle(self.adapter, self.employee_resource)
 
-    async def _selected_names(self, p: PassState, *, fresh: bool = False) -> list[str]:
-        """The employees the employer selects, read once per pass (``fresh``: read again, for
-        decisions about pods that may have reached the cache since)."""
-        if p.selected is not None and not fresh:
-            return p.selected
-        selected = await capabilities.selected_names(
-            self.adapter, p.ctx, p.employer, self.employer_resource, self.reader
-        )
-        if p.selected is None:
-            p.selected = selected
-        return selected
-
-    def _in_members(self) -> bool:
-        """Pod employees live in member clusters (named ``pod#cluster``)."""
-        return self._multi_cluster and not cast(MultiClusterOptions, self.adapter).employee_fed()
-
-    # -- what changed since an employer's last pass (docs/concepts.md, "Work proportional to change") --
+    # -- what the runtime reads of the reconciler between passes -----------------------------------
 
     @property
     def unguarded(self) -> dict[str, int]:
@@ -147,32 +142,9 @@ class Reconciler:
         last pass found them (the invariant, live: it should read 0; docs/concepts.md)."""
         return self._memory.unguarded()
 
-    def employee_changed(self, key: str, name: str) -> None:
-        """An event of employee ``name`` (``pod`` or ``pod#cluster``) woke employer ``key``."""
-        self._memory.employee_changed(key, name)
-
-    def employer_changed(self, key: str) -> None:
-        """The employer itself changed (or anything the frame cannot name): a full pass next."""
-        self._memory.employer_changed(key)
-
-    def let_go(self, key: str) -> None:
-        """The employer is another replica's now (docs/scaling.md): what this one kept of it goes,
-        and so does its count in the unguarded gauge; the employer itself is not touched."""
-        self._memory.forget(key)
-
     def context(self, key: str) -> ReconcileContext:
-        return ReconcileContext(
-            reader=self.reader,
-            controller=self.name,
-            employer_key=key,
-            clusters={name: reader for name, (_, reader) in self.clusters.items()},
-            # Set by the controller for the pass it runs (a never-cancelled one outside a pass).
-            cancellation=current_cancellation(),
-            writer=self.client,
-            recorder=self.recorder,
-            # No employer (""), as the garbage pass's ``list_owned``: nothing to remember.
-            memo=self._memory.of(key).memo if key else {},
-        )
+        """What the adapter is handed for employer ``key`` ("": no employer; ``PassFactory``)."""
+        return self.passes.context(key)
 
     # -- 1. the whole pass ----------------------------------------------------------------------------
 
@@ -188,7 +160,13 @@ class Reconciler:
             if "" in self.telling.told(key):
                 self.telling.tell(key, "", "employer_deleted")
             return Result()
-        p = self._begin(key, employer, stand_in is not None)
+        p = self.passes.begin(
+            key,
+            employer,
+            stand_in=stand_in is not None,
+            report_retried=self.report_retried,
+            warn_after=(self.warn_after_passes, self.warn_after_seconds),
+        )
         began = time.monotonic()
         if not p.stand_in:
             p.ctx.changed = self._memory.take_changes(key, self.full_pass_every)
@@ -209,47 +187,13 @@ class Reconciler:
         finally:
             p.failures.end_streaks()
             if not p.stand_in:
-                if not completed:
-                    # Whatever the adapter kept from this pass may be wrong: rebuild it next time.
-                    self.employer_changed(key)
-                elif p.ctx.changed is None:
-                    self._memory.of(key).full_pass_at = began
+                self._memory.pass_ended(key, began=began, completed=completed, full=p.ctx.changed is None)
         result.collected = p.collected
         if p.collected:
             self._memory.forget(key)
         if not p.deleting and result.requeue_after is None:
             self.telling.tell(key, "", "employer_converged")
         return result
-
-    def _begin(self, key: str, employer: KubeObject, stand_in: bool) -> PassState:
-        """The state of a new pass over ``employer``."""
-        follows = self.follows_lifecycle
-        entry = employer_entry(employer) if follows else None
-        namespace = key.rpartition("/")[0]
-        p = PassState(
-            employer=employer,
-            ctx=self.context(key),
-            writer=PodWriter(namespace, self.pods.locate, entry, self.recent),
-            key=key,
-            deleting=lifecycle.is_deleting(employer),
-            follows_lifecycle=follows,
-            pod_of=functools.partial(self.pods.get, namespace=namespace),
-            stand_in=stand_in,
-        )
-        if entry is not None:
-            p.entry = entry
-        p.failures = PassFailures(
-            controller=self.name,
-            key=key,
-            employer=lambda: p.employer,
-            recorder=self.recorder,
-            streaks=self._memory.of(key).streaks,
-            api_down=self.api_down,
-            report_retried=self.report_retried,
-            warn_after_passes=self.warn_after_passes,
-            warn_after_seconds=self.warn_after_seconds,
-        )
-        return p
 
     async def _steps(self, p: PassState) -> Result:
         """Steps 3 to 8, over a live employer that carries its clean finalizer (or a deleting one)."""
@@ -258,21 +202,17 @@ class Reconciler:
                 if p.follows_lifecycle:  # 3.
                     p.entries = await finalizers.plan_expected_entries(
                         p.employer,
-                        selected=functools.partial(self._selected_names, p),
+                        selected=functools.partial(self.passes.selected, p),
                         keeps_record=capabilities.records_expected_finalizers(self.adapter),
                         entry=p.entry,
                         pod_of=p.pod_of,
                         writer=p.writer,
                         failures=p.failures,
-                        # Nothing selects a gone employer's pods any more; its entries would stay
-                        # on them for ever (docs/lifecycle-hooks.md, "Orphans").
-                        unselected=self.reader.list(kube.POD, p.writer.namespace)
-                        if p.stand_in and not self._in_members()
-                        else (),
+                        unselected=self.passes.unselected(p),
                     )
                 # The pass's provider reads spend the budget at the pass's priority
                 # (docs/concepts.md, "The provider budget").
-                with spending_for(Priority.REMOVE_TRAFFIC if self._removes_traffic(p) else Priority.READ):
+                with spending_for(self.passes.priority(p)):
                     p.employer_results, refused = await sync.sync_employer(  # 4.
                         self.adapter, p.ctx, p.employer, p.failures
                     )
@@ -297,22 +237,11 @@ class Reconciler:
         result.sooner(p.gates.recheck, p.ctx.look_again)
         return result
 
-    def _removes_traffic(self, p: PassState) -> bool:
-        """Whether this pass takes traffic off something, as the cache tells before any call."""
-        if p.deleting or p.stand_in:
-            return True
-        if not p.follows_lifecycle:
-            return False
-        namespace = str(p.employer["metadata"].get("namespace") or "")
-        carriers = self.pods.carrying(namespace, (p.entry.guard_finalizer, p.entry.lifecycle_finalizer))
-        return guard.removes_traffic(carriers, set(p.selected or ()), p.pod_of)
-
     async def _sync_employees(self, p: PassState) -> None:
         """5. The employee sync under the guard: before the calls, after them."""
 
         async def before_calls(planned: Diff[Employee], current: Sequence[Employee]) -> set[str]:
-            namespace = str(p.employer["metadata"].get("namespace") or "")
-            p.carriers = self.pods.carrying(namespace, (p.entry.guard_finalizer, p.entry.lifecycle_finalizer))
+            p.carriers = self.passes.carriers(p)
             guarding = await guard.before_calls(
                 planned,
                 current,
@@ -347,26 +276,23 @@ class Reconciler:
         p.lifecycle_record = p.follows_lifecycle and capabilities.records_lifecycle_finalizers(self.adapter)
 
     async def _write(self, p: PassState) -> None:
-        """Write each planned pod once, then the employer's record annotations."""
-        if p.writer.pending:
-            p.written.merge(await p.writer.flush())
-        records = finalizers.records_after_writes(
+        """Write each planned pod once, then the employer's record annotations (a stand-in's
+        employer is not written: a new object may carry its name)."""
+        records = await finalizers.write_planned(
             p.employer,
+            p.writer,
             p.written,
             plan=p.entries,
             lifecycle_record=p.lifecycle_record,
             carriers=p.carriers,
             entry=p.entry,
             pod_of=p.pod_of,
+            writes=None if p.stand_in else self.employer_writes,
+            failures=p.failures,
         )
-        if records is None:
-            return
-        p.expected_clean = records.clean
-        if records.annotations and not p.stand_in:
-            p.employer = await finalizers.patch_record_annotations(
-                p.employer, records.annotations, self.employer_writes, p.failures
-            )
-        await finalizers.raise_write_failures(p.written, p.entries.adds | p.entries.removes, p.failures)
+        if records is not None:
+            p.expected_clean, p.employer = records.clean, records.employer
+            await finalizers.raise_write_failures(p.written, p.entries.adds | p.entries.removes, p.failures)
 
     async def _gates(self, p: PassState) -> None:
         """This employer's readiness gates, from what the pass confirmed (docs/zero-downtime.md)."""
@@ -377,7 +303,7 @@ class Reconciler:
             p.key,
             confirmed=p.gate_facts(),
             expected=p.confirmed.employed if p.confirmed else set(),
-            selected=functools.partial(self._selected_names, p, fresh=True),
+            selected=functools.partial(self.passes.selected, p, fresh=True),
         )
 
     async def _finish(self, p: PassState) -> Result:

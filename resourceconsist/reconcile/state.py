@@ -1,6 +1,6 @@
-"""The state of one reconcile pass (``PassState``), kept by the orchestrator
-(resourceconsist/reconcile/reconciler.py): what it read, and what each step returned. The step
-modules never see it whole.
+"""The state of one reconcile pass (``PassState``), begun by ``passes.PassFactory`` and kept by
+the orchestrator (resourceconsist/reconcile/reconciler.py): what it read, and what each step
+returned. The step modules never see it whole.
 """
 
 from __future__ import annotations
