@@ -829,7 +829,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     help="Adapter the controller ran (repeatable).",
 )
 @click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
-@click.option("--namespace", default=None, help="Only this namespace's pods (default: all).")
+@_namespace_flag
 @click.option("--dry-run", is_flag=True, help="Only report what the hand-over would do.")
 @_field_flag(
     "--leader-election-namespace",
@@ -841,7 +841,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
 def handover(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
-    namespace: str | None,
+    namespace: Sequence[str],
     dry_run: bool,
     leader_election_namespace: str | None,
     leader_election_id: str,
@@ -860,10 +860,13 @@ def handover(
 
     with _flags(LeaderElectionOptions):
         lease = LeaderElectionOptions(name=leader_election_id, namespace=leader_election_namespace)
+    # The namespaces as ``run`` takes and checks them (``ManagerOptions``).
+    with _flags(ManagerOptions):
+        namespaces = ManagerOptions(**_namespaces(namespace)).watched_namespaces if namespace else None
     adapters = _build(_all_adapters().controller, adapter_names)
     client = _kube_client(kubeconfig)
     try:
-        report = asyncio.run(hand_over(client, adapters, lease, namespace=namespace, dry_run=dry_run))
+        report = asyncio.run(hand_over(client, adapters, lease, namespaces=namespaces, dry_run=dry_run))
     except (HandoverError, ApiError) as err:
         raise click.ClickException(str(err)) from err
     except Exception as err:

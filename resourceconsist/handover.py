@@ -208,9 +208,10 @@ class Handover:
         client: KubeClient,
         adapters: Sequence[ReconcileAdapter],
         *,
-        namespace: str | None = None,
+        namespaces: Sequence[str] | None = None,
         dry_run: bool = False,
     ) -> None:
+        """``namespaces``: only these namespaces' pods and employers (None: all)."""
         for adapter in adapters:
             if isinstance(adapter, MultiClusterOptions) and not adapter.employee_fed():
                 raise HandoverError(
@@ -219,7 +220,7 @@ class Handover:
                 )
         self.client = client
         self.adapters = list(adapters)
-        self.namespace = namespace
+        self.namespaces = None if namespaces is None else tuple(namespaces)
         self.dry_run = dry_run
         self.reader = SnapshotReader(client)
         self.report = HandoverReport(dry_run=dry_run)
@@ -236,15 +237,21 @@ class Handover:
                 by_kind.setdefault(spec.employer, []).append(adapter)
         return by_kind
 
+    def _list(self, resource: Resource) -> list[KubeObject]:
+        """The objects of ``resource`` in the namespaces handed over."""
+        if self.namespaces is None:
+            return self.reader.list(resource)
+        return [obj for namespace in self.namespaces for obj in self.reader.list(resource, namespace)]
+
     def _pods(self) -> list[KubeObject]:
-        return self.reader.list(kube.POD, self.namespace)
+        return self._list(kube.POD)
 
     def _employers(self, carried: set[tuple[str, str]]) -> list[_Employer]:
         """Employers an adapter accepts, and any of their kind whose finalizer a pod carries
         (one whose label was taken off still has pods to hand over)."""
         found: list[_Employer] = []
         for resource, adapters in self._guarded_adapters().items():
-            for obj in self.reader.list(resource, self.namespace):
+            for obj in self._list(resource):
                 meta = obj["metadata"]
                 name, namespace = str(meta["name"]), str(meta.get("namespace") or "")
                 event = WatchEvent("ADDED", obj)
@@ -529,12 +536,12 @@ async def hand_over(
     adapters: Sequence[ReconcileAdapter],
     lease: LeaderElectionOptions,
     *,
-    namespace: str | None = None,
+    namespaces: Sequence[str] | None = None,
     dry_run: bool = False,
 ) -> HandoverReport:
-    """Hold the controller's Lease and hand every pod over (docs/wire-contract.md, "Switching
-    back to the Go original")."""
-    handover = Handover(client, adapters, namespace=namespace, dry_run=dry_run)
+    """Hold the controller's Lease and hand every pod over, of ``namespaces`` only unless None
+    (docs/wire-contract.md, "Switching back to the Go original")."""
+    handover = Handover(client, adapters, namespaces=namespaces, dry_run=dry_run)
     async with holding_lease(client, lease) as lost:
         work = asyncio.create_task(handover.run())
         watch = asyncio.create_task(lost.wait())

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import functools
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -192,7 +193,7 @@ async def test_the_hand_over_leaves_only_what_the_go_original_manages_and_never_
     provider.unreachable.add(api)
     watch = FinalizerWatch(kube_client, ns, provider)
     try:
-        report = await hand_over(kube_client, [adapter()], _lease(ns), namespace=ns)
+        report = await hand_over(kube_client, [adapter()], _lease(ns), namespaces=[ns])
         await watch.caught_up(kube_client)
         assert watch.unguarded == [], "a pod the provider holds was without both finalizers"
 
@@ -222,7 +223,7 @@ async def test_the_hand_over_leaves_only_what_the_go_original_manages_and_never_
         # provider answers again: a second run finishes the job.
         provider.drop_real_server(web, "web-leaving")
         provider.unreachable.clear()
-        again = await hand_over(kube_client, [adapter()], _lease(ns), namespace=ns)
+        again = await hand_over(kube_client, [adapter()], _lease(ns), namespaces=[ns])
         assert again.complete, again.lines()
         assert finalizers(await _pod(cluster, "api-0")) == [lifecycle.lifecycle_finalizer("api")]
 
@@ -274,13 +275,13 @@ async def test_a_dry_run_reports_what_the_run_then_does(cluster: Cluster, kube_c
         "lone-unselected": "released",
     }
 
-    dry = await hand_over(kube_client, [DemoAdapter(provider)], _lease(ns), namespace=ns, dry_run=True)
+    dry = await hand_over(kube_client, [DemoAdapter(provider)], _lease(ns), namespaces=[ns], dry_run=True)
 
     assert {d.pod.rpartition("/")[2]: d.action for d in dry.done} == outcome
     for name, (_, fins) in pods.items():
         assert finalizers(await _pod(cluster, name)) == fins, "a dry run writes nothing"
 
-    done = await hand_over(kube_client, [DemoAdapter(provider)], _lease(ns), namespace=ns)
+    done = await hand_over(kube_client, [DemoAdapter(provider)], _lease(ns), namespaces=[ns])
 
     assert {d.pod.rpartition("/")[2]: d.action for d in done.done} == outcome
     assert done.complete
@@ -322,6 +323,42 @@ async def test_the_command_refuses_while_the_lease_is_renewed_then_releases_a_po
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"released: pod {ns}/p (Service {ns}/web)" in done.stdout
     assert finalizers(await _pod(cluster, "p")) == []
+
+
+async def test_the_command_hands_over_the_namespaces_given_as_run_takes_them(
+    cluster: Cluster, kube_client: KubeClient, control_plane: LocalControlPlane
+) -> None:
+    """``--namespace a,b`` (as ``run`` takes it): the guarded pods of both namespaces are released
+    (a fresh demo provider holds nothing), a third namespace's pod is not touched; a list with an
+    empty name is refused with what to give instead, and nothing is written."""
+    guard = lifecycle.guard_finalizer("web")
+    second, third = (Cluster(kube_client, f"t-{uuid.uuid4().hex[:10]}") for _ in range(2))
+    for where in (second, third):
+        await where.call(kube_client.create, kube.NAMESPACE, None, {"metadata": {"name": where.namespace}})
+    for where in (cluster, second, third):
+        await where.service("web")
+        body = {
+            "metadata": {"name": "p", "labels": {"app": "web"}, "finalizers": [guard]},
+            "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+        }
+        await where.call(kube_client.create, kube.POD, where.namespace, body)
+    args = ("handover", "--adapter", "demo", "--kubeconfig", str(control_plane.kubeconfig))
+    args += ("--leader-election-namespace", cluster.namespace, "--leader-election-id", "handover-test")
+
+    refused = await asyncio.to_thread(
+        run_cli, *args, "--namespace", f"{cluster.namespace},,{second.namespace}"
+    )
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "holds an empty namespace name" in refused.stderr
+    assert finalizers(await _pod(second, "p")) == [guard]
+
+    done = await asyncio.to_thread(run_cli, *args, "--namespace", f"{cluster.namespace},{second.namespace}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    for where in (cluster, second):
+        assert f"released: pod {where.namespace}/p (Service {where.namespace}/web)" in done.stdout
+        assert finalizers(await _pod(where, "p")) == []
+    assert third.namespace not in done.stdout
+    assert finalizers(await _pod(third, "p")) == [guard], "a namespace not given is not touched"
 
 
 def test_employers_sharing_a_name_share_what_the_provider_holds() -> None:
@@ -384,12 +421,12 @@ async def test_the_slb_adapter_hands_over_through_the_real_sdk(cluster: Cluster,
 
         mutating = len(slb.mutating_calls())
         slb.fail_next("DescribeVServerGroupAttribute", times=10, code="ServiceUnavailable", status=503)
-        unknown = await hand_over(cluster.client, [adapter()], _lease(ns), namespace=ns)
+        unknown = await hand_over(cluster.client, [adapter()], _lease(ns), namespaces=[ns])
         assert set(_kept(unknown)) == {"web-1"}
         assert finalizers(await cluster.get(kube.POD, "web-1")) == [guard]
 
         slb.clear_faults()
-        report = await hand_over(cluster.client, [adapter()], _lease(ns), namespace=ns)
+        report = await hand_over(cluster.client, [adapter()], _lease(ns), namespaces=[ns])
         assert report.complete, report.lines()
         for name in ("web-0", "web-1"):
             assert finalizers(await cluster.get(kube.POD, name)) == [served_by], name
