@@ -209,8 +209,13 @@ async def test_selector_changes_move_entry_finalizer_and_real_server(
 
         await async_wait_for(unselected_state, timeout=20, message="entry and finalizer removed")
         await async_wait_for(lambda: "pod-1" not in provider.snapshot().get(skey, {}), timeout=20)
-        svc = await cluster.get(kube.SERVICE, "svc")
-        assert annotation(svc, wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) == ""
+
+        # The record annotation is patched after the pod writes: it may still be in flight.
+        async def record_emptied() -> bool:
+            svc = await cluster.get(kube.SERVICE, "svc")
+            return annotation(svc, wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) == ""
+
+        await async_wait_for(record_emptied, timeout=20, message="pod-1 gone from the Service's entry record")
 
         await cluster.patch(kube.POD, "pod-1", {"metadata": {"labels": {"app": "svc"}}})
         await async_wait_for(selected_state, timeout=20, message="pod guarded again")
