@@ -29,8 +29,9 @@ behind registrations and reads. ``ProviderBudget`` hands out one token per provi
 ``configure(ProviderBudgetOptions(...))`` sets the rate and burst of all of them (the manager does,
 from ``ManagerOptions.provider_budget``). ``ProviderBudgetOptions.share`` is the fraction of the
 configured rate this process takes: 1 while a single leader does all the work; a sharded manager
-divides it by the ring's ready shards (docs/scaling.md, "The provider budget across shards"). What the budgets did is read by
-``resourceconsist.metrics`` at scrape time (``BudgetStats``; docs/observability.md).
+divides it by the ring's ready shards (docs/scaling.md, "The provider budget across shards").
+What the budgets did is read by ``resourceconsist.metrics`` at scrape time (``BudgetStats``;
+docs/observability.md).
 """
 
 from __future__ import annotations

@@ -329,6 +329,8 @@ class Manager:
         wanted = dataclasses.replace(configured, share=configured.share * ring_share)
         if budget.settings() != wanted:
             budget.configure(wanted)
+            if configured.rate is None:
+                return  # no rate to divide: nothing an operator needs to hear
             log.info(
                 "shard %s takes 1/%d of the provider budget (ready shards of the ring %s)",
                 self.shard.shard,
