@@ -372,6 +372,28 @@ def test_sharding_runs_the_shards_and_the_webhook_in_deployments_of_their_own(tm
     }
 
 
+def test_helm_install_with_sharding_on_a_real_api_server(chart_cluster: ChartCluster, tmp_path: Path) -> None:
+    """The sharded chart is accepted by a real API server: both Deployments, the Lease Role in the
+    Lease namespace, the webhook Service on the webhook's pods only, and the notes say where the
+    shards' Leases are."""
+    chart_cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "leases"}})
+    stored = chart_cluster.install("resourceconsist", SHARDING_VALUES, tmp_path)
+    manager = stored[("Deployment", "resourceconsist-manager")]
+    webhook = stored[("Deployment", "resourceconsist-webhook")]
+    assert "--sharding" in _container(manager)["args"]
+    assert _container(webhook)["args"][0] == "webhook"
+    assert stored[("Role", "resourceconsist-sharding")]["metadata"]["namespace"] == "leases"
+    binding = stored[("RoleBinding", "resourceconsist-sharding")]
+    assert binding["subjects"][0]["name"] == "resourceconsist-manager"
+    service = stored[("Service", "resourceconsist-manager")]
+    assert service["spec"]["selector"] == webhook["spec"]["selector"]["matchLabels"]
+    notes = _helm(
+        "get", "notes", "resourceconsist", "--namespace", "resourceconsist", env=chart_cluster.helm_env
+    )
+    assert f"-l {wire.SHARD_RING_LABEL}=slb" in notes.stdout
+    assert "deployment/resourceconsist-webhook" in notes.stdout
+
+
 def test_helm_install_with_default_values_on_a_real_api_server(
     chart_cluster: ChartCluster, tmp_path: Path
 ) -> None:
