@@ -6,7 +6,9 @@ alibabacloudslb``, manage mode). A driver plays kubectl and kubelet: 3 Services 
 subsets of ~60 pods, flipping readiness, adding and deleting pods, deleting and re-creating a
 Service, every ~0.15 s. Phases: calm (no faults, to show the instrument reads 0 when nothing
 breaks), kill -9 of the controller at random moments, 30% provider faults on reads and writes,
-2 replicas with the leader killed, SIGTERM mid-pass. After each phase the driver and the faults
+2 replicas with the leader killed, SIGTERM mid-pass, and sharded replicas (``--sharding``) added,
+SIGKILLed and removed mid-run, so the Services move between shards through drains and take-overs
+(docs/scaling.md). After each phase the driver and the faults
 stop and the run waits for convergence.
 
 What it records comes from the API server's side (a pod watch, object reads) and the provider's
@@ -21,7 +23,7 @@ side (the emulator's state and its wall-clock backend history) only, never from 
 * convergence time after the last fault: provider state == expected (every ready selected pod
   registered with weight > 0, no backend of any other pod).
 
-Run: ``make chaos`` or ``python bench/chaos.py [--quick] [--seed N]``. Not part of CI
+Run: ``make chaos`` or ``python bench/chaos.py [--quick] [--seed N] [--only PHASE]``. Not part of CI
 (``.ci/run``): the full run takes minutes. Words and figures: docs/chaos.md.
 """
 
@@ -62,6 +64,18 @@ LEASE = "resourceconsist-manager"
 #: 30% of provider calls fail, reads and writes alike, in four ways.
 FAULT_RATES = {"throttle": 0.09, "5xx": 0.09, "drop": 0.06, "execute_fail": 0.06}
 SHUTDOWN_TIMEOUT = 10.0
+#: The sharded phase's ring, and its shard Leases' timings: short, so that a SIGKILLed shard's
+#: Services move (two lease durations after its last renewal) within the phase.
+RING = "chaos"
+SHARD_LEASE_SECONDS = 6
+SHARD_LEASE_ARGS = (
+    "--lease-duration",
+    str(SHARD_LEASE_SECONDS),
+    "--renew-deadline",
+    "4",
+    "--retry-period",
+    "1",
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,8 @@ class Settings:
     fault_seconds: float = 90.0
     leader_kills: int = 8
     sigterms: int = 3
+    #: Rounds of the sharded phase: a replica added, a shard SIGKILLed, one added, one removed.
+    shard_rounds: int = 3
     converge_timeout: float = 180.0
     settle_timeout: float = 60.0
     #: Extra arguments for every ``resourceconsist run`` (e.g. lease timings).
@@ -90,6 +106,7 @@ class Settings:
             fault_seconds=20.0,
             leader_kills=2,
             sigterms=1,
+            shard_rounds=1,
             converge_timeout=90.0,
             settle_timeout=30.0,
         )
@@ -207,7 +224,7 @@ class Controllers:
             "ALIYUN_SLB_CLUSTER_NAME": "chaos",
         }
 
-    def start(self, *, leader_elect: bool = False) -> str:
+    def start(self, *, leader_elect: bool = False, sharded: bool = False) -> str:
         name = f"controller-{self.started:03d}"
         self.started += 1
         port = _free_port()
@@ -232,6 +249,10 @@ class Controllers:
         ]
         if leader_elect:
             argv += ["--leader-elect", "--leader-election-namespace", NAMESPACE]
+        if sharded:
+            # The shard's name is POD_NAME (below), as in the chart.
+            argv += ["--sharding", "--controller-ring", RING, "--leader-election-namespace", NAMESPACE]
+            argv += SHARD_LEASE_ARGS
         argv += self.extra_args
         # POD_NAME starts the Lease's holderIdentity, so the leader can be found by name.
         process = Process(name, argv, self.logdir, {**self.env, "POD_NAME": name})
@@ -725,7 +746,7 @@ class Run:
                 api.close()
                 watcher_client.close()
 
-    def execute(self) -> list[PhaseResult]:
+    def execute(self, only: str | None = None) -> list[PhaseResult]:
         with self.environment():
             self.watch.start()
             name = self.controllers.start()
@@ -738,7 +759,10 @@ class Run:
                 ("leader kills", self.phase_leader),
                 ("SIGTERM", self.phase_sigterm),
                 ("SIGTERM, hung provider", self.phase_hung_sigterm),
+                ("shard kills and rebalances", self.phase_sharded),
             ]
+            if only is not None:
+                phases = [(title, body) for title, body in phases if PHASES[title] == only]
             for title, body in phases:
                 result = PhaseResult(title, "")
                 result.started = time.time()
@@ -871,6 +895,37 @@ class Run:
         slowest = f"slowest exit {max(exits):.1f}s" if exits else "none"
         result.what = f"{len(exits)} SIGTERM, SLB answering after 20 s: {slowest}, {over} over {limit:g}s"
 
+    def phase_sharded(self, result: PhaseResult) -> None:
+        """Sharded replicas (docs/scaling.md) while the driver runs: each round adds a replica (a
+        share of the Services moves to it through the drain handshake), SIGKILLs a shard (its
+        Services wait for the take-over of its Lease, two lease durations, then move without a
+        drain), adds one back and removes one gracefully (its Lease released: its Services move
+        at once). Two or three shards run at any time; the counts are the other phases'."""
+        self.controllers.stop_all()
+        for name in [self.controllers.start(sharded=True) for _ in range(2)]:
+            self.controllers.wait_ready(name)
+        added = kills = removed = busy = 0
+        for _ in range(self.settings.shard_rounds):
+            time.sleep(self.rng.uniform(2.0, 5.0))
+            self.controllers.wait_ready(self.controllers.start(sharded=True))
+            added += 1
+            time.sleep(self.rng.uniform(2.0, 5.0))
+            was_busy, _ = self._busy_kill(self.rng.choice(sorted(self.controllers.running)), signal.SIGKILL)
+            kills += 1
+            busy += was_busy
+            time.sleep(2 * SHARD_LEASE_SECONDS + self.rng.uniform(1.0, 3.0))
+            self.controllers.wait_ready(self.controllers.start(sharded=True))
+            added += 1
+            time.sleep(self.rng.uniform(2.0, 5.0))
+            was_busy, _ = self._busy_kill(self.rng.choice(sorted(self.controllers.running)), signal.SIGTERM)
+            removed += 1
+            busy += was_busy
+        # Convergence is read with the shards left running (``converge`` uses any one running).
+        result.what = (
+            f"{added} shards added, {kills} SIGKILLed, {removed} removed by SIGTERM "
+            f"({busy} amid provider calls)"
+        )
+
     # -- convergence and scoring --
 
     def converge(self, result: PhaseResult) -> None:
@@ -914,6 +969,17 @@ class Run:
             result.unguarded = unguarded_deletions(window, lines)
             result.duplicates = sum(1 for t, _, _ in duplicates if result.started <= t < result.ended)
 
+
+#: ``--only``'s name of each phase.
+PHASES = {
+    "calm": "calm",
+    "kill -9": "kills",
+    "provider faults": "faults",
+    "leader kills": "leader",
+    "SIGTERM": "sigterm",
+    "SIGTERM, hung provider": "hung-sigterm",
+    "shard kills and rebalances": "sharded",
+}
 
 _FAULT_CODES = {"Throttling", "ServiceUnavailable", "ConnectionReset", "InternalError"}
 
@@ -1004,6 +1070,12 @@ def main() -> None:
         default=[],
         help="extra argument for every `resourceconsist run` (repeatable: --controller-arg=--flag=value)",
     )
+    parser.add_argument(
+        "--only",
+        choices=sorted(PHASES.values()),
+        default=None,
+        help="run one phase only (after the start-up every phase shares), e.g. --only sharded",
+    )
     args = parser.parse_args()
     # A SIGTERM to the benchmark still tears every process down (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -1013,10 +1085,11 @@ def main() -> None:
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}); logs in {workdir}")
+    only = f", phase {args.only} only" if args.only else ""
+    log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}{only}); logs in {workdir}")
     started = time.monotonic()
     run = Run(settings, workdir)
-    results = run.execute()
+    results = run.execute(args.only)
     (workdir / "results.json").write_text(
         json.dumps({"settings": asdict(settings), "phases": [asdict(r) for r in results]}, indent=1)
     )

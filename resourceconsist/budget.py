@@ -28,9 +28,10 @@ behind registrations and reads. ``ProviderBudget`` hands out one token per provi
 ``budget_for(account)`` is the process's budget of an account (made on first use);
 ``configure(ProviderBudgetOptions(...))`` sets the rate and burst of all of them (the manager does,
 from ``ManagerOptions.provider_budget``). ``ProviderBudgetOptions.share`` is the fraction of the
-configured rate this process takes: 1 while a single leader does all the work; once several
-replicas share the employers, each would take its share. What the budgets did is read by
-``resourceconsist.metrics`` at scrape time (``BudgetStats``; docs/observability.md).
+configured rate this process takes: 1 while a single leader does all the work; a sharded manager
+divides it by the ring's ready shards (docs/scaling.md, "The provider budget across shards").
+What the budgets did is read by ``resourceconsist.metrics`` at scrape time (``BudgetStats``;
+docs/observability.md).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import logging
 import warnings
 from collections.abc import Awaitable, Callable
@@ -35,7 +36,7 @@ from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
-from resourceconsist.sharding.ring import ShardState
+from resourceconsist.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.sharding.sharder import Sharder, SharderRound
 from resourceconsist.subscribers import LifecycleSubscriber
@@ -115,6 +116,7 @@ class Manager:
         self._shard_leases: InformerFactory | None = None
         self._sharder_elector: LeaderElector | None = None
         self._sharder_task: asyncio.Task[None] | None = None
+        self._unsubscribe_share: Callable[[], None] | None = None
         if sharding is not None:
             election = sharding.lease_options()
             self._elector = LeaderElector(
@@ -262,6 +264,7 @@ class Manager:
             # Made again after a stop (stopping a factory drops its informers).
             assert self.shard is not None
             self.shard.leases = self._leases_informer()
+            self._unsubscribe_share = self.shard.leases.add_handler(self._share_budget)
             self._shard_leases.start(loop)
         if self._sharder_elector is not None:
             self._sharder_task = asyncio.create_task(
@@ -314,6 +317,26 @@ class Manager:
                 await server.cleanup()
             self._servers.clear()
             raise
+
+    def _share_budget(self, event: WatchEvent) -> None:
+        """Take this replica's share of the provider budget: the configured share over the ring's
+        ready shards, looked at again on every Lease event (each renewal is one, so a shard gone
+        silent is noticed within a retry period of the others'; docs/scaling.md)."""
+        assert self.shard is not None and self.shard.leases is not None
+        now = datetime.datetime.now(datetime.UTC)
+        ring_share = budget_share(shard_of_lease(lease, now) for lease in self.shard.leases.store.list())
+        configured = self.options.provider_budget
+        wanted = dataclasses.replace(configured, share=configured.share * ring_share)
+        if budget.settings() != wanted:
+            budget.configure(wanted)
+            if configured.rate is None:
+                return  # no rate to divide: nothing an operator needs to hear
+            log.info(
+                "shard %s takes 1/%d of the provider budget (ready shards of the ring %s)",
+                self.shard.shard,
+                round(1 / ring_share),
+                self.shard.ring,
+            )
 
     def _leases_informer(self) -> Informer:
         assert self._shard_leases is not None
@@ -370,6 +393,9 @@ class Manager:
         if self._sharder_task is not None:
             await self._sharder_task
             self._sharder_task = None
+        if self._unsubscribe_share is not None:
+            self._unsubscribe_share()
+            self._unsubscribe_share = None
         if self._shard_leases is not None:
             await asyncio.to_thread(self._shard_leases.stop)
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))

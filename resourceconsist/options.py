@@ -198,8 +198,8 @@ class ProviderBudgetOptions:
     rate: float | None = None
     #: Requests a full bucket lets through at once.
     burst: int = DEFAULT_PROVIDER_BURST
-    #: The fraction of ``rate`` this process takes: 1 for a single leader; a replica sharing the
-    #: work with others would take its share (docs/concepts.md, "The provider budget").
+    #: The fraction of ``rate`` this process takes: 1 for a single leader; a sharded manager
+    #: divides it by the ring's ready shards (docs/scaling.md, "The provider budget across shards").
     share: float = 1.0
 
     def __post_init__(self) -> None:

@@ -165,6 +165,13 @@ def ring_of(shards: Iterable[Shard], tokens: int = VIRTUAL_NODES) -> HashRing:
     return HashRing((s.name for s in shards if s.state.available), tokens)
 
 
+def budget_share(shards: Iterable[Shard]) -> float:
+    """The fraction of the provider budget's configured rate one replica takes: one over the ready
+    shards of the ring (at least one), so that the replicas together spend the configured rate
+    (docs/scaling.md, "The provider budget across shards")."""
+    return 1.0 / max(1, sum(1 for s in shards if s.state == ShardState.READY))
+
+
 @dataclass(frozen=True)
 class Move:
     """What the sharder writes to one object's labels (None: remove the label)."""

@@ -189,7 +189,17 @@ def test_the_pinned_helm_is_the_one_built() -> None:
     assert version.stdout.startswith(f"v{HELM_VERSION}")
 
 
-@pytest.mark.parametrize("values", [None, NON_DEFAULT_VALUES], ids=["default", "non-default"])
+#: Sharding on, with its non-default settings (docs/scaling.md, "The chart").
+SHARDING_VALUES: dict[str, Any] = {
+    "sharding": {"enabled": True, "controllerRing": "slb", "sharder": False, "webhookReplicas": 3},
+    "replicaCount": 4,
+    "leaderElection": {"namespace": "leases", "leaseDuration": 20},
+}
+
+
+@pytest.mark.parametrize(
+    "values", [None, NON_DEFAULT_VALUES, SHARDING_VALUES], ids=["default", "non-default", "sharding"]
+)
 def test_helm_lint_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> None:
     args = ["lint", "--strict", str(CHART)]
     if values is not None:
@@ -245,6 +255,8 @@ def test_the_image_tag_defaults_to_the_package_version_and_latest_is_refused(tmp
         # A Role goes into the namespace watched: it must be a namespace's name.
         ("watchNamespace=Shop", "at '/watchNamespace': 'Shop' does not match pattern"),
         ("providerBudget.burst=0", "at '/providerBudget/burst': minimum: got 0, want 1"),
+        # The ring's name ends label keys: a DNS label.
+        ("sharding.controllerRing=SLB", "at '/sharding/controllerRing': 'SLB' does not match pattern"),
         ("watchNamespaces={shop,Web}", "at '/watchNamespaces/1': 'Web' does not match pattern"),
         ("watchNamespaces={shop,shop}", "at '/watchNamespaces': items at 0 and 1 are equal"),
         (
@@ -299,6 +311,87 @@ def test_watch_namespaces_put_a_role_and_binding_in_each_and_tell_the_manager(tm
     assert ("ClusterRole", manager) in _by_kind(default)
     (deployment,) = [d for d in default if d["kind"] == "Deployment"]
     assert not [a for a in _container(deployment)["args"] if a.startswith("--namespace")]
+
+
+def test_sharding_runs_the_shards_and_the_webhook_in_deployments_of_their_own(tmp_path: Path) -> None:
+    """sharding.enabled: the manager's replicas run `run --sharding`, each shard named after its
+    pod (the downward API), leader election's Lease namespace and timings for the shard Leases,
+    no webhook (a shard caches only its share of the employers); the webhook runs as
+    `resourceconsist webhook` in resourceconsist-webhook, which the webhook Service selects alone;
+    the Lease grants are the sharding Role's, not leader election's (docs/scaling.md)."""
+    docs = _template("resourceconsist", SHARDING_VALUES, tmp_path)
+    found = _by_kind(docs)
+    manager = found[("Deployment", "resourceconsist-manager")]
+    webhook = found[("Deployment", "resourceconsist-webhook")]
+    assert manager["spec"]["replicas"] == 4
+    assert webhook["spec"]["replicas"] == 3
+    args = _container(manager)["args"]
+    assert args[0] == "run"
+    for wanted in (
+        "--sharding",
+        "--controller-ring=slb",
+        "--shard-name=$(POD_NAME)",
+        "--no-sharder",
+        "--leader-election-namespace=leases",
+        "--lease-duration=20",
+    ):
+        assert wanted in args
+    assert not [a for a in args if a.startswith(("--webhook", "--cert-dir")) or a == "--leader-elect"]
+    env = {e["name"]: e for e in _container(manager)["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "volumes" not in manager["spec"]["template"]["spec"]
+    hook_args = _container(webhook)["args"]
+    assert hook_args[0] == "webhook"
+    assert "--webhook-service=resourceconsist-manager" in hook_args
+    assert not [a for a in hook_args if a.startswith(("--shard", "--lease", "--slb-", "--shutdown"))]
+    # Two Deployments, two selectors that never select each other's pods.
+    manager_selector = manager["spec"]["selector"]["matchLabels"]
+    webhook_selector = webhook["spec"]["selector"]["matchLabels"]
+    assert manager_selector["app.kubernetes.io/component"] == "manager"
+    assert webhook_selector["app.kubernetes.io/component"] == "webhook"
+    for deployment in (manager, webhook):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels.items() >= deployment["spec"]["selector"]["matchLabels"].items()
+    assert found[("Service", "resourceconsist-manager")]["spec"]["selector"] == webhook_selector
+    role = found[("Role", "resourceconsist-sharding")]
+    assert role["metadata"]["namespace"] == "leases"
+    assert role["rules"] == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        }
+    ]
+    assert ("Role", "resourceconsist-leader-election") not in found
+    # Off (the default): one Deployment, its selector as config/ has always had it.
+    default = _by_kind(_template("resourceconsist", None, tmp_path))
+    assert ("Deployment", "resourceconsist-webhook") not in default
+    assert ("Role", "resourceconsist-sharding") not in default
+    assert default[("Deployment", "resourceconsist-manager")]["spec"]["selector"]["matchLabels"] == {
+        "control-plane": "resourceconsist-manager"
+    }
+
+
+def test_helm_install_with_sharding_on_a_real_api_server(chart_cluster: ChartCluster, tmp_path: Path) -> None:
+    """The sharded chart is accepted by a real API server: both Deployments, the Lease Role in the
+    Lease namespace, the webhook Service on the webhook's pods only, and the notes say where the
+    shards' Leases are."""
+    chart_cluster.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "leases"}})
+    stored = chart_cluster.install("resourceconsist", SHARDING_VALUES, tmp_path)
+    manager = stored[("Deployment", "resourceconsist-manager")]
+    webhook = stored[("Deployment", "resourceconsist-webhook")]
+    assert "--sharding" in _container(manager)["args"]
+    assert _container(webhook)["args"][0] == "webhook"
+    assert stored[("Role", "resourceconsist-sharding")]["metadata"]["namespace"] == "leases"
+    binding = stored[("RoleBinding", "resourceconsist-sharding")]
+    assert binding["subjects"][0]["name"] == "resourceconsist-manager"
+    service = stored[("Service", "resourceconsist-manager")]
+    assert service["spec"]["selector"] == webhook["spec"]["selector"]["matchLabels"]
+    notes = _helm(
+        "get", "notes", "resourceconsist", "--namespace", "resourceconsist", env=chart_cluster.helm_env
+    )
+    assert f"-l {wire.SHARD_RING_LABEL}=slb" in notes.stdout
+    assert "deployment/resourceconsist-webhook" in notes.stdout
 
 
 def test_helm_install_with_default_values_on_a_real_api_server(

@@ -115,8 +115,10 @@ def _apply(admin: KubeClient, docs: list[dict[str, Any]], webhook_port: int) -> 
         admin.create(resource, doc["metadata"].get("namespace") if resource.namespaced else None, doc)
 
 
-def _manager_args(docs: list[dict[str, Any]]) -> list[str]:
-    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+def _manager_args(docs: list[dict[str, Any]], deployment_name: str = MANAGER) -> list[str]:
+    (deployment,) = [
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == deployment_name
+    ]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     return list(container["args"])
 
@@ -234,19 +236,40 @@ def emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[st
 def _manager_process(install: Install, info: dict[str, str], cert_dir: Path) -> CommandProcess:
     """`resourceconsist run` with the chart's arguments, as the ServiceAccount: the token's
     kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter."""
-    health_port = free_port()
-    args = [
-        *_manager_args(install.docs),
-        f"--kubeconfig={install.kubeconfig}",
-        "--metrics-bind-address=0",
-        f"--health-probe-bind-address=127.0.0.1:{health_port}",
-        "--log-format=text",
+    return _chart_process(
+        install,
+        info,
+        [*_manager_args(install.docs), *_webhook_args(install, cert_dir), *_controller_args()],
+    )
+
+
+def _webhook_args(install: Install, cert_dir: Path) -> list[str]:
+    """The webhook served on loopback, its certificate bootstrapped into ``cert_dir``."""
+    return [
         "--webhook-host=127.0.0.1",
         f"--webhook-port={install.webhook_port}",
         f"--cert-dir={cert_dir}",
         "--webhook-cert-host=127.0.0.1",
-        f"--slb-cluster-name={CLUSTER_NAME}",
-        "--garbage-interval=1",
+    ]
+
+
+def _controller_args() -> list[str]:
+    """The SLB adapter's cluster name, and a garbage pass every second."""
+    return [f"--slb-cluster-name={CLUSTER_NAME}", "--garbage-interval=1"]
+
+
+def _chart_process(
+    install: Install, info: dict[str, str], args: list[str], env: dict[str, str] | None = None
+) -> CommandProcess:
+    """`resourceconsist` with ``args`` (a Deployment's, then this test's), as the ServiceAccount:
+    the token's kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter."""
+    health_port = free_port()
+    args = [
+        *args,
+        f"--kubeconfig={install.kubeconfig}",
+        "--metrics-bind-address=0",
+        f"--health-probe-bind-address=127.0.0.1:{health_port}",
+        "--log-format=text",
     ]
     env = {
         **{
@@ -260,6 +283,7 @@ def _manager_process(install: Install, info: dict[str, str], cert_dir: Path) -> 
         "ALIYUN_SLB_ENDPOINT": info["endpoint"],
         "ALIBABA_CLOUD_REGION_ID": info["region_id"],
         "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+        **(env or {}),
     }
     return CommandProcess(args, env, health_port)
 
@@ -270,19 +294,7 @@ async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> As
     manager = _manager_process(install, info, cert_dir)
     try:
         await async_wait_for(manager.ready, timeout=90, message="the manager ready")
-
-        async def ca_bundle_filled() -> bool:
-            config = await Cluster(install.admin, APP).call(
-                install.admin.get,
-                kube.MUTATING_WEBHOOK_CONFIGURATION,
-                None,
-                wire.MUTATING_WEBHOOK_CONFIGURATION,
-            )
-            return all(hook["clientConfig"].get("caBundle") for hook in config["webhooks"])
-
-        await async_wait_for(
-            ca_bundle_filled, timeout=60, message="the bootstrap's caBundle in the configuration"
-        )
+        await _ca_bundle_filled(install)
         yield manager
     except BaseException:
         # Shown by pytest with the failure: what the manager said, and what it was refused.
@@ -291,6 +303,21 @@ async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> As
         raise
     finally:
         manager.stop()
+
+
+async def _ca_bundle_filled(install: Install) -> None:
+    """Wait until the webhook's certificate bootstrap has filled the configuration's caBundle."""
+
+    async def filled() -> bool:
+        config = await Cluster(install.admin, APP).call(
+            install.admin.get,
+            kube.MUTATING_WEBHOOK_CONFIGURATION,
+            None,
+            wire.MUTATING_WEBHOOK_CONFIGURATION,
+        )
+        return all(hook["clientConfig"].get("caBundle") for hook in config["webhooks"])
+
+    await async_wait_for(filled, timeout=60, message="the bootstrap's caBundle in the configuration")
 
 
 def _manager_forbidden(events: list[dict[str, Any]]) -> list[str]:
@@ -706,11 +733,16 @@ GRANTS_BEGIN = "<!-- grants: checked by tests/api/test_privilege.py -->"
 GRANTS_END = "<!-- end of grants -->"
 
 
-def _doc_grants() -> dict[Grant, bool]:
-    """docs/security.md's grants table: each (group, resource, verb) and whether it says every
+#: The grants a sharded install adds (docs/security.md, "Sharding's grants").
+SHARDING_GRANTS_BEGIN = "<!-- sharding grants: checked by tests/api/test_privilege.py -->"
+SHARDING_GRANTS_END = "<!-- end of sharding grants -->"
+
+
+def _doc_grants(begin: str = GRANTS_BEGIN, end: str = GRANTS_END) -> dict[Grant, bool]:
+    """A grants table of docs/security.md: each (group, resource, verb) and whether it says every
     scenario run uses it ("yes") or it is kept for a path a run need not reach ("not always")."""
     rows: dict[Grant, bool] = {}
-    for line in _doc_section(GRANTS_BEGIN, GRANTS_END).splitlines()[2:]:
+    for line in _doc_section(begin, end).splitlines()[2:]:
         cells = [c.strip().strip("`") for c in line.strip().strip("|").split("|")]
         group, resource, verbs, used = cells[0], cells[1], cells[2], cells[3]
         assert used in {"yes", "not always"}, line
@@ -719,13 +751,18 @@ def _doc_grants() -> dict[Grant, bool]:
     return rows
 
 
-def _every_grant_is_used_or_explained(events: list[dict[str, Any]], docs: list[dict[str, Any]]) -> None:
+def _every_grant_is_used_or_explained(
+    events: list[dict[str, Any]], docs: list[dict[str, Any]], *, sharded: bool = False
+) -> None:
     """What the manager used, read from the audit log of a scenario run as the ServiceAccount,
-    against what the chart grants it and what docs/security.md says."""
+    against what the chart grants it and what docs/security.md says (``sharded``: its table of
+    sharding's grants too; where both tables name a grant, sharding's says whether it is used)."""
     used = _used(events)
     granted = _granted(docs)
     assert used <= granted  # anything else would have been a 403
     documented = _doc_grants()
+    if sharded:
+        documented |= _doc_grants(SHARDING_GRANTS_BEGIN, SHARDING_GRANTS_END)
     unused = sorted(granted - used)
     assert set(documented) == granted, (
         f"docs/security.md's grants differ from the chart's: missing {sorted(granted - set(documented))}, "
@@ -1024,3 +1061,115 @@ async def test_an_adapter_s_sub_resource_is_kept_as_the_service_account(
     assert on_pdbs == {("policy", "poddisruptionbudgets", verb) for verb in SUB_RESOURCE_RULES[0]["verbs"]}
     # Everything else it used is the chart's.
     assert _used(events) - on_pdbs <= _granted(installed.docs)
+
+
+#: The chart with sharding on, its Lease timings short so that a killed shard's Services move
+#: within the test (docs/scaling.md, "The chart").
+SHARDED_VALUES = {
+    "sharding": {"enabled": True, "controllerRing": "slb"},
+    "leaderElection": {"leaseDuration": 6, "renewDeadline": 4, "retryPeriod": 1},
+}
+SHARDS = ("shard-a", "shard-b", "shard-c")
+SHARD_KEY = wire.SHARD_LABEL_PREFIX + "slb"
+
+
+@pytest.fixture
+def installed_sharded(tmp_path: Path) -> Iterator[Install]:
+    """The chart with sharding on (the shards' and the webhook's Deployments, the sharding Role)
+    on a control plane of its own."""
+    yield from _install(SHARDED_VALUES, tmp_path)
+
+
+def _shard_process(install: Install, info: dict[str, str], shard: str) -> CommandProcess:
+    """One replica of the shards' Deployment, its pod named ``shard`` (the downward API's
+    POD_NAME, which the chart's `--shard-name=$(POD_NAME)` names; the kubelet expands it)."""
+    args = [a.replace("$(POD_NAME)", shard) for a in _manager_args(install.docs)]
+    return _chart_process(install, info, [*args, *_controller_args()], {"POD_NAME": shard})
+
+
+async def test_sharded_replicas_share_and_serve_the_services_as_the_service_account(
+    installed_sharded: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    """The chart with sharding on, run as its two Deployments would run (the webhook with
+    `resourceconsist webhook`, three shards with `resourceconsist run --sharding`), as the
+    ServiceAccount under the policy: the Services are shared among the shards and served; a
+    shard SIGKILLed loses its Services to the others, whose guard releases their pods; and the
+    audit log shows only the grants of docs/security.md used, sharding's among them."""
+    install = installed_sharded
+    assert "--sharding" in _manager_args(install.docs)
+    info, slb = emulator
+    cluster = Cluster(install.admin, APP)
+    before = len(install.cp.audit_events())
+    services = [f"shop-{i}" for i in range(6)]
+    for name in services:
+        await cluster.service(
+            name,
+            labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER},
+            annotations={MODE_ANNOTATION: "manage", wire.READINESS_GATE_ANNOTATION: "true"},
+        )
+    webhook_args = _manager_args(install.docs, "resourceconsist-webhook")
+    assert webhook_args[0] == "webhook"
+    processes = {"webhook": _chart_process(install, info, [*webhook_args, *_webhook_args(install, tmp_path)])}
+    try:
+        await async_wait_for(processes["webhook"].ready, timeout=90, message="the webhook ready")
+        await _ca_bundle_filled(install)
+        for shard in SHARDS:
+            processes[shard] = _shard_process(install, info, shard)
+        for shard in SHARDS:
+            await async_wait_for(processes[shard].ready, timeout=90, message=f"{shard} ready")
+
+        async def owners() -> dict[str, str]:
+            found = {}
+            for name in services:
+                service = await cluster.get(kube.SERVICE, name)
+                assert service is not None
+                found[name] = (service["metadata"].get("labels") or {}).get(SHARD_KEY, "")
+            return found
+
+        async def assigned_among(shards: set[str]) -> bool:
+            return set((await owners()).values()) <= shards
+
+        await async_wait_for(
+            lambda: assigned_among(set(SHARDS)), timeout=60, message="every Service assigned"
+        )
+        for index, name in enumerate(services):
+            await _serve(cluster, slb, name, [f"{name}-0"], first_eni=10 * index)
+        first = await owners()
+        assert len(set(first.values())) >= 2, f"the Services are shared among the shards: {first}"
+
+        # The shard holding the most Services is killed: no release, its Lease goes silent, and
+        # the sharder (another replica, as the ServiceAccount) takes it over and moves them.
+        killed = max(SHARDS, key=lambda s: sum(1 for o in first.values() if o == s))
+        processes[killed].process.kill()
+        moved = [name for name, owner in first.items() if owner == killed]
+        survivors = set(SHARDS) - {killed}
+        await async_wait_for(
+            lambda: assigned_among(survivors), timeout=90, message=f"{killed}'s Services moved to the others"
+        )
+        # The new owners serve them: a pod's deletion is released after its backend is gone.
+        for name in moved:
+            await cluster.delete(kube.POD, f"{name}-0")
+
+            async def released(name: str = name) -> bool:
+                groups = [g for g in slb.state()["groups"] if g["name"] == f"resourceconsist/{APP}/{name}"]
+                return await cluster.get(kube.POD, f"{name}-0") is None and all(
+                    not g["backends"] for g in groups
+                )
+
+            await async_wait_for(
+                released, timeout=90, message=f"{name}-0's deletion released by its new shard"
+            )
+    except BaseException:
+        for label, process in processes.items():
+            print(f"--- {label}\n{process.output[-8000:]}")
+        print("\n".join(_manager_forbidden(install.cp.audit_events())))
+        raise
+    finally:
+        for process in processes.values():
+            process.stop()
+    events = install.cp.audit_events()[before:]
+    assert not _manager_forbidden(events)
+    used = _used(events)
+    for verb in ("get", "create", "patch", "list", "watch"):
+        assert ("coordination.k8s.io", "leases", verb) in used, verb
+    _every_grant_is_used_or_explained(events, install.docs, sharded=True)
