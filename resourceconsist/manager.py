@@ -97,6 +97,10 @@ class Manager:
             resync_period=self.options.resync_period,
             namespaces=self.options.watched_namespaces or (),
         )
+        if self.options.pod_label_selector is not None:
+            # The controlled pods and those an employer may still hold (docs/concepts.md, "Pods
+            # the caches keep"); a selector the API server would refuse is refused here.
+            self.informers.keep_pods(self.options.pod_label_selector)
         self.metrics = Metrics()
         self.metrics.watch_cluster(client, self.informers)
         self.clusters = ClusterRegistry()
