@@ -435,8 +435,10 @@ class Informer:
                 label_selector=self.label_selector,
             )
             # Page by page: only one page is ever held whole.
-            stored = (_as_stored(item, self.resource, transform) for item in page.get("items") or [])
-            items.extend(stored if self.keep is None else (o for o in stored if self.keep(o)))
+            listed = page.get("items") or []
+            # A pod the cache does not keep is let go before the transform's work.
+            kept = listed if self.keep is None else (o for o in listed if self.keep(o))
+            items.extend(_as_stored(item, self.resource, transform) for item in kept)
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
@@ -517,12 +519,17 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
+                let_go = self.keep is not None and kind != "DELETED" and not self.keep(obj)
+                if let_go and self.store.get(object_key(obj)) is None:
+                    continue  # neither kept nor held: not even the transform's work
                 obj = self.transform(obj)
                 with self._emit_lock:
                     if kind == "DELETED":
                         old = self.store.delete(obj)
                         self._emit(WatchEvent("DELETED", obj, old))
-                    elif kind in ("ADDED", "MODIFIED") and self.keep is not None and not self.keep(obj):
+                    elif let_go:
+                        # No longer kept (docs/concepts.md, "Pods the caches keep"): it leaves the
+                        # store as from a label-selected watch, a DELETED that is not a deletion.
                         old = self.store.delete(obj)
                         if old is not None:
                             self._emit(WatchEvent("DELETED", obj, old))
