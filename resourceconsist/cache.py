@@ -356,6 +356,18 @@ class Informer:
         if not ok:
             raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
 
+    @property
+    def current(self) -> bool:
+        """The store holds what the current transform and ``keep`` keep: no re-list asked for by
+        ``set_transform`` or ``relist`` is still under way."""
+        return self._kept.is_set()
+
+    def relist(self) -> None:
+        """List again, keeping what ``keep`` keeps now (it reads state that changed, e.g. a
+        shard's employers; docs/scaling.md); ``wait_synced`` waits for the list. Calls made while
+        a list runs ask for one more list, not one each."""
+        self.set_transform(self.transform)
+
     def set_transform(self, transform: Transform) -> None:
         """Keep what ``transform`` keeps from now on. Objects already stored were kept by the old
         one, so a started informer lists again (an unchanged object sends no event);
@@ -565,6 +577,8 @@ class InformerFactory:
         self._selectors: dict[Resource, str] = {}
         #: The pods the pod informers keep, when not all (``keep_pods``), and the selector it came from.
         self._pod_keep: tuple[str, Callable[[KubeObject], bool]] | None = None
+        #: Further rules every kept pod must pass (``restrict_pods``: a shard's share).
+        self._pod_rules: list[Callable[[KubeObject], bool]] = []
         #: The fields the pod informers keep: the frame's, and those the adapters declared.
         self._pod_fields: frozenset[str] = frozenset(FRAME_POD_FIELDS)
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
@@ -596,7 +610,7 @@ class InformerFactory:
                     resync_period=self.resync_period,
                     label_selector=self._selectors.get(resource),
                     transform=keeping(self._pod_fields) if resource == kube.POD else trim,
-                    keep=self._pod_keep[1] if resource == kube.POD and self._pod_keep else None,
+                    keep=self._pod_keeper() if resource == kube.POD else None,
                 )
                 self._informers[key] = found
                 if self._loop is not None:
@@ -640,6 +654,26 @@ class InformerFactory:
                     "first reader asks for it"
                 )
             self._pod_keep = (label_selector, keeps)
+
+    def restrict_pods(self, rule: Callable[[KubeObject], bool]) -> None:
+        """Keep only the pods ``rule`` keeps too (a shard's share, resourceconsist/sharding/pods.py).
+        ``rule`` runs in the informer threads on every listed and watched pod, and may read other
+        caches. Said before the pod informer is made."""
+        with self._lock:
+            if kube.POD in self._informers:
+                raise ValueError(
+                    "the cache of pods is already made; restrict it before the first reader asks for it"
+                )
+            self._pod_rules.append(rule)
+
+    def _pod_keeper(self) -> Callable[[KubeObject], bool] | None:
+        """Which pods the pod informer keeps (``keep_pods``, ``restrict_pods``); None: all."""
+        rules = [*([self._pod_keep[1]] if self._pod_keep else []), *self._pod_rules]
+        if not rules:
+            return None
+        if len(rules) == 1:
+            return rules[0]
+        return lambda pod: all(rule(pod) for rule in rules)
 
     def keep_pod_fields(self, paths: Iterable[str]) -> None:
         """Keep these fields of pods too (an adapter's ``CachedPodFieldsOptions``); a pod informer

@@ -491,7 +491,14 @@ class Controller:
         assert self.shard is not None
         namespace, _, name = key.rpartition("/")
         cached = self.reader.get(self.spec.employer, namespace or None, name)
-        return await self.shard.may_act(self.spec.employer, key, cached)
+        if not await self.shard.may_act(self.spec.employer, key, cached):
+            return False
+        pods = self.informers.informer(self.spec.employee)
+        if not pods.current:
+            # The shard's pods are being listed again for a new share (an employer arrived): a
+            # pass waits for them, so no pod it selects looks gone (docs/scaling.md).
+            await pods.wait_synced()
+        return True
 
 
 class _Handle:

@@ -35,6 +35,7 @@ from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
+from resourceconsist.sharding.pods import ShardPods, changes_share
 from resourceconsist.sharding.ring import ShardState
 from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.sharding.sharder import Sharder, SharderRound
@@ -136,10 +137,16 @@ class Manager:
                 self._leases_informer(),
                 on_drained=self.metrics.shard_drains.inc,
             )
+            # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
+            # need of pods"); every pod while a controller of another kind runs.
+            shard_pods = ShardPods(self.shard, self.informers.reader(), self._services_synced)
+            self.informers.restrict_pods(lambda pod: not self._pods_divide() or shard_pods.keeps(pod))
             if sharding.sharder:
                 self._sharder_elector = LeaderElector(
                     client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel
                 )
+        #: Ends the pod re-lists on this shard's Service changes (``_relist_pods_on_new_share``).
+        self._unrelist: Callable[[], None] = lambda: None
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
@@ -195,6 +202,9 @@ class Manager:
             if c is not controller and c.spec.employer == controller.spec.employer
         ]
         self.controllers[name] = controller
+        if self.shard is not None and self._started:
+            # What this shard's pod cache keeps may have changed with the controllers' kinds.
+            self.informers.informer(kube.POD).relist()
         if self._started and self.leading:
             await controller.start()
         sharder = self.sharder
@@ -255,6 +265,8 @@ class Manager:
         # standby's webhook can answer from them).
         for controller in self.controllers.values():
             controller.warm_caches()
+        if self.shard is not None and self._pods_divide():
+            self._unrelist = self._relist_pods_on_new_share()
         if self._elector is None:
             await self._start_controllers()
         else:
@@ -318,6 +330,29 @@ class Manager:
                 await server.cleanup()
             self._servers.clear()
             raise
+
+    def _pods_divide(self) -> bool:
+        """Every controller employs pods for Services: a shard's pods are its Services' (with
+        sharding; resourceconsist/sharding/pods.py)."""
+        specs = [c.spec for c in list(self.controllers.values())]
+        return bool(specs) and all(s.employer == kube.SERVICE and s.employee == kube.POD for s in specs)
+
+    def _services_synced(self) -> bool:
+        """This shard's Service cache is made and has its first list."""
+        return any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers())
+
+    def _relist_pods_on_new_share(self) -> Callable[[], None]:
+        """List the pods again whenever this shard's Services change what it must keep (one
+        arrived, a selector changed), at once: the pass such an event queues finds the pod cache
+        not current and waits for the list (``Controller``). Re-lists asked for while one runs
+        make one more, not one each (``Informer.relist``). Returns the unsubscribe."""
+        pods = self.informers.informer(kube.POD)
+
+        def on_service(event: WatchEvent) -> None:
+            if changes_share(event):
+                pods.relist()
+
+        return self.informers.informer(kube.SERVICE).add_handler(on_service)
 
     def _leases_informer(self) -> Informer:
         assert self._shard_leases is not None
@@ -386,6 +421,7 @@ class Manager:
             await server.cleanup()
         self._servers.clear()
         self.clusters.stop_all()
+        self._unrelist()
         await asyncio.to_thread(self.informers.stop)
         self._started = False
         log.info("manager stopped")
