@@ -347,12 +347,22 @@ class Manager:
         not current and waits for the list (``Controller``). Re-lists asked for while one runs
         make one more, not one each (``Informer.relist``). Returns the unsubscribe."""
         pods = self.informers.informer(kube.POD)
+        services = self.informers.informer(kube.SERVICE)
 
         def on_service(event: WatchEvent) -> None:
             if changes_share(event):
                 pods.relist()
 
-        return self.informers.informer(kube.SERVICE).add_handler(on_service)
+        # Until the Service cache is in, every pod is kept; a shard with no Service yet lets
+        # them go once it is.
+        withdraw = services.when_synced(pods.relist)
+        remove = services.add_handler(on_service)
+
+        def unsubscribe() -> None:
+            withdraw()
+            remove()
+
+        return unsubscribe
 
     def _leases_informer(self) -> Informer:
         assert self._shard_leases is not None

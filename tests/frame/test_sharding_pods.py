@@ -6,12 +6,18 @@ pod: none looks gone, none is deregistered, none loses its finalizer."""
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 
-from resourceconsist import kube, lifecycle
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.cache import Informer, InformerFactory
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeObject
 from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions, ShardingOptions
-from resourceconsist.sharding.ring import shard_label
+from resourceconsist.sharding.pods import ShardPods
+from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
 RING = "pods"
@@ -119,3 +125,74 @@ async def test_each_replica_caches_its_services_pods_and_a_move_keeps_every_pod_
         for name, manager in replicas.items():
             if name not in stopped:
                 await manager.stop(timeout=5)
+
+
+def _lease(shard: str) -> KubeObject:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": shard, "acquireTime": now, "renewTime": now, "leaseDurationSeconds": 600}
+    return {"metadata": {"name": shard, "namespace": "leases"}, "spec": spec}
+
+
+def _pod(namespace: str, labels: dict[str, str], services: list[str], finalizers: list[str]) -> KubeObject:
+    entries = {
+        lifecycle.expected_finalizer_key("Service", namespace, s): lifecycle.lifecycle_finalizer(s)
+        for s in services
+    }
+    annotations = (
+        {wire.AVAILABLE_CONDITIONS_ANNOTATION: json.dumps({"expectedFinalizers": entries})}
+        if services
+        else {}
+    )
+    meta = {
+        "name": "p",
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": annotations,
+        "finalizers": finalizers,
+    }
+    return {"metadata": meta, "spec": {}}
+
+
+async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_cannot_name(
+    cluster: Cluster,
+) -> None:
+    gate = ShardGate(cluster.client, RING, "shard-a", Informer(cluster.client, kube.LEASE))
+    assert gate.leases is not None
+    for shard in ("shard-a", "shard-b"):
+        gate.leases.store.upsert(_lease(shard))
+    ring = HashRing({"shard-a", "shard-b"})
+    ns = cluster.namespace
+
+    def placed_on(shard: str) -> str:
+        return next(
+            f"gone-{i}"
+            for i in range(1000)
+            if ring.shard_of(hash_key("v1", "Service", ns, f"gone-{i}")) == shard
+        )
+
+    await cluster.service("mine", labels={shard_label(RING): "shard-a"})
+    await cluster.service("theirs", labels={shard_label(RING): "shard-b"})
+    factory = InformerFactory(cluster.client, namespace=ns)
+    factory.select(kube.SERVICE, gate.selector)
+    factory.informer(kube.SERVICE)
+    factory.start(asyncio.get_running_loop())
+    try:
+        await factory.wait_synced()
+        pods = ShardPods(gate, factory.reader(), lambda: True)
+        guard = lifecycle.guard_finalizer
+        assert pods.keeps(_pod(ns, {"app": "mine"}, [], []))  # selected by its Service
+        assert not pods.keeps(_pod(ns, {"app": "theirs"}, ["theirs"], [guard("theirs")]))
+        assert pods.keeps(_pod(ns, {}, ["mine"], [guard("mine")]))  # unselected, still marked
+        assert pods.keeps(_pod(ns, {}, [placed_on("shard-a")], []))  # a gone Service the ring places here
+        assert not pods.keeps(_pod(ns, {}, [placed_on("shard-b")], []))
+        # A finalizer no entry or gate names: its employer is unknown, so the pod is kept.
+        assert pods.keeps(_pod(ns, {"app": "theirs"}, ["theirs"], [guard("theirs"), guard("nameless")]))
+        gated = _pod(ns, {}, [], [])
+        gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate("mine")}]
+        assert pods.keeps(gated)
+        gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate("theirs")}]
+        assert not pods.keeps(gated)
+        assert not pods.keeps(_pod(ns, {"app": "nobody"}, [], []))
+        assert ShardPods(gate, factory.reader(), lambda: False).keeps(_pod(ns, {"app": "nobody"}, [], []))
+    finally:
+        factory.stop()
