@@ -163,15 +163,18 @@ async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_c
     ring = HashRing({"shard-a", "shard-b"})
     ns = cluster.namespace
 
-    def placed_on(shard: str) -> str:
+    def placed_on(shard: str, prefix: str = "gone") -> str:
         return next(
-            f"gone-{i}"
+            f"{prefix}-{i}"
             for i in range(1000)
-            if ring.shard_of(hash_key("v1", "Service", ns, f"gone-{i}")) == shard
+            if ring.shard_of(hash_key("v1", "Service", ns, f"{prefix}-{i}")) == shard
         )
 
+    # Another shard's Service, placed there by the ring too (a Service being moved here would be
+    # kept: harmless, and not what this asks).
+    theirs = placed_on("shard-b", "theirs")
     await cluster.service("mine", labels={shard_label(RING): "shard-a"})
-    await cluster.service("theirs", labels={shard_label(RING): "shard-b"})
+    await cluster.service(theirs, labels={shard_label(RING): "shard-b"})
     factory = InformerFactory(cluster.client, namespace=ns)
     factory.select(kube.SERVICE, gate.selector)
     factory.informer(kube.SERVICE)
@@ -181,16 +184,16 @@ async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_c
         pods = ShardPods(gate, factory.reader(), lambda: True)
         guard = lifecycle.guard_finalizer
         assert pods.keeps(_pod(ns, {"app": "mine"}, [], []))  # selected by its Service
-        assert not pods.keeps(_pod(ns, {"app": "theirs"}, ["theirs"], [guard("theirs")]))
+        assert not pods.keeps(_pod(ns, {"app": theirs}, [theirs], [guard(theirs)]))
         assert pods.keeps(_pod(ns, {}, ["mine"], [guard("mine")]))  # unselected, still marked
         assert pods.keeps(_pod(ns, {}, [placed_on("shard-a")], []))  # a gone Service the ring places here
         assert not pods.keeps(_pod(ns, {}, [placed_on("shard-b")], []))
         # A finalizer no entry or gate names: its employer is unknown, so the pod is kept.
-        assert pods.keeps(_pod(ns, {"app": "theirs"}, ["theirs"], [guard("theirs"), guard("nameless")]))
+        assert pods.keeps(_pod(ns, {"app": theirs}, [theirs], [guard(theirs), guard("nameless")]))
         gated = _pod(ns, {}, [], [])
         gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate("mine")}]
         assert pods.keeps(gated)
-        gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate("theirs")}]
+        gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate(theirs)}]
         assert not pods.keeps(gated)
         assert not pods.keeps(_pod(ns, {"app": "nobody"}, [], []))
         assert ShardPods(gate, factory.reader(), lambda: False).keeps(_pod(ns, {"app": "nobody"}, [], []))
