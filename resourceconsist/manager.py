@@ -147,6 +147,8 @@ class Manager:
                 )
         #: Ends the pod re-lists on this shard's Service changes (``_relist_pods_on_new_share``).
         self._unrelist: Callable[[], None] = lambda: None
+        #: The Services whose pods a pod list was asked for since they came to this shard.
+        self._pods_listed_for: set[str] = set()
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
@@ -194,6 +196,7 @@ class Manager:
             # This replica caches and acts on its share of the employers only (docs/scaling.md).
             self.informers.select(controller.spec.employer, self.shard.selector)
             controller.shard = self.shard
+            controller.shard_pods_ready = self._shard_pods_ready
         # A gone employer found only from its pods' marks may be any of these controllers'
         # (docs/lifecycle-hooks.md, "Gone employers").
         controller.garbage.peers = lambda: [
@@ -350,7 +353,11 @@ class Manager:
         services = self.informers.informer(kube.SERVICE)
 
         def on_service(event: WatchEvent) -> None:
-            if changes_share(event):
+            key = kube.object_key(event.obj)
+            if event.type == "DELETED":
+                self._pods_listed_for.discard(key)
+            elif changes_share(event):
+                self._pods_listed_for.add(key)
                 pods.relist()
 
         # Until the Service cache is in, every pod is kept; a shard with no Service yet lets
@@ -363,6 +370,19 @@ class Manager:
             remove()
 
         return unsubscribe
+
+    async def _shard_pods_ready(self, key: str) -> None:
+        """Before a pass of the Service ``key`` on this shard: its pods are in the pod cache. A
+        Service the cache already holds but whose ADDED event has not been handed out yet (a pod
+        event found it first) asks for the list here."""
+        if not self._pods_divide():
+            return
+        pods = self.informers.informer(kube.POD)
+        if key not in self._pods_listed_for:
+            self._pods_listed_for.add(key)
+            pods.relist()
+        if not pods.current:
+            await pods.wait_synced()
 
     def _leases_informer(self) -> Informer:
         assert self._shard_leases is not None
@@ -432,6 +452,7 @@ class Manager:
         self._servers.clear()
         self.clusters.stop_all()
         self._unrelist()
+        self._pods_listed_for.clear()
         await asyncio.to_thread(self.informers.stop)
         self._started = False
         log.info("manager stopped")
