@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import cli, kube, lifecycle, wire
 from resourceconsist.cache import InformerFactory, WatchEvent
 from resourceconsist.cli import main
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
@@ -161,6 +161,14 @@ def test_a_cache_already_keeping_every_pod_is_not_narrowed_under_its_readers(kc:
     factory.informer(kube.POD)
     with pytest.raises(ValueError, match="already keeping every pod"):
         factory.keep_pods(CONTROL)
+
+
+def test_the_flag_sets_the_option() -> None:
+    from tests.api.test_options import _flags
+
+    flags = _flags(cli.run, "--pod-label-selector", CONTROL)
+    assert cli._manager_options(flags).pod_label_selector == CONTROL
+    assert cli._manager_options(_flags(cli.run)).pod_label_selector is None
 
 
 def test_a_bad_selector_is_refused_by_the_manager_and_the_command_line(kc: KubeClient) -> None:
