@@ -29,8 +29,15 @@ from typing import Any, Literal
 from resourceconsist import kube
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.kube import ApiError, Gone, KubeClient, KubeObject, Resource, WatchStream, object_key
-from resourceconsist.labels import label_selector_selects, map_selects
-from resourceconsist.transform import FRAME_POD_FIELDS, Transform, field_tree, keeping, trim
+from resourceconsist.labels import label_selector_selects, map_selects, parse_selector
+from resourceconsist.transform import (
+    FRAME_POD_FIELDS,
+    Transform,
+    field_tree,
+    keeping,
+    keeping_selected_or_marked,
+    trim,
+)
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +235,7 @@ class Informer:
         page_size: int = 500,
         label_selector: str | None = None,
         transform: Transform = trim,
+        keep: Callable[[KubeObject], bool] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -236,6 +244,10 @@ class Informer:
         self.scopes: tuple[str | None, ...] = tuple(namespaces) if namespaces else (namespace,)
         #: List and watch only the objects this selector selects (a shard's share; docs/scaling.md).
         self.label_selector = label_selector
+        #: Which listed or watched objects the store holds (after the transform); None: all. An
+        #: object that stops being kept leaves the store with a DELETED event, as one that leaves
+        #: a label-selected watch does (docs/concepts.md, "Pods the caches keep").
+        self.keep = keep
         self.store = Store({LABEL_INDEX: index_by_label, **(indexers or {})})
         self.resync_period = resync_period
         self.page_size = page_size
@@ -344,6 +356,18 @@ class Informer:
         if not ok:
             raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
 
+    @property
+    def current(self) -> bool:
+        """The store holds what the current transform and ``keep`` keep: no re-list asked for by
+        ``set_transform`` or ``relist`` is still under way."""
+        return self._kept.is_set()
+
+    def relist(self) -> None:
+        """List again, keeping what ``keep`` keeps now (it reads state that changed, e.g. a
+        shard's employers; docs/scaling.md); ``wait_synced`` waits for the list. Calls made while
+        a list runs ask for one more list, not one each."""
+        self.set_transform(self.transform)
+
     def set_transform(self, transform: Transform) -> None:
         """Keep what ``transform`` keeps from now on. Objects already stored were kept by the old
         one, so a started informer lists again (an unchanged object sends no event);
@@ -423,7 +447,10 @@ class Informer:
                 label_selector=self.label_selector,
             )
             # Page by page: only one page is ever held whole.
-            items.extend(_as_stored(item, self.resource, transform) for item in page.get("items") or [])
+            listed = page.get("items") or []
+            # A pod the cache does not keep is let go before the transform's work.
+            kept = listed if self.keep is None else (o for o in listed if self.keep(o))
+            items.extend(_as_stored(item, self.resource, transform) for item in kept)
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
@@ -504,11 +531,20 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
+                let_go = self.keep is not None and kind != "DELETED" and not self.keep(obj)
+                if let_go and self.store.get(object_key(obj)) is None:
+                    continue  # neither kept nor held: not even the transform's work
                 obj = self.transform(obj)
                 with self._emit_lock:
                     if kind == "DELETED":
                         old = self.store.delete(obj)
                         self._emit(WatchEvent("DELETED", obj, old))
+                    elif let_go:
+                        # No longer kept (docs/concepts.md, "Pods the caches keep"): it leaves the
+                        # store as from a label-selected watch, a DELETED that is not a deletion.
+                        old = self.store.delete(obj)
+                        if old is not None:
+                            self._emit(WatchEvent("DELETED", obj, old))
                     elif kind in ("ADDED", "MODIFIED"):
                         old = self.store.upsert(obj)
                         self._emit(WatchEvent("ADDED" if old is None else "MODIFIED", obj, old))
@@ -539,6 +575,10 @@ class InformerFactory:
         self._informers: dict[Resource, Informer] = {}
         #: Label selectors of the kinds this factory watches only in part (``select``).
         self._selectors: dict[Resource, str] = {}
+        #: The pods the pod informers keep, when not all (``keep_pods``), and the selector it came from.
+        self._pod_keep: tuple[str, Callable[[KubeObject], bool]] | None = None
+        #: Further rules every kept pod must pass (``restrict_pods``: a shard's share).
+        self._pod_rules: list[Callable[[KubeObject], bool]] = []
         #: The fields the pod informers keep: the frame's, and those the adapters declared.
         self._pod_fields: frozenset[str] = frozenset(FRAME_POD_FIELDS)
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
@@ -570,6 +610,7 @@ class InformerFactory:
                     resync_period=self.resync_period,
                     label_selector=self._selectors.get(resource),
                     transform=keeping(self._pod_fields) if resource == kube.POD else trim,
+                    keep=self._pod_keeper() if resource == kube.POD else None,
                 )
                 self._informers[key] = found
                 if self._loop is not None:
@@ -593,6 +634,46 @@ class InformerFactory:
                     "it before the first reader asks for it"
                 )
             self._selectors[resource] = label_selector
+
+    def keep_pods(self, label_selector: str) -> None:
+        """Keep only the pods ``label_selector`` selects, and those carrying the frame's marks
+        (``transform.carries_marks``): the controlled pods, and any pod an employer may still hold
+        (docs/concepts.md, "Pods the caches keep"). Said before the pod informer is made.
+
+        The pods are filtered as they arrive, not selected by the API server: a pod that lost the
+        label while an employer holds it must stay in sight, and finalizers cannot be selected on.
+        Raises ``InvalidSelector`` on a selector the API server would refuse, ``ValueError`` when
+        pods are already cached or kept otherwise."""
+        keeps = keeping_selected_or_marked(parse_selector(label_selector))
+        with self._lock:
+            if self._pod_keep is not None and self._pod_keep[0] != label_selector:
+                raise ValueError(f"pods are already kept by {self._pod_keep[0]!r}, not {label_selector!r}")
+            if self._pod_keep is None and kube.POD in self._informers:
+                raise ValueError(
+                    "the cache of pods is already keeping every pod; say which to keep before the "
+                    "first reader asks for it"
+                )
+            self._pod_keep = (label_selector, keeps)
+
+    def restrict_pods(self, rule: Callable[[KubeObject], bool]) -> None:
+        """Keep only the pods ``rule`` keeps too (a shard's share, resourceconsist/sharding/pods.py).
+        ``rule`` runs in the informer threads on every listed and watched pod, and may read other
+        caches. Said before the pod informer is made."""
+        with self._lock:
+            if kube.POD in self._informers:
+                raise ValueError(
+                    "the cache of pods is already made; restrict it before the first reader asks for it"
+                )
+            self._pod_rules.append(rule)
+
+    def _pod_keeper(self) -> Callable[[KubeObject], bool] | None:
+        """Which pods the pod informer keeps (``keep_pods``, ``restrict_pods``); None: all."""
+        rules = [*([self._pod_keep[1]] if self._pod_keep else []), *self._pod_rules]
+        if not rules:
+            return None
+        if len(rules) == 1:
+            return rules[0]
+        return lambda pod: all(rule(pod) for rule in rules)
 
     def keep_pod_fields(self, paths: Iterable[str]) -> None:
         """Keep these fields of pods too (an adapter's ``CachedPodFieldsOptions``); a pod informer

@@ -278,6 +278,21 @@ class _HostPort(click.ParamType):  # type: ignore[type-arg]
         return host.strip("[]"), int(port)
 
 
+class _LabelSelector(click.ParamType):  # type: ignore[type-arg]
+    """A ``labelSelector`` string (``kusionstack.io/control=true``), checked as the API server would."""
+
+    name = "SELECTOR"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from resourceconsist.labels import InvalidSelector, parse_selector
+
+        try:
+            parse_selector(str(value))
+        except InvalidSelector as err:
+            self.fail(str(err), param, ctx)
+        return str(value)
+
+
 def _default(options: type[Any], name: str) -> Any:
     """The default of field ``name`` of an options dataclass: the flags take their defaults from
     the options (and ``--help`` shows them), so each default lives in one place."""
@@ -613,6 +628,16 @@ _manager_flags = _flag_group(
         type=float,
     ),
     _field_flag(
+        "--pod-label-selector",
+        ManagerOptions,
+        "pod_label_selector",
+        "Cache only the pods this label selector selects (e.g. kusionstack.io/control=true), and "
+        "those carrying the frame's finalizers, entries or gates (docs/concepts.md, \"Pods the "
+        'caches keep"); default: every pod.',
+        type=_LabelSelector(),
+        show_default="every pod",
+    ),
+    _field_flag(
         "--shutdown-timeout",
         ManagerOptions,
         "shutdown_timeout",
@@ -699,6 +724,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
             **watched,
             resync_period=flags["resync_seconds"] or None,
             full_pass_every=flags["full_pass_every"],
+            pod_label_selector=flags["pod_label_selector"],
             shutdown_timeout=flags["shutdown_timeout"],
             leader_election=election,
             sharding=sharding,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from resourceconsist import errors, handler, kube, logs, wire
@@ -155,6 +155,8 @@ class Controller:
         #: With sharding, this replica's shard: which employers it acts on (set by the manager
         #: before the controller starts; docs/scaling.md).
         self.shard: ShardGate | None = None
+        #: With sharding: waits until the shard's pod cache holds an employer's pods (the manager's).
+        self.shard_pods_ready: Callable[[str], Awaitable[None]] = _nothing_to_wait_for
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
         """Tell ``subscriber`` what happens to this controller's pods and employers."""
@@ -491,7 +493,15 @@ class Controller:
         assert self.shard is not None
         namespace, _, name = key.rpartition("/")
         cached = self.reader.get(self.spec.employer, namespace or None, name)
-        return await self.shard.may_act(self.spec.employer, key, cached)
+        if not await self.shard.may_act(self.spec.employer, key, cached):
+            return False
+        # The shard's pod cache holds this employer's pods before its pass (docs/scaling.md).
+        await self.shard_pods_ready(key)
+        return True
+
+
+async def _nothing_to_wait_for(key: str) -> None:
+    del key
 
 
 class _Handle:

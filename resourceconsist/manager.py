@@ -36,6 +36,7 @@ from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.options import ManagerKeywords, ManagerOptions
+from resourceconsist.sharding.pods import ShardPods, changes_share
 from resourceconsist.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.sharding.sharder import Sharder, SharderRound
@@ -98,6 +99,10 @@ class Manager:
             resync_period=self.options.resync_period,
             namespaces=self.options.watched_namespaces or (),
         )
+        if self.options.pod_label_selector is not None:
+            # The controlled pods and those an employer may still hold (docs/concepts.md, "Pods
+            # the caches keep"); a selector the API server would refuse is refused here.
+            self.informers.keep_pods(self.options.pod_label_selector)
         self.metrics = Metrics()
         self.metrics.watch_cluster(client, self.informers)
         self.clusters = ClusterRegistry()
@@ -134,10 +139,18 @@ class Manager:
                 self._leases_informer(),
                 on_drained=self.metrics.shard_drains.inc,
             )
+            # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
+            # need of pods"); every pod while a controller of another kind runs.
+            shard_pods = ShardPods(self.shard, self.informers.reader(), self._services_synced)
+            self.informers.restrict_pods(lambda pod: not self._pods_divide() or shard_pods.keeps(pod))
             if sharding.sharder:
                 self._sharder_elector = LeaderElector(
                     client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel
                 )
+        #: Ends the pod re-lists on this shard's Service changes (``_relist_pods_on_new_share``).
+        self._unrelist: Callable[[], None] = lambda: None
+        #: The Services whose pods a pod list was asked for since they came to this shard.
+        self._pods_listed_for: set[str] = set()
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
         #: Controllers run only while this is True: always without leader election.
@@ -185,6 +198,7 @@ class Manager:
             # This replica caches and acts on its share of the employers only (docs/scaling.md).
             self.informers.select(controller.spec.employer, self.shard.selector)
             controller.shard = self.shard
+            controller.shard_pods_ready = self._shard_pods_ready
         # A gone employer found only from its pods' marks may be any of these controllers'
         # (docs/lifecycle-hooks.md, "Gone employers").
         controller.garbage.peers = lambda: [
@@ -193,6 +207,9 @@ class Manager:
             if c is not controller and c.spec.employer == controller.spec.employer
         ]
         self.controllers[name] = controller
+        if self.shard is not None and self._started:
+            # What this shard's pod cache keeps may have changed with the controllers' kinds.
+            self.informers.informer(kube.POD).relist()
         if self._started and self.leading:
             await controller.start()
         sharder = self.sharder
@@ -253,6 +270,8 @@ class Manager:
         # standby's webhook can answer from them).
         for controller in self.controllers.values():
             controller.warm_caches()
+        if self.shard is not None and self._pods_divide():
+            self._unrelist = self._relist_pods_on_new_share()
         if self._elector is None:
             await self._start_controllers()
         else:
@@ -338,6 +357,56 @@ class Manager:
                 self.shard.ring,
             )
 
+    def _pods_divide(self) -> bool:
+        """Every controller employs pods for Services: a shard's pods are its Services' (with
+        sharding; resourceconsist/sharding/pods.py)."""
+        specs = [c.spec for c in list(self.controllers.values())]
+        return bool(specs) and all(s.employer == kube.SERVICE and s.employee == kube.POD for s in specs)
+
+    def _services_synced(self) -> bool:
+        """This shard's Service cache is made and has its first list."""
+        return any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers())
+
+    def _relist_pods_on_new_share(self) -> Callable[[], None]:
+        """List the pods again whenever this shard's Services change what it must keep (one
+        arrived, a selector changed), at once: the pass such an event queues finds the pod cache
+        not current and waits for the list (``Controller``). Re-lists asked for while one runs
+        make one more, not one each (``Informer.relist``). Returns the unsubscribe."""
+        pods = self.informers.informer(kube.POD)
+        services = self.informers.informer(kube.SERVICE)
+
+        def on_service(event: WatchEvent) -> None:
+            key = kube.object_key(event.obj)
+            if event.type == "DELETED":
+                self._pods_listed_for.discard(key)
+            elif changes_share(event):
+                self._pods_listed_for.add(key)
+                pods.relist()
+
+        # Until the Service cache is in, every pod is kept; a shard with no Service yet lets
+        # them go once it is.
+        withdraw = services.when_synced(pods.relist)
+        remove = services.add_handler(on_service)
+
+        def unsubscribe() -> None:
+            withdraw()
+            remove()
+
+        return unsubscribe
+
+    async def _shard_pods_ready(self, key: str) -> None:
+        """Before a pass of the Service ``key`` on this shard: its pods are in the pod cache. A
+        Service the cache already holds but whose ADDED event has not been handed out yet (a pod
+        event found it first) asks for the list here."""
+        if not self._pods_divide():
+            return
+        pods = self.informers.informer(kube.POD)
+        if key not in self._pods_listed_for:
+            self._pods_listed_for.add(key)
+            pods.relist()
+        if not pods.current:
+            await pods.wait_synced()
+
     def _leases_informer(self) -> Informer:
         assert self._shard_leases is not None
         return self._shard_leases.informer(kube.LEASE)
@@ -408,6 +477,8 @@ class Manager:
             await server.cleanup()
         self._servers.clear()
         self.clusters.stop_all()
+        self._unrelist()
+        self._pods_listed_for.clear()
         await asyncio.to_thread(self.informers.stop)
         self._started = False
         log.info("manager stopped")

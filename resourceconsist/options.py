@@ -262,6 +262,10 @@ class ManagerOptions:
     provider_budget: ProviderBudgetOptions = field(default_factory=ProviderBudgetOptions)
     #: Share the employers among active replicas (docs/scaling.md); excludes ``leader_election``.
     sharding: ShardingOptions | None = None
+    #: Cache only the pods this label selector selects (``labelSelector`` syntax, e.g.
+    #: ``kusionstack.io/control=true``), and those carrying the frame's marks whatever their labels
+    #: (docs/concepts.md, "Pods the caches keep"); None: every pod of the watched namespaces.
+    pod_label_selector: str | None = None
 
     def __post_init__(self) -> None:
         # A list is taken too; the options stay frozen and hashable.
@@ -335,3 +339,4 @@ class ManagerKeywords(TypedDict, total=False):
     garbage: GarbageOptions
     provider_budget: ProviderBudgetOptions
     sharding: ShardingOptions | None
+    pod_label_selector: str | None

@@ -17,10 +17,12 @@ keeps the rest of the path in each element (``spec.containers.ports`` keeps each
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from resourceconsist import wire
 from resourceconsist.kube import KubeObject
+from resourceconsist.labels import label_selector_selects
 
 #: What an informer does to each listed or watched object before it is stored.
 Transform = Callable[[KubeObject], KubeObject]
@@ -120,3 +122,33 @@ def trim(obj: KubeObject) -> KubeObject:
     if meta is not None:
         meta.pop("managedFields", None)
     return obj
+
+
+#: The prefixes of the finalizers an employer puts on a pod (the guard, the lifecycle finalizer).
+_MARK_FINALIZER_PREFIXES = (wire.GUARD_FINALIZER_PREFIX + "/", wire.LIFECYCLE_FINALIZER_PREFIX + "/")
+
+
+def carries_marks(pod: KubeObject) -> bool:
+    """The pod carries one of the frame's marks: a guard or lifecycle finalizer, an
+    ``available-conditions`` annotation, or one of the frame's readiness gates. A pod cache that
+    keeps only the pods a label selects keeps these too, whatever their labels: a pod that lost
+    the label while an employer holds it must still be released (docs/concepts.md, "Pods the
+    caches keep")."""
+    meta = pod.get("metadata") or {}
+    if any(f.startswith(_MARK_FINALIZER_PREFIXES) for f in meta.get("finalizers") or ()):
+        return True
+    if wire.AVAILABLE_CONDITIONS_ANNOTATION in (meta.get("annotations") or {}):
+        return True
+    gates = (pod.get("spec") or {}).get("readinessGates") or ()
+    return any(str(g.get("conditionType", "")).startswith(wire.READINESS_GATE_DOMAIN + "/") for g in gates)
+
+
+def keeping_selected_or_marked(selector: Mapping[str, Any]) -> Callable[[KubeObject], bool]:
+    """Which pods a cache limited to ``selector`` (a ``metav1.LabelSelector``) keeps: those it
+    selects, and those that carry the frame's marks (``carries_marks``)."""
+
+    def keeps(pod: KubeObject) -> bool:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        return label_selector_selects(selector, labels) or carries_marks(pod)
+
+    return keeps

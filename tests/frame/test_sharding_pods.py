@@ -1,0 +1,210 @@
+"""A shard's share of the pods on a real API server (docs/scaling.md, "What a shard's employers
+need of pods"): each replica's pod cache holds the pods of its own Services only, and when a
+replica leaves, its Services move with their pods to the one left, whose first passes see every
+pod: none looks gone, none is deregistered, none loses its finalizer."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+
+from resourceconsist import kube, lifecycle, wire
+from resourceconsist.cache import Informer, InformerFactory
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.kube import KubeObject
+from resourceconsist.manager import Manager
+from resourceconsist.options import ManagerOptions, ShardingOptions
+from resourceconsist.sharding.pods import ShardPods
+from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
+
+RING = "pods"
+SERVICES = 6
+PODS_EACH = 2
+
+
+def _replica(cluster: Cluster, shard: str) -> Manager:
+    options = ShardingOptions(
+        controller_ring=RING,
+        shard_name=shard,
+        namespace=cluster.namespace,
+        lease_duration=6.0,
+        renew_deadline=4.0,
+        retry_period=0.5,
+    )
+    return Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
+
+
+def _cached_pods(manager: Manager) -> set[str]:
+    return {p["metadata"]["name"] for p in manager.informers.informer(kube.POD).store.list()}
+
+
+async def test_each_replica_caches_its_services_pods_and_a_move_keeps_every_pod_served(
+    cluster: Cluster,
+) -> None:
+    # One provider behind both replicas, as one cloud load balancer account would be.
+    provider = FakeProvider()
+    pods_of = {f"svc-{i}": {f"svc-{i}-pod-{j}" for j in range(PODS_EACH)} for i in range(SERVICES)}
+    for service, pods in pods_of.items():
+        await cluster.service(service)
+        for pod in pods:
+            await cluster.pod(pod, {"app": service})
+            await cluster.set_status(pod, ready=True)
+    # A pod no Service selects: no replica keeps it.
+    await cluster.pod("stray", {"app": "nobody"})
+    replicas = {shard: _replica(cluster, shard) for shard in ("shard-a", "shard-b")}
+    for manager in replicas.values():
+        await manager.add(DemoAdapter(provider))
+        await manager.start()
+    stopped: set[str] = set()
+    lost: list[str] = []
+
+    async def watch_finalizers() -> None:
+        # Every pod keeps its Service's lifecycle finalizer from the moment it is served.
+        served: set[str] = set()
+        while True:
+            listing = await cluster.call(cluster.client.list, kube.POD, cluster.namespace)
+            for pod in listing["items"]:
+                name = pod["metadata"]["name"]
+                service = name.rsplit("-pod-", 1)[0]
+                has = lifecycle.lifecycle_finalizer(service) in finalizers(pod)
+                if has:
+                    served.add(name)
+                elif name in served:
+                    lost.append(name)
+            await asyncio.sleep(0.05)
+
+    def all_served() -> bool:
+        return all(
+            pods <= provider.serving(f"{cluster.namespace}/{service}") for service, pods in pods_of.items()
+        )
+
+    async def shards() -> dict[str, str]:
+        listing = await cluster.call(cluster.client.list, kube.SERVICE, cluster.namespace)
+        return {
+            s["metadata"]["name"]: s["metadata"]["labels"].get(shard_label(RING), "")
+            for s in listing["items"]
+        }
+
+    async def divided() -> bool:
+        assigned = await shards()
+        if not set(assigned.values()) <= set(replicas) - stopped:
+            return False
+        return all(
+            _cached_pods(manager) == {p for s, shard in assigned.items() if shard == name for p in pods_of[s]}
+            for name, manager in replicas.items()
+            if name not in stopped
+        )
+
+    watcher = asyncio.create_task(watch_finalizers())
+    try:
+        ring = HashRing(set(replicas))
+        placement = {s: ring.shard_of(hash_key("v1", "Service", cluster.namespace, s)) for s in pods_of}
+
+        async def placed() -> bool:
+            return await shards() == placement
+
+        # Placed as the ring over both shards says (a first replica may have taken every Service
+        # before the second came: those moved through drains, moves too).
+        await async_wait_for(placed, timeout=60, message="the Services placed on both shards")
+        await async_wait_for(all_served, timeout=60, message="every pod served")
+        await async_wait_for(divided, timeout=30, message="each replica caching its Services' pods")
+
+        # The shard holding the most Services leaves: they move, with their pods, to the other.
+        leaving = max(replicas, key=lambda shard: sum(1 for s in placement.values() if s == shard))
+        staying = next(shard for shard in replicas if shard != leaving)
+        await replicas[leaving].stop(timeout=5)
+        stopped.add(leaving)
+        await async_wait_for(divided, timeout=60, message=f"{staying} caching every Service's pods")
+        assert _cached_pods(replicas[staying]) == set().union(*pods_of.values())
+        await async_wait_for(all_served, timeout=30, message="every pod still served")
+        controller = next(iter(replicas[staying].controllers.values()))
+        for _ in range(2):  # passes of every Service on the staying shard after the move
+            passes = controller.reconciles
+            for service in pods_of:
+                controller.queue.add(f"{cluster.namespace}/{service}")
+            await async_wait_for(lambda n=passes: controller.reconciles >= n + SERVICES, message="passes")
+        assert all_served()
+        assert provider.calls["delete_rs"] == 0, "no pod was deregistered by a move"
+        assert lost == []
+    finally:
+        watcher.cancel()
+        for name, manager in replicas.items():
+            if name not in stopped:
+                await manager.stop(timeout=5)
+
+
+def _lease(shard: str) -> KubeObject:
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": shard, "acquireTime": now, "renewTime": now, "leaseDurationSeconds": 600}
+    return {"metadata": {"name": shard, "namespace": "leases"}, "spec": spec}
+
+
+def _pod(namespace: str, labels: dict[str, str], services: list[str], finalizers: list[str]) -> KubeObject:
+    entries = {
+        lifecycle.expected_finalizer_key("Service", namespace, s): lifecycle.lifecycle_finalizer(s)
+        for s in services
+    }
+    annotations = (
+        {wire.AVAILABLE_CONDITIONS_ANNOTATION: json.dumps({"expectedFinalizers": entries})}
+        if services
+        else {}
+    )
+    meta = {
+        "name": "p",
+        "namespace": namespace,
+        "labels": labels,
+        "annotations": annotations,
+        "finalizers": finalizers,
+    }
+    return {"metadata": meta, "spec": {}}
+
+
+async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_cannot_name(
+    cluster: Cluster,
+) -> None:
+    gate = ShardGate(cluster.client, RING, "shard-a", Informer(cluster.client, kube.LEASE))
+    assert gate.leases is not None
+    for shard in ("shard-a", "shard-b"):
+        gate.leases.store.upsert(_lease(shard))
+    ring = HashRing({"shard-a", "shard-b"})
+    ns = cluster.namespace
+
+    def placed_on(shard: str, prefix: str = "gone") -> str:
+        return next(
+            f"{prefix}-{i}"
+            for i in range(1000)
+            if ring.shard_of(hash_key("v1", "Service", ns, f"{prefix}-{i}")) == shard
+        )
+
+    # Another shard's Service, placed there by the ring too (a Service being moved here would be
+    # kept: harmless, and not what this asks).
+    theirs = placed_on("shard-b", "theirs")
+    await cluster.service("mine", labels={shard_label(RING): "shard-a"})
+    await cluster.service(theirs, labels={shard_label(RING): "shard-b"})
+    factory = InformerFactory(cluster.client, namespace=ns)
+    factory.select(kube.SERVICE, gate.selector)
+    factory.informer(kube.SERVICE)
+    factory.start(asyncio.get_running_loop())
+    try:
+        await factory.wait_synced()
+        pods = ShardPods(gate, factory.reader(), lambda: True)
+        guard = lifecycle.guard_finalizer
+        assert pods.keeps(_pod(ns, {"app": "mine"}, [], []))  # selected by its Service
+        assert not pods.keeps(_pod(ns, {"app": theirs}, [theirs], [guard(theirs)]))
+        assert pods.keeps(_pod(ns, {}, ["mine"], [guard("mine")]))  # unselected, still marked
+        assert pods.keeps(_pod(ns, {}, [placed_on("shard-a")], []))  # a gone Service the ring places here
+        assert not pods.keeps(_pod(ns, {}, [placed_on("shard-b")], []))
+        # A finalizer no entry or gate names: its employer is unknown, so the pod is kept.
+        assert pods.keeps(_pod(ns, {"app": theirs}, [theirs], [guard(theirs), guard("nameless")]))
+        gated = _pod(ns, {}, [], [])
+        gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate("mine")}]
+        assert pods.keeps(gated)
+        gated["spec"]["readinessGates"] = [{"conditionType": lifecycle.readiness_gate(theirs)}]
+        assert not pods.keeps(gated)
+        assert not pods.keeps(_pod(ns, {"app": "nobody"}, [], []))
+        assert ShardPods(gate, factory.reader(), lambda: False).keeps(_pod(ns, {"app": "nobody"}, [], []))
+    finally:
+        factory.stop()
