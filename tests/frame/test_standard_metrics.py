@@ -382,6 +382,11 @@ async def test_a_sharded_replica_spending_a_provider_budget_shows_the_budget_and
             await manager.stop(timeout=5)
             client.close()
             budget.configure(ProviderBudgetOptions())  # the rest of the process runs without a rate
+    # A replica no longer running the sharder shows no ring (a stale one would read as live).
+    assert (
+        manager.metrics.registry.get_sample_value("resourceconsist_sharder_shards", {"state": "ready"})
+        is None
+    )
 
     # The rate the manager set is the one the account spends (alone on the ring: all of it).
     assert _total(after, "resourceconsist_provider_budget_rate", **account) == rate.rate
