@@ -439,6 +439,10 @@ class Manager:
         if self.sharder is not None:
             await self.sharder.stop()
             self.sharder = None
+            # Only the replica running the sharder reports the ring: a replica that stopped
+            # running it (stepped down, stopping) would show a ring no one watches any more
+            # (docs/observability.md, "A sample dashboard": "Shards by state").
+            self.metrics.sharder_shards.clear()
 
     async def _start_controllers(self) -> None:
         self.leading = True

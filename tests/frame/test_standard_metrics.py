@@ -6,6 +6,11 @@ Each series is there with controller-runtime's label names; every counter and hi
 grows during the reconcile (scraped before and after); every request the Kubernetes client sends,
 watches included, is in ``rest_client_requests_total``; and every metric the sample Grafana
 dashboard (docs/grafana/resourceconsist-dashboard.json) queries was seen in that scrape.
+
+The dashboard's "Provider budget" and "Sharding" rows read series a process shows only once it
+spends a provider budget and runs sharded: their queries are checked against the scrape of a
+sharded replica running the SLB adapter, through the real SDK, against the SLB emulator, under a
+provider rate.
 """
 
 from __future__ import annotations
@@ -21,13 +26,22 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import budget, kube, lifecycle, wire
+from resourceconsist.adapters.alibabacloudslb import (
+    MODE_ANNOTATION,
+    SERVER_ID_ANNOTATION,
+    SLBAdapter,
+    vserver_group_name,
+)
+from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import ApiError
 from resourceconsist.manager import Manager
-from resourceconsist.options import ManagerOptions
+from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, ShardingOptions
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
+from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.webhook import BootstrapOptions, ControlledServiceAdapter, WebhookOptions, serve
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "resourceconsist-dashboard.json"
@@ -118,17 +132,38 @@ def promql_metric_names(expr: str) -> set[str]:
     return names
 
 
-def dashboard_queries() -> list[str]:
-    """Every PromQL expression of the dashboard: its panels' targets and its variables' queries
-    (``label_values(<metric selector>, label)`` gives its selector)."""
+def dashboard_rows() -> dict[str | None, list[str]]:
+    """Every PromQL expression of the dashboard by the title of the row its panel is under
+    (``None``: the panels above the first row, and the variables' queries, where
+    ``label_values(<metric selector>, label)`` gives its selector)."""
     dashboard = json.loads(DASHBOARD.read_text())
-    queries = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    rows: dict[str | None, list[str]] = {None: []}
+    row: str | None = None
+    for panel in dashboard["panels"]:
+        if panel["type"] == "row":
+            row = panel["title"]
+            rows.setdefault(row, [])
+            continue
+        rows[row].extend(target["expr"] for target in panel["targets"])
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
             found = re.fullmatch(r"label_values\((.*),\s*\w+\)", variable["query"]["query"])
             assert found, variable["query"]
-            queries.append(found.group(1))
-    return queries
+            rows[None].append(found.group(1))
+    return rows
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard, whatever its row."""
+    return [query for queries in dashboard_rows().values() for query in queries]
+
+
+def metric_names(queries: list[str]) -> set[str]:
+    return {name for query in queries for name in promql_metric_names(query)}
+
+
+#: The rows whose series a sharded replica spending a provider budget shows (the second scrape).
+BUDGET_AND_SHARDING_ROWS = ("Provider budget", "Sharding")
 
 
 def test_promql_metric_names_finds_metrics_and_nothing_else() -> None:
@@ -145,6 +180,13 @@ def test_every_dashboard_query_names_a_metric() -> None:
     assert len(queries) >= 20
     for query in queries:
         assert promql_metric_names(query), query
+
+
+def test_every_dashboard_row_is_checked_by_a_scrape() -> None:
+    # A row no scrape below reads could query series no process exports.
+    rows = dashboard_rows()
+    assert set(rows) == {None, *BUDGET_AND_SHARDING_ROWS}
+    assert all(rows[row] for row in BUDGET_AND_SHARDING_ROWS)
 
 
 # -- the scrape ------------------------------------------------------------------------------------
@@ -270,5 +312,99 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
     assert _total(after, "process_resident_memory_bytes") > 10_000_000
 
     # The sample dashboard queries nothing that was not on /metrics.
-    unseen = {name for query in dashboard_queries() for name in promql_metric_names(query)} - set(after)
+    unseen = metric_names(dashboard_rows()[None]) - set(after)
     assert not unseen, f"the dashboard queries series the manager does not export: {sorted(unseen)}"
+
+
+async def test_a_sharded_replica_spending_a_provider_budget_shows_the_budget_and_sharding_rows(
+    cluster: Cluster,
+) -> None:
+    """One replica of a ring, running the built-in sharder, whose SLB adapter registers a pod
+    under a provider rate: every series of the dashboard's budget and sharding rows is on its
+    ``/metrics``, with what it did."""
+    sharding = ShardingOptions(
+        controller_ring="dashboard",
+        shard_name="dashboard-0",
+        namespace=cluster.namespace,
+        lease_duration=6.0,
+        renew_deadline=4.0,
+        retry_period=0.5,
+        sharder_resync=2.0,
+    )
+    rate = ProviderBudgetOptions(rate=50.0, burst=5)
+    retry = RetryPolicy(max_attempts=8, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=10)
+    with SLBEmulator(seed=7) as slb:
+        client = SLBClient(slb.credentials(), retry=retry)
+        manager = Manager(
+            cluster.client,
+            ManagerOptions(
+                namespace=cluster.namespace,
+                sharding=sharding,
+                provider_budget=rate,
+                metrics_address=("127.0.0.1", 0),
+                health_probe_address=("127.0.0.1", 0),
+            ),
+        )
+        await manager.add(SLBAdapter(client, cluster_name="dashboard-tests"))
+        lb = slb.add_load_balancer()
+        service = await cluster.service(
+            "web", labels={LOAD_BALANCER_ID_LABEL: lb}, annotations={MODE_ANNOTATION: "manage"}
+        )
+        await cluster.pod(
+            "web-0", {"app": "web"}, readiness_gate=True, annotations={SERVER_ID_ANNOTATION: "eni-1"}
+        )
+        await cluster.set_status("web-0", ready=True, service_ready=True)
+        await manager.start()
+        try:
+
+            def registered() -> bool:
+                group = next(
+                    (g for g in slb.vserver_groups(lb) if g.name == vserver_group_name(service)), None
+                )
+                return group is not None and len(slb.backends(group.id)) == 1
+
+            await async_wait_for(registered, timeout=60, message="the pod registered by the sharded replica")
+            account = {"account": client.budget.account}
+
+            async def seen() -> Samples | None:
+                samples = await asyncio.to_thread(_scrape, manager.metrics_port)
+                done = (
+                    _total(samples, "resourceconsist_provider_budget_granted_total", **account) > 0
+                    and _total(samples, "resourceconsist_sharder_moves_total", move="assign") >= 1
+                    and _total(samples, "resourceconsist_sharder_shards", state="ready") == 1
+                )
+                return samples if done else None
+
+            after = await async_wait_for(
+                seen, timeout=60, message="the budget's grants and the sharder's move"
+            )
+        finally:
+            await manager.stop(timeout=5)
+            client.close()
+            budget.configure(ProviderBudgetOptions())  # the rest of the process runs without a rate
+    # A replica no longer running the sharder shows no ring (a stale one would read as live).
+    assert (
+        manager.metrics.registry.get_sample_value("resourceconsist_sharder_shards", {"state": "ready"})
+        is None
+    )
+
+    # The rate the manager set is the one the account spends (alone on the ring: all of it).
+    assert _total(after, "resourceconsist_provider_budget_rate", **account) == rate.rate
+    # Registering the pod was a registration; the queue is shown for every priority (its value is
+    # whatever the adapter's reads had waiting at the scrape).
+    assert _total(after, "resourceconsist_provider_budget_granted_total", **account, priority="register") >= 1
+    queued = {
+        found["priority"]
+        for found, _ in after["resourceconsist_provider_budget_queued"]
+        if found.items() >= account.items()
+    }
+    assert queued == {"remove_traffic", "delete", "register", "read"}
+    assert _total(after, "resourceconsist_sharder_shards", state="dead") == 0
+    assert _total(after, "resourceconsist_shard_drains_total") == 0
+
+    rows = dashboard_rows()
+    queried = metric_names([query for row in BUDGET_AND_SHARDING_ROWS for query in rows[row]])
+    unseen = queried - set(after)
+    assert not unseen, (
+        f"the budget and sharding rows query series the replica does not export: {sorted(unseen)}"
+    )
