@@ -9,7 +9,7 @@ Then R ``resourceconsist run --adapter demo --sharding --shard-name shard-K`` pr
 
 1. cold convergence: seconds from the spawn until every pod carries its Service's lifecycle
    finalizer, and the controllers' writes per pod (the API server's ``apiserver_request_total``
-   less the driver's own, as in bench_pace.py);
+   less the driver's own, as in bench_pace.py), of which answered 409 Conflict;
 2. a rollout of 100 pods: 100 new pods created and made Ready and 100 old ones deleted at once,
    from 16 driver threads; seconds until every new pod is guarded and every old one is gone
    (its finalizer released after deregistration);
@@ -31,7 +31,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench_pace import CLIENTS, PodWatch, Process, WriteMeter, _load, _pool_map, _until, populate, set_ready
+from bench_pace import (
+    CLIENTS,
+    WRITE_VERBS,
+    PodWatch,
+    Process,
+    WriteMeter,
+    _load,
+    _pool_map,
+    _until,
+    populate,
+    set_ready,
+)
+from prometheus_client.parser import text_string_to_metric_families
 
 from resourceconsist import kube
 from resourceconsist.kube import KubeClient, NotFound
@@ -73,6 +85,21 @@ def replica_argv(kubeconfig: Path, shard: str) -> list[str]:
     ]
 
 
+def pod_writes_by_answer(cp: LocalControlPlane) -> dict[str, float]:
+    """Write requests on pods the API server served so far, by HTTP code (409: a conflict)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(cp.raw_get("/metrics")):
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name == "apiserver_request_total"
+                and labels.get("resource") == "pods"
+                and labels.get("verb") in WRITE_VERBS
+            ):
+                counts[labels["code"]] = counts.get(labels["code"], 0.0) + sample.value
+    return counts
+
+
 @dataclass
 class Result:
     replicas: int
@@ -82,6 +109,7 @@ class Result:
     service_writes: int
     rollout_s: float
     rollout_pod_writes_per_pod: float
+    conflicts_per_pod: float
     services_per_replica: list[int]
     cpu_s: list[float]
     rss_mb: list[float]
@@ -100,6 +128,7 @@ def run_replicas(replicas: int, services: int, pods: int, workdir: Path) -> Resu
         stack.callback(watch.stop)
         meter = WriteMeter(cp, driver)
         meter.mark()
+        answers = pod_writes_by_answer(cp)
 
         # 1. Cold convergence: every Ready pod guarded by its Service's lifecycle finalizer.
         spawned = time.monotonic()
@@ -119,6 +148,7 @@ def run_replicas(replicas: int, services: int, pods: int, workdir: Path) -> Resu
         watch.quiet(2.0, timeout, procs[0])
         pod_writes = meter.since(frozenset({"pods"}))
         service_writes = meter.since(frozenset({"services", "events"}))
+        conflicts = pod_writes_by_answer(cp).get("409", 0.0) - answers.get("409", 0.0)
 
         # 2. A rollout: ROLLOUT new pods made Ready, as many old ones deleted, at once.
         old = names[:: max(1, n // ROLLOUT)][:ROLLOUT]
@@ -165,6 +195,7 @@ def run_replicas(replicas: int, services: int, pods: int, workdir: Path) -> Resu
             service_writes=service_writes,
             rollout_s=rollout_s,
             rollout_pod_writes_per_pod=rollout_writes / (2 * ROLLOUT),
+            conflicts_per_pod=conflicts / n,
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
@@ -179,15 +210,16 @@ def print_table(services: int, pods: int, results: list[Result]) -> None:
         f"demo adapter, {CLIENTS} driver clients, {os.cpu_count()} cores; {_load()}"
     )
     head = (
-        f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'svc+event writes':>16} "
-        f"{'rollout s':>9} {'x1':>5} {'Services per replica':>22} {'CPU s per replica':>24} "
-        f"{'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
+        f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
+        f"{'svc+event writes':>16} {'rollout s':>9} {'x1':>5} {'Services per replica':>22} "
+        f"{'CPU s per replica':>24} {'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
     )
     print(head)
     for r in results:
         print(
             f"{r.replicas:>8} {r.converge_s:>10.1f} {r.converge_s / base.converge_s:>5.2f} "
-            f"{r.pod_writes_per_pod:>14.2f} {r.service_writes:>16} {r.rollout_s:>9.2f} "
+            f"{r.pod_writes_per_pod:>14.2f} {r.conflicts_per_pod:>12.2f} {r.service_writes:>16} "
+            f"{r.rollout_s:>9.2f} "
             f"{r.rollout_s / base.rollout_s:>5.2f} {'/'.join(map(str, r.services_per_replica)):>22} "
             f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "
             f"{'/'.join(f'{m:.0f}' for m in r.rss_mb):>26} {max(r.rss_mb) / max(base.rss_mb):>10.2f}"
