@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit bench chaos lint typecheck docs wheel-check config check clean
+.PHONY: setup demo test test-unit bench bench-shards chaos lint typecheck docs wheel-check config check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,12 @@ bench: setup
 	$(BIN)/python bench/bench_rollout.py
 	$(BIN)/python bench/bench_budget.py
 	$(BIN)/python bench/bench_pace.py $(PACE_ARGS)
+
+# Sharded replicas at scale (docs/benchmarks.md, "Sharded replicas"): 100 x 100 pods with 1, 2
+# and 4 `run --sharding` processes; minutes, so neither in `make bench` nor in CI.
+# SHARDS_ARGS="--services 1000 --pods 100" for the issue's 100k pods on a large machine.
+bench-shards: setup
+	$(BIN)/python bench/bench_shards.py $(SHARDS_ARGS)
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,
 # so not in CI. `make chaos CHAOS_ARGS=--quick` for a short run.

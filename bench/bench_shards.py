@@ -1,0 +1,254 @@
+"""Sharded replicas at scale: cold convergence, per-replica cost and a rollout, for 1, 2 and 4 replicas.
+
+Not part of ``make bench`` nor CI (``make bench-shards``; docs/benchmarks.md, "Sharded
+replicas"). For each replica count R, on a fresh local control plane (etcd + kube-apiserver of
+the testing kit; no nodes: pods are plain objects made Ready by the driver, as in
+bench_pace.py), S controlled Services x P pods exist and are Ready before any controller runs.
+Then R ``resourceconsist run --adapter demo --sharding --shard-name shard-K`` processes start
+(each with the built-in sharder on; one of them wins its election), and the driver measures:
+
+1. cold convergence: seconds from the spawn until every pod carries its Service's lifecycle
+   finalizer, and the controllers' writes per pod (the API server's ``apiserver_request_total``
+   less the driver's own, as in bench_pace.py), of which answered 409 Conflict;
+2. a rollout of 100 pods: 100 new pods created and made Ready and 100 old ones deleted at once,
+   from 16 driver threads; seconds until every new pod is guarded and every old one is gone
+   (its finalizer released after deregistration);
+3. per replica: its Services (shard label), CPU seconds (/proc/PID/stat) and peak RSS (VmHWM).
+
+The table gives each figure beside the 1-replica run of the same invocation, so a ratio compares
+runs on the same machine at the same moment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench_pace import (
+    CLIENTS,
+    WRITE_VERBS,
+    PodWatch,
+    Process,
+    WriteMeter,
+    _load,
+    _pool_map,
+    _until,
+    populate,
+    set_ready,
+)
+from prometheus_client.parser import text_string_to_metric_families
+
+from resourceconsist import kube
+from resourceconsist.kube import KubeClient, NotFound
+from resourceconsist.sharding.ring import shard_label
+from resourceconsist.testing import Cluster, LocalControlPlane
+from resourceconsist.testing.controlplane import free_port
+
+NAMESPACE = "bench-shards"
+RING = "bench"
+ROLLOUT = 100
+
+
+def replica_argv(kubeconfig: Path, shard: str) -> list[str]:
+    """One sharded replica of ours, its built-in sharder on (docs/scaling.md)."""
+    return [
+        sys.executable,
+        "-m",
+        "resourceconsist",
+        "--log-level",
+        "warning",
+        "run",
+        "--adapter",
+        "demo",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--namespace",
+        NAMESPACE,
+        "--sharding",
+        "--controller-ring",
+        RING,
+        "--shard-name",
+        shard,
+        "--leader-election-namespace",
+        NAMESPACE,
+        "--metrics-bind-address",
+        "0",
+        "--health-probe-bind-address",
+        f"127.0.0.1:{free_port()}",
+    ]
+
+
+def pod_writes_by_answer(cp: LocalControlPlane) -> dict[str, float]:
+    """Write requests on pods the API server served so far, by HTTP code (409: a conflict)."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(cp.raw_get("/metrics")):
+        for sample in family.samples:
+            labels = sample.labels
+            if (
+                sample.name == "apiserver_request_total"
+                and labels.get("resource") == "pods"
+                and labels.get("verb") in WRITE_VERBS
+            ):
+                counts[labels["code"]] = counts.get(labels["code"], 0.0) + sample.value
+    return counts
+
+
+@dataclass
+class Result:
+    replicas: int
+    pods: int
+    converge_s: float
+    pod_writes_per_pod: float
+    service_writes: int
+    rollout_s: float
+    rollout_pod_writes_per_pod: float
+    conflicts_per_pod: float
+    services_per_replica: list[int]
+    cpu_s: list[float]
+    rss_mb: list[float]
+
+
+def run_replicas(replicas: int, services: int, pods: int, workdir: Path) -> Result:
+    n = services * pods
+    timeout = max(300.0, n / 5)
+    with LocalControlPlane() as cp, contextlib.ExitStack() as stack:
+        driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        stack.callback(driver.close)
+        cluster = Cluster(driver, NAMESPACE)
+        names = populate(driver, NAMESPACE, services, pods)
+        _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
+        watch = PodWatch(driver, NAMESPACE)
+        stack.callback(watch.stop)
+        meter = WriteMeter(cp, driver)
+        meter.mark()
+        answers = pod_writes_by_answer(cp)
+
+        # 1. Cold convergence: every Ready pod guarded by its Service's lifecycle finalizer.
+        spawned = time.monotonic()
+        procs = []
+        for k in range(replicas):
+            proc = Process(replica_argv(cp.kubeconfig, f"shard-{k}"), workdir / f"r{replicas}-shard-{k}.log")
+            stack.callback(proc.stop)
+            procs.append(proc)
+
+        def converged() -> bool:
+            for proc in procs:
+                proc.check()
+            return watch.count == n
+
+        _until(converged, timeout, "every pod guarded")
+        converge_s = watch.last_event - spawned
+        watch.quiet(2.0, timeout, procs[0])
+        pod_writes = meter.since(frozenset({"pods"}))
+        service_writes = meter.since(frozenset({"services", "events"}))
+        conflicts = pod_writes_by_answer(cp).get("409", 0.0) - answers.get("409", 0.0)
+
+        # 2. A rollout: ROLLOUT new pods made Ready, as many old ones deleted, at once.
+        old = names[:: max(1, n // ROLLOUT)][:ROLLOUT]
+        new = [f"svc-{i % services:03d}-r{i}" for i in range(ROLLOUT)]
+        meter.mark()
+        started = time.monotonic()
+
+        def step(i: int) -> None:
+            body = {
+                "metadata": {"name": new[i], "labels": {"app": new[i].rsplit("-", 1)[0]}},
+                "spec": {"containers": [{"name": "c", "image": "x"}]},
+            }
+            driver.create(kube.POD, NAMESPACE, body)
+            set_ready(driver, cluster, new[i], True)
+            driver.delete(kube.POD, NAMESPACE, old[i])
+
+        _pool_map(lambda s: step(int(s)), [str(i) for i in range(ROLLOUT)])
+
+        def served() -> bool:
+            for proc in procs:
+                proc.check()
+            if not all(watch.guarded.get(p, False) for p in new):
+                return False
+            for p in old:
+                with contextlib.suppress(NotFound):
+                    driver.get(kube.POD, NAMESPACE, p)
+                    return False
+            return True
+
+        _until(served, timeout, "the rollout served")
+        rollout_s = time.monotonic() - started
+        watch.quiet(1.0, timeout, procs[0])
+        rollout_writes = meter.since(frozenset({"pods"}))
+
+        label = shard_label(RING)
+        held = [
+            s["metadata"].get("labels", {}).get(label) for s in driver.list(kube.SERVICE, NAMESPACE)["items"]
+        ]
+        result = Result(
+            replicas=replicas,
+            pods=n,
+            converge_s=converge_s,
+            pod_writes_per_pod=pod_writes / n,
+            service_writes=service_writes,
+            rollout_s=rollout_s,
+            rollout_pod_writes_per_pod=rollout_writes / (2 * ROLLOUT),
+            conflicts_per_pod=conflicts / n,
+            services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
+            cpu_s=[p.cpu_seconds() for p in procs],
+            rss_mb=[p.peak_rss_mb() for p in procs],
+        )
+    return result
+
+
+def print_table(services: int, pods: int, results: list[Result]) -> None:
+    base = results[0]
+    print(
+        f"\nsharded replicas, {services} Services x {pods} pods = {services * pods} pods, "
+        f"demo adapter, {CLIENTS} driver clients, {os.cpu_count()} cores; {_load()}"
+    )
+    head = (
+        f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
+        f"{'svc+event writes':>16} {'rollout s':>9} {'x1':>5} {'Services per replica':>22} "
+        f"{'CPU s per replica':>24} {'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
+    )
+    print(head)
+    for r in results:
+        print(
+            f"{r.replicas:>8} {r.converge_s:>10.1f} {r.converge_s / base.converge_s:>5.2f} "
+            f"{r.pod_writes_per_pod:>14.2f} {r.conflicts_per_pod:>12.2f} {r.service_writes:>16} "
+            f"{r.rollout_s:>9.2f} "
+            f"{r.rollout_s / base.rollout_s:>5.2f} {'/'.join(map(str, r.services_per_replica)):>22} "
+            f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "
+            f"{'/'.join(f'{m:.0f}' for m in r.rss_mb):>26} {max(r.rss_mb) / max(base.rss_mb):>10.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--services", type=int, default=100, help="controlled Services (default 100)")
+    parser.add_argument("--pods", type=int, default=100, help="pods per Service (default 100)")
+    parser.add_argument("--replicas", default="1,2,4", help="replica counts, comma-separated (default 1,2,4)")
+    args = parser.parse_args()
+    try:
+        counts = [int(x) for x in args.replicas.split(",")]
+    except ValueError:
+        parser.error(f"--replicas takes counts separated by commas (e.g. 1,2,4), not {args.replicas!r}")
+    if not counts or min(counts) < 1:
+        parser.error("--replicas: every count must be at least 1")
+    if args.services < 1 or args.services * args.pods < ROLLOUT:
+        parser.error(f"at least one Service and {ROLLOUT} pods in all (the rollout replaces {ROLLOUT})")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-shards-"))
+    print(f"  controller logs in {workdir}", file=sys.stderr)
+    results = []
+    for count in counts:
+        print(f"  {count} replica(s), {args.services} x {args.pods} ...", file=sys.stderr, flush=True)
+        results.append(run_replicas(count, args.services, args.pods, workdir))
+        (workdir / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    print_table(args.services, args.pods, results)
+
+
+if __name__ == "__main__":
+    main()
