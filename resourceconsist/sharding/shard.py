@@ -64,6 +64,9 @@ class ShardGate:
         self.drained = 0
         self._on_drained = on_drained
         self._ring_cache: tuple[float, HashRing] | None = None
+        #: False from the moment the replica begins to stop: no pass starts here any more, even
+        #: before its controllers have stopped (docs/scaling.md, "Stopping").
+        self.open = True
 
     @property
     def selector(self) -> str:
@@ -108,7 +111,10 @@ class ShardGate:
 
         In the cache: only when it is this shard's and not draining. Not in the cache: a pass
         that finds it gone runs only when the API server says it is gone; one that exists is
-        another shard's (or nobody's yet), and this one keeps its hands off."""
+        another shard's (or nobody's yet), and this one keeps its hands off. False once the gate
+        is closed (the replica stops)."""
+        if not self.open:
+            return False
         if cached is not None:
             if self.draining(cached):
                 await asyncio.to_thread(self._let_go, resource, cached)
