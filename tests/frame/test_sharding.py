@@ -68,7 +68,11 @@ class Replica:
         gate = self.manager.shard
         if not self.running or gate is None:
             return set()
-        held = {key for c in self.manager.controllers.values() for key in c.queue.processing()}
+        # A worker still holding a key whose let-go write has landed runs no pass of it: the
+        # write itself counts, not the moments until the worker gives the key back.
+        held = {
+            key for c in self.manager.controllers.values() for key in c.queue.processing()
+        } - gate.let_go_of
         if not self.manager.leading or not gate.open:
             # A closed gate (the replica stops) lets no pass start: only the passes running count.
             return held
