@@ -129,6 +129,30 @@ class LeaderElector:
         except (Conflict, NotFound):
             return False
 
+    def _renew(self) -> bool:
+        """Renew the Lease if this candidate still holds it (never acquires it)."""
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
+        if lease is None or lease.get("spec", {}).get("holderIdentity") != self.options.identity:
+            return False
+        return self._try_acquire_or_renew()
+
+    async def _keep_renewing(self) -> None:
+        """Renew every retry period until cancelled (while a stopping leader's passes end)."""
+        c = self.options
+        while True:
+            await asyncio.sleep(c.retry_period)
+            try:
+                await asyncio.wait_for(asyncio.to_thread(self._renew), timeout=c.renew_deadline)
+            except TimeoutError:
+                log.debug(
+                    "lease %s/%s: no answer within %gs while stopping",
+                    self.namespace,
+                    c.name,
+                    c.renew_deadline,
+                )
+            except Exception as err:
+                log.debug("lease %s/%s: renewal while stopping: %s", self.namespace, c.name, err)
+
     def _release(self) -> None:
         lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
         if lease is None or lease.get("spec", {}).get("holderIdentity") != self.options.identity:
@@ -148,6 +172,9 @@ class LeaderElector:
         try:
             while not stop.is_set():
                 self.attempts += 1
+                # The renew time written is taken after this moment: the renew deadline counts
+                # from here, so a slow attempt cannot stretch the time the Lease is believed held.
+                began = time.monotonic()
                 try:
                     # An attempt that outlives the renew deadline counts as failed (its thread is
                     # abandoned), so a hung API server cannot keep a leader from stepping down.
@@ -170,7 +197,7 @@ class LeaderElector:
                     won = False
                 now = time.monotonic()
                 if won:
-                    last_renew = now
+                    last_renew = began
                     if not self.leading:
                         self.leading = True
                         log.info("became leader of lease %s/%s as %s", self.namespace, c.name, c.identity)
@@ -185,7 +212,14 @@ class LeaderElector:
             was_leading = self.leading
             if was_leading:
                 self.leading = False
-                await on_stopped_leading()
+                # The Lease stays renewed while the controllers end their passes in flight, so
+                # nobody can take it over while one still runs (docs/scaling.md, "Stopping").
+                keeping = asyncio.create_task(self._keep_renewing())
+                try:
+                    await on_stopped_leading()
+                finally:
+                    keeping.cancel()
+                    await asyncio.gather(keeping, return_exceptions=True)
             if was_leading and self.release_on_cancel:
                 try:
                     # Bounded: a stop must not wait on an API server that does not answer; an

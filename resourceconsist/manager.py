@@ -260,6 +260,8 @@ class Manager:
         # threads: one stuck in a hung provider is abandoned on stop instead of keeping the
         # process alive (docs/concepts.md, "Stopping within the shutdown timeout").
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
+        if self.shard is not None:
+            self.shard.open = True
         self.informers.start(loop)
         self.clusters.bind(loop)
         await self._serve_endpoints()
@@ -458,6 +460,10 @@ class Manager:
         """Graceful shutdown: controllers finish in-flight work within ``timeout``, then all stops."""
         timeout = self.options.shutdown_timeout if timeout is None else timeout
         self._stop_timeout = timeout
+        if self.shard is not None:
+            # No pass starts from now on, even while the elector finishes a renewal in flight
+            # (docs/scaling.md, "Stopping").
+            self.shard.open = False
         if self._elector_task is not None:
             # The elector stops the controllers and releases the lease on its way out.
             self._elector_stop.set()

@@ -64,6 +64,12 @@ class ShardGate:
         self.drained = 0
         self._on_drained = on_drained
         self._ring_cache: tuple[float, HashRing] | None = None
+        #: False from the moment the replica begins to stop: no pass starts here any more, even
+        #: before its controllers have stopped (docs/scaling.md, "Stopping").
+        self.open = True
+        #: Keys whose drain this shard acknowledged (its let-go write landed) and that no pass
+        #: has asked about since: a worker still holding one of them runs no pass of it.
+        self.let_go_of: set[str] = set()
 
     @property
     def selector(self) -> str:
@@ -108,7 +114,11 @@ class ShardGate:
 
         In the cache: only when it is this shard's and not draining. Not in the cache: a pass
         that finds it gone runs only when the API server says it is gone; one that exists is
-        another shard's (or nobody's yet), and this one keeps its hands off."""
+        another shard's (or nobody's yet), and this one keeps its hands off. False once the gate
+        is closed (the replica stops)."""
+        self.let_go_of.discard(key)
+        if not self.open:
+            return False
         if cached is not None:
             if self.draining(cached):
                 await asyncio.to_thread(self._let_go, resource, cached)
@@ -132,6 +142,9 @@ class ShardGate:
             resource, meta.get("namespace") or None, meta["name"], change, current=cached
         )
         if wrote:
+            # Marked here, as the write lands, not once the worker is back on the event loop:
+            # the new shard may have the employer before then.
+            self.let_go_of.add(kube.object_key(cached))
             self.drained += 1
             self._on_drained()
             log.info(

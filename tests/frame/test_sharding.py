@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from resourceconsist import kube, wire
@@ -68,8 +68,13 @@ class Replica:
         gate = self.manager.shard
         if not self.running or gate is None:
             return set()
-        held = {key for c in self.manager.controllers.values() for key in c.queue.processing()}
-        if not self.manager.leading:
+        # A worker still holding a key whose let-go write has landed runs no pass of it: the
+        # write itself counts, not the moments until the worker gives the key back.
+        held = {
+            key for c in self.manager.controllers.values() for key in c.queue.processing()
+        } - gate.let_go_of
+        if not self.manager.leading or not gate.open:
+            # A closed gate (the replica stops) lets no pass start: only the passes running count.
             return held
         store = self.manager.informers.informer(kube.SERVICE).store
         return held | {kube.object_key(obj) for obj in store.list() if gate.assigned(obj)}
@@ -110,13 +115,21 @@ async def shards_of(cluster: Cluster) -> dict[str, str]:
     }
 
 
-def placed(cluster: Cluster, shards: set[str], names: list[str] | None = None) -> dict[str, str]:
-    """Where the ring over ``shards`` places each Service (by default the thirty)."""
+def placed(cluster: Cluster, shards: set[str], names: list[str]) -> dict[str, str]:
+    """Where the ring over ``shards`` places each of the Services ``names``."""
     ring = HashRing(shards)
-    return {
-        name: ring.shard_of(hash_key("v1", "Service", cluster.namespace, name)) or ""
-        for name in (names if names is not None else [f"svc-{i}" for i in range(SERVICES)])
-    }
+    return {name: ring.shard_of(hash_key("v1", "Service", cluster.namespace, name)) or "" for name in names}
+
+
+def names_where(cluster: Cluster, count: int, wanted: Callable[[list[str]], bool]) -> list[str]:
+    """The first ``count`` consecutive names ``svc-<i>`` (from ``svc-0``, in steps of ``count``)
+    for which ``wanted`` holds: where the ring places a name depends on the test's namespace, so
+    a test that needs some names on some shard picks them, deterministically."""
+    for start in range(0, 1000 * count, count):
+        names = [f"svc-{i}" for i in range(start, start + count)]
+        if wanted(names):
+            return names
+    raise AssertionError(f"no {count} consecutive names svc-<i> place as the test needs")
 
 
 def served(replicas: list[Replica], cluster: Cluster, expected: dict[str, str]) -> bool:
@@ -139,12 +152,21 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
         try:
             for replica in replicas:
                 await replica.start()
-            for i in range(SERVICES):
-                await cluster.service(f"svc-{i}")
+            three_shards = {"shard-0", "shard-1", "shard-2"}
+            # Each shard gets some, and so does the joiner of step 3.
+            names = names_where(
+                cluster,
+                SERVICES,
+                lambda names: (
+                    set(placed(cluster, three_shards, names).values()) == three_shards
+                    and "shard-3" in placed(cluster, {"shard-0", "shard-1", "shard-3"}, names).values()
+                ),
+            )
+            for name in names:
+                await cluster.service(name)
 
             # 1. Every Service lands on the shard the ring places it on, and is served there.
-            three = placed(cluster, {"shard-0", "shard-1", "shard-2"})
-            assert set(three.values()) == {"shard-0", "shard-1", "shard-2"}
+            three = placed(cluster, three_shards, names)
             await async_wait_for(
                 lambda: _labels_are(cluster, three),
                 timeout=60,
@@ -189,7 +211,7 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             # been silent for two lease durations (the protocol's rule), and are served again.
             killed = time.monotonic()
             await replicas[2].stop()
-            two = placed(cluster, {"shard-0", "shard-1"})
+            two = placed(cluster, {"shard-0", "shard-1"}, names)
             await async_wait_for(
                 lambda: _labels_are(cluster, two),
                 timeout=2 * LEASE_SECONDS + 20,
@@ -222,9 +244,9 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             # 3. shard-3 joins: its share moves to it through the drain handshake.
             drained_before = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
             await joiner.start()
-            with_joiner = placed(cluster, {"shard-0", "shard-1", "shard-3"})
+            with_joiner = placed(cluster, {"shard-0", "shard-1", "shard-3"}, names)
             to_joiner = {n for n, s in with_joiner.items() if s == "shard-3"}
-            assert to_joiner, "the ring gives the new shard nothing; pick other names"
+            assert to_joiner  # chosen so by names_where
             await async_wait_for(
                 lambda: _labels_are(cluster, with_joiner),
                 timeout=60,
@@ -282,32 +304,42 @@ class TimedDemo(DemoAdapter):
         return super().get_expected_employer(ctx, employer)
 
 
+async def hold_a_pass(
+    cluster: Cluster, replicas: list[Replica], adapters: dict[str, TimedDemo], home: dict[str, str], held: str
+) -> None:
+    """Start ``replicas``, create the Services of ``home``, wait until each is on its shard there
+    and ``held`` had a first pass, then start a pass of ``held`` that its shard holds in the middle."""
+    owner = adapters[home[held]]
+    for replica in replicas:
+        await replica.start(adapters[replica.shard])
+    for name in home:
+        await cluster.service(name)
+    await async_wait_for(lambda: _labels_are(cluster, home), timeout=60, message="assigned")
+    await async_wait_for(lambda: any(p[0] == held for p in owner.passes), timeout=60, message="a first pass")
+    owner.held = held
+    await cluster.patch(kube.SERVICE, held, {"metadata": {"annotations": {"touch": "1"}}})
+    await async_wait_for(lambda: owner.waiting > 0, timeout=30, message="a pass held")
+
+
 async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:
     """The drain waits for the pass the old shard is in the middle of: its labels stay until the
     pass ends, and the new shard's first pass of the Service starts after that."""
-    names = [f"svc-{i}" for i in range(10)]
+    names = names_where(
+        cluster,
+        10,
+        lambda names: "shard-2" in placed(cluster, {"shard-0", "shard-1", "shard-2"}, names).values(),
+    )
     joined = placed(cluster, {"shard-0", "shard-1", "shard-2"}, names)
     before = placed(cluster, {"shard-0", "shard-1"}, names)
     moving = sorted(n for n in names if joined[n] == "shard-2")
-    assert moving, "the ring gives the new shard none of these Services; pick other names"
+    assert moving  # chosen so by names_where
     held = moving[0]
     replicas = [Replica(cluster, f"shard-{i}") for i in range(3)]
     adapters = {r.shard: TimedDemo(r.shard, r.provider) for r in replicas}
     owner = adapters[before[held]]
     try:
-        for replica in replicas[:2]:
-            await replica.start(adapters[replica.shard])
-        for name in names:
-            await cluster.service(name)
-        await async_wait_for(lambda: _labels_are(cluster, before), timeout=60, message="assigned")
-        await async_wait_for(
-            lambda: any(p[0] == held for p in owner.passes), timeout=60, message="a first pass"
-        )
-
         # A pass of `held` on its owner, held in the middle.
-        owner.held = held
-        await cluster.patch(kube.SERVICE, held, {"metadata": {"annotations": {"touch": "1"}}})
-        await async_wait_for(lambda: owner.waiting > 0, timeout=30, message="held")
+        await hold_a_pass(cluster, replicas[:2], adapters, before, held)
         await replicas[2].start(adapters["shard-2"])
 
         async def draining() -> bool:
@@ -342,6 +374,71 @@ async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluste
         for replica in replicas:
             if replica.running:
                 await replica.stop()
+
+
+async def test_a_stopping_shard_keeps_its_lease_while_a_pass_runs(cluster: Cluster) -> None:
+    """A shard stopped without releasing its Lease (as when killed after its stop began) goes on
+    renewing it while a pass of its own is still running, even past two lease durations: the
+    sharder cannot declare it dead and hand its Services to another shard meanwhile. No pass
+    starts on it once its stop has begun; its Services move only after its last pass ended."""
+    names = names_where(
+        cluster,
+        4,
+        lambda names: set(placed(cluster, {"shard-0", "shard-1"}, names).values()) == {"shard-0", "shard-1"},
+    )
+    home = placed(cluster, {"shard-0", "shard-1"}, names)
+    held = sorted(n for n in names if home[n] == "shard-1")[0]
+    replicas = [Replica(cluster, "shard-0"), Replica(cluster, "shard-1", release_on_cancel=False)]
+    adapters = {r.shard: TimedDemo(r.shard, r.provider) for r in replicas}
+    stopping = adapters["shard-1"]
+    stop: asyncio.Task[None] | None = None
+    with sampling(replicas) as violations:
+        try:
+            await hold_a_pass(cluster, replicas, adapters, home, held)
+
+            # The stop waits for the held pass longer than two lease durations.
+            began = time.monotonic()
+            stop = asyncio.create_task(replicas[1].manager.stop(timeout=4 * LEASE_SECONDS))
+            await async_wait_for(
+                lambda: time.monotonic() - began > 2 * LEASE_SECONDS + 2,
+                timeout=4 * LEASE_SECONDS,
+                message="two lease durations into the stop",
+            )
+            assert not stop.done()
+            lease = await cluster.get(kube.LEASE, "shard-1")
+            assert lease is not None
+            assert lease["spec"]["holderIdentity"] == "shard-1", "the Lease was taken over during a pass"
+            assert (await shards_of(cluster))[held] == "shard-1"
+            assert not [p for p in adapters["shard-0"].passes if p[0] == held]
+
+            released = time.monotonic()
+            stopping.hold.set()
+            await stop
+            replicas[1].running = False
+            # No pass started on the stopping shard after its stop began.
+            assert [p for p in stopping.passes if p[2] >= began] == []
+            moved = placed(cluster, {"shard-0"}, names)
+            await async_wait_for(
+                lambda: _labels_are(cluster, moved),
+                timeout=2 * LEASE_SECONDS + 30,
+                message="the stopped shard's Services moved once its Lease went silent",
+            )
+            await async_wait_for(
+                lambda: [p for p in adapters["shard-0"].passes if p[0] == held],
+                timeout=60,
+                message="the new shard's first pass",
+            )
+            first_new = min(p[2] for p in adapters["shard-0"].passes if p[0] == held)
+            assert first_new > max(p[3] for p in stopping.passes if p[0] == held) >= released
+        finally:
+            stopping.hold.set()
+            if stop is not None:
+                await asyncio.gather(stop, return_exceptions=True)
+                replicas[1].running = False
+            for replica in replicas:
+                if replica.running:
+                    await replica.stop()
+    assert violations == [], violations[:5]
 
 
 async def test_shards_follow_another_sharder_speaking_the_protocol(cluster: Cluster) -> None:
