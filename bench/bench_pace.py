@@ -77,29 +77,33 @@ class Kind:
     argv: Callable[[Path, str], list[str]]
 
 
-def ours() -> Kind:
-    def argv(kubeconfig: Path, ns: str) -> list[str]:
-        return [
-            sys.executable,
-            "-m",
-            "resourceconsist",
-            "--log-level",
-            "warning",
-            "run",
-            "--adapter",
-            "demo",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--namespace",
-            ns,
-            # No metrics, probes on a free port: the :8080/:8081 defaults may be taken.
-            "--metrics-bind-address",
-            "0",
-            "--health-probe-bind-address",
-            f"127.0.0.1:{free_port()}",
-        ]
+def ours_argv(kubeconfig: Path, ns: str, *extra: str) -> list[str]:
+    """``resourceconsist run --adapter demo`` of ours in its own process, with ``extra`` flags
+    (bench_shards.py adds sharding's)."""
+    return [
+        sys.executable,
+        "-m",
+        "resourceconsist",
+        "--log-level",
+        "warning",
+        "run",
+        "--adapter",
+        "demo",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--namespace",
+        ns,
+        *extra,
+        # No metrics, probes on a free port: the :8080/:8081 defaults may be taken.
+        "--metrics-bind-address",
+        "0",
+        "--health-probe-bind-address",
+        f"127.0.0.1:{free_port()}",
+    ]
 
-    return Kind("ours", argv)
+
+def ours() -> Kind:
+    return Kind("ours", ours_argv)
 
 
 def go(binary: Path, qps: float) -> Kind:

@@ -40,6 +40,7 @@ from bench_pace import (
     _load,
     _pool_map,
     _until,
+    ours_argv,
     populate,
     set_ready,
 )
@@ -49,7 +50,6 @@ from resourceconsist import kube
 from resourceconsist.kube import KubeClient, NotFound
 from resourceconsist.sharding.ring import shard_label
 from resourceconsist.testing import Cluster, LocalControlPlane
-from resourceconsist.testing.controlplane import free_port
 
 NAMESPACE = "bench-shards"
 RING = "bench"
@@ -58,18 +58,8 @@ ROLLOUT = 100
 
 def replica_argv(kubeconfig: Path, shard: str) -> list[str]:
     """One sharded replica of ours, its built-in sharder on (docs/scaling.md)."""
-    return [
-        sys.executable,
-        "-m",
-        "resourceconsist",
-        "--log-level",
-        "warning",
-        "run",
-        "--adapter",
-        "demo",
-        "--kubeconfig",
-        str(kubeconfig),
-        "--namespace",
+    return ours_argv(
+        kubeconfig,
         NAMESPACE,
         "--sharding",
         "--controller-ring",
@@ -78,11 +68,7 @@ def replica_argv(kubeconfig: Path, shard: str) -> list[str]:
         shard,
         "--leader-election-namespace",
         NAMESPACE,
-        "--metrics-bind-address",
-        "0",
-        "--health-probe-bind-address",
-        f"127.0.0.1:{free_port()}",
-    ]
+    )
 
 
 def pod_writes_by_answer(cp: LocalControlPlane) -> dict[str, float]:
