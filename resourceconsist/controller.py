@@ -411,6 +411,16 @@ class Controller:
         await self.subscribers.stop()
         log.info("controller %s stopped", self.name)
 
+    def abandon_passes(self, why: str) -> None:
+        """End the passes still running at once, without waiting for them (their tasks are
+        cancelled; a blocking adapter call still running is abandoned in its daemon thread), as
+        ``stop`` does once its timeout is over."""
+        running = self.queue.processing()
+        for task in self._workers:
+            task.cancel()
+        if running:
+            log.warning("controller %s: abandoned %d running pass(es): %s", self.name, len(running), why)
+
     # -- workers --------------------------------------------------------------------------------------
 
     async def _worker(self, index: int) -> None:

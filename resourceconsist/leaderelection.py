@@ -69,6 +69,9 @@ class LeaderElector:
         self.leading = False
         #: Campaign rounds so far (acquire or renew attempts).
         self.attempts = 0
+        #: ``time.monotonic()`` until which no one else can hold the Lease: the start of the last
+        #: successful renewal plus the lease duration (the renew time written is later).
+        self.held_until = 0.0
 
     def _try_acquire_or_renew(self) -> bool:
         c = self.options
@@ -129,6 +132,10 @@ class LeaderElector:
         except (Conflict, NotFound):
             return False
 
+    def lease_left(self) -> float:
+        """Seconds until another candidate could hold the Lease (0 or less: it may already)."""
+        return self.held_until - time.monotonic()
+
     def _renew(self) -> bool:
         """Renew the Lease if this candidate still holds it (never acquires it)."""
         lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
@@ -142,7 +149,9 @@ class LeaderElector:
         while True:
             await asyncio.sleep(c.retry_period)
             try:
-                await asyncio.wait_for(asyncio.to_thread(self._renew), timeout=c.renew_deadline)
+                began = time.monotonic()
+                if await asyncio.wait_for(asyncio.to_thread(self._renew), timeout=c.renew_deadline):
+                    self.held_until = began + c.lease_duration
             except TimeoutError:
                 log.debug(
                     "lease %s/%s: no answer within %gs while stopping",
@@ -198,6 +207,7 @@ class LeaderElector:
                 now = time.monotonic()
                 if won:
                     last_renew = began
+                    self.held_until = began + c.lease_duration
                     if not self.leading:
                         self.leading = True
                         log.info("became leader of lease %s/%s as %s", self.namespace, c.name, c.identity)

@@ -454,7 +454,29 @@ class Manager:
     async def _stop_controllers(self) -> None:
         self.leading = self._elector is None
         self._report_leading()
-        await asyncio.gather(*(c.stop(self._stop_timeout) for c in self.controllers.values()))
+        stopping = asyncio.gather(*(c.stop(self._stop_timeout) for c in self.controllers.values()))
+        if self._elector is None:
+            await stopping
+            return
+        # Passes may take the shutdown timeout to end only while the Lease is still this
+        # replica's: one that outlives it is abandoned first (docs/scaling.md, "Stopping").
+        watch = asyncio.create_task(self._abandon_passes_before_lease_ends(self._elector))
+        try:
+            await stopping
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _abandon_passes_before_lease_ends(self, elector: LeaderElector) -> None:
+        """Abandon the passes still running one retry period before another replica could take
+        the Lease over (a Lease still being renewed, while a graceful stop waits, moves that
+        moment on)."""
+        margin = elector.options.retry_period
+        # A deadline that renewals move on, not an event: sleeping until it is the wait.
+        while (left := elector.lease_left() - margin) > 0:  # noqa: ASYNC110
+            await asyncio.sleep(left)
+        for controller in self.controllers.values():
+            controller.abandon_passes(f"the Lease {elector.options.name} is no longer renewed")
 
     async def stop(self, timeout: float | None = None) -> None:
         """Graceful shutdown: controllers finish in-flight work within ``timeout``, then all stops."""

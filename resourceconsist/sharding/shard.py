@@ -68,7 +68,10 @@ class ShardGate:
         #: before its controllers have stopped (docs/scaling.md, "Stopping").
         self.open = True
         #: Keys whose drain this shard acknowledged (its let-go write landed) and that no pass
-        #: has asked about since: a worker still holding one of them runs no pass of it.
+        #: has run on since: a worker still holding one of them runs no pass of it. A key leaves
+        #: the set only when ``may_act`` lets a pass of it run again (it came back), so a worker
+        #: that asks about it again while the cache still shows the drained version is not
+        #: taken for acting on it (bounded by the employers this shard ever let go of).
         self.let_go_of: set[str] = set()
 
     @property
@@ -116,17 +119,22 @@ class ShardGate:
         that finds it gone runs only when the API server says it is gone; one that exists is
         another shard's (or nobody's yet), and this one keeps its hands off. False once the gate
         is closed (the replica stops)."""
-        self.let_go_of.discard(key)
         if not self.open:
             return False
+        if cached is not None and self.draining(cached):
+            # Also when this shard let go of it already and the cache has not caught up: the
+            # write is made against the live object and is none when it no longer drains here.
+            await asyncio.to_thread(self._let_go, resource, cached)
+            return False
         if cached is not None:
-            if self.draining(cached):
-                await asyncio.to_thread(self._let_go, resource, cached)
-                return False
-            return self.assigned(cached)
-        namespace, _, name = key.rpartition("/")
-        live = await asyncio.to_thread(self.client.get_or_none, resource, namespace or None, name)
-        return live is None
+            acts = self.assigned(cached)
+        else:
+            namespace, _, name = key.rpartition("/")
+            live = await asyncio.to_thread(self.client.get_or_none, resource, namespace or None, name)
+            acts = live is None
+        if acts:
+            self.let_go_of.discard(key)
+        return acts
 
     def _let_go(self, resource: Resource, cached: KubeObject) -> None:
         """Acknowledge the drain: both labels off in one write, unless the employer is no longer

@@ -137,10 +137,16 @@ async def test_a_pdb_sub_resource_is_owned_kept_and_goes_with_its_employer(clust
             return await _role_of(cluster, _role(cluster.namespace, "web")) is None
 
         await _wait(role_gone, "the ClusterRole collected by the stray collector")
-        collected = manager.metrics.registry.get_sample_value(
-            "resourceconsist_orphans_collected_total", {"controller": "demo-controller"}
-        )
-        assert collected == 1
+
+        def collected() -> float | None:
+            return manager.metrics.registry.get_sample_value(
+                "resourceconsist_orphans_collected_total", {"controller": "demo-controller"}
+            )
+
+        # The collector counts once its DELETE has answered, which may be after this test has
+        # seen the ClusterRole gone: wait for the count, then check it counted the one role.
+        await _wait(lambda: collected() is not None, "the collection counted")
+        assert collected() == 1
 
 
 async def test_a_cluster_scoped_stray_left_while_down_is_collected_at_start(cluster: Cluster) -> None:

@@ -12,6 +12,8 @@ records any Service two replicas would act on at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +23,7 @@ from resourceconsist import kube, wire
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeObject
+from resourceconsist.leaderelection import parse_lease_time
 from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
@@ -35,7 +38,13 @@ class Replica:
     """One replica: a manager with its own demo provider, sharing the test's event loop."""
 
     def __init__(
-        self, cluster: Cluster, shard: str, *, release_on_cancel: bool = True, sharder: bool = True
+        self,
+        cluster: Cluster,
+        shard: str,
+        *,
+        release_on_cancel: bool = True,
+        sharder: bool = True,
+        shutdown_timeout: float = 30.0,
     ) -> None:
         self.shard = shard
         self.provider = FakeProvider()
@@ -49,7 +58,10 @@ class Replica:
             release_on_cancel=release_on_cancel,
             sharder=sharder,
         )
-        self.manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
+        self.manager = Manager(
+            cluster.client,
+            ManagerOptions(namespace=cluster.namespace, sharding=options, shutdown_timeout=shutdown_timeout),
+        )
         self.running = False
 
     async def start(self, adapter: DemoAdapter | None = None) -> None:
@@ -435,6 +447,131 @@ async def test_a_stopping_shard_keeps_its_lease_while_a_pass_runs(cluster: Clust
             if stop is not None:
                 await asyncio.gather(stop, return_exceptions=True)
                 replicas[1].running = False
+            for replica in replicas:
+                if replica.running:
+                    await replica.stop()
+    assert violations == [], violations[:5]
+
+
+POLICY = kube.Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "ValidatingAdmissionPolicy",
+    "validatingadmissionpolicies",
+    namespaced=False,
+)
+BINDING = kube.Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "ValidatingAdmissionPolicyBinding",
+    "validatingadmissionpolicybindings",
+    namespaced=False,
+)
+
+
+@contextmanager
+def renewals_refused(cluster: Cluster, shard: str) -> Iterator[None]:
+    """The API server refuses every write by which ``shard`` would renew its own Lease (an
+    admission policy), while everything else, the sharder's takeover of that Lease included, is
+    let through: a replica cut off from its Lease, alive otherwise."""
+    name = f"{cluster.namespace}-refuse-{shard}"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["coordination.k8s.io"],
+                        "apiVersions": ["v1"],
+                        "operations": ["UPDATE"],
+                        "resources": ["leases"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": (
+                        f"!(object.metadata.namespace == '{cluster.namespace}' && object.metadata.name == "
+                        f"'{shard}' && object.spec.holderIdentity == '{shard}')"
+                    ),
+                    "message": f"the test cuts {shard} off from its Lease",
+                }
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    cluster.client.create(POLICY, None, policy)
+    cluster.client.create(BINDING, None, binding)
+    try:
+        yield
+    finally:
+        for res in (BINDING, POLICY):
+            with contextlib.suppress(kube.NotFound):
+                cluster.client.delete(res, None, name)
+
+
+async def test_a_shard_cut_off_from_its_lease_abandons_its_passes_before_the_lease_can_move(
+    cluster: Cluster,
+) -> None:
+    """A shard that can no longer renew its Lease steps down and gives a pass it is in the middle
+    of (one that ignores cancellation, as a hung provider call does) only until one retry period
+    before the Lease could be taken over, not the whole shutdown timeout: the pass is abandoned
+    before the renew time last written plus the lease duration, and the sharder's new owner of
+    its Services starts after that."""
+    names = names_where(
+        cluster,
+        4,
+        lambda names: set(placed(cluster, {"shard-0", "shard-1"}, names).values()) == {"shard-0", "shard-1"},
+    )
+    home = placed(cluster, {"shard-0", "shard-1"}, names)
+    held = sorted(n for n in names if home[n] == "shard-1")[0]
+    replicas = [Replica(cluster, "shard-0"), Replica(cluster, "shard-1", shutdown_timeout=120.0)]
+    adapters = {r.shard: TimedDemo(r.shard, r.provider) for r in replicas}
+    cut_off = replicas[1]
+    with sampling(replicas) as violations:
+        try:
+            await hold_a_pass(cluster, replicas, adapters, home, held)
+            with renewals_refused(cluster, "shard-1"):
+                await async_wait_for(
+                    lambda: not cut_off.manager.leading, timeout=30, message="shard-1 stepping down"
+                )
+                lease = await cluster.get(kube.LEASE, "shard-1")
+                assert lease is not None
+                renewed = parse_lease_time(lease["spec"]["renewTime"])
+                assert renewed is not None
+                (controller,) = cut_off.manager.controllers.values()
+                await async_wait_for(
+                    lambda: not controller.queue.processing(),
+                    timeout=LEASE_SECONDS + 5,
+                    interval=0.02,
+                    message="the held pass abandoned",
+                )
+                abandoned = datetime.datetime.now(datetime.UTC)
+                expires = renewed + datetime.timedelta(seconds=LEASE_SECONDS)
+                assert abandoned < expires, f"abandoned at {abandoned}, the Lease expired at {expires}"
+                # The sharder takes the silent Lease over and moves its Services to shard-0,
+                # whose first pass of the held Service comes after the abandonment.
+                moved = placed(cluster, {"shard-0"}, names)
+                await async_wait_for(
+                    lambda: _labels_are(cluster, moved),
+                    timeout=2 * LEASE_SECONDS + 30,
+                    message="shard-1's Services moved to shard-0",
+                )
+                await async_wait_for(
+                    lambda: [p for p in adapters["shard-0"].passes if p[0] == held],
+                    timeout=60,
+                    message="the new shard's first pass of the held Service",
+                )
+        finally:
+            adapters["shard-1"].hold.set()
             for replica in replicas:
                 if replica.running:
                     await replica.stop()
