@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from resourceconsist import errors, handler, kube, logs, wire
 from resourceconsist.adapter import (
     EventHandler,
-    MultiClusterOptions,
     Predicate,
     RateLimiter,
     ReconcileAdapter,
@@ -35,7 +34,7 @@ from resourceconsist.kube import KubeClient, KubeObject, Resource
 from resourceconsist.metrics import Metrics
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
 from resourceconsist.orphans import GarbageCollector
-from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
+from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist, capabilities
 from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.subresources import sync_sub_resources
 from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
@@ -94,6 +93,7 @@ class Controller:
     ) -> None:
         self.adapter = adapter
         self.name = adapter.get_controller_name()
+        self._employees_in_members = capabilities.employees_in_members(adapter)
         self.client = client
         self.informers = informers
         self.metrics = metrics or Metrics()
@@ -164,7 +164,7 @@ class Controller:
 
     @property
     def employees_in_members(self) -> bool:
-        return isinstance(self.adapter, MultiClusterOptions) and not self.adapter.employee_fed()
+        return self._employees_in_members()
 
     # -- watches ------------------------------------------------------------------------------------
 
