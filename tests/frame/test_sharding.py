@@ -333,6 +333,23 @@ async def hold_a_pass(
     await async_wait_for(lambda: owner.waiting > 0, timeout=30, message="a pass held")
 
 
+async def first_pass_once_moved(cluster: Cluster, names: list[str], new_owner: TimedDemo, held: str) -> float:
+    """Wait until the Services ``names`` are all on ``new_owner``'s shard (moved there once the old
+    shard's Lease went silent) and ``held`` had its first pass there; return when it started."""
+    moved = placed(cluster, {new_owner.shard}, names)
+    await async_wait_for(
+        lambda: _labels_are(cluster, moved),
+        timeout=2 * LEASE_SECONDS + 30,
+        message=f"the Services moved to {new_owner.shard} once the old shard's Lease went silent",
+    )
+    await async_wait_for(
+        lambda: [p for p in new_owner.passes if p[0] == held],
+        timeout=60,
+        message=f"{new_owner.shard}'s first pass of {held}",
+    )
+    return min(p[2] for p in new_owner.passes if p[0] == held)
+
+
 async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:
     """The drain waits for the pass the old shard is in the middle of: its labels stay until the
     pass ends, and the new shard's first pass of the Service starts after that."""
@@ -429,18 +446,7 @@ async def test_a_stopping_shard_keeps_its_lease_while_a_pass_runs(cluster: Clust
             replicas[1].running = False
             # No pass started on the stopping shard after its stop began.
             assert [p for p in stopping.passes if p[2] >= began] == []
-            moved = placed(cluster, {"shard-0"}, names)
-            await async_wait_for(
-                lambda: _labels_are(cluster, moved),
-                timeout=2 * LEASE_SECONDS + 30,
-                message="the stopped shard's Services moved once its Lease went silent",
-            )
-            await async_wait_for(
-                lambda: [p for p in adapters["shard-0"].passes if p[0] == held],
-                timeout=60,
-                message="the new shard's first pass",
-            )
-            first_new = min(p[2] for p in adapters["shard-0"].passes if p[0] == held)
+            first_new = await first_pass_once_moved(cluster, names, adapters["shard-0"], held)
             assert first_new > max(p[3] for p in stopping.passes if p[0] == held) >= released
         finally:
             stopping.hold.set()
@@ -554,22 +560,12 @@ async def test_a_shard_cut_off_from_its_lease_abandons_its_passes_before_the_lea
                     interval=0.02,
                     message="the held pass abandoned",
                 )
-                abandoned = datetime.datetime.now(datetime.UTC)
+                abandoned, abandoned_at = datetime.datetime.now(datetime.UTC), time.monotonic()
                 expires = renewed + datetime.timedelta(seconds=LEASE_SECONDS)
                 assert abandoned < expires, f"abandoned at {abandoned}, the Lease expired at {expires}"
                 # The sharder takes the silent Lease over and moves its Services to shard-0,
                 # whose first pass of the held Service comes after the abandonment.
-                moved = placed(cluster, {"shard-0"}, names)
-                await async_wait_for(
-                    lambda: _labels_are(cluster, moved),
-                    timeout=2 * LEASE_SECONDS + 30,
-                    message="shard-1's Services moved to shard-0",
-                )
-                await async_wait_for(
-                    lambda: [p for p in adapters["shard-0"].passes if p[0] == held],
-                    timeout=60,
-                    message="the new shard's first pass of the held Service",
-                )
+                assert await first_pass_once_moved(cluster, names, adapters["shard-0"], held) > abandoned_at
         finally:
             adapters["shard-1"].hold.set()
             for replica in replicas:
