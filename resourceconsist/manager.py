@@ -35,7 +35,7 @@ from resourceconsist.kube import KubeClient, Resource
 from resourceconsist.leaderelection import LeaderElector
 from resourceconsist.metrics import Metrics, health_app
 from resourceconsist.multicluster import ClusterRegistry, MemberCluster
-from resourceconsist.options import ManagerKeywords, ManagerOptions
+from resourceconsist.options import ManagerKeywords, ManagerOptions, ProviderBudgetOptions
 from resourceconsist.sharding.pods import ShardPods, changes_share
 from resourceconsist.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.sharding.shard import ShardGate
@@ -92,6 +92,15 @@ class Manager:
         self.client = client
         # One API budget per provider account, process-wide: this manager's settings apply to
         # every adapter it runs (docs/concepts.md, "The provider budget").
+        before = dataclasses.replace(budget.settings(), share=1.0)
+        if before not in (ProviderBudgetOptions(), self.options.provider_budget):
+            log.warning(
+                "provider budget: this manager's settings (%s) replace another manager's (%s) for "
+                "every provider account of the process (one budget per account per process); give "
+                "the managers of one process the same settings",
+                self.options.provider_budget,
+                before,
+            )
         budget.configure(self.options.provider_budget)
         self.subscribers: list[LifecycleSubscriber] = []
         self.informers = InformerFactory(

@@ -9,6 +9,7 @@ budget's own counters (what is queued, what was granted) to say the waiters got 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -29,7 +30,8 @@ from resourceconsist.budget import (
 from resourceconsist.cancellation import Cancellation, PassCancelled, call_adapter
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.manager import Manager
 from resourceconsist.metrics import Metrics
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
@@ -249,6 +251,20 @@ def test_a_new_setting_applies_to_waiters_and_budgets_already_made(restore_setti
     assert spent.settings == ProviderBudgetOptions()
     with pytest.raises(ValueError, match="account"):
         budget.budget_for("")
+
+
+def test_a_second_manager_with_other_settings_is_told_it_replaces_the_first(
+    restore_settings: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = KubeClient(None)  # never reaches an API server: only the budget's settings matter
+    budget.configure(ProviderBudgetOptions())
+    Manager(client, ManagerOptions(provider_budget=ProviderBudgetOptions(rate=5.0)))
+    Manager(client, ManagerOptions(provider_budget=ProviderBudgetOptions(rate=5.0)))
+    assert "replace another manager's" not in caplog.text
+    with caplog.at_level(logging.WARNING, logger="resourceconsist.manager"):
+        Manager(client, ManagerOptions(provider_budget=ProviderBudgetOptions(rate=7.0)))
+    assert "replace another manager's" in caplog.text
+    assert budget.settings().rate == 7.0
 
 
 def test_the_share_scales_the_rate() -> None:
