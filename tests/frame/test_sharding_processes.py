@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from resourceconsist import kube, lifecycle, wire
@@ -103,28 +102,16 @@ async def test_a_killed_shard_process_loses_its_services_to_the_others(
             await asyncio.to_thread(replica.stop, 20)
 
 
-def _ready_pods(cluster: Cluster, services: list[str], pods_each: int) -> list[str]:
+async def _ready_pods(cluster: Cluster, services: list[str], pods_each: int) -> list[str]:
     """``pods_each`` Ready pods behind each Service (made before any replica runs)."""
+    names = [(f"{svc}-{j}", svc) for svc in services for j in range(pods_each)]
 
-    def make(svc: str) -> list[str]:
-        names = [f"{svc}-{j}" for j in range(pods_each)]
-        for name in names:
-            body = {
-                "metadata": {"name": name, "labels": {"app": svc}},
-                "spec": {"containers": [{"name": "c", "image": "x"}]},
-            }
-            cluster.client.create(kube.POD, cluster.namespace, body)
-            ip = cluster.ip_of(name)
-            status = {
-                "podIP": ip,
-                "podIPs": [{"ip": ip}],
-                "conditions": [{"type": "Ready", "status": "True"}],
-            }
-            cluster.client.patch(kube.POD, cluster.namespace, name, {"status": status}, subresource="status")
-        return names
+    async def make(name: str, svc: str) -> None:
+        await cluster.pod(name, {"app": svc})
+        await cluster.set_status(name)
 
-    with ThreadPoolExecutor(8) as pool:
-        return [name for names in pool.map(make, services) for name in names]
+    await asyncio.gather(*(make(name, svc) for name, svc in names))
+    return [name for name, _ in names]
 
 
 async def test_replicas_starting_cold_guard_every_pod_without_a_conflicting_write(
@@ -140,7 +127,7 @@ async def test_replicas_starting_cold_guard_every_pod_without_a_conflicting_writ
     services = [f"svc-{i}" for i in range(COLD_SERVICES)]
     for name in services:
         await cluster.service(name)
-    pods = await cluster.call(_ready_pods, cluster, services, COLD_PODS)
+    pods = await _ready_pods(cluster, services, COLD_PODS)
     before = await asyncio.to_thread(control_plane.requests_served, "pods", _WRITE_VERBS)
     replicas = [
         await asyncio.to_thread(_replica, control_plane.kubeconfig, ns, f"c-{i}")
