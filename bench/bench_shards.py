@@ -44,7 +44,6 @@ from bench_pace import (
     populate,
     set_ready,
 )
-from prometheus_client.parser import text_string_to_metric_families
 
 from resourceconsist import kube
 from resourceconsist.kube import KubeClient, NotFound
@@ -73,17 +72,7 @@ def replica_argv(kubeconfig: Path, shard: str) -> list[str]:
 
 def pod_writes_by_answer(cp: LocalControlPlane) -> dict[str, float]:
     """Write requests on pods the API server served so far, by HTTP code (409: a conflict)."""
-    counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(cp.raw_get("/metrics")):
-        for sample in family.samples:
-            labels = sample.labels
-            if (
-                sample.name == "apiserver_request_total"
-                and labels.get("resource") == "pods"
-                and labels.get("verb") in WRITE_VERBS
-            ):
-                counts[labels["code"]] = counts.get(labels["code"], 0.0) + sample.value
-    return counts
+    return {code: float(n) for code, n in cp.requests_served("pods", WRITE_VERBS).items()}
 
 
 @dataclass

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,23 +103,43 @@ class RecentWrites:
     A pass that starts before the watch event of the last pass's write reached the cache would
     decide from the copy before that write: plan the same write again, meet a 409 Conflict,
     re-read and find nothing to do (a wasted PATCH and GET per pod in a readiness ramp), and
-    count a guarded pod as unguarded. While the cached copy still carries the resourceVersion
-    the write started from, the answer of the write is the fresher copy; once the cache moves
-    on (to this write's event or any later one), the cache is used again and the entry goes.
+    count a guarded pod as unguarded. While the cached copy still carries a resourceVersion
+    known to be older than the answer (the one the write started from, or the answer of an
+    earlier write of this controller that the cache only now shows), the answer is the fresher
+    copy; once the cache moves on to any other version (this write's event or a later one),
+    the cache is used again and the entry goes.
+
+    The earlier answers count because a pass writes a pod twice (guard, then lifecycle
+    finalizer): a lagging watch delivers the first write's event while the second's answer is
+    already known, and taking that event's copy for current wrote every pod a third time, into
+    a 409 (docs/scaling.md, "Conflicts at a cold start").
     """
 
     def __init__(self) -> None:
-        self._after: dict[tuple[int, str, str], tuple[str, KubeObject]] = {}
+        #: Per pod: the resourceVersions known to be older than the answer, and the answer.
+        self._after: dict[tuple[int, str, str], tuple[frozenset[str], KubeObject]] = {}
         self._lock = threading.Lock()
 
-    def note(self, reader: ObjectReader, namespace: str, name: str, before: str, after: KubeObject) -> None:
-        """``after``: the pod as the write to it left it; ``before``: the cached resourceVersion
-        the write started from."""
+    def note(
+        self, reader: ObjectReader, namespace: str, name: str, before: Iterable[str], after: KubeObject
+    ) -> None:
+        """``after``: the pod as the API server last answered this controller (its write, or
+        the re-read after a conflict); ``before``: resourceVersions the pod had before, as this
+        controller saw them (the cached copy's, the copy's the write started from)."""
+        key = (id(reader), namespace, name)
+        older = set(before)
         with self._lock:
             if len(self._after) >= _RECENT_LIMIT:
                 # Entries of pods nobody looks up any more: dropping them only costs a conflict.
                 self._after.clear()
-            self._after[(id(reader), namespace, name)] = (before, trim(after))
+            hit = self._after.get(key)
+            if hit is not None and _version(hit[1]) in older:
+                # The write started from the last answer: what was older than that answer is
+                # older than this one. (Another pass's answer to a concurrent write is not
+                # chained: which of the two is the newer, nothing here can tell.)
+                older |= hit[0]
+            older.discard(_version(after))
+            self._after[key] = (frozenset(older), trim(after))
 
     def settle(self, reader: ObjectReader, namespace: str, name: str) -> None:
         """The pod's watch event reached the cache: drop its entry once the cache moved on."""
@@ -127,17 +147,21 @@ class RecentWrites:
             self.get(reader, namespace, name)
 
     def get(self, reader: ObjectReader, namespace: str, name: str) -> KubeObject | None:
-        """The freshest known copy of the pod: the cache's, or this controller's last write's."""
+        """The freshest known copy of the pod: the cache's, or this controller's last answer."""
         cached = reader.get(kube.POD, namespace, name)
         key = (id(reader), namespace, name)
         with self._lock:
             hit = self._after.get(key)
             if hit is None:
                 return cached
-            if cached is not None and cached.get("metadata", {}).get("resourceVersion") == hit[0]:
+            if cached is not None and _version(cached) in hit[0]:
                 return hit[1]
             del self._after[key]
         return cached
+
+
+def _version(obj: KubeObject) -> str:
+    return str(obj.get("metadata", {}).get("resourceVersion", ""))
 
 
 class PodWriter:
@@ -278,8 +302,11 @@ class PodWriter:
         after, wrote = where.client.patch_optimistic(
             kube.POD, self.namespace, where.name, change, current=pod
         )
-        if wrote and after is not None and cached is not None:
-            before = str(cached.get("metadata", {}).get("resourceVersion", ""))
+        # A copy read again after a conflict is as fresh as a write's answer: the next pass
+        # starts from it, not from the cache that conflicted (docs/scaling.md).
+        read_again = after is not None and (pod is None or _version(after) != _version(pod))
+        if (wrote or read_again) and after is not None and cached is not None:
+            before = {_version(cached)} | ({_version(pod)} if pod is not None else set())
             self.recent.note(where.reader, self.namespace, where.name, before, after)
         return after, wrote, deferred
 

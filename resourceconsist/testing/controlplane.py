@@ -32,7 +32,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Collection
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -490,6 +491,24 @@ class LocalControlPlane:
         with urllib.request.urlopen(f"{self.url}{path}", timeout=10, context=self.ssl_context()) as resp:
             body: bytes = resp.read()
         return body.decode()
+
+    def requests_served(self, resource: str, verbs: Collection[str]) -> Counter[str]:
+        """Requests on ``resource`` (a plural, e.g. ``pods``) with one of ``verbs`` (as the API
+        server names them: ``PATCH``, ``POST``...) the API server has answered so far, by HTTP
+        code (``"409"``: a conflict), from its own ``apiserver_request_total``."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        counts: Counter[str] = Counter()
+        for family in text_string_to_metric_families(self.raw_get("/metrics")):
+            for sample in family.samples:
+                labels = sample.labels
+                if (
+                    sample.name == "apiserver_request_total"
+                    and labels.get("resource") == resource
+                    and labels.get("verb") in verbs
+                ):
+                    counts[labels["code"]] += int(sample.value)
+        return counts
 
     def service_account_token(self, namespace: str, name: str, *, seconds: int = 3600) -> str:
         """A token of ServiceAccount ``namespace/name``, minted by the TokenRequest API (as the
