@@ -507,7 +507,12 @@ class Controller:
             return False
         # The shard's pod cache holds this employer's pods before its pass (docs/scaling.md).
         await self.shard_pods_ready(key)
-        return True
+        if cached is None:
+            return True  # gone, as the API server said: nothing can have moved it meanwhile
+        # A drain that arrived during the wait is acknowledged now, not after one more pass.
+        return await self.shard.may_act(
+            self.spec.employer, key, self.reader.get(self.spec.employer, namespace or None, name)
+        )
 
 
 async def _nothing_to_wait_for(key: str) -> None:
