@@ -4,6 +4,7 @@ Not part of ``make bench`` nor CI (``make bench-shards``; docs/benchmarks.md, "S
 replicas"). For each replica count R, on a fresh local control plane (etcd + kube-apiserver of
 the testing kit; no nodes: pods are plain objects made Ready by the driver, as in
 bench_pace.py), S controlled Services x P pods exist and are Ready before any controller runs.
+(The cluster is filled once and each run starts from a copy of its etcd data.)
 Then R ``resourceconsist run --adapter demo --sharding --shard-name shard-K`` processes start
 (each with the built-in sharder on; one of them wins its election), and the driver measures:
 
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -90,15 +92,33 @@ class Result:
     rss_mb: list[float]
 
 
-def run_replicas(replicas: int, services: int, pods: int, workdir: Path) -> Result:
+def seed(services: int, pods: int, workdir: Path) -> tuple[Path, list[str]]:
+    """Fill a control plane once with the Services and their Ready pods and keep its etcd data:
+    each replica count starts on a fresh control plane from a copy of it (at 100k pods, filling
+    takes longer than converging)."""
+    kept = workdir / "etcd-seed"
+    with LocalControlPlane() as cp:
+        driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        try:
+            cluster = Cluster(driver, NAMESPACE)
+            names = populate(driver, NAMESPACE, services, pods)
+            _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
+        finally:
+            driver.close()
+        cp.stop(keep_etcd=kept)
+    return kept, names
+
+
+def run_replicas(
+    replicas: int, services: int, pods: int, workdir: Path, filled: tuple[Path, list[str]]
+) -> Result:
     n = services * pods
     timeout = max(300.0, n / 5)
-    with LocalControlPlane() as cp, contextlib.ExitStack() as stack:
+    seeded, names = filled
+    with LocalControlPlane(etcd_seed=seeded) as cp, contextlib.ExitStack() as stack:
         driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
         stack.callback(driver.close)
         cluster = Cluster(driver, NAMESPACE)
-        names = populate(driver, NAMESPACE, services, pods)
-        _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
         watch = PodWatch(driver, NAMESPACE)
         stack.callback(watch.stop)
         meter = WriteMeter(cp, driver)
@@ -217,11 +237,16 @@ def main() -> None:
         parser.error(f"at least one Service and {ROLLOUT} pods in all (the rollout replaces {ROLLOUT})")
     workdir = Path(tempfile.mkdtemp(prefix="bench-shards-"))
     print(f"  controller logs in {workdir}", file=sys.stderr)
+    print(f"  filling {args.services} x {args.pods} once ...", file=sys.stderr, flush=True)
+    filled = seed(args.services, args.pods, workdir)
     results = []
-    for count in counts:
-        print(f"  {count} replica(s), {args.services} x {args.pods} ...", file=sys.stderr, flush=True)
-        results.append(run_replicas(count, args.services, args.pods, workdir))
-        (workdir / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    try:
+        for count in counts:
+            print(f"  {count} replica(s), {args.services} x {args.pods} ...", file=sys.stderr, flush=True)
+            results.append(run_replicas(count, args.services, args.pods, workdir, filled))
+            (workdir / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
+    finally:
+        shutil.rmtree(filled[0], ignore_errors=True)  # etcd's data: large, and only a seed
     print_table(args.services, args.pods, results)
 
 

@@ -181,9 +181,14 @@ class LocalControlPlane:
         start_timeout: float = 60.0,
         extra_apiserver_flags: dict[str, str] | None = None,
         audit: bool = False,
+        etcd_seed: Path | None = None,
     ) -> None:
         self.start_timeout = start_timeout
         self.audit = audit
+        #: An etcd data directory kept by ``stop(keep_etcd=...)``: this control plane starts with
+        #: a copy of it, every object of the earlier one in place (a benchmark fills a large
+        #: cluster once and starts from it for each run).
+        self.etcd_seed = etcd_seed
         self.extra_apiserver_flags = dict(extra_apiserver_flags or {})
         self._dir: Path | None = None
         self._procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -266,14 +271,18 @@ class LocalControlPlane:
     def _start_more(self, binaries: dict[str, Path]) -> None:
         """Start what runs beside the API server (nothing here; ``LocalCluster`` adds to it)."""
 
-    def stop(self) -> None:
-        """Stop every process, last started first, and remove the temporary directory."""
+    def stop(self, *, keep_etcd: Path | None = None) -> None:
+        """Stop every process, last started first, and remove the temporary directory.
+        ``keep_etcd``: a directory (that must not exist yet) where etcd's data is copied once etcd
+        has stopped, the seed of a later ``LocalControlPlane(etcd_seed=...)``."""
         for name in reversed(list(self._procs)):
             self._terminate(self._procs.pop(name))
         self._argv.clear()
         for handle in self._logs.values():
             handle.close()
         self._logs.clear()
+        if keep_etcd is not None and self._dir is not None:
+            shutil.copytree(self._dir / "etcd", keep_etcd)
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
@@ -353,10 +362,16 @@ class LocalControlPlane:
         client_port, peer_port = free_port(), free_port()
         client_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
+        seeded: list[str] = []
+        if self.etcd_seed is not None:
+            shutil.copytree(self.etcd_seed, self.dir / "etcd")
+            # The copy remembers the seed's member and its peer URL: one new member, these URLs.
+            seeded = ["--force-new-cluster=true"]
         self._spawn(
             "etcd",
             [
                 str(binary),
+                *seeded,
                 f"--data-dir={self.dir / 'etcd'}",
                 f"--listen-client-urls={client_url}",
                 f"--advertise-client-urls={client_url}",

@@ -252,6 +252,28 @@ def test_a_killed_owner_takes_its_control_plane_down_and_the_next_start_cleans_u
     assert not Path(directory).exists()  # ... so the next start removed it
 
 
+@pytest.mark.controlplane
+def test_a_control_plane_starts_from_the_etcd_data_another_one_kept(tmp_path: Path) -> None:
+    seed = tmp_path / "seed"
+    with LocalControlPlane() as first:
+        kept = KubeClient.from_kubeconfig(str(first.kubeconfig))
+        kept.create(kube.NAMESPACE, None, {"metadata": {"name": "kept"}})
+        made = kept.create(kube.SECRET, "kept", {"metadata": {"name": "settings"}, "data": {"a": "MQ=="}})
+        kept.close()
+        first.stop(keep_etcd=seed)
+    assert (seed / "member").is_dir()
+    with LocalControlPlane(etcd_seed=seed) as second:
+        again = KubeClient.from_kubeconfig(str(second.kubeconfig))
+        found = again.get(kube.SECRET, "kept", "settings")
+        assert found["data"] == {"a": "MQ=="}
+        assert found["metadata"]["uid"] == made["metadata"]["uid"]
+        # The seeded store takes writes as any other.
+        again.patch(kube.SECRET, "kept", "settings", {"data": {"a": "Mg=="}})
+        assert again.get(kube.SECRET, "kept", "settings")["data"] == {"a": "Mg=="}
+        again.close()
+    assert (seed / "member").is_dir()  # the seed itself is left as it was: each start copies it
+
+
 def test_wait_for_returns_the_value_or_names_what_it_waited_for() -> None:
     values = iter([None, 0, "ready"])
     assert wait_for(lambda: next(values), timeout=5, interval=0) == "ready"
