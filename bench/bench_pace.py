@@ -285,8 +285,8 @@ def _pool_map(fn: Callable[[str], Any], names: list[str]) -> float:
     return sum(cpu)
 
 
-def populate(client: KubeClient, ns: str, services: int, pods: int) -> list[str]:
-    """S controlled Services svc-NNN, each selecting P pods svc-NNN-J with an IP, not Ready."""
+def populate(client: KubeClient, ns: str, services: int, pods: int, *, ready: bool = False) -> list[str]:
+    """S controlled Services svc-NNN, each selecting P pods svc-NNN-J with an IP, Ready or not."""
     cluster = Cluster(client, ns)
     client.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
     for i in range(services):
@@ -303,7 +303,7 @@ def populate(client: KubeClient, ns: str, services: int, pods: int) -> list[str]
             "spec": {"containers": [{"name": "c", "image": "x"}]},
         }
         client.create(kube.POD, ns, body)
-        set_ready(client, cluster, name, False)
+        set_ready(client, cluster, name, ready)
 
     _pool_map(make, names)
     return names

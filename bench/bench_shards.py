@@ -100,9 +100,7 @@ def seed(services: int, pods: int, workdir: Path) -> tuple[Path, list[str]]:
     with LocalControlPlane() as cp:
         driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
         try:
-            cluster = Cluster(driver, NAMESPACE)
-            names = populate(driver, NAMESPACE, services, pods)
-            _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
+            names = populate(driver, NAMESPACE, services, pods, ready=True)
         finally:
             driver.close()
         cp.stop(keep_etcd=kept)
