@@ -18,13 +18,15 @@ import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 from resourceconsist import kube
+from resourceconsist.cancellation import DaemonThreadExecutor
 from resourceconsist.kube import Conflict, KubeClient, KubeObject, NotFound
 from resourceconsist.options import LeaderElectionOptions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def _now() -> datetime.datetime:
@@ -72,6 +74,11 @@ class LeaderElector:
         #: ``time.monotonic()`` until which no one else can hold the Lease: the start of the last
         #: successful renewal plus the lease duration (the renew time written is later).
         self.held_until = 0.0
+        # The Lease's own threads: a renewal never queues behind the frame's calls on the loop's
+        # executor (a pass waiting for a cache, a burst of writes at a cold start), or it could
+        # miss the renew deadline while the process is busy, not cut off (docs/concepts.md,
+        # "Leader election timings"). Two: one call abandoned to a hung API server leaves one.
+        self._threads = DaemonThreadExecutor(2, name=f"lease-{options.name}")
 
     def _try_acquire_or_renew(self) -> bool:
         c = self.options
@@ -132,6 +139,9 @@ class LeaderElector:
         except (Conflict, NotFound):
             return False
 
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+
     def lease_left(self) -> float:
         """Seconds until another candidate could hold the Lease (0 or less: it may already)."""
         return self.held_until - time.monotonic()
@@ -150,7 +160,7 @@ class LeaderElector:
             await asyncio.sleep(c.retry_period)
             try:
                 began = time.monotonic()
-                if await asyncio.wait_for(asyncio.to_thread(self._renew), timeout=c.renew_deadline):
+                if await asyncio.wait_for(self._call(self._renew), timeout=c.renew_deadline):
                     self.held_until = began + c.lease_duration
             except TimeoutError:
                 log.debug(
@@ -188,7 +198,7 @@ class LeaderElector:
                     # An attempt that outlives the renew deadline counts as failed (its thread is
                     # abandoned), so a hung API server cannot keep a leader from stepping down.
                     won = await asyncio.wait_for(
-                        asyncio.to_thread(self._try_acquire_or_renew), timeout=c.renew_deadline
+                        self._call(self._try_acquire_or_renew), timeout=c.renew_deadline
                     )
                 except TimeoutError:
                     log.warning("lease %s/%s: no answer within %gs", self.namespace, c.name, c.renew_deadline)
@@ -234,6 +244,6 @@ class LeaderElector:
                 try:
                     # Bounded: a stop must not wait on an API server that does not answer; an
                     # unreleased lease only makes the standby wait for it to expire.
-                    await asyncio.wait_for(asyncio.to_thread(self._release), timeout=RELEASE_TIMEOUT)
+                    await asyncio.wait_for(self._call(self._release), timeout=RELEASE_TIMEOUT)
                 except Exception as err:
                     log.warning("could not release lease %s/%s: %r", self.namespace, c.name, err)

@@ -5,13 +5,16 @@ duration plus one retry period. Timings are settable and checked."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import subprocess
+import threading
 import time
 
 import pytest
 
 from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.leaderelection import parse_lease_time
 from resourceconsist.manager import Manager
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions
 from resourceconsist.testing import CLI, Cluster, LocalControlPlane, async_wait_for, run_cli
@@ -102,6 +105,57 @@ async def test_a_held_lease_is_not_taken_before_it_expires(cluster: Cluster) -> 
         assert lease_after["metadata"]["resourceVersion"] == lease_before["metadata"]["resourceVersion"]
     finally:
         await manager.stop(timeout=5)
+
+
+async def test_a_leader_renews_while_the_loops_executor_is_full(cluster: Cluster) -> None:
+    """Every thread of the event loop's executor blocked (passes waiting for a cache, a burst of
+    writes at a cold start): the leader still renews its Lease on its own threads, and keeps
+    leading past several lease durations instead of stepping down while merely busy."""
+    ns = cluster.namespace
+    election = LeaderElectionOptions(
+        namespace=ns,
+        name="busy",
+        identity="busy-leader",
+        lease_duration=3,
+        renew_deadline=2,
+        retry_period=0.2,
+    )
+    manager = Manager(cluster.client, ManagerOptions(namespace=ns, leader_election=election))
+    await manager.add(DemoAdapter(FakeProvider()))
+    await manager.start()
+    release = threading.Event()
+    loop = asyncio.get_running_loop()
+    try:
+        await async_wait_for(lambda: manager.leading, timeout=20, message="leading")
+        stepped_down: list[float] = []
+        watching = asyncio.create_task(_record_step_downs(manager, stepped_down))
+        # Far more blocking calls than the executor has threads: whatever else asks it waits.
+        blocked = [loop.run_in_executor(None, release.wait) for _ in range(100)]
+        flooded = datetime.datetime.now(datetime.UTC)
+
+        async def renewed_well_after_the_flood() -> bool:
+            lease = await cluster.get(kube.LEASE, "busy")
+            renewed = parse_lease_time((lease or {}).get("spec", {}).get("renewTime"))
+            return renewed is not None and renewed > flooded + datetime.timedelta(seconds=3 * 3)
+
+        await async_wait_for(
+            renewed_well_after_the_flood, timeout=30, message="renewals three lease durations on"
+        )
+        assert stepped_down == [], "the leader stepped down while only its executor was busy"
+        assert manager.leading
+        watching.cancel()
+        release.set()
+        await asyncio.gather(*blocked)
+    finally:
+        release.set()
+        await manager.stop(timeout=5)
+
+
+async def _record_step_downs(manager: Manager, into: list[float]) -> None:
+    while True:
+        if not manager.leading:
+            into.append(time.monotonic())
+        await asyncio.sleep(0.05)
 
 
 async def test_after_a_leader_crash_the_standby_leads_within_lease_duration_plus_a_retry_period(
