@@ -282,6 +282,9 @@ class Informer:
         self._kept_scopes: set[str | None] = set(self.scopes)
         self._transform_version = 0
         self._relist = {scope: threading.Event() for scope in self.scopes}
+        #: The first ``relist`` call waiting for quiet (``time.monotonic()``), and its timer.
+        self._quiet_since: float | None = None
+        self._quiet_handle: asyncio.TimerHandle | None = None
         #: When each scope's latest list started that is in, or that readers wait for: the first
         #: one (``wait_synced``), one asked for by ``relist`` (``current``). A re-list after a
         #: broken watch counts once in. (``time.monotonic()``; ``listed_since``.)
@@ -386,11 +389,37 @@ class Informer:
         ``set_transform`` or ``relist`` is still under way."""
         return self._kept.is_set()
 
-    def relist(self) -> None:
+    def relist(self, *, quiet: float = 0.0, at_most: float = 0.0) -> None:
         """List again, keeping what ``keep`` keeps now (it reads state that changed, e.g. a
         shard's employers; docs/scaling.md); ``wait_synced`` waits for the list. Calls made while
-        a list runs ask for one more list, not one each."""
-        self.set_transform(self.transform)
+        a list runs ask for one more list, not one each.
+
+        With ``quiet`` (on the event loop only), the list starts once no call has come for
+        ``quiet`` seconds, and at most ``at_most`` seconds after the first call, the watch going
+        on meanwhile: a burst of calls costs one list. The store is not ``current`` from the
+        first call on, so whoever waits for it waits for that list."""
+        loop = self._loop
+        if quiet <= 0 or loop is None or not self._threads:
+            self.set_transform(self.transform)
+            return
+        with self._sync_lock:
+            # A list under way no longer makes the store current: it may miss what changed.
+            self._transform_version += 1
+            self._kept.clear()
+            self._kept_scopes.clear()
+        now = time.monotonic()
+        if self._quiet_since is None:
+            self._quiet_since = now
+        if self._quiet_handle is not None:
+            self._quiet_handle.cancel()
+        delay = min(quiet, self._quiet_since + max(at_most, quiet) - now)
+        self._quiet_handle = loop.call_later(max(0.0, delay), self._quiet_over)
+
+    def _quiet_over(self) -> None:
+        """The calls to ``relist`` have gone quiet: list now."""
+        self._quiet_since, self._quiet_handle = None, None
+        if not self._stop.is_set():
+            self.set_transform(self.transform)
 
     def set_transform(self, transform: Transform) -> None:
         """Keep what ``transform`` keeps from now on. Objects already stored were kept by the old
@@ -419,6 +448,8 @@ class Informer:
         self._stop.set()
         if self._resync_handle is not None:
             self._resync_handle.cancel()
+        if self._quiet_handle is not None:
+            self._quiet_handle.cancel()
         for watch in builtins.list(self._watches.values()):
             watch.close()
 

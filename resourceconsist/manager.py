@@ -53,6 +53,11 @@ log = logging.getLogger(__name__)
 #: Seconds a shard's pod cache waits for its Service cache before its first list
 #: (``Manager._wait_for_services``).
 SERVICES_WAIT = 60.0
+#: A shard's pods are listed again once its Services have stopped arriving for this many
+#: seconds, and at most ``RELIST_AT_MOST`` seconds after the first: a wave of Services moving
+#: to it costs one list of every pod, not one per Service (``Manager._relist_pods_on_new_share``).
+RELIST_QUIET = 1.0
+RELIST_AT_MOST = 5.0
 
 
 @dataclass
@@ -405,11 +410,12 @@ class Manager:
 
     def _relist_pods_on_new_share(self) -> Callable[[], None]:
         """List the pods again whenever this shard's Services change what it must keep (one
-        arrived, a selector changed), at once: the pass such an event queues finds the pod cache
-        not current and waits for the list (``Controller``). Re-lists asked for while one runs
-        make one more, not one each (``Informer.relist``); none is asked for when a list that
-        started after the change is in (``Informer.listed_since``: the Services a shard starts
-        with). Returns the unsubscribe."""
+        arrived, a selector changed), once such changes have gone quiet for ``RELIST_QUIET``
+        seconds (at most ``RELIST_AT_MOST`` after the first): the pod cache is not current from
+        the first change on, so the pass such an event queues waits for the list (``Controller``).
+        Re-lists asked for while one runs make one more, not one each (``Informer.relist``); none
+        is asked for when a list that started after the change is in (``Informer.listed_since``:
+        the Services a shard starts with). Returns the unsubscribe."""
         pods = self.informers.informer(kube.POD)
         services = self.informers.informer(kube.SERVICE)
         shard_pods = self._shard_pods
@@ -421,7 +427,7 @@ class Manager:
             elif changes_share(event):
                 self._pods_listed_for.add(key)
                 if not pods.listed_since(event.at):
-                    pods.relist()
+                    pods.relist(quiet=RELIST_QUIET, at_most=RELIST_AT_MOST)
 
         def on_services_synced() -> None:
             # Pods kept before the Service cache was in (every one) are let go by a new list.

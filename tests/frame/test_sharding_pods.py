@@ -244,3 +244,40 @@ async def test_a_shard_starting_with_its_services_lists_the_pods_once(cluster: C
         assert pods.relists == 1, f"the pods were listed {pods.relists} times"
     finally:
         await manager.stop(timeout=5)
+
+
+async def test_a_burst_of_services_arriving_on_a_shard_costs_one_list_of_the_pods(cluster: Cluster) -> None:
+    # Services moving to a shard one after another (a rebalance labels them one by one) ask for
+    # one list of every pod of the namespace once they have stopped arriving, not one each; the
+    # pass of each still sees every pod it selects. The pods exist first: the shard lets them go.
+    provider = FakeProvider()
+    pods_of = {f"svc-{i}": {f"svc-{i}-pod-{j}" for j in range(PODS_EACH)} for i in range(SERVICES)}
+    for service, pods in pods_of.items():
+        for pod in pods:
+            await cluster.pod(pod, {"app": service})
+            await cluster.set_status(pod, ready=True)
+    manager = _replica(cluster, "shard-a", sharder=False)
+    await manager.add(DemoAdapter(provider))
+    await manager.start()
+    try:
+        pods = manager.informers.informer(kube.POD)
+        await async_wait_for(lambda: pods.has_synced, timeout=30, message="the pod cache synced")
+        assert pods.store.list() == [], "no Service is the shard's yet: every pod let go"
+        listed = pods.relists
+        for service in pods_of:  # one after another, each write answered before the next
+            await cluster.service(service, labels={shard_label(RING): "shard-a"})
+
+        def served() -> bool:
+            return all(
+                pods <= provider.serving(f"{cluster.namespace}/{service}")
+                for service, pods in pods_of.items()
+            )
+
+        await async_wait_for(served, timeout=60, message="every pod of the burst's Services served")
+        assert _cached_pods(manager) == set().union(*pods_of.values())
+        assert provider.calls["delete_rs"] == 0
+        assert pods.relists == listed + 1, (
+            f"{pods.relists - listed} lists for one burst of {SERVICES} Services"
+        )
+    finally:
+        await manager.stop(timeout=5)
