@@ -1,7 +1,8 @@
 """A shard's share of the pods on a real API server (docs/scaling.md, "What a shard's employers
 need of pods"): each replica's pod cache holds the pods of its own Services only, and when a
 replica leaves, its Services move with their pods to the one left, whose first passes see every
-pod: none looks gone, none is deregistered, none loses its finalizer."""
+pod: none looks gone, none is deregistered, none loses its finalizer. And the lists that cost
+every replica every pod of the namespace: one at a start, one per wave of Services arriving."""
 
 from __future__ import annotations
 
