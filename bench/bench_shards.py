@@ -14,7 +14,9 @@ Then R ``resourceconsist run --adapter demo --sharding --shard-name shard-K`` pr
 2. a rollout of 100 pods: 100 new pods created and made Ready and 100 old ones deleted at once,
    from 16 driver threads; seconds until every new pod is guarded and every old one is gone
    (its finalizer released after deregistration);
-3. per replica: its Services (shard label), CPU seconds (/proc/PID/stat) and peak RSS (VmHWM).
+3. per replica: its Services (shard label), CPU seconds (/proc/PID/stat) and peak RSS (VmHWM),
+   and the pod lists the replicas made during the cold convergence (each decodes every pod of
+   the namespace: docs/scaling.md, "What a shard's employers need of pods").
 
 The table gives each figure beside the 1-replica run of the same invocation, so a ratio compares
 runs on the same machine at the same moment.
@@ -87,6 +89,7 @@ class Result:
     rollout_s: float
     rollout_pod_writes_per_pod: float
     conflicts_per_pod: float
+    pod_lists_per_replica: float
     services_per_replica: list[int]
     cpu_s: list[float]
     rss_mb: list[float]
@@ -122,6 +125,7 @@ def run_replicas(
         meter = WriteMeter(cp, driver)
         meter.mark()
         answers = pod_writes_by_answer(cp)
+        lists = sum(cp.requests_served("pods", {"LIST"}).values())
 
         # 1. Cold convergence: every Ready pod guarded by its Service's lifecycle finalizer.
         spawned = time.monotonic()
@@ -142,6 +146,7 @@ def run_replicas(
         pod_writes = meter.since(frozenset({"pods"}))
         service_writes = meter.since(frozenset({"services", "events"}))
         conflicts = pod_writes_by_answer(cp).get("409", 0.0) - answers.get("409", 0.0)
+        pod_lists = sum(cp.requests_served("pods", {"LIST"}).values()) - lists
 
         # 2. A rollout: ROLLOUT new pods made Ready, as many old ones deleted, at once.
         old = names[:: max(1, n // ROLLOUT)][:ROLLOUT]
@@ -189,6 +194,8 @@ def run_replicas(
             rollout_s=rollout_s,
             rollout_pod_writes_per_pod=rollout_writes / (2 * ROLLOUT),
             conflicts_per_pod=conflicts / n,
+            # LIST requests are pages of 500 pods (``Informer.page_size``): a full list is n/500.
+            pod_lists_per_replica=pod_lists / replicas / -(-n // 500),
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
@@ -204,7 +211,8 @@ def print_table(services: int, pods: int, results: list[Result]) -> None:
     )
     head = (
         f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
-        f"{'svc+event writes':>16} {'rollout s':>9} {'x1':>5} {'Services per replica':>22} "
+        f"{'svc+event writes':>16} {'pod lists/replica':>17} {'rollout s':>9} {'x1':>5} "
+        f"{'Services per replica':>22} "
         f"{'CPU s per replica':>24} {'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
     )
     print(head)
@@ -212,6 +220,7 @@ def print_table(services: int, pods: int, results: list[Result]) -> None:
         print(
             f"{r.replicas:>8} {r.converge_s:>10.1f} {r.converge_s / base.converge_s:>5.2f} "
             f"{r.pod_writes_per_pod:>14.2f} {r.conflicts_per_pod:>12.2f} {r.service_writes:>16} "
+            f"{r.pod_lists_per_replica:>17.1f} "
             f"{r.rollout_s:>9.2f} "
             f"{r.rollout_s / base.rollout_s:>5.2f} {'/'.join(map(str, r.services_per_replica)):>22} "
             f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "

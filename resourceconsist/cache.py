@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from resourceconsist import kube
@@ -56,11 +56,14 @@ READINESS_GATE_INDEX = "readiness-gate"
 
 @dataclass(frozen=True)
 class WatchEvent:
-    """One change seen by an informer; ``old`` is set for MODIFIED and DELETED."""
+    """One change seen by an informer; ``old`` is set for MODIFIED and DELETED. ``at`` is the
+    ``time.monotonic()`` at which the event was made, no earlier than the store change it reports
+    (for a replay to a new handler, the replay's moment)."""
 
     type: EventType
     obj: KubeObject
     old: KubeObject | None = None
+    at: float = field(default_factory=time.monotonic, compare=False)
 
 
 def _ns(obj: KubeObject) -> str:
@@ -279,6 +282,16 @@ class Informer:
         self._kept_scopes: set[str | None] = set(self.scopes)
         self._transform_version = 0
         self._relist = {scope: threading.Event() for scope in self.scopes}
+        #: The first ``relist`` call waiting for quiet (``time.monotonic()``), and its timer.
+        self._quiet_since: float | None = None
+        self._quiet_handle: asyncio.TimerHandle | None = None
+        #: When each scope's latest list started that is in, or that readers wait for: the first
+        #: one (``wait_synced``), one asked for by ``relist`` (``current``). A re-list after a
+        #: broken watch counts once in. (``time.monotonic()``; ``listed_since``.)
+        self._list_started: dict[str | None, float] = {}
+        #: Called in each informer thread before its first list, with the informer's stop event;
+        #: it may wait for what ``keep`` reads (a shard's Service cache; docs/scaling.md).
+        self.before_first_list: Callable[[threading.Event], None] | None = None
 
     @property
     def has_synced(self) -> bool:
@@ -356,17 +369,57 @@ class Informer:
         if not ok:
             raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
 
+    def synced_within(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds, blocking, for the first list; whether it is in. Not on
+        the event loop (``wait_synced`` is the loop's way)."""
+        return self._synced.wait(timeout)
+
+    def listed_since(self, moment: float) -> bool:
+        """Every scope's latest list started at or after ``moment`` (``time.monotonic()``), and is
+        in or waited for by readers (``wait_synced``, ``current``): what ``keep`` decides of every
+        object a reader sees is decided after ``moment``, by that list or by a watch event after it
+        (docs/scaling.md, "What a shard's employers need of pods")."""
+        with self._sync_lock:
+            started = [self._list_started.get(scope) for scope in self.scopes]
+        return all(t is not None and t >= moment for t in started)
+
     @property
     def current(self) -> bool:
         """The store holds what the current transform and ``keep`` keep: no re-list asked for by
         ``set_transform`` or ``relist`` is still under way."""
         return self._kept.is_set()
 
-    def relist(self) -> None:
+    def relist(self, *, quiet: float = 0.0, at_most: float = 0.0) -> None:
         """List again, keeping what ``keep`` keeps now (it reads state that changed, e.g. a
         shard's employers; docs/scaling.md); ``wait_synced`` waits for the list. Calls made while
-        a list runs ask for one more list, not one each."""
-        self.set_transform(self.transform)
+        a list runs ask for one more list, not one each.
+
+        With ``quiet`` (on the event loop only), the list starts once no call has come for
+        ``quiet`` seconds, and at most ``at_most`` seconds after the first call, the watch going
+        on meanwhile: a burst of calls costs one list. The store is not ``current`` from the
+        first call on, so whoever waits for it waits for that list."""
+        loop = self._loop
+        if quiet <= 0 or loop is None or not self._threads:
+            self.set_transform(self.transform)
+            return
+        with self._sync_lock:
+            # A list under way no longer makes the store current: it may miss what changed.
+            self._transform_version += 1
+            self._kept.clear()
+            self._kept_scopes.clear()
+        now = time.monotonic()
+        if self._quiet_since is None:
+            self._quiet_since = now
+        if self._quiet_handle is not None:
+            self._quiet_handle.cancel()
+        delay = min(quiet, self._quiet_since + max(at_most, quiet) - now)
+        self._quiet_handle = loop.call_later(max(0.0, delay), self._quiet_over)
+
+    def _quiet_over(self) -> None:
+        """The calls to ``relist`` have gone quiet: list now."""
+        self._quiet_since, self._quiet_handle = None, None
+        if not self._stop.is_set():
+            self.set_transform(self.transform)
 
     def set_transform(self, transform: Transform) -> None:
         """Keep what ``transform`` keeps from now on. Objects already stored were kept by the old
@@ -395,6 +448,8 @@ class Informer:
         self._stop.set()
         if self._resync_handle is not None:
             self._resync_handle.cancel()
+        if self._quiet_handle is not None:
+            self._quiet_handle.cancel()
         for watch in builtins.list(self._watches.values()):
             watch.close()
 
@@ -436,6 +491,9 @@ class Informer:
         self._relist[scope].clear()
         with self._sync_lock:
             transform, version = self.transform, self._transform_version
+            started = time.monotonic()
+            if scope not in self._listed or not self._kept.is_set():
+                self._list_started[scope] = started
         items: list[KubeObject] = []
         token: str | None = None
         while True:
@@ -458,6 +516,7 @@ class Informer:
             for event in self.store.replace(items, scope if len(self.scopes) > 1 else None):
                 self._emit(event)
         with self._sync_lock:
+            self._list_started[scope] = started
             # A scope's first list counts once for the informer, not once per namespace.
             if scope in self._listed or not self._listed:
                 self.relists += 1
@@ -476,6 +535,8 @@ class Informer:
         return str(page.get("metadata", {}).get("resourceVersion", ""))
 
     def _run(self, scope: str | None) -> None:
+        if self.before_first_list is not None:
+            self.before_first_list(self._stop)
         backoff = 0.2
         while not self._stop.is_set():
             try:
@@ -579,6 +640,8 @@ class InformerFactory:
         self._pod_keep: tuple[str, Callable[[KubeObject], bool]] | None = None
         #: Further rules every kept pod must pass (``restrict_pods``: a shard's share).
         self._pod_rules: list[Callable[[KubeObject], bool]] = []
+        #: What the pod informers wait for before their first list (``restrict_pods``).
+        self._pod_waits: list[Callable[[threading.Event], None]] = []
         #: The fields the pod informers keep: the frame's, and those the adapters declared.
         self._pod_fields: frozenset[str] = frozenset(FRAME_POD_FIELDS)
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
@@ -612,6 +675,14 @@ class InformerFactory:
                     transform=keeping(self._pod_fields) if resource == kube.POD else trim,
                     keep=self._pod_keeper() if resource == kube.POD else None,
                 )
+                if resource == kube.POD and self._pod_waits:
+                    waits = tuple(self._pod_waits)
+
+                    def before_first_list(stop: threading.Event) -> None:
+                        for wait in waits:
+                            wait(stop)
+
+                    found.before_first_list = before_first_list
                 self._informers[key] = found
                 if self._loop is not None:
                     found.start(self._loop)
@@ -655,16 +726,25 @@ class InformerFactory:
                 )
             self._pod_keep = (label_selector, keeps)
 
-    def restrict_pods(self, rule: Callable[[KubeObject], bool]) -> None:
+    def restrict_pods(
+        self,
+        rule: Callable[[KubeObject], bool],
+        *,
+        wait: Callable[[threading.Event], None] | None = None,
+    ) -> None:
         """Keep only the pods ``rule`` keeps too (a shard's share, resourceconsist/sharding/pods.py).
         ``rule`` runs in the informer threads on every listed and watched pod, and may read other
-        caches. Said before the pod informer is made."""
+        caches; ``wait``, called in each pod informer thread before its first list with the
+        informer's stop event, may wait (bounded) for those caches, so that the first list is
+        judged by the rule rather than kept whole. Said before the pod informer is made."""
         with self._lock:
             if kube.POD in self._informers:
                 raise ValueError(
                     "the cache of pods is already made; restrict it before the first reader asks for it"
                 )
             self._pod_rules.append(rule)
+            if wait is not None:
+                self._pod_waits.append(wait)
 
     def _pod_keeper(self) -> Callable[[KubeObject], bool] | None:
         """Which pods the pod informer keeps (``keep_pods``, ``restrict_pods``); None: all."""

@@ -20,6 +20,8 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import threading
+import time
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -47,6 +49,15 @@ if TYPE_CHECKING:
     from aiohttp import web
 
 log = logging.getLogger(__name__)
+
+#: Seconds a shard's pod cache waits for its Service cache before its first list
+#: (``Manager._wait_for_services``).
+SERVICES_WAIT = 60.0
+#: A shard's pods are listed again once its Services have stopped arriving for this many
+#: seconds, and at most ``RELIST_AT_MOST`` seconds after the first: a wave of Services moving
+#: to it costs one list of every pod, not one per Service (``Manager._relist_pods_on_new_share``).
+RELIST_QUIET = 1.0
+RELIST_AT_MOST = 5.0
 
 
 @dataclass
@@ -131,6 +142,7 @@ class Manager:
         self._sharder_elector: LeaderElector | None = None
         self._sharder_task: asyncio.Task[None] | None = None
         self._unsubscribe_share: Callable[[], None] | None = None
+        self._shard_pods: ShardPods | None = None
         if sharding is not None:
             election = sharding.lease_options()
             self._elector = LeaderElector(
@@ -151,7 +163,10 @@ class Manager:
             # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
             # need of pods"); every pod while a controller of another kind runs.
             shard_pods = ShardPods(self.shard, self.informers.reader(), self._services_synced)
-            self.informers.restrict_pods(lambda pod: not self._pods_divide() or shard_pods.keeps(pod))
+            self._shard_pods = shard_pods
+            self.informers.restrict_pods(
+                lambda pod: not self._pods_divide() or shard_pods.keeps(pod), wait=self._wait_for_services
+            )
             if sharding.sharder:
                 self._sharder_elector = LeaderElector(
                     client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel
@@ -378,13 +393,32 @@ class Manager:
         """This shard's Service cache is made and has its first list."""
         return any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers())
 
+    def _wait_for_services(self, stop: threading.Event) -> None:
+        """Before the pod cache's first list (in its informer thread): this shard's Service
+        cache, so that the list keeps the shard's share, not every pod of the watched namespaces
+        to be listed again (docs/scaling.md, "What a shard's employers need of pods"). At most
+        ``SERVICES_WAIT`` seconds: then the pods are listed, kept whole until it has synced."""
+        deadline = time.monotonic() + SERVICES_WAIT
+        while not stop.is_set() and time.monotonic() < deadline:
+            if not self._pods_divide():
+                return
+            services = next((i for i in self.informers.informers() if i.resource == kube.SERVICE), None)
+            if services is None:
+                stop.wait(0.05)  # the controller's caches are being made
+            elif services.synced_within(0.5):
+                return
+
     def _relist_pods_on_new_share(self) -> Callable[[], None]:
         """List the pods again whenever this shard's Services change what it must keep (one
-        arrived, a selector changed), at once: the pass such an event queues finds the pod cache
-        not current and waits for the list (``Controller``). Re-lists asked for while one runs
-        make one more, not one each (``Informer.relist``). Returns the unsubscribe."""
+        arrived, a selector changed), once such changes have gone quiet for ``RELIST_QUIET``
+        seconds (at most ``RELIST_AT_MOST`` after the first): the pod cache is not current from
+        the first change on, so the pass such an event queues waits for the list (``Controller``).
+        Re-lists asked for while one runs make one more, not one each (``Informer.relist``); none
+        is asked for when a list that started after the change is in (``Informer.listed_since``:
+        the Services a shard starts with). Returns the unsubscribe."""
         pods = self.informers.informer(kube.POD)
         services = self.informers.informer(kube.SERVICE)
+        shard_pods = self._shard_pods
 
         def on_service(event: WatchEvent) -> None:
             key = kube.object_key(event.obj)
@@ -392,11 +426,15 @@ class Manager:
                 self._pods_listed_for.discard(key)
             elif changes_share(event):
                 self._pods_listed_for.add(key)
+                if not pods.listed_since(event.at):
+                    pods.relist(quiet=RELIST_QUIET, at_most=RELIST_AT_MOST)
+
+        def on_services_synced() -> None:
+            # Pods kept before the Service cache was in (every one) are let go by a new list.
+            if shard_pods is None or shard_pods.kept_unjudged():
                 pods.relist()
 
-        # Until the Service cache is in, every pod is kept; a shard with no Service yet lets
-        # them go once it is.
-        withdraw = services.when_synced(pods.relist)
+        withdraw = services.when_synced(on_services_synced)
         remove = services.add_handler(on_service)
 
         def unsubscribe() -> None:

@@ -7,13 +7,16 @@ write to any pod.
 A mark that names no employer it can resolve (a guard or lifecycle finalizer whose employer no
 entry or gate names, a hashed gate) keeps the pod: a pod an employer may hold is never missing
 from its owner's cache on a guess. When the shard's employers change (one arrives, or its
-selector changes), the pod cache lists again with the new share (``Informer.relist``), and a
-pass waits until that list is in (``Controller``, before each pass): a moved employer's first
-pass sees every pod it selects.
+selector changes), the pod cache lists again with the new share (``Informer.relist``), unless
+a list that started after the employer was in its cache is in already (``Informer.listed_since``);
+a pass waits until that list is in (``Controller``, before each pass): a moved employer's first
+pass sees every pod it selects. The pod cache's first list waits for the shard's Service cache,
+so it keeps the shard's share rather than every pod (then listed again).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from resourceconsist import kube, lifecycle, marks
@@ -31,12 +34,25 @@ class ShardPods:
         self.reader = reader
         #: The shard's Service cache has synced; before, every pod is kept.
         self.services_ready = services_ready
+        self._lock = threading.Lock()
+        self._kept_unjudged = False
+
+    def kept_unjudged(self) -> bool:
+        """A pod was kept before the Service cache had synced, without a judgement: once it has,
+        the pods must be listed again to let go of the others."""
+        with self._lock:
+            return self._kept_unjudged
 
     def keeps(self, pod: KubeObject) -> bool:
         """The pod is selected by one of this shard's Services, or carries a mark of one of them
         (or of a gone employer the ring places here, or of one it cannot name)."""
         if not self.services_ready():
-            return True
+            with self._lock:
+                # Read again under the lock: a reader of kept_unjudged after the sync sees this
+                # keep, or this call sees the sync.
+                if not self.services_ready():
+                    self._kept_unjudged = True
+                    return True
         if self.reader.services_selecting(pod):
             return True
         namespace = str(pod.get("metadata", {}).get("namespace") or "")

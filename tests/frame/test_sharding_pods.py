@@ -1,7 +1,8 @@
 """A shard's share of the pods on a real API server (docs/scaling.md, "What a shard's employers
 need of pods"): each replica's pod cache holds the pods of its own Services only, and when a
 replica leaves, its Services move with their pods to the one left, whose first passes see every
-pod: none looks gone, none is deregistered, none loses its finalizer."""
+pod: none looks gone, none is deregistered, none loses its finalizer. And the lists that cost
+every replica every pod of the namespace: one at a start, one per wave of Services arriving."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ SERVICES = 6
 PODS_EACH = 2
 
 
-def _replica(cluster: Cluster, shard: str) -> Manager:
+def _replica(cluster: Cluster, shard: str, *, sharder: bool = True) -> Manager:
     options = ShardingOptions(
         controller_ring=RING,
         shard_name=shard,
@@ -33,6 +34,7 @@ def _replica(cluster: Cluster, shard: str) -> Manager:
         lease_duration=6.0,
         renew_deadline=4.0,
         retry_period=0.5,
+        sharder=sharder,
     )
     return Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
 
@@ -208,3 +210,75 @@ async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_c
         assert ShardPods(gate, factory.reader(), lambda: False).keeps(_pod(ns, {"app": "nobody"}, [], []))
     finally:
         factory.stop()
+
+
+async def test_a_shard_starting_with_its_services_lists_the_pods_once(cluster: Cluster) -> None:
+    # Every list of the pods decodes every pod of the watched namespaces, whatever the shard
+    # keeps: a shard lists only when its share grew after its last list. Half the Services are
+    # this shard's already, half another's (no replica runs it).
+    provider = FakeProvider()
+    shard_of = {f"svc-{i}": "shard-a" if i % 2 == 0 else "shard-b" for i in range(SERVICES)}
+    pods_of = {s: {f"{s}-pod-{j}" for j in range(PODS_EACH)} for s in shard_of}
+    for service, shard in shard_of.items():
+        await cluster.service(service, labels={shard_label(RING): shard})
+        for pod in pods_of[service]:
+            await cluster.pod(pod, {"app": service})
+            await cluster.set_status(pod, ready=True)
+    mine = {p for s, shard in shard_of.items() if shard == "shard-a" for p in pods_of[s]}
+    manager = _replica(cluster, "shard-a", sharder=False)  # the Services stay where they are
+    await manager.add(DemoAdapter(provider))
+    await manager.start()
+    try:
+
+        def served() -> bool:
+            return all(
+                pods_of[s] <= provider.serving(f"{cluster.namespace}/{s}")
+                for s, shard in shard_of.items()
+                if shard == "shard-a"
+            )
+
+        await async_wait_for(served, timeout=60, message="every pod of the shard's Services served")
+        pods = manager.informers.informer(kube.POD)
+        assert {p["metadata"]["name"] for p in pods.store.list()} == mine
+        # The first list waited for the shard's Service cache and kept the share; the Services'
+        # arrival in that cache, before the list started, asks for none again.
+        assert pods.relists == 1, f"the pods were listed {pods.relists} times"
+    finally:
+        await manager.stop(timeout=5)
+
+
+async def test_a_burst_of_services_arriving_on_a_shard_costs_one_list_of_the_pods(cluster: Cluster) -> None:
+    # Services moving to a shard one after another (a rebalance labels them one by one) ask for
+    # one list of every pod of the namespace once they have stopped arriving, not one each; the
+    # pass of each still sees every pod it selects. The pods exist first: the shard lets them go.
+    provider = FakeProvider()
+    pods_of = {f"svc-{i}": {f"svc-{i}-pod-{j}" for j in range(PODS_EACH)} for i in range(SERVICES)}
+    for service, pods in pods_of.items():
+        for pod in pods:
+            await cluster.pod(pod, {"app": service})
+            await cluster.set_status(pod, ready=True)
+    manager = _replica(cluster, "shard-a", sharder=False)
+    await manager.add(DemoAdapter(provider))
+    await manager.start()
+    try:
+        pods = manager.informers.informer(kube.POD)
+        await async_wait_for(lambda: pods.has_synced, timeout=30, message="the pod cache synced")
+        assert pods.store.list() == [], "no Service is the shard's yet: every pod let go"
+        listed = pods.relists
+        for service in pods_of:  # one after another, each write answered before the next
+            await cluster.service(service, labels={shard_label(RING): "shard-a"})
+
+        def served() -> bool:
+            return all(
+                pods <= provider.serving(f"{cluster.namespace}/{service}")
+                for service, pods in pods_of.items()
+            )
+
+        await async_wait_for(served, timeout=60, message="every pod of the burst's Services served")
+        assert _cached_pods(manager) == set().union(*pods_of.values())
+        assert provider.calls["delete_rs"] == 0
+        assert pods.relists == listed + 1, (
+            f"{pods.relists - listed} lists for one burst of {SERVICES} Services"
+        )
+    finally:
+        await manager.stop(timeout=5)
