@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import builtins
+import contextlib
 import logging
 import random
 import threading
@@ -292,6 +293,9 @@ class Informer:
         #: Called in each informer thread before its first list, with the informer's stop event;
         #: it may wait for what ``keep`` reads (a shard's Service cache; docs/scaling.md).
         self.before_first_list: Callable[[threading.Event], None] | None = None
+        #: Futures of ``wait_synced`` callers on the loop, woken when a list makes the store
+        #: synced or current again (they look again: it may have changed since).
+        self._loop_waiters: list[asyncio.Future[None]] = []
 
     @property
     def has_synced(self) -> bool:
@@ -361,13 +365,38 @@ class Informer:
             self._resync_handle = loop.call_later(self.resync_period, self._resync)
 
     async def wait_synced(self, timeout: float = 60.0) -> None:
-        """Wait until the first list is in the store, and what the current transform keeps."""
+        """Wait until the first list is in the store, and what the current transform keeps.
+
+        On the loop, holding no thread: many passes waiting for a pod list at a cold start must
+        not fill the executor that everything else's blocking calls share."""
         deadline = time.monotonic() + timeout
-        ok = await asyncio.to_thread(self._synced.wait, timeout)
-        if ok:
-            ok = await asyncio.to_thread(self._kept.wait, max(0.0, deadline - time.monotonic()))
-        if not ok:
-            raise TimeoutError(f"informer for {self.resource.plural} did not sync within {timeout:.0f}s")
+        while True:
+            with self._sync_lock:
+                if self._synced.is_set() and self._kept.is_set():
+                    return
+                waiter = asyncio.get_running_loop().create_future()
+                self._loop_waiters.append(waiter)
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError
+                await asyncio.wait_for(waiter, left)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"informer for {self.resource.plural} did not sync within {timeout:.0f}s"
+                ) from None
+            finally:
+                with self._sync_lock:
+                    if waiter in self._loop_waiters:
+                        self._loop_waiters.remove(waiter)
+
+    def _wake_loop_waiters(self) -> None:
+        """Under ``_sync_lock``, once a list made the store synced or current: wake the loop's
+        ``wait_synced`` callers (after the list's events, which were sent before)."""
+        waiters, self._loop_waiters = self._loop_waiters, []
+        for waiter in waiters:
+            with contextlib.suppress(RuntimeError):  # its loop closed: nobody waits any more
+                waiter.get_loop().call_soon_threadsafe(_wake, waiter)
 
     def synced_within(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds, blocking, for the first list; whether it is in. Not on
@@ -525,9 +554,11 @@ class Informer:
                 self._kept_scopes.add(scope)
                 if len(self._kept_scopes) == len(self.scopes):
                     self._kept.set()
+                    self._wake_loop_waiters()
             if len(self._listed) < len(self.scopes):
                 return str(page.get("metadata", {}).get("resourceVersion", ""))
             self._synced.set()
+            self._wake_loop_waiters()
             waiters, self._sync_waiters = self._sync_waiters, []
         for callback in waiters:
             # Scheduled after the list's events (sent above): the cache a waiter needs is full.
@@ -954,6 +985,11 @@ class SnapshotReader(StoreReader):
                 store.upsert(_as_stored(item, resource))
             self._stores[key] = store
         return store
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _labels(obj: KubeObject) -> dict[str, str]:

@@ -207,6 +207,33 @@ async def test_informer_lists_watches_and_answers_selector_lookups(kc: KubeClien
         assert time.monotonic() - started < 5, "stopping informers must not wait for the watch timeout"
 
 
+async def test_waiting_for_a_cache_holds_no_thread_of_the_loops_executor(
+    kc: KubeClient, namespace: str
+) -> None:
+    """Passes waiting for a pod list (a shard's cold start) wait on the loop: with every thread of
+    the loop's executor blocked, the first list and a re-list are still waited for."""
+    await asyncio.to_thread(kc.create, kube.POD, namespace, _pod("web-0", {"app": "web"}))
+    factory = InformerFactory(kc, namespaces=(namespace,))
+    pods = factory.informer(kube.POD)
+    loop = asyncio.get_running_loop()
+    release = threading.Event()
+    # Far more blocking calls than the executor has threads: whatever else asks it waits.
+    blocked = [loop.run_in_executor(None, release.wait) for _ in range(100)]
+    factory.start(loop)
+    try:
+        waiters = [asyncio.ensure_future(pods.wait_synced(timeout=30)) for _ in range(50)]
+        await asyncio.wait_for(asyncio.gather(*waiters), timeout=30)
+        assert pods.store.get(f"{namespace}/web-0") is not None
+        pods.relist()
+        assert not pods.current
+        await asyncio.wait_for(pods.wait_synced(timeout=30), timeout=30)
+        assert pods.current
+    finally:
+        release.set()
+        await asyncio.gather(*blocked)
+        factory.stop()
+
+
 async def test_the_snapshot_reader_answers_the_cache_readers_lookups_from_one_list_per_kind(
     kc: KubeClient, namespace: str
 ) -> None:
