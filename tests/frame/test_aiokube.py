@@ -1,6 +1,6 @@
 """The API server on the event loop (resourceconsist.aiokube), against the real kube-apiserver: the
 same errors, counters and observers as ``KubeClient``'s thread path, a token refreshed through the
-configuration's hook, and connections reused."""
+configuration's hook, connections reused, and a pass's pod writes sent from the loop."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from resourceconsist import aiokube, kube
+from resourceconsist import aiokube, kube, lifecycle
+from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.testing import Cluster, LocalControlPlane, finalizers
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
 
 
@@ -178,3 +179,28 @@ async def test_a_configuration_the_session_cannot_honour_keeps_the_thread_path()
         assert aiokube.for_client(client) is None
     finally:
         client.close()
+
+
+async def test_a_passs_pod_writes_go_out_on_the_event_loop(
+    cluster: Cluster, run_manager: Any, kube_client: KubeClient
+) -> None:
+    await cluster.service("web")
+    for name in ("web-0", "web-1"):
+        await cluster.pod(name, {"app": "web"})
+        await cluster.set_status(name, ready=True)
+    seen = Seen(kube_client)
+    patches = kube_client.requests_by_resource["patch pods"]
+    wanted = lifecycle.lifecycle_finalizer("web")
+    async with run_manager(DemoAdapter()):
+
+        async def guarded() -> bool:
+            pods = [await cluster.get(kube.POD, n) for n in ("web-0", "web-1")]
+            return all(p is not None and wanted in finalizers(p) for p in pods)
+
+        await async_wait_for(guarded, timeout=60, message="both pods carry web's lifecycle finalizer")
+    seen.stop()
+    assert kube_client.requests_by_resource["patch pods"] >= patches + 2
+    pod_patches = [
+        on_loop for method, status, on_loop in seen.requests if method == "PATCH" and status == 200
+    ]
+    assert pod_patches and all(pod_patches), "a pass's write went through a thread"
