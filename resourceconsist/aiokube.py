@@ -66,6 +66,7 @@ class AsyncTransport:
         }
         self._auth: dict[str, str] = {}
         self._auth_at = float("-inf")
+        self._refreshing = asyncio.Lock()  # one hook call at a time, its answer shared
         #: TCP connections opened so far (connection reuse keeps it near the parallel requests).
         self.connections_opened = 0
         connector = aiohttp.TCPConnector(
@@ -93,10 +94,13 @@ class AsyncTransport:
         if configuration.refresh_api_key_hook is None:
             auth = _auth_headers(configuration.auth_settings())  # plain dict reads: no I/O
         else:
-            if refresh or time.monotonic() - self._auth_at >= TOKEN_REFRESH_SECONDS:
-                # The hook may read a token file or run an exec plugin: never on the loop.
-                self._auth = _auth_headers(await asyncio.to_thread(configuration.auth_settings))
-                self._auth_at = time.monotonic()
+            asked = time.monotonic()
+            if refresh or asked - self._auth_at >= TOKEN_REFRESH_SECONDS:
+                async with self._refreshing:
+                    if self._auth_at < asked:  # no other request refreshed it meanwhile
+                        # The hook may read a token file or run an exec plugin: never on the loop.
+                        self._auth = _auth_headers(await asyncio.to_thread(configuration.auth_settings))
+                        self._auth_at = time.monotonic()
             auth = self._auth
         return {**self._static_headers, "Accept": "application/json", "Content-Type": content_type, **auth}
 

@@ -204,3 +204,29 @@ async def test_a_passs_pod_writes_go_out_on_the_event_loop(
         on_loop for method, status, on_loop in seen.requests if method == "PATCH" and status == 200
     ]
     assert pod_patches and all(pod_patches), "a pass's write went through a thread"
+
+
+async def test_connections_the_api_server_closed_while_pooled_are_replaced_not_failed() -> None:
+    # Its own control plane: restarting the session's would disturb the other tests.
+    with LocalControlPlane() as cp:
+        client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        try:
+            client.create(kube.NAMESPACE, None, {"metadata": {"name": "restart"}})
+            pod = {"metadata": {"name": "web-0"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+            client.create(kube.POD, "restart", pod)
+            transport = _transport(client)
+            await transport.patch(kube.POD, "restart", "web-0", {"metadata": {"labels": {"n": "1"}}})
+            opened = transport.connections_opened
+            seen = Seen(client)
+
+            cp.restart_apiserver()  # every pooled connection is now closed by the server
+
+            patched = await transport.patch(
+                kube.POD, "restart", "web-0", {"metadata": {"labels": {"n": "2"}}}
+            )
+            assert patched["metadata"]["labels"]["n"] == "2"
+            assert transport.connections_opened > opened
+            assert [(m, s) for m, s, _ in seen.requests] == [("PATCH", 200)]
+            assert not client.reachability.down and client.reachability.outages == 0
+        finally:
+            client.close()
