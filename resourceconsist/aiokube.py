@@ -2,8 +2,8 @@
 
 ``KubeClient`` reaches the API server through the official client's urllib3 pool, one thread
 hand-off per call from async code. For the frame's hot path (a pass's pod writes and readiness
-gates) that hand-off, and the generated client's serialization around each request, cost more
-CPU than the request itself (docs/benchmarks.md, "The API transport"). ``AsyncTransport`` sends
+gates) that hand-off, and the generated client's serialization around each request, cost about
+as much CPU as the request itself (docs/benchmarks.md, "The API transport"). ``AsyncTransport`` sends
 the same requests from the event loop over one aiohttp session per loop: the same host, CA,
 client certificate and bearer token (refreshed through the configuration's own hook, as the
 official client does: an exec plugin's or an in-cluster token keeps working), the same
