@@ -7,7 +7,8 @@ unthrottled), so its CPU seconds (/proc/PID/stat) and peak RSS (VmHWM) are its o
 with 16 concurrent clients, never slowed, then:
 
 1. patches every pod Ready: seconds until all pods carry their Service's lifecycle finalizer
-   (total convergence), of which after the driver's last readiness patch returned, and the
+   (total convergence), of which after the driver's last readiness patch returned, the
+   controller's CPU seconds from the first patch until the pods are quiet again, and the
    controller's pod writes per pod (the API server's ``apiserver_request_total`` less the
    driver's own writes);
 2. takes readiness from 100 pods: seconds until their lifecycle finalizers are gone, and the
@@ -367,6 +368,7 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
 
         # 1. All pods become Ready.
         meter.mark()
+        cpu = proc.cpu_seconds()
         started_at = time.monotonic()
         _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
         last_change = time.monotonic()
@@ -375,6 +377,7 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
         f["after_last_s"] = max(0.0, guarded_at - last_change)
         f["ramp_s"] = last_change - started_at
         watch.quiet(1.0, timeout, proc)
+        f["converge_cpu_s"] = proc.cpu_seconds() - cpu
         f["pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
 
         # 2. 100 pods lose readiness.
@@ -488,6 +491,9 @@ def pace_rows(n: int) -> list[Row]:
             "  per flipped pod (losing readiness)", "flip_pod_writes_per_pod", "", lambda f: 1.0, "one write"
         ),
         Row("  Go write pattern for new pods, same server", "go_pattern_writes_per_pod", ""),
+        Row(
+            "CPU while converging (Ready ramp)", "converge_cpu_s", "s", driver_cpu(n), "driver CPU, N writes"
+        ),
         Row(
             f"CPU for those {FLIPS} flips", "flip_cpu_s", "s", driver_cpu(FLIPS), "driver CPU, as many writes"
         ),

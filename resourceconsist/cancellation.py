@@ -19,11 +19,15 @@ One rule for sync and async (docs/concepts.md, "The runtime"):
   an ``ADAPTER_THREADS`` daemon thread in a copy of the caller's context (so it sees
   ``current_cancellation()``), and an awaitable it returns is awaited. Adapter methods, provider
   clients and the testing kit go through it.
-- The frame's own API-server calls (pod writes, the employer's finalizers and record
-  annotations, readiness gates, Events, leader election, the webhook's certificate bootstrap,
+- The frame's own API-server calls (Events, leader election, the webhook's certificate bootstrap,
   stopping informers) use ``asyncio.to_thread``: the loop's default executor, which the manager
   makes a daemon pool of its own. A provider that hangs fills ``ADAPTER_THREADS`` only, never
-  the pool that renews the leader lease and writes what keeps the promise.
+  the pool that renews the leader lease.
+- The hot path is the one exception: a pass's pod writes, the employer's finalizers and record
+  annotations and the readiness gates go out on the event loop through
+  ``resourceconsist.aiokube``, which sends ``KubeClient``'s own requests (its counters, errors
+  and conflict loop) without a thread per request, and falls back to ``asyncio.to_thread``
+  where it cannot serve the client (docs/concepts.md, "The runtime").
 - Nothing that runs on the event loop waits on a threading primitive (``Event.wait``, a lock,
   ``time.sleep``); where such a wait is the only way, it raises instead of blocking the loop.
 """

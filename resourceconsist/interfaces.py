@@ -8,7 +8,9 @@ behaviour. Adapters get the same three through ``ReconcileContext`` (``reader``,
 ``recorder``).
 
 All three are blocking except ``EventSink.event``; async code calls blocking ones through
-``cancellation.call_adapter``, which runs them in daemon threads (docs/concepts.md, "The runtime").
+``cancellation.call_adapter``, which runs them in daemon threads, and the frame's own pod writes
+through ``aiokube``, which sends a ``KubeClient``'s from the event loop (docs/concepts.md,
+"The runtime").
 """
 
 from __future__ import annotations

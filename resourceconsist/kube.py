@@ -2,9 +2,10 @@
 
 It rides on the official client's ``ApiClient`` for configuration, authentication and TLS
 (kubeconfig, in-cluster, exec plugins), and speaks plain JSON so any kind works the same,
-CRDs included, without the official models' deserialization cost. Every call blocks, and has
-no awaitable twin: async code runs it in the frame's threads (``asyncio.to_thread``; the one
-rule for sync and async is resourceconsist.cancellation's). Every request is
+CRDs included, without the official models' deserialization cost. Every call blocks: async code
+runs it in the frame's threads (``asyncio.to_thread``; the one rule for sync and async is
+resourceconsist.cancellation's), except the hot path's writes, which resourceconsist.aiokube sends
+from the event loop through the same bookkeeping, errors and conflict loop. Every request is
 counted per verb so tests and metrics can prove steady state makes no writes, and handed with its
 answer code and duration to the observers (``observe_requests``: the manager's ``rest_client_*``
 series, docs/observability.md).
@@ -12,14 +13,16 @@ series, docs/observability.md).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -141,10 +144,19 @@ class Gone(ApiError):
 
 
 def is_unreachable(err: BaseException) -> bool:
-    """Whether ``err`` means the API server could not be reached (no HTTP answer at all)."""
+    """Whether ``err`` means the API server could not be reached (no HTTP answer at all), from
+    either transport: urllib3's (threads) or aiohttp's (the event loop, resourceconsist.aiokube)."""
     import urllib3.exceptions
 
-    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
+    unreachable: tuple[type[BaseException], ...] = (
+        urllib3.exceptions.HTTPError,
+        ConnectionError,
+        TimeoutError,
+    )
+    aiohttp = sys.modules.get("aiohttp")  # not loaded: none of its errors can exist
+    if aiohttp is not None:
+        unreachable += (aiohttp.ClientConnectionError,)
+    return isinstance(err, unreachable)
 
 
 class _QuietRetries(logging.Filter):
@@ -202,6 +214,45 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
+#: What the optimistic-concurrency loop asks its driver for: the object read afresh (this
+#: marker), or a merge patch sent (the body, a dict).
+READ_AGAIN = object()
+PreconditionSteps = Generator[object, Any, tuple["KubeObject | None", bool]]
+
+
+def precondition_steps(
+    res: Resource,
+    namespace: str | None,
+    name: str,
+    change: Callable[[KubeObject], dict[str, Any] | None],
+    current: KubeObject | None = None,
+    attempts: int = 8,
+    on_conflict: Callable[[], None] = lambda: None,
+) -> PreconditionSteps:
+    """The optimistic-concurrency loop of ``KubeClient.patch_optimistic``, free of I/O: it yields
+    ``READ_AGAIN`` for a fresh copy (None: gone) or a patch body, and is sent the answer (or thrown
+    its error). A blocking driver (``patch_with_precondition``) and the event loop's
+    (resourceconsist.aiokube) run the same loop, so conflict handling lives here only."""
+    obj = current if current is not None else (yield READ_AGAIN)
+    for _ in range(attempts):
+        if obj is None:
+            return None, False
+        body = change(obj)
+        if body is None:
+            return obj, False
+        body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        try:
+            return (yield body), True
+        except NotFound:
+            return None, False
+        except Conflict:
+            on_conflict()
+            obj = yield READ_AGAIN
+    raise Conflict(
+        409, "Conflict", f"still conflicting after {attempts} attempts", "PATCH", res.path(namespace, name)
+    )
+
+
 def patch_with_precondition(
     get_or_none: Callable[[Resource, str | None, str], KubeObject | None],
     patch: Callable[[Resource, str | None, str, Any], KubeObject],
@@ -213,26 +264,24 @@ def patch_with_precondition(
     attempts: int = 8,
     on_conflict: Callable[[], None] = lambda: None,
 ) -> tuple[KubeObject | None, bool]:
-    """The optimistic-concurrency loop of ``KubeClient.patch_optimistic`` over any get/patch pair
-    (an in-memory fake of the API server in unit tests uses the same loop)."""
-    obj = current if current is not None else get_or_none(res, namespace, name)
-    for _ in range(attempts):
-        if obj is None:
-            return None, False
-        body = change(obj)
-        if body is None:
-            return obj, False
-        body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
-        try:
-            return patch(res, namespace, name, body), True
-        except NotFound:
-            return None, False
-        except Conflict:
-            on_conflict()
-            obj = get_or_none(res, namespace, name)
-    raise Conflict(
-        409, "Conflict", f"still conflicting after {attempts} attempts", "PATCH", res.path(namespace, name)
-    )
+    """``precondition_steps`` driven by a blocking get/patch pair (an in-memory fake of the API
+    server in unit tests uses the same loop)."""
+    steps = precondition_steps(res, namespace, name, change, current, attempts, on_conflict)
+    try:
+        step = next(steps)
+        while True:
+            try:
+                answer = (
+                    get_or_none(res, namespace, name)
+                    if step is READ_AGAIN
+                    else patch(res, namespace, name, step)
+                )
+            except Exception as err:
+                step = steps.throw(err)
+            else:
+                step = steps.send(answer)
+    except StopIteration as done:
+        return cast(tuple[KubeObject | None, bool], done.value)
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -263,6 +312,11 @@ class KubeClient:
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
         self.reachability = Reachability(name or "API server")
         self._observers: tuple[RequestObserver, ...] = ()
+        # The running loop's transport (resourceconsist.aiokube) once made, and whether this
+        # client's configuration refused one; kept here so the transport lives with its client.
+        self._loop_transport: object = None
+        self._loop_transport_closer: object = None
+        self._loop_transport_refused = False
         logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)  # once: filters are a set
 
     # -- construction ------------------------------------------------------------------
@@ -344,10 +398,7 @@ class KubeClient:
 
         headers = {"Accept": "application/json", "Content-Type": content_type}
         params = [(k, v) for k, v in (query or {}).items() if v is not None]
-        verb = "watch" if stream else method.lower()
-        with self._counter_lock:
-            self.requests[verb] += 1
-            self.requests_by_resource[f"{verb} {_resource_of(path)}"] += 1
+        self._count("watch" if stream else method.lower(), path)
         _, url, headers, body_out, _ = self.api_client.param_serialize(
             method, path, query_params=params, header_params=headers, body=body, auth_settings=["BearerToken"]
         )
@@ -358,18 +409,32 @@ class KubeClient:
             self._observed(method, err.status or 0, started)
             raise _api_error(err.status or 0, err.reason or "", err.body, method, path) from None
         except Exception as err:
-            self._observed(method, 0, started)
-            if is_unreachable(err):
-                self.reachability.failed(err)
+            self._unanswered(method, err, started)
             raise
-        self._observed(method, response.status, started)
-        self.reachability.answered()
+        self._answered(method, response.status, started)
         if response.status >= 400:
             raise _api_error(response.status, response.reason, response.read(), method, path)
         if stream:
             return response.response
         data = response.read()
         return json.loads(data) if data else {}
+
+    # The bookkeeping of every request, whichever transport sends it (this thread path, or the
+    # event loop's, resourceconsist.aiokube): counted when sent, observed when answered or not.
+
+    def _count(self, verb: str, path: str) -> None:
+        with self._counter_lock:
+            self.requests[verb] += 1
+            self.requests_by_resource[f"{verb} {_resource_of(path)}"] += 1
+
+    def _answered(self, method: str, status: int, started: float) -> None:
+        self._observed(method, status, started)
+        self.reachability.answered()
+
+    def _unanswered(self, method: str, err: BaseException, started: float) -> None:
+        self._observed(method, 0, started)
+        if is_unreachable(err):
+            self.reachability.failed(err)
 
     # -- blocking API ------------------------------------------------------------------------
 
@@ -462,15 +527,12 @@ class KubeClient:
     ) -> WatchStream:
         """Open a watch from ``resource_version`` with bookmarks; iterate it for
         ``{"type", "object"}`` events, ``close()`` it from any thread to stop."""
-        query = {
-            "watch": "true",
-            "resourceVersion": resource_version,
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": timeout_seconds,
-            "labelSelector": label_selector,
-        }
         response = self._send(
-            "GET", res.path(namespace), query=query, timeout=(10.0, timeout_seconds + 30.0), stream=True
+            "GET",
+            res.path(namespace),
+            query=watch_query(resource_version, timeout_seconds, label_selector),
+            timeout=(10.0, timeout_seconds + 30.0),
+            stream=True,
         )
         return WatchStream(response)
 
@@ -493,13 +555,21 @@ class KubeClient:
         Returns (the object as it now is, or None when it is gone; whether a write happened).
         """
 
-        def conflicted() -> None:
-            with self._counter_lock:
-                self.conflicts[res.plural] += 1
-
         return patch_with_precondition(
-            self.get_or_none, self.patch, res, namespace, name, change, current, attempts, conflicted
+            self.get_or_none,
+            self.patch,
+            res,
+            namespace,
+            name,
+            change,
+            current,
+            attempts,
+            functools.partial(self._conflicted, res),
         )
+
+    def _conflicted(self, res: Resource) -> None:
+        with self._counter_lock:
+            self.conflicts[res.plural] += 1
 
 
 class WatchStream:
@@ -535,6 +605,22 @@ class WatchStream:
                 self._response.close()
         except Exception:
             log.debug("closing a watch failed", exc_info=True)
+
+
+def watch_query(
+    resource_version: str, timeout_seconds: int, label_selector: str | None = None
+) -> dict[str, str]:
+    """The query of a watch from ``resource_version``, with bookmarks, that the API server ends
+    after ``timeout_seconds``."""
+    query = {
+        "watch": "true",
+        "resourceVersion": resource_version,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(timeout_seconds),
+    }
+    if label_selector is not None:
+        query["labelSelector"] = label_selector
+    return query
 
 
 def _resource_of(path: str) -> str:

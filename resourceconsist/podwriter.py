@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import aiokube, kube, lifecycle, wire
 from resourceconsist.interfaces import ObjectReader, ObjectWriter
 from resourceconsist.kube import KubeObject
 from resourceconsist.transform import trim
@@ -263,9 +263,7 @@ class PodWriter:
         async def one(name: str, intent: PodIntent) -> None:
             async with gate:
                 try:
-                    pod, wrote, deferred = await asyncio.to_thread(
-                        self._apply, name, intent, located.get(name)
-                    )
+                    pod, wrote, deferred = await self._apply(name, intent, located.get(name))
                 except Exception as err:
                     result.failed[name] = err
                     return
@@ -279,12 +277,13 @@ class PodWriter:
         await asyncio.gather(*(one(n, i) for n, i in intents.items()))
         return result
 
-    def _apply(
+    async def _apply(
         self, name: str, intent: PodIntent, located: tuple[PodLocation, KubeObject | None] | None
     ) -> tuple[KubeObject | None, bool, bool]:
         """Bring one pod to the intent: (the pod as it now is, or None when gone; written;
         an entry removal deferred). ``located``: where it lives and its cached copy, when
-        ``flush`` already looked them up."""
+        ``flush`` already looked them up. The write goes out on the event loop's transport
+        (resourceconsist.aiokube), in the frame's threads where that cannot serve the client."""
         # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
         where, pod = located or (self._resolve(name), None)
         if located is None:
@@ -299,8 +298,8 @@ class PodWriter:
         # What the cache holds now, before the write: a copy with this resourceVersion is older
         # than whatever the write leaves.
         cached = where.reader.get(kube.POD, self.namespace, where.name)
-        after, wrote = where.client.patch_optimistic(
-            kube.POD, self.namespace, where.name, change, current=pod
+        after, wrote = await aiokube.patch_optimistic(
+            where.client, kube.POD, self.namespace, where.name, change, current=pod
         )
         # A copy read again after a conflict is as fresh as a write's answer: the next pass
         # starts from it, not from the cache that conflicted (docs/scaling.md).

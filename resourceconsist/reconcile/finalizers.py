@@ -13,15 +13,13 @@ never the adapters' (resourceconsist.cancellation).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import aiokube, kube, lifecycle, wire
 from resourceconsist.interfaces import EventSink, ObjectWriter
 from resourceconsist.kube import ApiError, KubeObject, Resource
 from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
@@ -145,14 +143,11 @@ async def _patch_employer(
     employer: KubeObject,
     change: Callable[[KubeObject], dict[str, Any] | None],
 ) -> tuple[KubeObject | None, bool]:
-    """``change`` the employer under optimistic concurrency, in the frame's own threads."""
+    """``change`` the employer under optimistic concurrency, on the event loop's transport
+    (resourceconsist.aiokube; the frame's threads where it cannot serve the client)."""
     meta = employer["metadata"]
-    return await asyncio.to_thread(
-        functools.partial(client.patch_optimistic, current=employer),
-        resource,
-        meta.get("namespace"),
-        meta["name"],
-        change,
+    return await aiokube.patch_optimistic(
+        client, resource, meta.get("namespace"), meta["name"], change, current=employer
     )
 
 

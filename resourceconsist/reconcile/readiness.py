@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime
-import functools
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from resourceconsist import gates, kube, lifecycle, wire
+from resourceconsist import aiokube, gates, kube, lifecycle, wire
 from resourceconsist.interfaces import EventSink, ObjectReader
 from resourceconsist.kube import KubeObject
 from resourceconsist.podwriter import PodLocation
@@ -124,18 +123,21 @@ async def write_gates(
     recorder: EventSink,
     controller: str,
 ) -> dict[str, BaseException]:
-    """Write each changed gate condition (status subresource), in the frame's own threads
-    (resourceconsist.cancellation); the failures by pod."""
+    """Write each changed gate condition (status subresource), on the event loop's transport
+    (resourceconsist.aiokube); the failures by pod."""
     limit = asyncio.Semaphore(8)
     failures: dict[str, BaseException] = {}
 
     async def one(name: str, pod: KubeObject, want: gates.GateState) -> None:
         where = locate(name)
         body = gates.condition_patch(pod, gate, want, now)
-        write = functools.partial(where.client.patch, patch_type="strategic", subresource="status")
         async with limit:
             try:
-                await asyncio.to_thread(write, kube.POD, namespace, where.name, body)
+                await aiokube.patch(
+                    *(where.client, kube.POD, namespace, where.name, body),
+                    patch_type="strategic",
+                    subresource="status",
+                )
             except kube.NotFound:
                 return  # the pod is gone: nothing left to gate
             except Exception as err:

@@ -170,8 +170,8 @@ async def test_a_hung_provider_never_holds_up_the_frames_own_writes(
     cluster: Cluster, run_manager: Callable[..., Any]
 ) -> None:
     # docs/concepts.md, "The runtime": the finalizers, record annotations and readiness gates
-    # that keep the promise are written through the frame's own threads, which a provider that
-    # hangs cannot fill.
+    # that keep the promise are written on the event loop (or the frame's own threads), which a
+    # provider that hangs cannot fill.
     release = threading.Event()
     adapter = HangingForOneEmployer(release)
     client, namespace = cluster.client, cluster.namespace

@@ -1,0 +1,386 @@
+"""The API server on the event loop: an aiohttp session built from a ``KubeClient``'s configuration.
+
+``KubeClient`` reaches the API server through the official client's urllib3 pool, one thread
+hand-off per call from async code. For the frame's hot path (a pass's pod writes and readiness
+gates) that hand-off, and the generated client's serialization around each request, cost about
+as much CPU as the request itself (docs/benchmarks.md, "The API transport"). ``AsyncTransport`` sends
+the same requests from the event loop over one aiohttp session per loop: the same host, CA,
+client certificate and bearer token (refreshed through the configuration's own hook, as the
+official client does: an exec plugin's or an in-cluster token keeps working), the same
+bookkeeping (``KubeClient``'s request counters, observers and ``Reachability``) and the same
+errors (``kube.ApiError`` and its subclasses; ``kube.is_unreachable`` knows aiohttp's).
+
+A configuration the session cannot honour (an HTTP proxy, ``assert_hostname``, credentials that
+are not a header) gets no transport: ``for_client`` answers None and callers keep the thread
+path (``patch_optimistic``, ``patch`` below do that themselves). docs/concepts.md, "The runtime".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import socket
+import ssl
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+from resourceconsist import kube
+from resourceconsist.kube import KubeClient, KubeObject, PatchType, Resource
+
+if TYPE_CHECKING:
+    # aiohttp is imported when a transport is made: what only imports the reconcile steps (the
+    # explain command, unit tests on in-memory writers) does not load it.
+    import aiohttp
+
+log = logging.getLogger(__name__)
+
+#: How long a token from a refresh hook is used before the hook is asked again (it reads a file
+#: or runs an exec plugin only when its own expiry says so; the official client asks per request).
+TOKEN_REFRESH_SECONDS = 10.0
+#: Tries of a request whose connection failed before any answer (a keep-alive connection the
+#: API server closed meanwhile): urllib3 retries such requests too.
+_CONNECT_TRIES = 3
+
+
+class AsyncTransport:
+    """One event loop's session to one client's API server; made by ``for_client``."""
+
+    def __init__(self, client: KubeClient, loop: asyncio.AbstractEventLoop) -> None:
+        import aiohttp
+
+        configuration = client.api_client.configuration
+        self.client = client
+        self.loop = loop
+        self._configuration = configuration
+        self._base = str(configuration.host).rstrip("/")
+        self._ssl = _ssl_of(configuration) if self._base.startswith("https:") else False
+        self._server_hostname: str | None = getattr(configuration, "tls_server_name", None) or None
+        self._static_headers = {
+            **client.api_client.default_headers,
+            "User-Agent": client.api_client.user_agent,
+        }
+        self._auth: dict[str, str] = {}
+        self._auth_at = float("-inf")
+        self._refreshing = asyncio.Lock()  # one hook call at a time, its answer shared
+        #: TCP connections opened so far (connection reuse keeps it near the parallel requests).
+        self.connections_opened = 0
+        connector = aiohttp.TCPConnector(
+            limit=configuration.connection_pool_maxsize or 64, socket_factory=self._socket
+        )
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            # As the thread path, 60 s for an answer; no bound on waiting for one of the pool's
+            # connections, which requests in flight free (urllib3 opened extra ones instead).
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=60.0, sock_read=60.0),
+            # As urllib3: answers uncompressed (the API server compresses only large lists).
+            skip_auto_headers=("Accept-Encoding",),
+        )
+
+    def _socket(self, addr_info: Any) -> socket.socket:
+        family, type_, proto, _, _ = addr_info
+        self.connections_opened += 1
+        return socket.socket(family=family, type=type_, proto=proto)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    # -- credentials ---------------------------------------------------------------------------
+
+    async def _headers(self, content_type: str, *, refresh: bool = False) -> dict[str, str]:
+        configuration = self._configuration
+        if configuration.refresh_api_key_hook is None:
+            auth = _auth_headers(configuration.auth_settings())  # plain dict reads: no I/O
+        else:
+            asked = time.monotonic()
+            if refresh or asked - self._auth_at >= TOKEN_REFRESH_SECONDS:
+                async with self._refreshing:
+                    if self._auth_at < asked:  # no other request refreshed it meanwhile
+                        # The hook may read a token file or run an exec plugin: never on the loop.
+                        self._auth = _auth_headers(await asyncio.to_thread(configuration.auth_settings))
+                        self._auth_at = time.monotonic()
+            auth = self._auth
+        return {**self._static_headers, "Accept": "application/json", "Content-Type": content_type, **auth}
+
+    # -- the one request primitive ---------------------------------------------------------------
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> Any:
+        """Send one request and decode its JSON answer; a non-2xx answer raises ``kube.ApiError``'s
+        subclass for its status, as ``KubeClient`` does."""
+        import aiohttp
+
+        client = self.client
+        client._count(method.lower(), path)
+        url = self._base + path
+        params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        data = None if body is None else json.dumps(body).encode()
+        headers = await self._headers(content_type)
+        started = time.monotonic()
+        refreshed = self._configuration.refresh_api_key_hook is None
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                async with self.session.request(
+                    method,
+                    url,
+                    data=data,
+                    headers=headers,
+                    ssl=self._ssl,
+                    server_hostname=self._server_hostname,
+                ) as response:
+                    status, reason = response.status, response.reason or ""
+                    payload = await response.read()
+            except (aiohttp.ClientConnectionError, TimeoutError) as err:
+                if _before_any_answer(err) and tries < _CONNECT_TRIES and method != "POST":
+                    continue
+                client._unanswered(method, err, started)
+                raise
+            if status == 401 and not refreshed:
+                # A token that expired between two refreshes: ask the hook now, once.
+                refreshed = True
+                headers = await self._headers(content_type, refresh=True)
+                continue
+            break
+        client._answered(method, status, started)
+        if status >= 400:
+            raise kube._api_error(status, reason, payload, method, path)
+        return json.loads(payload) if payload else {}
+
+    # -- the API the hot path uses -------------------------------------------------------------
+
+    async def get(self, res: Resource, namespace: str | None, name: str) -> KubeObject:
+        return cast(KubeObject, await self.request("GET", res.path(namespace, name)))
+
+    async def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        try:
+            return await self.get(res, namespace, name)
+        except kube.NotFound:
+            return None
+
+    async def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+    ) -> KubeObject:
+        path = res.path(namespace, name, subresource)
+        answer = await self.request(
+            "PATCH", path, body=body, content_type=kube._PATCH_CONTENT_TYPES[patch_type]
+        )
+        return cast(KubeObject, answer)
+
+    async def patch_optimistic(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[KubeObject], dict[str, Any] | None],
+        *,
+        current: KubeObject | None = None,
+        attempts: int = 8,
+    ) -> tuple[KubeObject | None, bool]:
+        """``KubeClient.patch_optimistic`` on the loop: the same loop (``kube.precondition_steps``),
+        the same conflict count."""
+        steps = kube.precondition_steps(
+            res, namespace, name, change, current, attempts, functools.partial(self.client._conflicted, res)
+        )
+        try:
+            step = next(steps)
+            while True:
+                try:
+                    if step is kube.READ_AGAIN:
+                        answer: Any = await self.get_or_none(res, namespace, name)
+                    else:
+                        answer = await self.patch(res, namespace, name, step)
+                except Exception as err:
+                    step = steps.throw(err)
+                else:
+                    step = steps.send(answer)
+        except StopIteration as done:
+            return cast(tuple[KubeObject | None, bool], done.value)
+
+    @contextlib.asynccontextmanager
+    async def watch(
+        self, res: Resource, namespace: str | None, resource_version: str, *, timeout_seconds: int = 300
+    ) -> AsyncIterator[AsyncIterator[KubeObject]]:
+        """A watch from ``resource_version`` with bookmarks: ``async with`` it for its events."""
+        import aiohttp
+
+        client = self.client
+        path = res.path(namespace)
+        client._count("watch", path)
+        query = kube.watch_query(resource_version, timeout_seconds)
+        url = f"{self._base}{path}?{urllib.parse.urlencode(query)}"
+        headers = await self._headers("application/json")
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_seconds + 30.0)
+        started = time.monotonic()
+        try:
+            response = await self.session.get(
+                url, headers=headers, ssl=self._ssl, server_hostname=self._server_hostname, timeout=timeout
+            )
+        except (aiohttp.ClientConnectionError, TimeoutError) as err:
+            client._unanswered("GET", err, started)
+            raise
+        client._answered("GET", response.status, started)
+        try:
+            if response.status >= 400:
+                raise kube._api_error(
+                    response.status, response.reason or "", await response.read(), "GET", path
+                )
+            yield _events(response)
+        finally:
+            response.close()
+
+
+async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[KubeObject]:
+    # Lines split by hand: aiohttp's readline refuses a line over its buffer (a large object).
+    rest = b""
+    async for chunk in response.content.iter_any():
+        lines = (rest + chunk).split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if line:
+                yield json.loads(line)
+
+
+def for_client(client: KubeClient) -> AsyncTransport | None:
+    """The running loop's transport to ``client``'s API server, made on first use; None when its
+    configuration needs the thread path (logged once per client)."""
+    loop = asyncio.get_running_loop()
+    transport = client._loop_transport
+    if isinstance(transport, AsyncTransport) and transport.loop is loop:
+        return transport
+    if client._loop_transport_refused:
+        return None
+    why = _unsupported(client)
+    if why:
+        client._loop_transport_refused = True
+        log.info("%s: API requests stay on threads: %s", client.reachability.name, why)
+        return None
+    transport = AsyncTransport(client, loop)
+    # Closed when its loop shuts its async generators down (asyncio.run and pytest's loops do,
+    # last thing), so a session never outlives the loop it belongs to, whoever made the loop.
+    # The loop holds its generators weakly: the client keeps this one.
+    closer = _close_at_shutdown(transport)
+    client._loop_transport = transport
+    client._loop_transport_closer = (closer, loop.create_task(_start(closer)))
+    return transport
+
+
+async def _start(closer: AsyncIterator[None]) -> None:
+    await anext(closer)
+
+
+async def _close_at_shutdown(transport: AsyncTransport) -> AsyncIterator[None]:
+    try:
+        yield
+    finally:
+        await transport.close()
+
+
+async def patch_optimistic(
+    writer: Any,
+    res: Resource,
+    namespace: str | None,
+    name: str,
+    change: Callable[[KubeObject], dict[str, Any] | None],
+    *,
+    current: KubeObject | None = None,
+) -> tuple[KubeObject | None, bool]:
+    """``writer.patch_optimistic`` from async code: on the loop when ``writer`` is a ``KubeClient``
+    the transport serves, else in the frame's threads (an in-memory writer, an unsupported
+    configuration)."""
+    transport = for_client(writer) if isinstance(writer, KubeClient) else None
+    if transport is not None:
+        return await transport.patch_optimistic(res, namespace, name, change, current=current)
+    return cast(
+        tuple[KubeObject | None, bool],
+        await asyncio.to_thread(
+            functools.partial(writer.patch_optimistic, current=current), res, namespace, name, change
+        ),
+    )
+
+
+async def patch(
+    writer: Any,
+    res: Resource,
+    namespace: str | None,
+    name: str,
+    body: Any,
+    *,
+    patch_type: PatchType = "merge",
+    subresource: str | None = None,
+) -> KubeObject:
+    """``writer.patch`` from async code, on the loop where it can be (as ``patch_optimistic``)."""
+    transport = for_client(writer) if isinstance(writer, KubeClient) else None
+    if transport is not None:
+        return await transport.patch(
+            res, namespace, name, body, patch_type=patch_type, subresource=subresource
+        )
+    write = functools.partial(writer.patch, patch_type=patch_type, subresource=subresource)
+    return cast(KubeObject, await asyncio.to_thread(write, res, namespace, name, body))
+
+
+def _unsupported(client: KubeClient) -> str:
+    """Why the session cannot speak for ``client`` (empty: it can)."""
+    configuration = getattr(client.api_client, "configuration", None)
+    if configuration is None:
+        return "the client has no official-client configuration"
+    if not str(configuration.host or "").startswith(("https://", "http://")):
+        return f"host {configuration.host!r} is not an http(s) URL"
+    if getattr(configuration, "proxy", None):
+        return "an HTTP proxy is configured"
+    if getattr(configuration, "assert_hostname", None) is not None:
+        return "assert_hostname is configured"
+    settings = configuration.auth_settings() if configuration.refresh_api_key_hook is None else {}
+    if any(s.get("in") != "header" for s in settings.values()):
+        return "credentials other than a header are configured"
+    return ""
+
+
+def _auth_headers(settings: Mapping[str, Any]) -> dict[str, str]:
+    # The credentials ``KubeClient`` sends (auth_settings=["BearerToken"]), as header and value.
+    bearer = settings.get("BearerToken")
+    if not bearer or not bearer.get("value"):
+        return {}
+    return {str(bearer["key"]).title(): str(bearer["value"])}
+
+
+def _ssl_of(configuration: Any) -> ssl.SSLContext | bool:
+    """The TLS the official client would use: its CA (or the system's), its client certificate."""
+    if not configuration.verify_ssl:
+        return False
+    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
+    if configuration.cert_file:
+        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
+    return context
+
+
+def _before_any_answer(err: BaseException) -> bool:
+    """A connection that broke (refused, reset, closed while idle in the pool): resending is
+    safe for the requests this transport sends but POST (reads, and patches that either carry a
+    resourceVersion precondition or set the same fields again)."""
+    import aiohttp
+
+    return isinstance(
+        err, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectorError | aiohttp.ClientOSError
+    )

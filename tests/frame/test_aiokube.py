@@ -1,0 +1,232 @@
+"""The API server on the event loop (resourceconsist.aiokube), against the real kube-apiserver: the
+same errors, counters and observers as ``KubeClient``'s thread path, a token refreshed through the
+configuration's hook, connections reused, and a pass's pod writes sent from the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from resourceconsist import aiokube, kube, lifecycle
+from resourceconsist.experimental.demo import DemoAdapter
+from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
+from resourceconsist.testing.controlplane import free_port
+
+
+def _transport(client: KubeClient) -> aiokube.AsyncTransport:
+    transport = aiokube.for_client(client)
+    assert transport is not None, "the kubeconfig of the testing kit is one the transport serves"
+    return transport
+
+
+class Seen:
+    """What a client's observers are told: (method, status, on the loop's thread)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.loop_thread = threading.get_ident()
+        self.requests: list[tuple[str, int, bool]] = []
+        self.stop = client.observe_requests(self._observe)
+
+    def _observe(self, method: str, status: int, seconds: float) -> None:
+        assert seconds >= 0
+        self.requests.append((method, status, threading.get_ident() == self.loop_thread))
+
+
+async def test_answers_raise_the_clients_errors_and_reach_its_observers_from_the_loop(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    transport = _transport(kube_client)
+    seen = Seen(kube_client)
+    patches_before = kube_client.requests_by_resource["patch pods"]
+
+    with pytest.raises(kube.NotFound, match="pods/nope"):
+        await transport.get(kube.POD, ns, "nope")
+    assert await transport.get_or_none(kube.POD, ns, "nope") is None
+    pod = await transport.get(kube.POD, ns, "web-0")
+    stale = {"metadata": {"labels": {"x": "1"}, "resourceVersion": "1"}}
+    with pytest.raises(kube.Conflict) as conflict:
+        await transport.patch(kube.POD, ns, "web-0", stale)
+    assert conflict.value.status == 409 and conflict.value.reason == "Conflict"
+    patched = await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "2"}}})
+    assert patched["metadata"]["labels"]["x"] == "2"
+    assert int(patched["metadata"]["resourceVersion"]) > int(pod["metadata"]["resourceVersion"])
+
+    seen.stop()
+    assert [(m, s) for m, s, _ in seen.requests] == [
+        ("GET", 404),
+        ("GET", 404),
+        ("GET", 200),
+        ("PATCH", 409),
+        ("PATCH", 200),
+    ]
+    assert all(on_loop for _, _, on_loop in seen.requests), "a request went through a thread"
+    assert kube_client.requests_by_resource["patch pods"] == patches_before + 2
+
+
+async def test_the_conflict_loop_on_the_loop_rereads_and_keeps_the_other_writers_edit(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    stale = await cluster.get(kube.POD, "web-0")
+    assert stale is not None
+    # Another writer adds its finalizer after our copy was read.
+    kube_client.patch(kube.POD, ns, "web-0", {"metadata": {"finalizers": ["other/keep"]}})
+    conflicts = kube_client.conflicts["pods"]
+
+    def add_ours(fresh: KubeObject) -> dict[str, Any] | None:
+        return {"metadata": {"finalizers": [*finalizers(fresh), "ours/guard"]}}
+
+    after, wrote = await aiokube.patch_optimistic(kube_client, kube.POD, ns, "web-0", add_ours, current=stale)
+    assert wrote and after is not None
+    assert finalizers(after) == ["other/keep", "ours/guard"]
+    assert kube_client.conflicts["pods"] == conflicts + 1
+    gone, wrote = await aiokube.patch_optimistic(kube_client, kube.POD, ns, "nope", add_ours)
+    assert (gone, wrote) == (None, False)
+    kube_client.patch(kube.POD, ns, "web-0", {"metadata": {"finalizers": None}})
+
+
+async def test_a_service_account_without_the_grant_gets_forbidden(
+    cluster: Cluster, service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient]
+) -> None:
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    reader = service_account({ns: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
+    transport = _transport(reader)
+    assert (await transport.get(kube.POD, ns, "web-0"))["metadata"]["name"] == "web-0"
+    with pytest.raises(kube.Forbidden) as refused:
+        await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "1"}}})
+    assert refused.value.status == 403
+
+
+async def test_an_expired_token_is_refreshed_through_the_configurations_hook_off_the_loop(
+    control_plane: LocalControlPlane,
+    cluster: Cluster,
+    service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient],
+) -> None:
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    reader = service_account({ns: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
+    configuration = reader.api_client.configuration
+    good = configuration.api_key["BearerToken"]
+    loop_thread = threading.get_ident()
+    hooked: list[bool] = []
+
+    # As an exec plugin's or in-cluster refresh hook: the first answer is a token the API server
+    # no longer takes (401), the next a fresh one.
+    def refresh(config: Any) -> None:
+        hooked.append(threading.get_ident() == loop_thread)
+        config.api_key["BearerToken"] = "Bearer expired-token" if len(hooked) == 1 else good
+
+    configuration.refresh_api_key_hook = refresh
+    pod = await _transport(reader).get(kube.POD, ns, "web-0")
+    assert pod["metadata"]["name"] == "web-0"
+    assert hooked == [False, False], "the hook ran once per token, never on the loop"
+
+
+async def test_concurrent_writes_reuse_a_bounded_set_of_connections(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    ns = cluster.namespace
+    names = [f"web-{i}" for i in range(8)]
+    for name in names:
+        await cluster.pod(name, {"app": "web"})
+    transport = _transport(kube_client)
+    opened = transport.connections_opened
+    gate = asyncio.Semaphore(16)
+
+    async def write(i: int) -> None:
+        async with gate:
+            await transport.patch(kube.POD, ns, names[i % 8], {"metadata": {"annotations": {"n": str(i)}}})
+
+    await asyncio.gather(*(write(i) for i in range(400)))
+    new = transport.connections_opened - opened
+    assert 1 <= new <= 16, f"400 writes, 16 at a time, opened {new} connections"
+
+
+async def test_an_api_server_not_there_is_unreachable_for_the_client() -> None:
+    configuration = k8s.Configuration()
+    configuration.host = f"http://127.0.0.1:{free_port()}"
+    client = KubeClient(k8s.ApiClient(configuration), name="nowhere")
+    seen = Seen(client)
+    try:
+        failed: BaseException | None = None
+        try:
+            await _transport(client).get(kube.POD, "default", "web-0")
+        except Exception as err:
+            failed = err
+        assert failed is not None and kube.is_unreachable(failed), failed
+        assert client.reachability.down
+        assert [(m, s) for m, s, _ in seen.requests] == [("GET", 0)]
+    finally:
+        client.close()
+
+
+async def test_a_configuration_the_session_cannot_honour_keeps_the_thread_path() -> None:
+    configuration = k8s.Configuration()
+    configuration.host = "https://127.0.0.1:6443"
+    configuration.proxy = "http://127.0.0.1:3128"
+    client = KubeClient(k8s.ApiClient(configuration))
+    try:
+        assert aiokube.for_client(client) is None
+    finally:
+        client.close()
+
+
+async def test_a_passs_pod_writes_go_out_on_the_event_loop(
+    cluster: Cluster, run_manager: Any, kube_client: KubeClient
+) -> None:
+    await cluster.service("web")
+    for name in ("web-0", "web-1"):
+        await cluster.pod(name, {"app": "web"})
+        await cluster.set_status(name, ready=True)
+    seen = Seen(kube_client)
+    patches = kube_client.requests_by_resource["patch pods"]
+    wanted = lifecycle.lifecycle_finalizer("web")
+    async with run_manager(DemoAdapter()):
+
+        async def guarded() -> bool:
+            pods = [await cluster.get(kube.POD, n) for n in ("web-0", "web-1")]
+            return all(p is not None and wanted in finalizers(p) for p in pods)
+
+        await async_wait_for(guarded, timeout=60, message="both pods carry web's lifecycle finalizer")
+    seen.stop()
+    assert kube_client.requests_by_resource["patch pods"] >= patches + 2
+    pod_patches = [
+        on_loop for method, status, on_loop in seen.requests if method == "PATCH" and status == 200
+    ]
+    assert pod_patches and all(pod_patches), "a pass's write went through a thread"
+
+
+async def test_connections_the_api_server_closed_while_pooled_are_replaced_not_failed() -> None:
+    # Its own control plane: restarting the session's would disturb the other tests.
+    with LocalControlPlane() as cp:
+        client = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        try:
+            client.create(kube.NAMESPACE, None, {"metadata": {"name": "restart"}})
+            pod = {"metadata": {"name": "web-0"}, "spec": {"containers": [{"name": "c", "image": "x"}]}}
+            client.create(kube.POD, "restart", pod)
+            transport = _transport(client)
+            await transport.patch(kube.POD, "restart", "web-0", {"metadata": {"labels": {"n": "1"}}})
+            opened = transport.connections_opened
+            seen = Seen(client)
+
+            cp.restart_apiserver()  # every pooled connection is now closed by the server
+
+            patched = await transport.patch(
+                kube.POD, "restart", "web-0", {"metadata": {"labels": {"n": "2"}}}
+            )
+            assert patched["metadata"]["labels"]["n"] == "2"
+            assert transport.connections_opened > opened
+            assert [(m, s) for m, s, _ in seen.requests] == [("PATCH", 200)]
+            assert not client.reachability.down and client.reachability.outages == 0
+        finally:
+            client.close()
