@@ -188,9 +188,28 @@ class LeaderElector:
         """Campaign until ``stop`` is set; lead while renewals succeed; release on the way out."""
         c = self.options
         last_renew = 0.0
+        #: ``on_started_leading`` runs beside the campaign: the Lease is renewed while the
+        #: controllers wait for their caches (a first list of 100k pods can take minutes).
+        starting: asyncio.Future[None] | None = None
         try:
             while not stop.is_set():
                 self.attempts += 1
+                if starting is not None and starting.done() and not starting.cancelled():
+                    failed = starting.exception()
+                    starting = None
+                    if failed is not None and self.leading:
+                        # Never a replica that holds its Lease and runs nothing: step down and
+                        # let another one, or this one again, try (docs/concepts.md).
+                        log.error(
+                            "lease %s/%s: starting to lead failed (%s); stepping down and releasing it",
+                            self.namespace,
+                            c.name,
+                            failed,
+                        )
+                        self.leading = False
+                        await on_stopped_leading()
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(self._call(self._release), timeout=RELEASE_TIMEOUT)
                 # The renew time written is taken after this moment: the renew deadline counts
                 # from here, so a slow attempt cannot stretch the time the Lease is believed held.
                 began = time.monotonic()
@@ -221,14 +240,17 @@ class LeaderElector:
                     if not self.leading:
                         self.leading = True
                         log.info("became leader of lease %s/%s as %s", self.namespace, c.name, c.identity)
-                        await on_started_leading()
+                        starting = asyncio.ensure_future(on_started_leading())
                 elif self.leading and now - last_renew > c.renew_deadline:
                     self.leading = False
                     log.warning("lost lease %s/%s: stepping down", self.namespace, c.name)
+                    await _cancelled(starting)
+                    starting = None
                     await on_stopped_leading()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=c.retry_period)
         finally:
+            await _cancelled(starting)
             was_leading = self.leading
             if was_leading:
                 self.leading = False
@@ -247,3 +269,11 @@ class LeaderElector:
                     await asyncio.wait_for(self._call(self._release), timeout=RELEASE_TIMEOUT)
                 except Exception as err:
                     log.warning("could not release lease %s/%s: %r", self.namespace, c.name, err)
+
+
+async def _cancelled(task: asyncio.Future[None] | None) -> None:
+    """Cancel ``task`` (a start still under way) and wait until it has ended."""
+    if task is not None and not task.done():
+        task.cancel()
+    if task is not None:
+        await asyncio.gather(task, return_exceptions=True)

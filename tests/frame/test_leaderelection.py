@@ -14,7 +14,7 @@ import pytest
 
 from resourceconsist import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.leaderelection import parse_lease_time
+from resourceconsist.leaderelection import LeaderElector, parse_lease_time
 from resourceconsist.manager import Manager
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions
 from resourceconsist.testing import CLI, Cluster, LocalControlPlane, async_wait_for, run_cli
@@ -149,6 +149,60 @@ async def test_a_leader_renews_while_the_loops_executor_is_full(cluster: Cluster
     finally:
         release.set()
         await manager.stop(timeout=5)
+
+
+async def test_a_leader_slow_to_start_keeps_renewing_and_a_failed_start_steps_down(cluster: Cluster) -> None:
+    """Starting to lead (controllers waiting for their caches: minutes at 100k pods) runs beside
+    the campaign, so the Lease stays renewed meanwhile; a start that fails steps down and
+    campaigns again, never leaving a replica that holds the Lease and runs nothing."""
+    options = LeaderElectionOptions(
+        namespace=cluster.namespace,
+        name="slow",
+        identity="slow",
+        lease_duration=3,
+        renew_deadline=2,
+        retry_period=0.2,
+    )
+    elector = LeaderElector(cluster.client, options)
+    release = asyncio.Event()
+    starts: list[float] = []
+    stops: list[float] = []
+
+    async def start() -> None:
+        starts.append(time.monotonic())
+        if len(starts) == 1:
+            await release.wait()  # the caches are filling
+            raise TimeoutError("informer for pods did not sync within 60s")
+
+    async def stop_leading() -> None:
+        stops.append(time.monotonic())
+
+    stop = asyncio.Event()
+    campaign = asyncio.create_task(elector.run(start, stop_leading, stop))
+    try:
+        await async_wait_for(lambda: starts, timeout=20, message="leading")
+        began = datetime.datetime.now(datetime.UTC)
+
+        async def renewed_three_lease_durations_on() -> bool:
+            lease = await cluster.get(kube.LEASE, "slow")
+            renewed = parse_lease_time((lease or {}).get("spec", {}).get("renewTime"))
+            return renewed is not None and renewed > began + datetime.timedelta(seconds=3 * 3)
+
+        await async_wait_for(
+            renewed_three_lease_durations_on, timeout=30, message="renewals during the start"
+        )
+        assert elector.leading and stops == [] and len(starts) == 1
+        release.set()  # the start fails
+        await async_wait_for(
+            lambda: len(starts) >= 2, timeout=30, message="leading again after a failed start"
+        )
+        assert len(stops) == 1 and stops[0] < starts[1]
+        assert not campaign.done()
+        await async_wait_for(lambda: elector.leading, timeout=10, message="leading")
+    finally:
+        release.set()
+        stop.set()
+        await campaign
 
 
 async def _record_step_downs(manager: Manager, into: list[float]) -> None:
