@@ -42,6 +42,9 @@ from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
 
+#: Seconds a controller starting to lead waits for its caches before giving up (and stepping down).
+CACHE_SYNC_TIMEOUT = 600.0
+
 DEFAULT_MAX_CONCURRENT = 5
 
 
@@ -362,7 +365,10 @@ class Controller:
                 self.spec.employee_handler,
                 employees_of="",
             )
-        await self.informers.wait_synced()
+        # Long, as controller-runtime's cache sync timeout is for a reason: the Lease is renewed
+        # meanwhile, and a first list of 100k pods on a busy API server takes minutes; one that
+        # does not come steps this replica down (docs/concepts.md, "Leader election timings").
+        await self.informers.wait_synced(CACHE_SYNC_TIMEOUT)
         self.subscribers.start()
         if self.garbage.wanted:
             self._garbage_task = asyncio.create_task(self.garbage.run(), name=f"{self.name}-garbage")
