@@ -206,6 +206,7 @@ async def test_a_passs_pod_writes_go_out_on_the_event_loop(
     assert pod_patches and all(pod_patches), "a pass's write went through a thread"
 
 
+@pytest.mark.controlplane
 async def test_connections_the_api_server_closed_while_pooled_are_replaced_not_failed() -> None:
     # Its own control plane: restarting the session's would disturb the other tests.
     with LocalControlPlane() as cp:
