@@ -133,14 +133,7 @@ async def test_a_leader_renews_while_the_loops_executor_is_full(cluster: Cluster
         blocked = [loop.run_in_executor(None, release.wait) for _ in range(100)]
         flooded = datetime.datetime.now(datetime.UTC)
 
-        async def renewed_well_after_the_flood() -> bool:
-            lease = await cluster.get(kube.LEASE, "busy")
-            renewed = parse_lease_time((lease or {}).get("spec", {}).get("renewTime"))
-            return renewed is not None and renewed > flooded + datetime.timedelta(seconds=3 * 3)
-
-        await async_wait_for(
-            renewed_well_after_the_flood, timeout=30, message="renewals three lease durations on"
-        )
+        await renewed_after(cluster, "busy", flooded + datetime.timedelta(seconds=3 * 3), "after the flood")
         assert stepped_down == [], "the leader stepped down while only its executor was busy"
         assert manager.leading
         watching.cancel()
@@ -183,14 +176,7 @@ async def test_a_leader_slow_to_start_keeps_renewing_and_a_failed_start_steps_do
         await async_wait_for(lambda: starts, timeout=20, message="leading")
         began = datetime.datetime.now(datetime.UTC)
 
-        async def renewed_three_lease_durations_on() -> bool:
-            lease = await cluster.get(kube.LEASE, "slow")
-            renewed = parse_lease_time((lease or {}).get("spec", {}).get("renewTime"))
-            return renewed is not None and renewed > began + datetime.timedelta(seconds=3 * 3)
-
-        await async_wait_for(
-            renewed_three_lease_durations_on, timeout=30, message="renewals during the start"
-        )
+        await renewed_after(cluster, "slow", began + datetime.timedelta(seconds=3 * 3), "during the start")
         assert elector.leading and stops == [] and len(starts) == 1
         release.set()  # the start fails
         await async_wait_for(
@@ -203,6 +189,17 @@ async def test_a_leader_slow_to_start_keeps_renewing_and_a_failed_start_steps_do
         release.set()
         stop.set()
         await campaign
+
+
+async def renewed_after(cluster: Cluster, lease: str, moment: datetime.datetime, when: str) -> None:
+    """Wait (30 s at most) until the Lease ``lease`` carries a renew time later than ``moment``."""
+
+    async def renewed() -> bool:
+        found = await cluster.get(kube.LEASE, lease)
+        renew_time = parse_lease_time((found or {}).get("spec", {}).get("renewTime"))
+        return renew_time is not None and renew_time > moment
+
+    await async_wait_for(renewed, timeout=30, message=f"the Lease {lease} renewed {when}")
 
 
 async def _record_step_downs(manager: Manager, into: list[float]) -> None:
