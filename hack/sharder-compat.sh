@@ -9,12 +9,14 @@
 # sharder (its webhook served on 127.0.0.1 with a throw-away certificate), then SHARDS replicas of
 # ours with `--sharding --no-sharder`, and checks that every controlled Service carries exactly one
 # shard label, the one our ring places it on, no drain label, and that every pod it selects is
-# served (guarded by its lifecycle finalizer). Then it SIGKILLs shard-0 and checks the same among
-# the others, the dead shard's Lease taken over by the sharder, and a pod created after the kill
-# in each of the dead shard's Services guarded. Exit 0 when each holds within TIMEOUT seconds.
+# served (guarded by its lifecycle finalizer); that a Service created then is assigned in the
+# create by the sharder's webhook. Then it SIGKILLs shard-0 and checks the same among the others,
+# the dead shard's Lease taken over by the sharder, and a pod created after the kill in each of the
+# dead shard's Services guarded; then SIGTERMs shard-1 likewise (its Lease released). Exit 0 when
+# each holds within TIMEOUT seconds.
 #
 # Knobs: RING (resourceconsist), SHARDS (3), SERVICES (12), PODS (3 per Service), TIMEOUT (180 per
-# check), KILL (1; 0: no SIGKILL phase), PYTHON (the worktree's .venv/bin/python). The sharder's
+# check), KILL (1; 0: no SIGKILL and SIGTERM phases), PYTHON (the worktree's .venv/bin/python). The sharder's
 # webhook listens on :9443 (not configurable in its SharderConfig), so that port must be free.
 # Logs stay in the printed work directory.
 set -euo pipefail
@@ -136,7 +138,8 @@ from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard
 from resourceconsist.testing import finalizers
 
 ns, ring, live, timeout = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
-killed = sys.argv[5] if len(sys.argv) > 5 else ""
+# "shard=holder": that shard's Lease must be held by holder (empty: released, or deleted).
+gone, _, holder_wanted = (sys.argv[5] if len(sys.argv) > 5 else "").partition("=")
 client = KubeClient.from_kubeconfig(os.environ["KUBECONFIG"])
 placement = HashRing(live)
 # Timed from SINCE (seconds since the epoch: the replicas' start, or the kill).
@@ -157,10 +160,11 @@ def problems() -> list[str]:
         unguarded = [p["metadata"]["name"] for p in pods if lifecycle.lifecycle_finalizer(name) not in finalizers(p)]
         if unguarded:
             found.append(f"{name}: pods not served {unguarded}")
-    if killed:
-        holder = (client.get(kube.LEASE, ns, killed).get("spec") or {}).get("holderIdentity")
-        if holder != wire.SHARD_LEASE_TAKEN_BY_SHARDER:
-            found.append(f"Lease {killed}: held by {holder!r}, not yet taken over by the sharder")
+    if gone:
+        lease = client.get_or_none(kube.LEASE, ns, gone) or {}
+        holder = (lease.get("spec") or {}).get("holderIdentity") or ""
+        if holder != holder_wanted:
+            found.append(f"Lease {gone}: held by {holder!r}, want {holder_wanted!r}")
     return found
 
 
@@ -170,9 +174,9 @@ while (left := problems()) and time.time() < deadline:
 if left:
     print("FAIL: not within %.0f s:\n  " % timeout + "\n  ".join(left), file=sys.stderr)
     sys.exit(1)
-print(f"OK {time.time() - began:.1f} s after {'the kill' if killed else 'the start'}: every Service of {ns} carries one shard label,"
+print(f"OK {time.time() - began:.1f} s after {'the stop of ' + gone if gone else 'the start'}: every Service of {ns} carries one shard label,"
       f" the ring's choice among {live}, no drain label, and every pod it selects is guarded"
-      + (f"; {killed}'s Lease is held by {wire.SHARD_LEASE_TAKEN_BY_SHARDER}" if killed else ""))
+      + (f"; {gone}'s Lease is held by {holder_wanted!r}" if gone else ""))
 PYEOF
 
 echo "starting $shards replicas with --sharding --no-sharder"
@@ -210,21 +214,46 @@ print(f"OK: {name} was created carrying shard label {got}, the ring's choice")
 PYEOF
 
 [[ "$kill" == 1 && "$shards" -gt 1 ]] || exit 0
-# One shard SIGKILLed: its Lease is left to expire; the sharder takes it over once it has been
-# expired for a lease duration more, and moves the dead shard's Services to the others.
-dead_services="$(kubectl get services -n "$ns" -l "shard.alpha.sharding.timebertt.dev/$ring=shard-0" \
-  -o jsonpath='{.items[*].metadata.name}')"
-echo "SIGKILL to shard-0 (it held: ${dead_services:-nothing}); a new Ready pod in each of those"
-killed_at="$(date +%s.%N)"
-kill -KILL "${shard_pids[0]}"
-wait "${shard_pids[0]}" 2>/dev/null || true
-for svc in $dead_services; do
-  kubectl create -n "$ns" -f - >/dev/null <<PODEOF
-{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$svc-late", "labels": {"app": "$svc"}},
+held_by() {
+  kubectl get services -n "$ns" -l "shard.alpha.sharding.timebertt.dev/$ring=$1" -o jsonpath='{.items[*].metadata.name}'
+}
+# A new Ready pod named <Service>-<suffix> in each Service named, created once the stopped shard's
+# process is gone: guarded only if a live shard serves that Service after the stop (the older
+# pods were guarded before it).
+new_pods() {
+  local suffix="$1" octet="$2" svc ip
+  shift 2
+  for svc in "$@"; do
+    kubectl create -n "$ns" -f - >/dev/null <<PODEOF
+{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "$svc-${suffix,,}", "labels": {"app": "$svc"}},
  "spec": {"containers": [{"name": "c", "image": "x"}]}}
 PODEOF
-  ip="10.250.0.$((10#${svc#svc-} + 1))"
-  kubectl patch pod -n "$ns" "$svc-late" --subresource status --type merge -p \
-    "{\"status\": {\"podIP\": \"$ip\", \"podIPs\": [{\"ip\": \"$ip\"}], \"conditions\": [{\"type\": \"Ready\", \"status\": \"True\"}]}}" >/dev/null
-done
-SINCE="$killed_at" "$py" "$work/check.py" "$ns" "$ring" "$(seq -s, -f 'shard-%g' 1 $((shards - 1)))" "$timeout" shard-0
+    ip="10.250.$octet.$((10#${svc#svc-} + 1))"
+    kubectl patch pod -n "$ns" "$svc-${suffix,,}" --subresource status --type merge -p \
+      "{\"status\": {\"podIP\": \"$ip\", \"podIPs\": [{\"ip\": \"$ip\"}], \"conditions\": [{\"type\": \"Ready\", \"status\": \"True\"}]}}" >/dev/null
+  done
+}
+
+# Stop shard-K with a signal, once its process is gone give each Service it held a new Ready pod,
+# and check among the shards after it that the sharder moved them and they are served, and that
+# K's Lease is held by the holder named (empty: released).
+stop_shard() {
+  local signal="$1" k="$2" holder="$3" held since
+  held="$(held_by "shard-$k")"
+  echo "SIG$signal to shard-$k (it held: ${held:-nothing}); a new Ready pod in each of those"
+  since="$(date +%s.%N)"
+  kill "-$signal" "${shard_pids[k]}"
+  wait "${shard_pids[k]}" 2>/dev/null || true
+  # shellcheck disable=SC2086 # the Service names, split on purpose
+  new_pods "$signal" $((k + 1)) $held
+  SINCE="$since" "$py" "$work/check.py" "$ns" "$ring" "$(seq -s, -f 'shard-%g' $((k + 1)) $((shards - 1)))" \
+    "$timeout" "shard-$k=$holder"
+}
+
+# SIGKILL: the Lease is left to expire; the sharder takes it over once it has been expired for a
+# lease duration more, and moves the dead shard's Services to the others.
+stop_shard KILL 0 shardlease-controller
+[[ "$shards" -gt 2 ]] || exit 0
+# SIGTERM: the shard ends its passes and releases its Lease, which the sharder sees as dead at
+# once; it moves the Services without waiting for an expiry.
+stop_shard TERM 1 ""
