@@ -364,6 +364,7 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
         entered_at = watch.when(lambda w: len(w.entered) == n, timeout, "every pod's expected finalizer")
         watch.quiet(2.0, timeout, proc)
         f["startup_s"] = max(watch.last_event, entered_at) - spawned
+        f["startup_cpu_s"] = proc.cpu_seconds()  # imports, first lists and taking the pods in
         f["startup_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
 
         # 1. All pods become Ready.
@@ -533,7 +534,8 @@ def print_scale(results: list[tuple[str, Shape, dict[str, float]]]) -> None:
     print(f"\nscale, one controller process each; {_load()}")
     print(
         f"{'controller':>16} {'shape':>12} {'pods':>6} {'converge s':>10} {'ms/pod':>7} {'x limit':>8} "
-        f"{'CPU s':>7} {'ms/pod':>7} {'RSS MB':>7} {'KB/pod':>7} {'steady writes':>13}"
+        f"{'CPU s':>7} {'ms/pod':>7} {'start CPU':>9} {'ramp CPU':>8} {'RSS MB':>7} {'KB/pod':>7} "
+        f"{'steady writes':>13}"
     )
     for label, shape, f in results:
         n = shape.total
@@ -542,7 +544,8 @@ def print_scale(results: list[tuple[str, Shape, dict[str, float]]]) -> None:
         print(
             f"{label:>16} {shape!s:>12} {n:>6} {f['converge_s']:>10.2f} {f['converge_s'] / n * 1000:>7.2f} "
             f"{f['converge_s'] / (n / f['raw_patch_per_s']):>8.2f} {f['cpu_s']:>7.2f} "
-            f"{f['cpu_s'] / n * 1000:>7.2f} {f['rss_mb']:>7.0f} {per_pod:>7} {f['steady_writes']:>13.0f}"
+            f"{f['cpu_s'] / n * 1000:>7.2f} {f['startup_cpu_s']:>9.2f} {f['converge_cpu_s']:>8.2f} "
+            f"{f['rss_mb']:>7.0f} {per_pod:>7} {f['steady_writes']:>13.0f}"
         )
 
 
