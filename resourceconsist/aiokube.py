@@ -309,7 +309,7 @@ async def patch_optimistic(
     """``writer.patch_optimistic`` from async code: on the loop when ``writer`` is a ``KubeClient``
     the transport serves, else in the frame's threads (an in-memory writer, an unsupported
     configuration)."""
-    transport = for_client(writer) if isinstance(writer, KubeClient) else None
+    transport = _serving(writer)
     if transport is not None:
         return await transport.patch_optimistic(res, namespace, name, change, current=current)
     return cast(
@@ -331,13 +331,19 @@ async def patch(
     subresource: str | None = None,
 ) -> KubeObject:
     """``writer.patch`` from async code, on the loop where it can be (as ``patch_optimistic``)."""
-    transport = for_client(writer) if isinstance(writer, KubeClient) else None
+    transport = _serving(writer)
     if transport is not None:
         return await transport.patch(
             res, namespace, name, body, patch_type=patch_type, subresource=subresource
         )
     write = functools.partial(writer.patch, patch_type=patch_type, subresource=subresource)
     return cast(KubeObject, await asyncio.to_thread(write, res, namespace, name, body))
+
+
+def _serving(writer: Any) -> AsyncTransport | None:
+    """The loop's transport for ``writer`` when it is a ``KubeClient`` the transport serves; None
+    sends its calls to the frame's threads (an in-memory writer, an unsupported configuration)."""
+    return for_client(writer) if isinstance(writer, KubeClient) else None
 
 
 def _unsupported(client: KubeClient) -> str:

@@ -134,7 +134,11 @@ async def write_gates(
         async with limit:
             try:
                 await aiokube.patch(
-                    *(where.client, kube.POD, namespace, where.name, body),
+                    where.client,
+                    kube.POD,
+                    namespace,
+                    where.name,
+                    body,
                     patch_type="strategic",
                     subresource="status",
                 )
