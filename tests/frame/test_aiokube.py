@@ -71,6 +71,33 @@ async def test_answers_raise_the_clients_errors_and_reach_its_observers_from_the
     assert kube_client.requests_by_resource["patch pods"] == patches_before + 2
 
 
+async def test_a_watch_on_the_loop_sends_every_object_and_an_unknown_resource_raises_not_found(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    ns = cluster.namespace
+    for i in range(3):
+        await cluster.pod(f"web-{i}", {"app": "web"})
+    transport = _transport(kube_client)
+    watches_before = kube_client.requests_by_resource["watch pods"]
+
+    added: set[str] = set()
+    async with transport.watch(kube.POD, ns, "0", timeout_seconds=30) as events:
+        async for event in events:
+            if event["type"] == "BOOKMARK":  # asked for (allowWatchBookmarks); not an object
+                continue
+            assert event["type"] == "ADDED", event
+            added.add(event["object"]["metadata"]["name"])
+            if len(added) == 3:
+                break
+    assert added == {"web-0", "web-1", "web-2"}
+    assert kube_client.requests_by_resource["watch pods"] == watches_before + 1
+
+    unknown = kube.Resource("example.com", "v1", "Nothing", "nothings")
+    with pytest.raises(kube.NotFound):
+        async with transport.watch(unknown, ns, "0", timeout_seconds=5):
+            pass
+
+
 async def test_the_conflict_loop_on_the_loop_rereads_and_keeps_the_other_writers_edit(
     cluster: Cluster, kube_client: KubeClient
 ) -> None:
