@@ -124,6 +124,16 @@ def _as_stored(obj: KubeObject, resource: Resource, transform: Transform = trim)
     return transform(obj)
 
 
+def _after_decoding(transform: Transform) -> Transform:
+    """What is left of ``transform`` to do once its own decoder (if it has one) has decoded an
+    object: nothing, as that decoder kept only what it keeps."""
+    return _as_decoded if hasattr(transform, "decode_event") else transform
+
+
+def _as_decoded(obj: KubeObject) -> KubeObject:
+    return obj
+
+
 class Store:
     """A thread-safe map of ``namespace/name`` to object with secondary indexes."""
 
@@ -196,8 +206,8 @@ class Store:
         return events
 
     def get(self, key: str) -> KubeObject | None:
-        with self._lock:
-            return self._items.get(key)
+        # No lock: one dict read is atomic, and a writer replaces an object, never edits it.
+        return self._items.get(key)
 
     def list(self, namespace: str | None = None) -> builtins.list[KubeObject]:
         with self._lock:
@@ -258,6 +268,9 @@ class Informer:
         self._handlers: list[Callable[[WatchEvent], None]] = []
         #: Held while the store changes and the change is sent, and while a handler is added.
         self._emit_lock = threading.Lock()
+        #: Events sent and not yet dispatched on the loop, with their handlers (``_send``).
+        self._pending: list[tuple[WatchEvent, tuple[Callable[[WatchEvent], None], ...]]] = []
+        self._pending_lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
@@ -313,10 +326,8 @@ class Informer:
         """
         with self._emit_lock:
             self._handlers.append(handler)
-            loop = self._loop
-            if loop is not None and not loop.is_closed():
-                for obj in self.store.list():
-                    loop.call_soon_threadsafe(self._dispatch, WatchEvent("ADDED", obj), (handler,))
+            for obj in self.store.list():
+                self._send(WatchEvent("ADDED", obj), (handler,))
 
         def remove() -> None:
             with self._emit_lock:
@@ -487,12 +498,30 @@ class Informer:
     def _emit(self, event: WatchEvent) -> None:
         """Send ``event`` to the handlers registered now; called under ``_emit_lock`` together
         with the store change it reports (see ``add_handler``)."""
-        if self._loop is None or self._loop.is_closed():
+        self._send(event, tuple(self._handlers))
+
+    def _send(self, event: WatchEvent, handlers: tuple[Callable[[WatchEvent], None], ...]) -> None:
+        """Queue ``event`` for ``handlers`` on the loop, in the order sent (under ``_emit_lock``).
+        The loop is woken once per batch, not once per event: a burst of changes (a rollout, a
+        re-list) costs one wake-up and one cross-thread call while the loop is busy."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
             return
+        with self._pending_lock:
+            self._pending.append((event, handlers))
+            if len(self._pending) > 1:
+                return  # the batch's call is on its way
         try:
-            self._loop.call_soon_threadsafe(self._dispatch, event, tuple(self._handlers))
-        except RuntimeError:  # loop closed between the check and the call
-            return
+            loop.call_soon_threadsafe(self._dispatch_pending)
+        except RuntimeError:  # loop closed between the check and the call: nothing will run
+            with self._pending_lock:
+                self._pending.clear()
+
+    def _dispatch_pending(self) -> None:
+        with self._pending_lock:
+            batch, self._pending = self._pending, []
+        for event, handlers in batch:
+            self._dispatch(event, handlers)
 
     def _dispatch(self, event: WatchEvent, handlers: tuple[Callable[[WatchEvent], None], ...]) -> None:
         for handler in handlers:
@@ -532,12 +561,13 @@ class Informer:
                 limit=self.page_size,
                 continue_token=token,
                 label_selector=self.label_selector,
+                decode=getattr(transform, "decode_list", None),
             )
             # Page by page: only one page is ever held whole.
             listed = page.get("items") or []
             # A pod the cache does not keep is let go before the transform's work.
             kept = listed if self.keep is None else (o for o in listed if self.keep(o))
-            items.extend(_as_stored(item, self.resource, transform) for item in kept)
+            items.extend(_as_stored(item, self.resource, _after_decoding(transform)) for item in kept)
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
@@ -602,12 +632,17 @@ class Informer:
                 backoff = min(backoff * 2, 30.0)
 
     def _watch_from(self, scope: str | None, rv: str) -> str:
+        # One transform for the stream's life: a lean decoder (resourceconsist.transform) builds
+        # only what it keeps, and set_transform closes the stream for a re-list.
+        transform = self.transform
+        after_decoding = _after_decoding(transform)
         stream = self.client.watch(
             self.resource,
             scope,
             rv,
             timeout_seconds=random.randint(240, 480),
             label_selector=self.label_selector,
+            decode=getattr(transform, "decode_event", None),
         )
         self._watches[scope] = stream
         if self._relist[scope].is_set():
@@ -626,7 +661,7 @@ class Informer:
                 let_go = self.keep is not None and kind != "DELETED" and not self.keep(obj)
                 if let_go and self.store.get(object_key(obj)) is None:
                     continue  # neither kept nor held: not even the transform's work
-                obj = self.transform(obj)
+                obj = after_decoding(obj)
                 with self._emit_lock:
                     if kind == "DELETED":
                         old = self.store.delete(obj)

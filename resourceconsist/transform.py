@@ -20,8 +20,10 @@ import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+import msgspec
+
 from resourceconsist import wire
-from resourceconsist.kube import KubeObject
+from resourceconsist.kube import KubeObject, decode_json
 from resourceconsist.labels import label_selector_selects
 
 #: What an informer does to each listed or watched object before it is stored.
@@ -101,16 +103,108 @@ def keep(value: Any, tree: FieldTree) -> Any:
     return intern_all(value)
 
 
-def keeping(paths: Iterable[str]) -> Transform:
-    """A transform that keeps the fields ``paths`` name, and always ``apiVersion``, ``kind`` and
-    ``metadata`` (but for managedFields)."""
-    tree = field_tree(("apiVersion", "kind", "metadata", *paths))
+class Keeping:
+    """The transform that keeps the fields ``paths`` name, and always ``apiVersion``, ``kind`` and
+    ``metadata`` (but for managedFields); made by ``keeping``.
 
-    def transform(obj: KubeObject) -> KubeObject:
-        kept: KubeObject = keep(trim(obj), tree)
+    It also decodes: ``decode_event`` and ``decode_list`` turn a watch line and a LIST answer into
+    what the transform keeps without building the rest (msgspec skips the fields no struct
+    names), so a pod's containers, volumes and statuses never become Python objects. A value of
+    a shape the paths do not foresee (a list of scalars where they go through objects) is
+    decoded whole and transformed: the result is the same either way."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self.tree = field_tree(("apiVersion", "kind", "metadata", *paths))
+        kept = _struct_of(self.tree, "Kept", top=True)
+        event = msgspec.defstruct("KeptEvent", [("type", str, ""), ("object", kept | None, None)])
+        page = msgspec.defstruct(
+            "KeptList",
+            [("metadata", dict[str, Any], {}), ("items", list[kept] | None, None)],  # type: ignore[valid-type]
+        )
+        # Decoders of structs made at run time: what they return is typed Any.
+        self._event: msgspec.json.Decoder[Any] = msgspec.json.Decoder(event)
+        self._page: msgspec.json.Decoder[Any] = msgspec.json.Decoder(page)
+
+    def __call__(self, obj: KubeObject) -> KubeObject:
+        kept: KubeObject = keep(trim(obj), self.tree)
         return kept
 
-    return transform
+    def decode_event(self, line: bytes) -> KubeObject:
+        """A watch line (``{"type", "object"}``) with only the kept fields of its object; an
+        ERROR event's Status whole."""
+        try:
+            event = self._event.decode(line)
+        except msgspec.ValidationError:
+            return self._whole_event(line)
+        if event.type == "ERROR":
+            return self._whole_event(line)
+        return {"type": event.type, "object": self._interned(event.object)}
+
+    def decode_list(self, body: bytes) -> KubeObject:
+        """A LIST answer with only the kept fields of each item."""
+        try:
+            page = self._page.decode(body)
+        except msgspec.ValidationError:
+            whole: KubeObject = decode_json(body)
+            whole["items"] = [self(item) for item in whole.get("items") or ()]
+            return whole
+        return {"metadata": page.metadata, "items": [self._interned(item) for item in page.items or ()]}
+
+    def _whole_event(self, line: bytes) -> KubeObject:
+        event: KubeObject = decode_json(line)
+        if event.get("type") != "ERROR" and isinstance(event.get("object"), dict):
+            event["object"] = self(event["object"])
+        return event
+
+    @staticmethod
+    def _interned(kept: Any) -> Any:
+        return None if kept is None else intern_all(msgspec.to_builtins(kept))
+
+
+def keeping(paths: Iterable[str]) -> Keeping:
+    """The transform that keeps the fields ``paths`` name (``Keeping``)."""
+    return Keeping(paths)
+
+
+#: ObjectMeta's fields but ``managedFields`` (k8s.io/apimachinery's ``metav1.ObjectMeta``): what
+#: a kept object's ``metadata`` holds, as ``trim`` leaves it.
+OBJECT_META_FIELDS: tuple[str, ...] = (
+    "name",
+    "generateName",
+    "namespace",
+    "selfLink",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "finalizers",
+)
+
+
+def _struct_of(tree: FieldTree, name: str, *, top: bool = False) -> Any:
+    """The msgspec struct that decodes what ``tree`` keeps of an object; absent fields stay
+    absent. Field names are positional and renamed to the JSON keys, which need not be Python
+    names."""
+    fields: list[tuple[str, Any, Any]] = []
+    rename: dict[str, str] = {}
+    for i, (key, sub) in enumerate(tree.items()):
+        if top and key == "metadata" and sub is None:
+            kind: Any = _struct_of(dict.fromkeys(OBJECT_META_FIELDS), "KeptMeta") | None
+        elif sub is None:
+            kind = Any
+        else:
+            # A value the tree goes through: an object, a list of them (the tree kept in each),
+            # a scalar, or null, as ``keep`` takes them.
+            inner = _struct_of(sub, f"{name}_{i}")
+            kind = inner | list[inner] | str | int | float | bool | None  # type: ignore[valid-type]
+        fields.append((f"f{i}", kind, msgspec.UNSET))
+        rename[f"f{i}"] = key
+    return msgspec.defstruct(name, fields, rename=rename, omit_defaults=True)
 
 
 def trim(obj: KubeObject) -> KubeObject:

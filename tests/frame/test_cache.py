@@ -437,6 +437,50 @@ async def test_a_handler_added_before_the_informer_says_synced_still_gets_every_
         await asyncio.to_thread(informer.stop)
 
 
+class _Burst(_OneServiceThenQuiet):
+    """As ``_OneServiceThenQuiet``, but its watch first sends ``changes`` of the Service at once
+    (a rollout's burst), and says when the informer has taken the last one."""
+
+    def __init__(self, changes: int) -> None:
+        super().__init__()
+        self.changes = changes
+        self.sent = threading.Event()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for rv in range(2, 2 + self.changes):
+            meta = {"name": "svc", "namespace": "n", "resourceVersion": str(rv)}
+            yield {"type": "MODIFIED", "object": {"metadata": meta}}
+        self.sent.set()  # asked for more: the last change is in the store and sent
+        self.closed.wait(30)
+
+
+async def test_a_burst_of_changes_reaches_the_handlers_in_order_with_one_wake_up_of_the_loop() -> None:
+    api = _Burst(200)
+    informer = Informer(api, kube.SERVICE)  # type: ignore[arg-type]
+    versions: list[str] = []
+    informer.add_handler(lambda e: versions.append(e.obj["metadata"]["resourceVersion"]))
+    batches = 0
+    dispatch = informer._dispatch_pending
+
+    def counted() -> None:  # observes the informer's loop calls; the dispatch itself is its own
+        nonlocal batches
+        batches += 1
+        dispatch()
+
+    informer._dispatch_pending = counted  # type: ignore[method-assign]
+    informer.start(asyncio.get_running_loop())
+    try:
+        # The loop is held (this wait blocks it) while the informer thread lists and sends the
+        # whole burst, as a busy loop is while a rollout's changes stream in.
+        assert api.sent.wait(10), "the burst sent"
+        await async_wait_for(lambda: len(versions) == 201, timeout=10, message="every change handled")
+        assert versions == [str(rv) for rv in range(1, 202)], "in the order they came"
+        assert batches == 1, f"{batches} loop calls for the list and 200 changes sent while it was busy"
+    finally:
+        api.close()
+        await asyncio.to_thread(informer.stop)
+
+
 # ---- events before the caches sync (docs/concepts.md, "Events before the caches sync") ----------
 
 

@@ -94,6 +94,61 @@ def test_what_pods_repeat_is_one_object_in_memory() -> None:
     assert next(iter(a["metadata"]["labels"])) is next(iter(b["metadata"]["labels"]))
 
 
+# -- the lean decoders -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [
+        FRAME_POD_FIELDS,
+        # An adapter's: through a list of objects, a whole list, a scalar.
+        (*FRAME_POD_FIELDS, "spec.containers.ports", "spec.tolerations", "status.hostIP"),
+        # Through a list of scalars (``args``): a shape a struct cannot take, decoded whole.
+        (*FRAME_POD_FIELDS, "spec.containers.args.x", "spec.containers.name"),
+    ],
+    ids=["frame", "adapter", "scalars"],
+)
+def test_the_lean_decoders_keep_what_the_transform_keeps_of_the_whole_object(paths: tuple[str, ...]) -> None:
+    pod = {"kind": "Pod", "apiVersion": "v1", **_rich_pod("web-0"), **_status(ready=True, gate=True)}
+    pod["metadata"] |= {"namespace": "ns", "uid": "u-1", "resourceVersion": "7", "managedFields": [{"a": 1}]}
+    pod["spec"]["containers"][0]["args"] = ["--serve"]
+    lean = keeping(paths)
+    whole = lean(json.loads(json.dumps(pod)))
+    assert "managedFields" not in whole["metadata"] and "volumes" not in whole["spec"]
+
+    for kind in ("ADDED", "MODIFIED", "DELETED"):
+        line = json.dumps({"type": kind, "object": pod}).encode()
+        assert lean.decode_event(line) == {"type": kind, "object": whole}
+    item = {k: v for k, v in pod.items() if k not in ("kind", "apiVersion")}  # as LIST items come
+    page = json.dumps({"kind": "PodList", "metadata": {"resourceVersion": "9"}, "items": [item, item]})
+    listed = lean.decode_list(page.encode())
+    assert listed["metadata"] == {"resourceVersion": "9"}
+    assert listed["items"] == [lean(json.loads(json.dumps(item)))] * 2
+    assert lean.decode_list(b'{"metadata":{"resourceVersion":"1"},"items":null}')["items"] == []
+
+
+def test_the_lean_decoders_pass_errors_whole_and_share_what_pods_repeat() -> None:
+    lean = keeping(FRAME_POD_FIELDS)
+    gone = {"kind": "Status", "code": 410, "reason": "Expired", "message": "too old resource version"}
+    assert lean.decode_event(json.dumps({"type": "ERROR", "object": gone}).encode()) == {
+        "type": "ERROR",
+        "object": gone,
+    }
+    bookmark = {"kind": "Pod", "apiVersion": "v1", "metadata": {"resourceVersion": "12"}}
+    assert lean.decode_event(json.dumps({"type": "BOOKMARK", "object": bookmark}).encode()) == {
+        "type": "BOOKMARK",
+        "object": bookmark,
+    }
+
+    def decoded(name: str) -> KubeObject:
+        pod = {"metadata": {"name": name, "labels": {"app": "web-frontend"}, "finalizers": [LIFECYCLE]}}
+        return lean.decode_event(json.dumps({"type": "ADDED", "object": pod}).encode())["object"]
+
+    a, b = decoded("a"), decoded("b")
+    assert a["metadata"]["labels"]["app"] is b["metadata"]["labels"]["app"]
+    assert a["metadata"]["finalizers"][0] is b["metadata"]["finalizers"][0]
+
+
 # -- what the frame reads, on a real pod -----------------------------------------------------------
 
 
