@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import socket
 import ssl
@@ -28,6 +27,8 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
+
+import msgspec
 
 from resourceconsist import kube
 from resourceconsist.kube import KubeClient, KubeObject, PatchType, Resource
@@ -42,6 +43,13 @@ log = logging.getLogger(__name__)
 #: How long a token from a refresh hook is used before the hook is asked again (it reads a file
 #: or runs an exec plugin only when its own expiry says so; the official client asks per request).
 TOKEN_REFRESH_SECONDS = 10.0
+#: Connections to the API server the session keeps at most, requests beyond them waiting for
+#: one: 16 in flight already take what one API server serves (docs/benchmarks.md measures its raw
+#: PATCH rate with 16 clients), and each TLS connection holds asyncio's 256 KB read buffer.
+CONNECTIONS = 16
+#: Seconds an idle connection stays pooled (client-go's IdleConnTimeout): bursts of writes
+#: seconds apart reuse their connections instead of paying a TLS handshake each time again.
+IDLE_CONNECTION_SECONDS = 90.0
 #: Tries of a request whose connection failed before any answer (a keep-alive connection the
 #: API server closed meanwhile): urllib3 retries such requests too.
 _CONNECT_TRIES = 3
@@ -70,7 +78,7 @@ class AsyncTransport:
         #: TCP connections opened so far (connection reuse keeps it near the parallel requests).
         self.connections_opened = 0
         connector = aiohttp.TCPConnector(
-            limit=configuration.connection_pool_maxsize or 64, socket_factory=self._socket
+            limit=CONNECTIONS, keepalive_timeout=IDLE_CONNECTION_SECONDS, socket_factory=self._socket
         )
         self.session = aiohttp.ClientSession(
             connector=connector,
@@ -127,7 +135,7 @@ class AsyncTransport:
         params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        data = None if body is None else json.dumps(body).encode()
+        data = None if body is None else msgspec.json.encode(body)
         headers = await self._headers(content_type)
         started = time.monotonic()
         refreshed = self._configuration.refresh_api_key_hook is None
@@ -159,7 +167,7 @@ class AsyncTransport:
         client._answered(method, status, started)
         if status >= 400:
             raise kube._api_error(status, reason, payload, method, path)
-        return json.loads(payload) if payload else {}
+        return kube.decode_json(payload) if payload else {}
 
     # -- the API the hot path uses -------------------------------------------------------------
 
@@ -253,13 +261,10 @@ class AsyncTransport:
 
 async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[KubeObject]:
     # Lines split by hand: aiohttp's readline refuses a line over its buffer (a large object).
-    rest = b""
+    lines = kube.Lines()
     async for chunk in response.content.iter_any():
-        lines = (rest + chunk).split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if line:
-                yield json.loads(line)
+        for line in lines.feed(chunk):
+            yield kube.decode_json(line)
 
 
 def for_client(client: KubeClient) -> AsyncTransport | None:
