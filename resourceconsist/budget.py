@@ -332,6 +332,12 @@ def budget_for(account: str) -> ProviderBudget:
         return found
 
 
+def in_use() -> bool:
+    """Whether the process has a budget at all: without one, no request waits and a priority
+    orders nothing, so the frame need not work one out."""
+    return bool(_BUDGETS)
+
+
 def budgets() -> list[ProviderBudget]:
     """Every budget of the process, by account."""
     with _LOCK:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
-from resourceconsist import kube, lifecycle
+from resourceconsist import budget, kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter, ReconcileContext
 from resourceconsist.budget import Priority
 from resourceconsist.cancellation import current_cancellation
@@ -146,7 +146,10 @@ class PassFactory:
 
     def priority(self, p: PassState) -> Priority:
         """The budget priority of the pass's provider reads: removal when it takes traffic off
-        something, as the cache tells before any call (``guard.removes_traffic``)."""
+        something, as the cache tells before any call (``guard.removes_traffic``, which walks the
+        employer's carriers: not worked out when no budget would read it)."""
+        if not budget.in_use():
+            return Priority.READ
         if p.deleting or p.stand_in:
             return Priority.REMOVE_TRAFFIC
         if not p.follows_lifecycle:
