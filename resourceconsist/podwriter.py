@@ -150,6 +150,9 @@ class RecentWrites:
         """The freshest known copy of the pod: the cache's, or this controller's last answer."""
         cached = reader.get(kube.POD, namespace, name)
         key = (id(reader), namespace, name)
+        # Without the lock first: most pods have no entry, and one dict read is atomic.
+        if key not in self._after:
+            return cached
         with self._lock:
             hit = self._after.get(key)
             if hit is None:

@@ -47,6 +47,8 @@ class PodPlaces:
 
     def get(self, name: str, namespace: str) -> KubeObject | None:
         """The pod employee's freshest copy; None: not cached."""
+        if not self.in_members():  # the common case, asked for every pod of every pass
+            return self._recent.get(self._reader, namespace, name)
         where = self.locate(name)
         return self._recent.get(where.reader, namespace, where.name)
 
