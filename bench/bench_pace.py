@@ -60,10 +60,11 @@ CONTROLLER_RESOURCES = frozenset({"pods", "services", "events"})
 GO_BINARY = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "resourceconsist/goorig-v0.0.7/goorig"
 )
-#: What ``resourceconsist run --adapter demo`` imports before it reconciles anything.
+#: What ``resourceconsist run --adapter demo`` imports before it reconciles anything: aiohttp
+#: too, which the loop's transport and the probe endpoints load when they start.
 IMPORT_BASELINE = (
     "import resourceconsist.cli, resourceconsist.manager, resourceconsist.experimental.demo, "
-    "resourceconsist.adapters, kubernetes.client"
+    "resourceconsist.adapters, kubernetes.client, aiohttp, aiohttp.web"
 )
 
 
