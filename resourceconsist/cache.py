@@ -25,14 +25,24 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from resourceconsist import kube
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import ApiError, Gone, KubeClient, KubeObject, Resource, WatchStream, object_key
+from resourceconsist.kube import (
+    ApiError,
+    Decode,
+    Gone,
+    KubeClient,
+    KubeObject,
+    Resource,
+    WatchStream,
+    object_key,
+)
 from resourceconsist.labels import label_selector_selects, map_selects, parse_selector
 from resourceconsist.transform import (
     FRAME_POD_FIELDS,
+    Keeping,
     Transform,
     field_tree,
     keeping,
@@ -124,10 +134,20 @@ def _as_stored(obj: KubeObject, resource: Resource, transform: Transform = trim)
     return transform(obj)
 
 
-def _after_decoding(transform: Transform) -> Transform:
-    """What is left of ``transform`` to do once its own decoder (if it has one) has decoded an
-    object: nothing, as that decoder kept only what it keeps."""
-    return _as_decoded if hasattr(transform, "decode_event") else transform
+class _Decoding(NamedTuple):
+    """How an informer reads its answers under one transform: a ``Keeping`` transform's own
+    decoders, after which nothing is left to do; else the client's decoder (None), then the
+    transform."""
+
+    page: Decode | None
+    event: Decode | None
+    after: Transform
+
+
+def _decoding(transform: Transform) -> _Decoding:
+    if isinstance(transform, Keeping):
+        return _Decoding(transform.decode_list, transform.decode_event, _as_decoded)
+    return _Decoding(None, None, transform)
 
 
 def _as_decoded(obj: KubeObject) -> KubeObject:
@@ -552,6 +572,7 @@ class Informer:
             started = time.monotonic()
             if scope not in self._listed or not self._kept.is_set():
                 self._list_started[scope] = started
+        decoding = _decoding(transform)
         items: list[KubeObject] = []
         token: str | None = None
         while True:
@@ -561,13 +582,13 @@ class Informer:
                 limit=self.page_size,
                 continue_token=token,
                 label_selector=self.label_selector,
-                decode=getattr(transform, "decode_list", None),
+                decode=decoding.page,
             )
             # Page by page: only one page is ever held whole.
             listed = page.get("items") or []
             # A pod the cache does not keep is let go before the transform's work.
             kept = listed if self.keep is None else (o for o in listed if self.keep(o))
-            items.extend(_as_stored(item, self.resource, _after_decoding(transform)) for item in kept)
+            items.extend(_as_stored(item, self.resource, decoding.after) for item in kept)
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
@@ -634,15 +655,14 @@ class Informer:
     def _watch_from(self, scope: str | None, rv: str) -> str:
         # One transform for the stream's life: a lean decoder (resourceconsist.transform) builds
         # only what it keeps, and set_transform closes the stream for a re-list.
-        transform = self.transform
-        after_decoding = _after_decoding(transform)
+        decoding = _decoding(self.transform)
         stream = self.client.watch(
             self.resource,
             scope,
             rv,
             timeout_seconds=random.randint(240, 480),
             label_selector=self.label_selector,
-            decode=getattr(transform, "decode_event", None),
+            decode=decoding.event,
         )
         self._watches[scope] = stream
         if self._relist[scope].is_set():
@@ -661,7 +681,7 @@ class Informer:
                 let_go = self.keep is not None and kind != "DELETED" and not self.keep(obj)
                 if let_go and self.store.get(object_key(obj)) is None:
                     continue  # neither kept nor held: not even the transform's work
-                obj = after_decoding(obj)
+                obj = decoding.after(obj)
                 with self._emit_lock:
                     if kind == "DELETED":
                         old = self.store.delete(obj)
