@@ -626,15 +626,17 @@ class Lines:
     both transports feed it."""
 
     def __init__(self) -> None:
-        self._rest = b""
+        # A bytearray grows in place: a large object arriving in many chunks is not copied
+        # again with each one.
+        self._rest = bytearray()
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The lines ``chunk`` completes, without their newline; empty lines left out."""
+        self._rest += chunk
         if b"\n" not in chunk:
-            self._rest += chunk
             return []
-        lines = (self._rest + chunk).split(b"\n")
-        self._rest = lines.pop()
+        lines = bytes(self._rest).split(b"\n")
+        self._rest = bytearray(lines.pop())
         return [line for line in lines if line]
 
 

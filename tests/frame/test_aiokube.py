@@ -79,6 +79,10 @@ def test_a_watchs_lines_are_split_as_chunks_end_wherever_they_end() -> None:
     assert lines.feed(b'"object":{}}\n{"type":"MOD') == [b'{"type":"ADDED","object":{}}']
     assert lines.feed(b'IFIED"}\n\n{}\n') == [b'{"type":"MODIFIED"}', b"{}"]
     assert lines.feed(b"") == [] and lines.feed(b"\n") == []
+    # A large object in many small chunks is one line, whole.
+    big = b'{"data":"' + b"x" * 1_000_000 + b'"}'
+    assert [x for i in range(0, len(big), 1024) for x in lines.feed(big[i : i + 1024])] == []
+    assert lines.feed(b"\n") == [big]
 
 
 async def test_a_watch_on_the_loop_sends_every_object_and_an_unknown_resource_raises_not_found(
