@@ -286,6 +286,11 @@ class Manager:
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
         if self.shard is not None:
             self.shard.open = True
+        if self.shard is not None and self._pods_divide():
+            # Subscribed before the caches start, so the Services' events are the list's, made
+            # before the pods' list started: a replay to a later subscriber carries the replay's
+            # moment and would ask for a needless second list of every pod.
+            self._unrelist = self._relist_pods_on_new_share()
         self.informers.start(loop)
         self.clusters.bind(loop)
         await self._serve_endpoints()
@@ -296,8 +301,6 @@ class Manager:
         # standby's webhook can answer from them).
         for controller in self.controllers.values():
             controller.warm_caches()
-        if self.shard is not None and self._pods_divide():
-            self._unrelist = self._relist_pods_on_new_share()
         if self._elector is None:
             await self._start_controllers()
         else:

@@ -10,11 +10,13 @@ import asyncio
 import datetime
 import json
 
+import pytest
+
 from resourceconsist import kube, lifecycle, wire
 from resourceconsist.cache import Informer, InformerFactory
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.kube import KubeObject
-from resourceconsist.manager import Manager
+from resourceconsist.manager import Manager, Runnable
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.sharding.pods import ShardPods
 from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
@@ -37,6 +39,10 @@ def _replica(cluster: Cluster, shard: str, *, sharder: bool = True) -> Manager:
         sharder=sharder,
     )
     return Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
+
+
+async def _nothing() -> None:
+    pass
 
 
 def _cached_pods(manager: Manager) -> set[str]:
@@ -212,10 +218,14 @@ async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_c
         factory.stop()
 
 
-async def test_a_shard_starting_with_its_services_lists_the_pods_once(cluster: Cluster) -> None:
+@pytest.mark.parametrize("runnable_starts", ["at once", "after the pods' list"])
+async def test_a_shard_starting_with_its_services_lists_the_pods_once(
+    cluster: Cluster, runnable_starts: str
+) -> None:
     # Every list of the pods decodes every pod of the watched namespaces, whatever the shard
     # keeps: a shard lists only when its share grew after its last list. Half the Services are
-    # this shard's already, half another's (no replica runs it).
+    # this shard's already, half another's (no replica runs it). A runnable (the webhook
+    # server) still starting once the pods' list began must not make the Services look new.
     provider = FakeProvider()
     shard_of = {f"svc-{i}": "shard-a" if i % 2 == 0 else "shard-b" for i in range(SERVICES)}
     pods_of = {s: {f"{s}-pod-{j}" for j in range(PODS_EACH)} for s in shard_of}
@@ -227,6 +237,14 @@ async def test_a_shard_starting_with_its_services_lists_the_pods_once(cluster: C
     mine = {p for s, shard in shard_of.items() if shard == "shard-a" for p in pods_of[s]}
     manager = _replica(cluster, "shard-a", sharder=False)  # the Services stay where they are
     await manager.add(DemoAdapter(provider))
+
+    async def start_after_the_pods_list() -> None:
+        if runnable_starts != "at once":  # it reads the caches, as the admission webhook does
+            manager.informers.informer(kube.SERVICE)
+            pods = manager.informers.informer(kube.POD)
+            await async_wait_for(lambda: pods.has_synced, timeout=30, message="the pods listed")
+
+    manager.add_runnable(Runnable("slow", start_after_the_pods_list, _nothing))
     await manager.start()
     try:
 
