@@ -1,18 +1,18 @@
-"""The API server on the event loop: an aiohttp session built from a ``KubeClient``'s configuration.
+"""The API server on the event loop: an aiohttp session built from a ``KubeClient``'s ``Access``.
 
-``KubeClient`` reaches the API server through the official client's urllib3 pool, one thread
-hand-off per call from async code. For the frame's hot path (a pass's pod writes and readiness
-gates) that hand-off, and the generated client's serialization around each request, cost about
-as much CPU as the request itself (docs/benchmarks.md, "The API transport"). ``AsyncTransport`` sends
-the same requests from the event loop over one aiohttp session per loop: the same host, CA,
-client certificate and bearer token (refreshed through the configuration's own hook, as the
-official client does: an exec plugin's or an in-cluster token keeps working), the same
-bookkeeping (``KubeClient``'s request counters, observers and ``Reachability``) and the same
+``KubeClient`` reaches the API server through a urllib3 pool, one thread hand-off per call from
+async code. For the frame's hot path (a pass's pod writes and readiness gates) that hand-off cost
+about as much CPU as the request itself (docs/benchmarks.md, "The API transport").
+``AsyncTransport`` sends the same requests from the event loop over one aiohttp session per
+loop: the same host, CA, client certificate and bearer token (a token that can change, an exec
+plugin's or an in-cluster token file's, is asked for again every few seconds, in a thread), the
+same bookkeeping (``KubeClient``'s request counters, observers and ``Reachability``) and the same
 errors (``kube.ApiError`` and its subclasses; ``kube.is_unreachable`` knows aiohttp's).
 
-A configuration the session cannot honour (an HTTP proxy, ``assert_hostname``, credentials that
-are not a header) gets no transport: ``for_client`` answers None and callers keep the thread
-path (``patch_optimistic``, ``patch`` below do that themselves). docs/concepts.md, "The runtime".
+A configuration the session cannot honour (an official client's HTTP proxy or
+``assert_hostname``: ``KubeClient.loop_refusal``) gets no transport: ``for_client`` answers None
+and callers keep the thread path (``patch_optimistic``, ``patch`` below do that themselves).
+docs/concepts.md, "The runtime".
 """
 
 from __future__ import annotations
@@ -61,17 +61,17 @@ class AsyncTransport:
     def __init__(self, client: KubeClient, loop: asyncio.AbstractEventLoop) -> None:
         import aiohttp
 
-        configuration = client.api_client.configuration
+        access = client.access
+        assert access is not None  # for_client makes none for a client without one
         self.client = client
         self.loop = loop
-        self._configuration = configuration
-        self._base = str(configuration.host).rstrip("/")
-        self._ssl = _ssl_of(configuration) if self._base.startswith("https:") else False
-        self._server_hostname: str | None = getattr(configuration, "tls_server_name", None) or None
-        self._static_headers = {
-            **client.api_client.default_headers,
-            "User-Agent": client.api_client.user_agent,
-        }
+        self._access = access
+        self._base = access.host
+        self._ssl: ssl.SSLContext | bool = (
+            (access.ssl_context() or False) if self._base.startswith("https:") else False
+        )
+        self._server_hostname = access.tls_server_name
+        self._static_headers = {"User-Agent": kube.USER_AGENT}
         self._auth: dict[str, str] = {}
         self._auth_at = float("-inf")
         self._refreshing = asyncio.Lock()  # one hook call at a time, its answer shared
@@ -100,16 +100,18 @@ class AsyncTransport:
     # -- credentials ---------------------------------------------------------------------------
 
     async def _headers(self, content_type: str, *, refresh: bool = False) -> dict[str, str]:
-        configuration = self._configuration
-        if configuration.refresh_api_key_hook is None:
-            auth = _auth_headers(configuration.auth_settings())  # plain dict reads: no I/O
+        token = self._access.token
+        if token is None:
+            auth: dict[str, str] = {}
+        elif not token.dynamic:
+            auth = _authorization(token())  # a token in memory: no I/O
         else:
             asked = time.monotonic()
             if refresh or asked - self._auth_at >= TOKEN_REFRESH_SECONDS:
                 async with self._refreshing:
                     if self._auth_at < asked:  # no other request refreshed it meanwhile
-                        # The hook may read a token file or run an exec plugin: never on the loop.
-                        self._auth = _auth_headers(await asyncio.to_thread(configuration.auth_settings))
+                        # It may read a token file or run an exec plugin: never on the loop.
+                        self._auth = _authorization(await asyncio.to_thread(token, refresh=refresh))
                         self._auth_at = time.monotonic()
             auth = self._auth
         return {**self._static_headers, "Accept": "application/json", "Content-Type": content_type, **auth}
@@ -138,7 +140,7 @@ class AsyncTransport:
         data = None if body is None else msgspec.json.encode(body)
         headers = await self._headers(content_type)
         started = time.monotonic()
-        refreshed = self._configuration.refresh_api_key_hook is None
+        refreshed = self._access.token is None or not self._access.token.dynamic
         tries = 0
         while True:
             tries += 1
@@ -276,7 +278,7 @@ def for_client(client: KubeClient) -> AsyncTransport | None:
         return transport
     if client._loop_transport_refused:
         return None
-    why = _unsupported(client)
+    why = client.loop_refusal
     if why:
         client._loop_transport_refused = True
         log.info("%s: API requests stay on threads: %s", client.reachability.name, why)
@@ -351,39 +353,8 @@ def _serving(writer: Any) -> AsyncTransport | None:
     return for_client(writer) if isinstance(writer, KubeClient) else None
 
 
-def _unsupported(client: KubeClient) -> str:
-    """Why the session cannot speak for ``client`` (empty: it can)."""
-    configuration = getattr(client.api_client, "configuration", None)
-    if configuration is None:
-        return "the client has no official-client configuration"
-    if not str(configuration.host or "").startswith(("https://", "http://")):
-        return f"host {configuration.host!r} is not an http(s) URL"
-    if getattr(configuration, "proxy", None):
-        return "an HTTP proxy is configured"
-    if getattr(configuration, "assert_hostname", None) is not None:
-        return "assert_hostname is configured"
-    settings = configuration.auth_settings() if configuration.refresh_api_key_hook is None else {}
-    if any(s.get("in") != "header" for s in settings.values()):
-        return "credentials other than a header are configured"
-    return ""
-
-
-def _auth_headers(settings: Mapping[str, Any]) -> dict[str, str]:
-    # The credentials ``KubeClient`` sends (auth_settings=["BearerToken"]), as header and value.
-    bearer = settings.get("BearerToken")
-    if not bearer or not bearer.get("value"):
-        return {}
-    return {str(bearer["key"]).title(): str(bearer["value"])}
-
-
-def _ssl_of(configuration: Any) -> ssl.SSLContext | bool:
-    """The TLS the official client would use: its CA (or the system's), its client certificate."""
-    if not configuration.verify_ssl:
-        return False
-    context = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
-    if configuration.cert_file:
-        context.load_cert_chain(configuration.cert_file, configuration.key_file or None)
-    return context
+def _authorization(token: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _before_any_answer(err: BaseException) -> bool:

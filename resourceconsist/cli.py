@@ -332,9 +332,9 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
     """The client for --kubeconfig, else $KUBECONFIG, else in-cluster, else ~/.kube/config
     (controller-runtime's order: a pod's own identity wins over a stray file in its image)."""
     import yaml
-    from kubernetes.config.config_exception import ConfigException
 
     from resourceconsist.kube import KubeClient
+    from resourceconsist.kubeconfig import KubeConfigError
 
     source = "--kubeconfig"
     if kubeconfig is None:
@@ -344,7 +344,7 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
         elif os.environ.get("KUBERNETES_SERVICE_HOST"):
             try:
                 return KubeClient.in_cluster()
-            except ConfigException as err:
+            except KubeConfigError as err:
                 raise click.UsageError(
                     f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
                     "pass --kubeconfig PATH or set $KUBECONFIG"
@@ -384,7 +384,7 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
             )
     try:
         return KubeClient.from_kubeconfig(kubeconfig)
-    except ConfigException as err:
+    except KubeConfigError as err:
         raise click.UsageError(
             f"kubeconfig {kubeconfig} (from {source}) is not usable: {err}; "
             "pass a complete kubeconfig with --kubeconfig or set $KUBECONFIG"

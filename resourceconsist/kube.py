@@ -1,8 +1,9 @@
 """The Kubernetes client wrapper: typed, kind-agnostic, dict-based access to the API server.
 
-It rides on the official client's ``ApiClient`` for configuration, authentication and TLS
-(kubeconfig, in-cluster, exec plugins), and speaks plain JSON so any kind works the same,
-CRDs included, without the official models' deserialization cost. Every call blocks: async code
+It reads its configuration with resourceconsist.kubeconfig (kubeconfig files, in-cluster, exec
+plugins) or from an official client's ``ApiClient``, sends requests through urllib3, and speaks
+plain JSON so any kind works the same, CRDs included; the official client's generated models are
+never loaded on the way (17 MB and a quarter second of start-up). Every call blocks: async code
 runs it in the frame's threads (``asyncio.to_thread``; the one rule for sync and async is
 resourceconsist.cancellation's), except the hot path's writes, which resourceconsist.aiokube sends
 from the event loop through the same bookkeeping, errors and conflict loop. Every request is
@@ -28,8 +29,9 @@ from typing import Any, Literal, cast
 
 import msgspec
 
-from resourceconsist import wire
+from resourceconsist import kubeconfig, wire
 from resourceconsist.errors import ResourceConsistError
+from resourceconsist.kubeconfig import Access
 
 log = logging.getLogger(__name__)
 
@@ -301,11 +303,81 @@ def pod_namespace(namespace: str | None = None) -> str:
     return namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
 
 
-class KubeClient:
-    """Kind-agnostic JSON access to one API server."""
+#: Sent with every request, as client-go names its binary: the API server's audit log and its
+#: ``apiserver_request_total`` by client tell this controller's requests from others'.
+USER_AGENT = f"resourceconsist (python {sys.version_info.major}.{sys.version_info.minor})"
 
-    def __init__(self, api_client: Any, *, name: str = "") -> None:
+
+class _OfficialToken:
+    """The bearer token of the official client's ``Configuration``, through its own refresh
+    hook when it has one (its exec plugin, its in-cluster token file)."""
+
+    def __init__(self, configuration: Any) -> None:
+        self._configuration = configuration
+
+    @property
+    def dynamic(self) -> bool:
+        # Read each time: a hook may be set on the configuration after the client is made.
+        return self._configuration.refresh_api_key_hook is not None
+
+    def __call__(self, *, refresh: bool = False) -> str | None:
+        bearer = self._configuration.auth_settings().get("BearerToken") or {}
+        value = str(bearer.get("value") or "")
+        return value.removeprefix("Bearer ").strip() or None
+
+
+def _access_of_official(configuration: Any) -> tuple[Access, dict[str, Any], str]:
+    """The official client's ``Configuration`` as an ``Access``; the urllib3 options only it
+    sets (a proxy, ``assert_hostname``); why the event loop's session cannot honour them."""
+    extras: dict[str, Any] = {}
+    refusals: list[str] = []
+    host = str(configuration.host or "").rstrip("/")
+    if not host.startswith(("https://", "http://")):
+        refusals.append(f"host {host!r} is not an http(s) URL")
+    if getattr(configuration, "proxy", None):
+        extras["proxy_url"] = configuration.proxy
+        if getattr(configuration, "proxy_headers", None):
+            extras["proxy_headers"] = configuration.proxy_headers
+        refusals.append("an HTTP proxy is configured")
+    if getattr(configuration, "assert_hostname", None) is not None:
+        extras["assert_hostname"] = configuration.assert_hostname
+        refusals.append("assert_hostname is configured")
+    access = Access(
+        host=host,
+        verify=bool(configuration.verify_ssl),
+        ca_file=configuration.ssl_ca_cert or None,
+        cert_file=configuration.cert_file or None,
+        key_file=configuration.key_file or None,
+        tls_server_name=getattr(configuration, "tls_server_name", None) or None,
+        token=_OfficialToken(configuration),
+    )
+    return access, extras, "; ".join(refusals)
+
+
+class KubeClient:
+    """Kind-agnostic JSON access to one API server.
+
+    Made from an ``Access`` (resourceconsist.kubeconfig: what ``from_kubeconfig``, ``in_cluster``
+    and ``auto`` load without the official client), or from the official client's ``ApiClient``
+    (``KubeClient(api_client)``, which tests and embedding programs already hold): its
+    configuration is read into the same ``Access``. Either way requests go through one urllib3
+    pool (threads) or the event loop's session (resourceconsist.aiokube)."""
+
+    def __init__(self, api_client: Any = None, *, name: str = "", access: Access | None = None) -> None:
+        #: The official client's ``ApiClient`` this client was made from, if any (closed with it).
         self.api_client = api_client
+        official = getattr(api_client, "configuration", None)
+        #: Where the API server is and how to authenticate; None: a client that never sends.
+        self.access: Access | None = access
+        #: What only the official configuration sets (a proxy, ``assert_hostname``): urllib3
+        #: honours it, the event loop's session does not (``loop_refusal``).
+        self._pool_extras: dict[str, Any] = {}
+        #: Why the event loop's session cannot speak for this client (empty: it can).
+        self.loop_refusal = ""
+        if access is None and official is not None:
+            self.access, self._pool_extras, self.loop_refusal = _access_of_official(official)
+        elif self.access is None:
+            self.loop_refusal = "the client has no API server configuration"
         self.name = name
         self.requests: Counter[str] = Counter()
         #: Requests by ``"<verb> <resource>"`` (e.g. ``"patch pods"``), for tests and benchmarks.
@@ -316,6 +388,8 @@ class KubeClient:
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
         self.reachability = Reachability(name or "API server")
         self._observers: tuple[RequestObserver, ...] = ()
+        self._pool: Any = None  # urllib3's PoolManager, made on the first request
+        self._pool_lock = threading.Lock()
         # The running loop's transport (resourceconsist.aiokube) once made, and whether this
         # client's configuration refused one; kept here so the transport lives with its client.
         self._loop_transport: object = None
@@ -329,22 +403,31 @@ class KubeClient:
     def from_kubeconfig(
         cls, path: str | None = None, context: str | None = None, name: str = ""
     ) -> KubeClient:
-        """From a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config`` when ``path`` is None)."""
+        """From a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config`` when ``path`` is None).
+
+        Read by resourceconsist.kubeconfig; a file that uses what only the official client's
+        loader knows (an auth provider, a proxy, basic auth) is read by that loader instead, at
+        the cost of loading it (docs/index.md, "Which cluster")."""
+        try:
+            return cls(access=kubeconfig.load_kubeconfig(path, context), name=name)
+        except kubeconfig.Unsupported as unsupported:
+            log.info("kubeconfig: %s; read by the official client's loader", unsupported.reason)
         from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
 
         configuration = client.Configuration()
-        config.load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=path, context=context, client_configuration=configuration
-        )
-        return cls._with(configuration, name)
+        try:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context, client_configuration=configuration
+            )
+        except ConfigException as err:
+            raise kubeconfig.KubeConfigError(f"kubeconfig: {err}") from err
+        return cls(client.ApiClient(configuration), name=name)
 
     @classmethod
     def in_cluster(cls, name: str = "") -> KubeClient:
-        from kubernetes import client, config
-
-        configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return cls._with(configuration, name)
+        """From the pod's ServiceAccount: its token (re-read as it rotates) and the cluster's CA."""
+        return cls(access=kubeconfig.load_incluster(), name=name)
 
     @classmethod
     def auto(cls, kubeconfig: str | None = None, name: str = "") -> KubeClient:
@@ -353,22 +436,18 @@ class KubeClient:
             return cls.in_cluster(name)
         return cls.from_kubeconfig(kubeconfig, name=name)
 
-    @classmethod
-    def _with(cls, configuration: Any, name: str) -> KubeClient:
-        from kubernetes import client
-
-        # The default pool (5 x cores) is too small for informers + workers + webhook.
-        configuration.connection_pool_maxsize = 64
-        return cls(client.ApiClient(configuration), name=name)
-
     def close(self) -> None:
-        self.api_client.close()
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.clear()
+        if self.api_client is not None:
+            self.api_client.close()
 
     @property
     def host(self) -> str:
         """``host:port`` of the API server (client-go's ``host`` label of its request metrics)."""
-        configuration = getattr(self.api_client, "configuration", None)
-        return urllib.parse.urlsplit(str(getattr(configuration, "host", "") or "")).netloc
+        return urllib.parse.urlsplit(self.access.host).netloc if self.access is not None else ""
 
     def observe_requests(self, observer: RequestObserver) -> Callable[[], None]:
         """Tell ``observer`` of every request from now on (watches when their answer starts);
@@ -399,30 +478,71 @@ class KubeClient:
         stream: bool = False,
         decode: Decode | None = None,
     ) -> Any:
-        from kubernetes.client.exceptions import ApiException
+        import urllib3
 
-        headers = {"Accept": "application/json", "Content-Type": content_type}
-        params = [(k, v) for k, v in (query or {}).items() if v is not None]
+        access = self.access
+        if access is None:
+            raise RuntimeError(self.loop_refusal)
         self._count("watch" if stream else method.lower(), path)
-        _, url, headers, body_out, _ = self.api_client.param_serialize(
-            method, path, query_params=params, header_params=headers, body=body, auth_settings=["BearerToken"]
-        )
+        url = access.host + path
+        params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
+        if params:
+            url += "?" + urllib.parse.urlencode(params)
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json", "Content-Type": content_type}
+        token = access.bearer()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
+        data = None if body is None else msgspec.json.encode(body)
         started = time.monotonic()
         try:
-            response = self.api_client.call_api(method, url, headers, body_out, _request_timeout=timeout)
-        except ApiException as err:
-            self._observed(method, err.status or 0, started)
-            raise _api_error(err.status or 0, err.reason or "", err.body, method, path) from None
+            response = self._pool_manager().request(
+                method, url, body=data, headers=headers, timeout=limit, preload_content=not stream
+            )
         except Exception as err:
             self._unanswered(method, err, started)
             raise
         self._answered(method, response.status, started)
         if response.status >= 400:
-            raise _api_error(response.status, response.reason, response.read(), method, path)
+            payload = response.data if not stream else response.read()
+            if stream:
+                response.release_conn()
+            raise _api_error(response.status, response.reason or "", payload, method, path)
         if stream:
-            return response.response
-        data = response.read()
+            return response
+        data = response.data
         return (decode or decode_json)(data) if data else {}
+
+    def _pool_manager(self) -> Any:
+        """urllib3's pool to the API server, made once: up to 64 connections, as the frame's
+        threads (informers, adapters' blocking calls, the webhook) may all be in a request."""
+        pool = self._pool
+        if pool is not None:
+            return pool
+        import urllib3
+
+        with self._pool_lock:
+            if self._pool is None:
+                access = self.access
+                assert access is not None
+                options: dict[str, Any] = {"num_pools": 4, "maxsize": 64, "block": False}
+                context = access.ssl_context()
+                if context is not None:
+                    options["ssl_context"] = context
+                    if not access.verify:
+                        options["cert_reqs"] = "CERT_NONE"
+                    if access.tls_server_name:
+                        options["server_hostname"] = access.tls_server_name
+                extras = dict(self._pool_extras)
+                proxy = extras.pop("proxy_url", None)
+                options.update(extras)
+                self._pool = (
+                    urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
+                )
+            return self._pool
 
     # The bookkeeping of every request, whichever transport sends it (this thread path, or the
     # event loop's, resourceconsist.aiokube): counted when sent, observed when answered or not.

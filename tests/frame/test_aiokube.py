@@ -5,11 +5,14 @@ configuration's hook, connections reused, and a pass's pod writes sent from the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from resourceconsist import aiokube, kube, lifecycle
@@ -148,29 +151,47 @@ async def test_a_service_account_without_the_grant_gets_forbidden(
     assert refused.value.status == 403
 
 
-async def test_an_expired_token_is_refreshed_through_the_configurations_hook_off_the_loop(
+async def test_an_expired_token_is_read_again_off_the_loop(
     control_plane: LocalControlPlane,
     cluster: Cluster,
     service_account: Callable[[dict[str, list[dict[str, Any]]]], KubeClient],
+    tmp_path: Path,
 ) -> None:
     ns = cluster.namespace
     await cluster.pod("web-0", {"app": "web"})
     reader = service_account({ns: [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]})
-    configuration = reader.api_client.configuration
-    good = configuration.api_key["BearerToken"]
+    assert reader.access is not None
+    good = reader.access.bearer()
+    assert good
+    # A kubeconfig with a tokenFile, as a projected token is mounted: it holds a token the API
+    # server no longer takes (401) when the client reads it, and a fresh one by the request.
+    token_file = tmp_path / "token"
+    token_file.write_text("expired-token")
+    config = control_plane.token_kubeconfig("unused", tmp_path / "kubeconfig")
+    loaded = yaml.safe_load(config.read_text())
+    loaded["users"][0]["user"] = {"tokenFile": str(token_file)}
+    config.write_text(yaml.safe_dump(loaded))
+    client = KubeClient.from_kubeconfig(str(config))
+    assert client.access is not None and client.access.token is not None
+    token_file.write_text(good)
     loop_thread = threading.get_ident()
-    hooked: list[bool] = []
+    asked: list[tuple[bool, bool]] = []
+    source = client.access.token
 
-    # As an exec plugin's or in-cluster refresh hook: the first answer is a token the API server
-    # no longer takes (401), the next a fresh one.
-    def refresh(config: Any) -> None:
-        hooked.append(threading.get_ident() == loop_thread)
-        config.api_key["BearerToken"] = "Bearer expired-token" if len(hooked) == 1 else good
+    class Watched:
+        dynamic = True
 
-    configuration.refresh_api_key_hook = refresh
-    pod = await _transport(reader).get(kube.POD, ns, "web-0")
-    assert pod["metadata"]["name"] == "web-0"
-    assert hooked == [False, False], "the hook ran once per token, never on the loop"
+        def __call__(self, *, refresh: bool = False) -> str | None:
+            asked.append((threading.get_ident() == loop_thread, refresh))
+            return source(refresh=refresh)
+
+    client.access = dataclasses.replace(client.access, token=Watched())
+    try:
+        pod = await _transport(client).get(kube.POD, ns, "web-0")
+        assert pod["metadata"]["name"] == "web-0"
+        assert asked == [(False, False), (False, True)], "read once, again on the 401, never on the loop"
+    finally:
+        client.close()
 
 
 async def test_concurrent_writes_reuse_a_bounded_set_of_connections(
