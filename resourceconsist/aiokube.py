@@ -67,13 +67,10 @@ class AsyncTransport:
         self.loop = loop
         self._access = access
         self._base = access.host
-        self._ssl: ssl.SSLContext | bool = (
-            (access.ssl_context() or False) if self._base.startswith("https:") else False
-        )
+        self._ssl: ssl.SSLContext | bool = access.ssl_context() or False  # None: an http:// host
         self._server_hostname = access.tls_server_name
-        self._static_headers = {"User-Agent": kube.USER_AGENT}
-        self._auth: dict[str, str] = {}
-        self._auth_at = float("-inf")
+        self._token: str | None = None  # a token that can change, as last asked for
+        self._token_at = float("-inf")
         self._refreshing = asyncio.Lock()  # one hook call at a time, its answer shared
         #: TCP connections opened so far (connection reuse keeps it near the parallel requests).
         self.connections_opened = 0
@@ -100,21 +97,19 @@ class AsyncTransport:
     # -- credentials ---------------------------------------------------------------------------
 
     async def _headers(self, content_type: str, *, refresh: bool = False) -> dict[str, str]:
-        token = self._access.token
-        if token is None:
-            auth: dict[str, str] = {}
-        elif not token.dynamic:
-            auth = _authorization(token())  # a token in memory: no I/O
+        source = self._access.token
+        if source is None or not source.dynamic:
+            token = self._access.bearer()  # a token in memory, or none: no I/O
         else:
             asked = time.monotonic()
-            if refresh or asked - self._auth_at >= TOKEN_REFRESH_SECONDS:
+            if refresh or asked - self._token_at >= TOKEN_REFRESH_SECONDS:
                 async with self._refreshing:
-                    if self._auth_at < asked:  # no other request refreshed it meanwhile
+                    if self._token_at < asked:  # no other request refreshed it meanwhile
                         # It may read a token file or run an exec plugin: never on the loop.
-                        self._auth = _authorization(await asyncio.to_thread(token, refresh=refresh))
-                        self._auth_at = time.monotonic()
-            auth = self._auth
-        return {**self._static_headers, "Accept": "application/json", "Content-Type": content_type, **auth}
+                        self._token = await asyncio.to_thread(source, refresh=refresh)
+                        self._token_at = time.monotonic()
+            token = self._token
+        return kube.request_headers(content_type, token)
 
     # -- the one request primitive ---------------------------------------------------------------
 
@@ -351,10 +346,6 @@ def _serving(writer: Any) -> AsyncTransport | None:
     """The loop's transport for ``writer`` when it is a ``KubeClient`` the transport serves; None
     sends its calls to the frame's threads (an in-memory writer, an unsupported configuration)."""
     return for_client(writer) if isinstance(writer, KubeClient) else None
-
-
-def _authorization(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _before_any_answer(err: BaseException) -> bool:

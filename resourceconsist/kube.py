@@ -308,6 +308,15 @@ def pod_namespace(namespace: str | None = None) -> str:
 USER_AGENT = f"resourceconsist (python {sys.version_info.major}.{sys.version_info.minor})"
 
 
+def request_headers(content_type: str, token: str | None) -> dict[str, str]:
+    """The headers of every request, whichever transport sends it (this module's threads, or
+    resourceconsist.aiokube's event loop)."""
+    headers = {"User-Agent": USER_AGENT, "Accept": "application/json", "Content-Type": content_type}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
 class _OfficialToken:
     """The bearer token of the official client's ``Configuration``, through its own refresh
     hook when it has one (its exec plugin, its in-cluster token file)."""
@@ -488,10 +497,7 @@ class KubeClient:
         params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
         if params:
             url += "?" + urllib.parse.urlencode(params)
-        headers = {"User-Agent": USER_AGENT, "Accept": "application/json", "Content-Type": content_type}
-        token = access.bearer()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        headers = request_headers(content_type, access.bearer())
         if isinstance(timeout, tuple):
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         else:
@@ -507,7 +513,7 @@ class KubeClient:
             raise
         self._answered(method, response.status, started)
         if response.status >= 400:
-            payload = response.data if not stream else response.read()
+            payload = response.data  # read whole, a stream's too
             if stream:
                 response.release_conn()
             raise _api_error(response.status, response.reason or "", payload, method, path)
