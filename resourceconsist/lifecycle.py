@@ -12,7 +12,7 @@ import functools
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from resourceconsist import wire
@@ -112,18 +112,35 @@ def get_annotations(obj: Pod) -> Mapping[str, str]:
 
 
 def get_finalizers(obj: Pod) -> list[str]:
+    """A copy of the object's finalizers, for the caller to change."""
     return list(obj.get("metadata", {}).get("finalizers") or [])
+
+
+def held_finalizers(obj: Pod) -> Sequence[str]:
+    """The object's finalizers as stored, for reading only: a pass asks for every pod's several
+    times, and a copy each time was a visible share of its CPU at 3000 pods."""
+    return obj.get("metadata", {}).get("finalizers") or ()
 
 
 def expected_finalizers(pod: Pod) -> dict[str, str]:
     """The ``expectedFinalizers`` map of a pod's annotation (empty when absent)."""
+    return dict(_expected_entries(pod))
+
+
+def has_expected_finalizer(pod: Pod, key: str) -> bool:
+    """The pod's ``expectedFinalizers`` hold an entry ``key``: what a pass asks of each of its
+    pods, without building the map."""
+    return any(entry == key for entry, _ in _expected_entries(pod))
+
+
+def _expected_entries(pod: Pod) -> tuple[tuple[str, str], ...]:
     value = get_annotations(pod).get(wire.AVAILABLE_CONDITIONS_ANNOTATION, "")
     if not value:
-        return {}
+        return ()
     parsed = _parse_expected_finalizers(value)
     if isinstance(parsed, str):
         raise MalformedAvailableConditions(_name(pod), value, parsed)
-    return dict(parsed)
+    return parsed
 
 
 @functools.lru_cache(maxsize=1024)

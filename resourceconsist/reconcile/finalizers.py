@@ -40,7 +40,7 @@ def old_clean_finalizer(employer: KubeObject) -> str:
 def holds_entry(pod: KubeObject, key: str) -> bool:
     """The pod's ``available-conditions`` hold the entry ``key`` (a malformed one counts as not)."""
     try:
-        return key in lifecycle.expected_finalizers(pod)
+        return lifecycle.has_expected_finalizer(pod, key)
     except lifecycle.MalformedAvailableConditions:
         return False
 
@@ -252,14 +252,14 @@ async def plan_expected_entries(
 # -- after the pod writes: what the pods carry, the record annotations, the failures ------------------------
 
 
-def finalizers_after(written: PodWriteResult, name: str, pod_of: PodOf) -> list[str]:
+def finalizers_after(written: PodWriteResult, name: str, pod_of: PodOf) -> Sequence[str]:
     """A pod's finalizers after this pass's writes (from the write, else from the cache)."""
     if name in written.finalizers:
         return written.finalizers[name]
     if name in written.done and name not in written.failed:
         return []  # written to and found gone
     pod = pod_of(name)
-    return lifecycle.get_finalizers(pod) if pod is not None else []
+    return lifecycle.held_finalizers(pod) if pod is not None else ()
 
 
 def still_carries(written: PodWriteResult, name: str, pod_of: PodOf, entry: EmployerEntry) -> bool:

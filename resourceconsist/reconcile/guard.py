@@ -44,7 +44,7 @@ def plan_guard(
     guarding: set[str] = set()
     for name in sorted(held | set(registering)):
         pod = pod_of(name)
-        if pod is not None and guarded(lifecycle.get_finalizers(pod), entry):
+        if pod is not None and guarded(lifecycle.held_finalizers(pod), entry):
             continue
         if pod is not None and name in held:
             unguarded += 1  # the provider's view and the cache: the invariant, live
@@ -124,7 +124,7 @@ def swapped(name: str, on: str, off: str, entry: EmployerEntry, pod_of: PodOf, w
     pod = pod_of(name)
     if pod is None or lifecycle.is_deleting(pod):
         return False
-    held = lifecycle.get_finalizers(pod)
+    held = lifecycle.held_finalizers(pod)
     if on not in held or off in held:
         return False
     return on != entry.lifecycle_finalizer or holds_entry(pod, entry.key)
@@ -140,15 +140,29 @@ def announcements(
     finalizers after its writes (``finalizers_of``) made true, for the lifecycle subscribers
     (docs/lifecycle-hooks.md, "Subscribers"); ``told``: what they were last told, by pod."""
     found: list[tuple[str, str]] = []
-    for name, verdict in sorted(verdicts.items()):
-        finalizers = finalizers_of(name)
+    for name, verdict in verdicts.items():
         last = told.get(name)
-        if verdict is Verdict.SERVED and entry.lifecycle_finalizer in finalizers:
-            found.append((name, "pod_served"))
-        elif verdict is Verdict.ROUTING and guarded(finalizers, entry):
-            found.append((name, "pod_drained" if last in ("pod_served", "pod_drained") else "pod_guarded"))
-        elif verdict is Verdict.IDLE and last is not None and not guarded(finalizers, entry):
-            found.append((name, "pod_released"))
+        if verdict is Verdict.SERVED:
+            what = "pod_served"
+        elif verdict is Verdict.ROUTING:
+            what = "pod_drained" if last in ("pod_served", "pod_drained") else "pod_guarded"
+        elif verdict is Verdict.IDLE and last is not None:
+            what = "pod_released"
+        else:
+            continue
+        if what == last:
+            # Told already: a steady pass over 1000 served pods reads no pod's finalizers.
+            continue
+        finalizers = finalizers_of(name)
+        if what == "pod_served":
+            made_true = entry.lifecycle_finalizer in finalizers
+        elif what == "pod_released":
+            made_true = not guarded(finalizers, entry)
+        else:
+            made_true = guarded(finalizers, entry)
+        if made_true:
+            found.append((name, what))
+    found.sort()
     return found
 
 

@@ -19,6 +19,7 @@ from resourceconsist.lifecycle import (
     admission_patch,
     expected_finalizer_key,
     expected_finalizers,
+    has_expected_finalizer,
     is_deleting,
     is_lifecycle_ready,
     json_pointer_escape,
@@ -159,6 +160,16 @@ def test_parse_reads_entries_and_ignores_unknown_top_level_fields() -> None:
         "Service/ns/a": "fa",
         "Service/ns/b": "fb",
     }
+
+
+def test_has_expected_finalizer_answers_as_the_map_does() -> None:
+    value = '{"expectedFinalizers": {"Service/ns/a": "fa", "Service/ns/b": "fb"}}'
+    p = pod(annotations={ANNOTATION: value})
+    for key in ("Service/ns/a", "Service/ns/b", "Service/ns/c", "fa"):
+        assert has_expected_finalizer(p, key) == (key in expected_finalizers(p))
+    assert not has_expected_finalizer(pod(), "Service/ns/a")
+    with pytest.raises(MalformedAvailableConditions, match="broken"):
+        has_expected_finalizer(pod("broken", annotations={ANNOTATION: "[]"}), "Service/ns/a")
 
 
 @pytest.mark.parametrize(

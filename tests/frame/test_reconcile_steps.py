@@ -595,6 +595,53 @@ def test_after_the_calls_the_guard_returns_each_pods_verdict_and_the_gate_facts(
     ), "an employer that does not follow PodOpsLifecycle plans no swaps"
 
 
+def test_announcements_name_each_change_once_and_read_no_finalizers_for_what_was_told() -> None:
+    # reconcile/guard.py: a steady pass over many served pods tells nothing and reads no pod.
+    entry = EmployerEntry(ENTRY, L, G)
+    verdicts = {
+        "told-served": guard.Verdict.SERVED,
+        "told-guarded": guard.Verdict.ROUTING,
+        "told-drained": guard.Verdict.ROUTING,
+        "never-told-idle": guard.Verdict.IDLE,
+        "unknown": guard.Verdict.UNKNOWN,
+        "now-served": guard.Verdict.SERVED,
+        "now-drained": guard.Verdict.ROUTING,
+        "now-guarded": guard.Verdict.ROUTING,
+        "now-released": guard.Verdict.IDLE,
+        "served-not-yet-written": guard.Verdict.SERVED,
+        "released-still-carrying": guard.Verdict.IDLE,
+    }
+    told = {
+        "told-served": "pod_served",
+        "told-guarded": "pod_guarded",
+        "told-drained": "pod_drained",
+        "now-drained": "pod_served",
+        "now-released": "pod_guarded",
+        "released-still-carrying": "pod_served",
+    }
+    finalizers = {
+        "now-served": [L],
+        "now-drained": [G],
+        "now-guarded": [G],
+        "now-released": [],
+        "served-not-yet-written": [G],
+        "released-still-carrying": [L],
+    }
+    read: list[str] = []
+
+    def finalizers_of(name: str) -> list[str]:
+        read.append(name)
+        return finalizers[name]
+
+    assert guard.announcements(verdicts, told, finalizers_of, entry) == [
+        ("now-drained", "pod_drained"),
+        ("now-guarded", "pod_guarded"),
+        ("now-released", "pod_released"),
+        ("now-served", "pod_served"),
+    ]
+    assert sorted(read) == sorted(finalizers), "only pods whose news would differ are read"
+
+
 def test_the_unguarded_count_is_reported_when_it_changes_and_when_its_employer_is_forgotten() -> None:
     # reconcile/memory.py: the count lives in the employer's one record.
     reported: list[int] = []
