@@ -82,8 +82,6 @@ class AsyncTransport:
             # As the thread path, 60 s for an answer; no bound on waiting for one of the pool's
             # connections, which requests in flight free (urllib3 opened extra ones instead).
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=60.0, sock_read=60.0),
-            # As urllib3: answers uncompressed (the API server compresses only large lists).
-            skip_auto_headers=("Accept-Encoding",),
         )
 
     def _socket(self, addr_info: Any) -> socket.socket:

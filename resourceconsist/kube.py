@@ -311,7 +311,15 @@ USER_AGENT = f"resourceconsist (python {sys.version_info.major}.{sys.version_inf
 def request_headers(content_type: str, token: str | None) -> dict[str, str]:
     """The headers of every request, whichever transport sends it (this module's threads, or
     resourceconsist.aiokube's event loop)."""
-    headers = {"User-Agent": USER_AGENT, "Accept": "application/json", "Content-Type": content_type}
+    headers = {
+        "User-Agent": USER_AGENT,
+        "Accept": "application/json",
+        "Content-Type": content_type,
+        # Answers uncompressed (the API server compresses only large lists). http.client sends
+        # this by itself; aiohttp would ask for gzip, and skipping its header costs it a copy of
+        # every request's headers.
+        "Accept-Encoding": "identity",
+    }
     if token:
         headers["Authorization"] = f"Bearer {token}"
     return headers
@@ -784,11 +792,12 @@ def watch_query(
 
 def _resource_of(path: str) -> str:
     """The resource (plural) a request path addresses: ``/api/v1/namespaces/n/pods/p`` -> ``pods``."""
-    parts = [p for p in path.split("/") if p]
-    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
-    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
-        rest = rest[2:]
-    return rest[0] if rest else ""
+    # Counted for every request: no list built beyond the split.
+    parts = path.strip("/").split("/")
+    at = 2 if parts[0] == "api" else 3
+    if len(parts) > at + 2 and parts[at] == "namespaces":
+        at += 2
+    return parts[at] if len(parts) > at else ""
 
 
 def _api_error(status: int, reason: str, body: Any, method: str, path: str) -> ApiError:
