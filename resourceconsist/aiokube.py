@@ -24,7 +24,6 @@ import logging
 import socket
 import ssl
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -94,11 +93,19 @@ class AsyncTransport:
 
     # -- credentials ---------------------------------------------------------------------------
 
-    async def _headers(self, content_type: str, *, refresh: bool = False) -> dict[str, str]:
+    @property
+    def _token_changes(self) -> bool:
+        """The token comes from a hook (an exec plugin, a token file) and can change; read each
+        time, as the official client's hook may be set after the client is made."""
         source = self._access.token
-        if source is None or not source.dynamic:
+        return source is not None and source.dynamic
+
+    async def _headers(self, content_type: str, *, refresh: bool = False) -> dict[str, str]:
+        if not self._token_changes:
             token = self._access.bearer()  # a token in memory, or none: no I/O
         else:
+            source = self._access.token
+            assert source is not None  # a token that changes has a source
             asked = time.monotonic()
             if refresh or asked - self._token_at >= TOKEN_REFRESH_SECONDS:
                 async with self._refreshing:
@@ -126,14 +133,11 @@ class AsyncTransport:
 
         client = self.client
         client._count(method.lower(), path)
-        url = self._base + path
-        params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
+        url = kube.request_url(self._base, path, query)
         data = None if body is None else msgspec.json.encode(body)
         headers = await self._headers(content_type)
         started = time.monotonic()
-        refreshed = self._access.token is None or not self._access.token.dynamic
+        refreshed = not self._token_changes
         tries = 0
         while True:
             tries += 1
@@ -232,7 +236,7 @@ class AsyncTransport:
         path = res.path(namespace)
         client._count("watch", path)
         query = kube.watch_query(resource_version, timeout_seconds)
-        url = f"{self._base}{path}?{urllib.parse.urlencode(query)}"
+        url = kube.request_url(self._base, path, query)
         headers = await self._headers("application/json")
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_seconds + 30.0)
         started = time.monotonic()

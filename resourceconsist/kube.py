@@ -325,6 +325,12 @@ def request_headers(content_type: str, token: str | None) -> dict[str, str]:
     return headers
 
 
+def request_url(host: str, path: str, query: Mapping[str, Any] | None = None) -> str:
+    """The URL of a request, whichever transport sends it: ``query``'s None values left out."""
+    params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
+    return f"{host}{path}?{urllib.parse.urlencode(params)}" if params else host + path
+
+
 class _OfficialToken:
     """The bearer token of the official client's ``Configuration``, through its own refresh
     hook when it has one (its exec plugin, its in-cluster token file)."""
@@ -501,10 +507,7 @@ class KubeClient:
         if access is None:
             raise RuntimeError(self.loop_refusal)
         self._count("watch" if stream else method.lower(), path)
-        url = access.host + path
-        params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
-        if params:
-            url += "?" + urllib.parse.urlencode(params)
+        url = request_url(access.host, path, query)
         headers = request_headers(content_type, access.bearer())
         if isinstance(timeout, tuple):
             limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])

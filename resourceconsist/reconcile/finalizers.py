@@ -257,7 +257,7 @@ def finalizers_after(written: PodWriteResult, name: str, pod_of: PodOf) -> Seque
     if name in written.finalizers:
         return written.finalizers[name]
     if name in written.done and name not in written.failed:
-        return []  # written to and found gone
+        return ()  # written to and found gone
     pod = pod_of(name)
     return lifecycle.held_finalizers(pod) if pod is not None else ()
 

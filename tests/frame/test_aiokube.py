@@ -293,3 +293,14 @@ async def test_connections_the_api_server_closed_while_pooled_are_replaced_not_f
             assert not client.reachability.down and client.reachability.outages == 0
         finally:
             client.close()
+
+
+def test_both_transports_build_a_url_the_same_way() -> None:
+    # kube.request_url serves the thread path and both of the loop's (requests and watches).
+    host = "https://127.0.0.1:6443"
+    assert kube.request_url(host, "/api/v1/pods") == host + "/api/v1/pods"
+    assert kube.request_url(host, "/api/v1/pods", {"limit": None}) == host + "/api/v1/pods"
+    assert (
+        kube.request_url(host, "/api/v1/pods", {"labelSelector": "app=a,b in (x)", "limit": 5, "x": None})
+        == host + "/api/v1/pods?labelSelector=app%3Da%2Cb+in+%28x%29&limit=5"
+    )
