@@ -49,8 +49,8 @@ from bench_pace import (
     set_ready,
 )
 
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient, NotFound
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, NotFound
 from resourceconsist.sharding.ring import shard_label
 from resourceconsist.testing import Cluster, LocalControlPlane
 

@@ -25,7 +25,7 @@ after). The credentials library speaks HTTPS only, so STS is reached through the
 emulator below (docs/alibabacloudslb.md, "Credentials").
 
 The same state machine is served over real HTTPS as its own process by ``slb_emulator_server``
-(``python -m resourceconsist.testing.slb_emulator_server``), with an admin HTTP API
+(``python -m resourceconsist.adapters.alibabacloudslb.emulator_server``), with an admin HTTP API
 for the same steering and reading; see docs/chaos.md.
 
     with SLBEmulator() as slb:

@@ -12,7 +12,7 @@ servers around it, so that provider state outlives the controllers that talk to 
   and/or writes, latency, hang), throttle the account at a rate with SLB's own answer
   (``PUT /rate-limit``), and read the state and the timestamped backend history.
 
-Run it as ``python -m resourceconsist.testing.slb_emulator_server --port 0``; it
+Run it as ``python -m resourceconsist.adapters.alibabacloudslb.emulator_server --port 0``; it
 prints one JSON line (endpoint, admin URL, CA bundle, region, key pair) once it listens and serves
 until SIGTERM. ``EmulatorAdmin`` is a client of the admin API. Usage: docs/chaos.md.
 """
@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any, Final
 from urllib.parse import parse_qs, urlsplit
 
-from resourceconsist import certs
+from resourceconsist.adapters.alibabacloudslb.emulator import FAULT_KINDS, READ_ACTIONS, SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import MUTATING_ACTIONS
-from resourceconsist.testing.slb_emulator import FAULT_KINDS, READ_ACTIONS, SLBEmulator
+from resourceconsist.cluster import certs
 
 __all__ = ["ACTION_SCOPES", "AdminError", "EmulatorAdmin", "EmulatorServer", "main"]
 
@@ -505,10 +505,17 @@ class EmulatorAdmin:
 def served_emulator(
     workdir: Path, *load_balancers: str, start_timeout: float = 30.0
 ) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
-    """The emulator served as its own process (``python -m resourceconsist.testing.slb_emulator_server``)
-    with state in ``workdir`` and these load balancers: its start-up line (endpoint, admin URL,
-    CA bundle, keys) and a client of its admin API. Stopped with SIGTERM on exit."""
-    argv = [sys.executable, "-m", "resourceconsist.testing.slb_emulator_server", "--dir", str(workdir)]
+    """The emulator served as its own process
+    (``python -m resourceconsist.adapters.alibabacloudslb.emulator_server``) with state in
+    ``workdir`` and these load balancers: its start-up line (endpoint, admin URL, CA bundle, keys)
+    and a client of its admin API. Stopped with SIGTERM on exit."""
+    argv = [
+        sys.executable,
+        "-m",
+        "resourceconsist.adapters.alibabacloudslb.emulator_server",
+        "--dir",
+        str(workdir),
+    ]
     for load_balancer in load_balancers:
         argv += ["--load-balancer", load_balancer]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
@@ -527,7 +534,7 @@ def served_emulator(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m resourceconsist.testing.slb_emulator_server",
+        prog="python -m resourceconsist.adapters.alibabacloudslb.emulator_server",
         description="Serve the SLB emulator over HTTPS (SDK) plus an admin HTTP API, on loopback.",
     )
     parser.add_argument(

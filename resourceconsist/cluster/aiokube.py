@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient, KubeObject, PatchType, Resource
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject, PatchType, Resource
 
 if TYPE_CHECKING:
     # aiohttp is imported when a transport is made: what only imports the reconcile steps (the

@@ -27,9 +27,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from resourceconsist import kube
-from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import (
     ApiError,
     Decode,
     Gone,
@@ -39,8 +38,7 @@ from resourceconsist.kube import (
     WatchStream,
     object_key,
 )
-from resourceconsist.labels import label_selector_selects, map_selects, parse_selector
-from resourceconsist.transform import (
+from resourceconsist.cluster.transform import (
     FRAME_POD_FIELDS,
     Keeping,
     Transform,
@@ -49,6 +47,8 @@ from resourceconsist.transform import (
     keeping_selected_or_marked,
     trim,
 )
+from resourceconsist.errors import ResourceConsistError
+from resourceconsist.rules.labels import label_selector_selects, map_selects, parse_selector
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ class Informer:
         #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone) of
         #: any scope.
         self.relists = 0
-        #: What is kept of each object (resourceconsist.transform); ``set_transform`` changes it.
+        #: What is kept of each object (resourceconsist.cluster.transform); ``set_transform`` changes it.
         self.transform = transform
         #: Set while the store holds what the current transform keeps (cleared by a wider one
         #: until the re-list of every scope it asks for is in), the scopes listed with it, and
@@ -653,7 +653,7 @@ class Informer:
                 backoff = min(backoff * 2, 30.0)
 
     def _watch_from(self, scope: str | None, rv: str) -> str:
-        # One transform for the stream's life: a lean decoder (resourceconsist.transform) builds
+        # One transform for the stream's life: a lean decoder (resourceconsist.cluster.transform) builds
         # only what it keeps, and set_transform closes the stream for a re-list.
         decoding = _decoding(self.transform)
         stream = self.client.watch(
@@ -1007,7 +1007,7 @@ class CacheReader(StoreReader):
             self._synced[resource] = (self._factory.generation, informer.store)
             return informer.store
         if _on_event_loop():
-            # Waiting here would block the loop (resourceconsist.cancellation: nothing on the loop
+            # Waiting here would block the loop (resourceconsist.flow.cancellation: nothing on the loop
             # waits on a threading primitive). The controller and the webhook start their workers
             # only after wait_synced, so this is a read of a kind nobody waited for.
             raise CacheNotSynced(

@@ -18,9 +18,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from resourceconsist import kube
-from resourceconsist.interfaces import EventType
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import EventType
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ import builtins
 from collections.abc import Callable, Mapping
 from typing import Any, Literal, Protocol
 
-from resourceconsist.kube import KubeObject, PatchType, Resource
+from resourceconsist.cluster.kube import KubeObject, PatchType, Resource
 
 EventType = Literal["Normal", "Warning"]
 

@@ -1,15 +1,15 @@
 """The Kubernetes client wrapper: typed, kind-agnostic, dict-based access to the API server.
 
-It reads its configuration with resourceconsist.kubeconfig (kubeconfig files, in-cluster, exec
+It reads its configuration with resourceconsist.cluster.kubeconfig (kubeconfig files, in-cluster, exec
 plugins) or from an official client's ``ApiClient``, sends requests through urllib3, and speaks
 plain JSON so any kind works the same, CRDs included; the official client's generated models are
 never loaded on the way (17 MB and a quarter second of start-up). Every call blocks: async code
 runs it in the frame's threads (``asyncio.to_thread``; the one rule for sync and async is
-resourceconsist.cancellation's), except the hot path's writes, which resourceconsist.aiokube sends
-from the event loop through the same bookkeeping, errors and conflict loop. Every request is
-counted per verb so tests and metrics can prove steady state makes no writes, and handed with its
-answer code and duration to the observers (``observe_requests``: the manager's ``rest_client_*``
-series, docs/observability.md).
+resourceconsist.flow.cancellation's), except the hot path's writes, which
+resourceconsist.cluster.aiokube sends from the event loop through the same bookkeeping, errors and
+conflict loop. Every request is counted per verb so tests and metrics can prove steady state makes
+no writes, and handed with its answer code and duration to the observers (``observe_requests``:
+the manager's ``rest_client_*`` series, docs/observability.md).
 """
 
 from __future__ import annotations
@@ -29,9 +29,10 @@ from typing import Any, Literal, cast
 
 import msgspec
 
-from resourceconsist import kubeconfig, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kubeconfig
+from resourceconsist.cluster.kubeconfig import Access
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kubeconfig import Access
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class Gone(ApiError):
 
 def is_unreachable(err: BaseException) -> bool:
     """Whether ``err`` means the API server could not be reached (no HTTP answer at all), from
-    either transport: urllib3's (threads) or aiohttp's (the event loop, resourceconsist.aiokube)."""
+    either transport: urllib3's (threads) or aiohttp's (the event loop, resourceconsist.cluster.aiokube)."""
     import urllib3.exceptions
 
     unreachable: tuple[type[BaseException], ...] = (
@@ -238,7 +239,7 @@ def precondition_steps(
     """The optimistic-concurrency loop of ``KubeClient.patch_optimistic``, free of I/O: it yields
     ``READ_AGAIN`` for a fresh copy (None: gone) or a patch body, and is sent the answer (or thrown
     its error). A blocking driver (``patch_with_precondition``) and the event loop's
-    (resourceconsist.aiokube) run the same loop, so conflict handling lives here only."""
+    (resourceconsist.cluster.aiokube) run the same loop, so conflict handling lives here only."""
     obj = current if current is not None else (yield READ_AGAIN)
     for _ in range(attempts):
         if obj is None:
@@ -310,7 +311,7 @@ USER_AGENT = f"resourceconsist (python {sys.version_info.major}.{sys.version_inf
 
 def request_headers(content_type: str, token: str | None) -> dict[str, str]:
     """The headers of every request, whichever transport sends it (this module's threads, or
-    resourceconsist.aiokube's event loop)."""
+    resourceconsist.cluster.aiokube's event loop)."""
     headers = {
         "User-Agent": USER_AGENT,
         "Accept": "application/json",
@@ -380,11 +381,11 @@ def _access_of_official(configuration: Any) -> tuple[Access, dict[str, Any], str
 class KubeClient:
     """Kind-agnostic JSON access to one API server.
 
-    Made from an ``Access`` (resourceconsist.kubeconfig: what ``from_kubeconfig``, ``in_cluster``
+    Made from an ``Access`` (resourceconsist.cluster.kubeconfig: what ``from_kubeconfig``, ``in_cluster``
     and ``auto`` load without the official client), or from the official client's ``ApiClient``
     (``KubeClient(api_client)``, which tests and embedding programs already hold): its
     configuration is read into the same ``Access``. Either way requests go through one urllib3
-    pool (threads) or the event loop's session (resourceconsist.aiokube)."""
+    pool (threads) or the event loop's session (resourceconsist.cluster.aiokube)."""
 
     def __init__(self, api_client: Any = None, *, name: str = "", access: Access | None = None) -> None:
         #: The official client's ``ApiClient`` this client was made from, if any (closed with it).
@@ -413,7 +414,7 @@ class KubeClient:
         self._observers: tuple[RequestObserver, ...] = ()
         self._pool: Any = None  # urllib3's PoolManager, made on the first request
         self._pool_lock = threading.Lock()
-        # The running loop's transport (resourceconsist.aiokube) once made, and whether this
+        # The running loop's transport (resourceconsist.cluster.aiokube) once made, and whether this
         # client's configuration refused one; kept here so the transport lives with its client.
         self._loop_transport: object = None
         self._loop_transport_closer: object = None
@@ -428,7 +429,7 @@ class KubeClient:
     ) -> KubeClient:
         """From a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config`` when ``path`` is None).
 
-        Read by resourceconsist.kubeconfig; a file that uses what only the official client's
+        Read by resourceconsist.cluster.kubeconfig; a file that uses what only the official client's
         loader knows (an auth provider, a proxy, basic auth) is read by that loader instead, at
         the cost of loading it (docs/index.md, "Which cluster")."""
         try:
@@ -562,7 +563,7 @@ class KubeClient:
             return self._pool
 
     # The bookkeeping of every request, whichever transport sends it (this thread path, or the
-    # event loop's, resourceconsist.aiokube): counted when sent, observed when answered or not.
+    # event loop's, resourceconsist.cluster.aiokube): counted when sent, observed when answered or not.
 
     def _count(self, verb: str, path: str) -> None:
         with self._counter_lock:
@@ -617,7 +618,7 @@ class KubeClient:
         decode: Decode | None = None,
     ) -> KubeObject:
         """One LIST page: the raw list object (``items``, ``metadata.resourceVersion``);
-        ``decode`` turns its bytes into it (a cache's lean decoder, resourceconsist.transform)."""
+        ``decode`` turns its bytes into it (a cache's lean decoder, resourceconsist.cluster.transform)."""
         query = {
             "labelSelector": label_selector,
             "fieldSelector": field_selector,

@@ -23,8 +23,8 @@ from typing import Any
 import msgspec
 
 from resourceconsist import wire
-from resourceconsist.kube import KubeObject, decode_json
-from resourceconsist.labels import label_selector_selects
+from resourceconsist.cluster.kube import KubeObject, decode_json
+from resourceconsist.rules.labels import label_selector_selects
 
 #: What an informer does to each listed or watched object before it is stored.
 Transform = Callable[[KubeObject], KubeObject]

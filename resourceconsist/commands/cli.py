@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
-from resourceconsist import logs
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.options import (
     GarbageOptions,
@@ -35,15 +34,16 @@ from resourceconsist.options import (
     ProviderBudgetOptions,
     ShardingOptions,
 )
+from resourceconsist.runtime import logs
 from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
 # Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
-    from resourceconsist.kube import KubeClient
-    from resourceconsist.manager import Manager, Runnable
+    from resourceconsist.cluster.kube import KubeClient
     from resourceconsist.registry import AdapterRegistry
+    from resourceconsist.runtime.manager import Manager, Runnable
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ def demo(step_timeout: float, pace: float | None, rollout: bool, latency: float)
     """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
     import asyncio
 
-    from resourceconsist.showcase import run_demo
+    from resourceconsist.commands.showcase import run_demo
     from resourceconsist.testing import ControlPlaneBinariesMissing
 
     try:
@@ -190,8 +190,8 @@ def _explain(
 ) -> None:
     import asyncio
 
-    from resourceconsist.explain import ExplainError, NotFoundAnswer, run_explain, split_ref
-    from resourceconsist.kube import ApiError, is_unreachable
+    from resourceconsist.cluster.kube import ApiError, is_unreachable
+    from resourceconsist.commands.explain import ExplainError, NotFoundAnswer, run_explain, split_ref
 
     try:
         split_ref(ref)
@@ -284,7 +284,7 @@ class _LabelSelector(click.ParamType):  # type: ignore[type-arg]
     name = "SELECTOR"
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
-        from resourceconsist.labels import InvalidSelector, parse_selector
+        from resourceconsist.rules.labels import InvalidSelector, parse_selector
 
         try:
             parse_selector(str(value))
@@ -333,8 +333,8 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
     (controller-runtime's order: a pod's own identity wins over a stray file in its image)."""
     import yaml
 
-    from resourceconsist.kube import KubeClient
-    from resourceconsist.kubeconfig import KubeConfigError
+    from resourceconsist.cluster.kube import KubeClient
+    from resourceconsist.cluster.kubeconfig import KubeConfigError
 
     source = "--kubeconfig"
     if kubeconfig is None:
@@ -394,7 +394,8 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
 def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) -> None:
     """What the webhook needs before it starts: the namespace of its certificate Secret (when
     it bootstraps), or the certificate files (when it does not)."""
-    from resourceconsist import kube, wire
+    from resourceconsist import wire
+    from resourceconsist.cluster import kube
     from resourceconsist.webhook.bootstrap import TLS_CERT_FILE, TLS_KEY_FILE
 
     if options.bootstrap is None:
@@ -881,8 +882,8 @@ def handover(
     """
     import asyncio
 
-    from resourceconsist.handover import HandoverError, hand_over
-    from resourceconsist.kube import ApiError, is_unreachable
+    from resourceconsist.cluster.kube import ApiError, is_unreachable
+    from resourceconsist.commands.handover import HandoverError, hand_over
 
     with _flags(LeaderElectionOptions):
         lease = LeaderElectionOptions(name=leader_election_id, namespace=leader_election_namespace)
@@ -928,7 +929,7 @@ async def _run(
 ) -> None:
     import asyncio
 
-    from resourceconsist.manager import Manager
+    from resourceconsist.runtime.manager import Manager
 
     client = _kube_client(kubeconfig)
     if webhooks:
@@ -952,7 +953,7 @@ def _webhook_runnable(
     manager: Manager, webhooks: Sequence[WebhookAdapter], options: WebhookOptions
 ) -> Runnable:
     """The webhook server as a manager runnable sharing the manager's informer caches."""
-    from resourceconsist.manager import Runnable
+    from resourceconsist.runtime.manager import Runnable
     from resourceconsist.webhook import WebhookServer, serve
 
     server: list[WebhookServer] = []

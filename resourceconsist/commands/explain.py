@@ -18,7 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 from pydantic_core import to_jsonable_python
 
-from resourceconsist import kube, lifecycle, marks, wire
+from resourceconsist import wire
 from resourceconsist.adapter import (
     CompleteListingOptions,
     Employee,
@@ -31,13 +31,15 @@ from resourceconsist.adapter import (
     ReconcileAdapter,
     ReconcileContext,
 )
-from resourceconsist.cache import SnapshotReader
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.controller import watch_spec
-from resourceconsist.diff import diff
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import SnapshotReader
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeClient, KubeObject, Resource
-from resourceconsist.orphans import CANNOT_LIST, NAME_UNKNOWN, NOT_COMPLETE
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.hooks.orphans import CANNOT_LIST, NAME_UNKNOWN, NOT_COMPLETE
+from resourceconsist.rules import lifecycle, marks
+from resourceconsist.rules.diff import diff
+from resourceconsist.runtime.controller import watch_spec
 
 #: How many of an employer's latest Warning Events explain shows.
 RECENT_WARNINGS = 5
@@ -456,7 +458,7 @@ class Explainer:
 
     async def _gone_answer(self, resource: Resource, pod: KubeObject, hold: marks.Hold) -> GoneEmployerAnswer:
         """Whether the controller of ``resource`` can collect the gone employer of ``hold``, and
-        what the operator must do (resourceconsist/orphans.py decides the same way)."""
+        what the operator must do (resourceconsist/hooks/orphans.py decides the same way)."""
         ref = _ref(resource, hold.namespace, hold.employer or f"#{hold.digest}")
         command = marks.release_command(pod, hold)
         by_hand = f"once no load balancer routes to the pod any more, release it by hand: {command}"

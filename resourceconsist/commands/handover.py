@@ -31,7 +31,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
-from resourceconsist import gates, kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import (
     Employee,
     MultiClusterOptions,
@@ -39,14 +39,16 @@ from resourceconsist.adapter import (
     ReconcileContext,
     ReconcileLifecycleOptions,
 )
-from resourceconsist.cache import SnapshotReader, WatchEvent
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.controller import watch_spec
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import SnapshotReader, WatchEvent
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeClient, KubeObject, Resource
-from resourceconsist.leaderelection import LeaderElector
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.options import LeaderElectionOptions
-from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter
+from resourceconsist.rules import gates, lifecycle
+from resourceconsist.runtime.controller import watch_spec
+from resourceconsist.runtime.leaderelection import LeaderElector
 
 log = logging.getLogger(__name__)
 

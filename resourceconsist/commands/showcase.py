@@ -29,12 +29,14 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.cache import Store, WatchEvent
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Store, WatchEvent
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, condition, finalizers
 
 NAMESPACE = "demo"

@@ -30,7 +30,7 @@ behind registrations and reads. ``ProviderBudget`` hands out one token per provi
 from ``ManagerOptions.provider_budget``). ``ProviderBudgetOptions.share`` is the fraction of the
 configured rate this process takes: 1 while a single leader does all the work; a sharded manager
 divides it by the ring's ready shards (docs/scaling.md, "The provider budget across shards").
-What the budgets did is read by ``resourceconsist.metrics`` at scrape time (``BudgetStats``;
+What the budgets did is read by ``resourceconsist.runtime.metrics`` at scrape time (``BudgetStats``;
 docs/observability.md).
 """
 
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import Final
 
-from resourceconsist.cancellation import Cancellation, current_cancellation
+from resourceconsist.flow.cancellation import Cancellation, current_cancellation
 from resourceconsist.options import ProviderBudgetOptions
 
 __all__ = [

@@ -25,7 +25,7 @@ One rule for sync and async (docs/concepts.md, "The runtime"):
   the pool that renews the leader lease.
 - The hot path is the one exception: a pass's pod writes, the employer's finalizers and record
   annotations and the readiness gates go out on the event loop through
-  ``resourceconsist.aiokube``, which sends ``KubeClient``'s own requests (its counters, errors
+  ``resourceconsist.cluster.aiokube``, which sends ``KubeClient``'s own requests (its counters, errors
   and conflict loop) without a thread per request, and falls back to ``asyncio.to_thread``
   where it cannot serve the client (docs/concepts.md, "The runtime").
 - Nothing that runs on the event loop waits on a threading primitive (``Event.wait``, a lock,

@@ -1,7 +1,7 @@
 """What runs beside a controller may see of it and do with it: ``ControllerHandle``.
 
-The garbage pass (resourceconsist/orphans.py) and the sub-resources step
-(resourceconsist/subresources.py) run beside one controller. They get this handle, never the
+The garbage pass (resourceconsist/hooks/orphans.py) and the sub-resources step
+(resourceconsist/hooks/subresources.py) run beside one controller. They get this handle, never the
 ``Controller``: what they may read (the adapter, the employer kind, the cache, the client, the
 Event recorder), a way to claim an employer and run a pass of it, and the ``ReconcileContext``
 of an employer, built in one place (the reconciler's). So they cannot reach into the
@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from resourceconsist.adapter import ReconcileAdapter, ReconcileContext
-from resourceconsist.cache import CacheReader
-from resourceconsist.interfaces import EventSink
-from resourceconsist.kube import KubeClient, KubeObject, Resource
+from resourceconsist.cluster.cache import CacheReader
+from resourceconsist.cluster.interfaces import EventSink
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.reconcile import Result
 
 

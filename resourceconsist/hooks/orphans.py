@@ -14,7 +14,7 @@ with a live GET; while the claim is held, the employer's own events wait in the 
 next pass runs after the collection and re-creates what it needs.
 
 Every adapter, listing or not: the pods say which employers they belonged to (their entries and
-the hash their guard and lifecycle finalizers carry; resourceconsist/marks.py), so an employer
+the hash their guard and lifecycle finalizers carry; resourceconsist/rules/marks.py), so an employer
 gone while its marks remain is found too (docs/lifecycle-hooks.md, "Gone employers"). Its pods
 are released only through a stand-in pass, when the adapter's ``list_owned`` answered and either
 named items of it or is complete (``CompleteListingOptions``); when the adapter cannot list, its
@@ -37,22 +37,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from resourceconsist import kube, marks
 from resourceconsist.adapter import CompleteListingOptions, OrphanCollectOptions, OwnedItem
-from resourceconsist.cache import CacheNotSynced
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.events import MAX_MESSAGE
-from resourceconsist.handle import ControllerHandle
-from resourceconsist.kube import KubeObject
-from resourceconsist.marks import Hold
-from resourceconsist.options import GarbageOptions
-from resourceconsist.subresources import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheNotSynced
+from resourceconsist.cluster.events import MAX_MESSAGE
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.hooks.handle import ControllerHandle
+from resourceconsist.hooks.subresources import (
     OWNER_ANNOTATION,
     OWNER_CONTROLLER_LABEL,
     OWNER_UID_LABEL,
     cluster_scoped_kinds,
     label_value,
 )
+from resourceconsist.options import GarbageOptions
+from resourceconsist.rules import marks
+from resourceconsist.rules.marks import Hold
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class GarbageCollector:
         return live is not None
 
     def gone_holds(self) -> dict[str, list[tuple[KubeObject, Hold]]]:
-        """The marks (resourceconsist/marks.py) that employers of this controller's kind missing
+        """The marks (resourceconsist/rules/marks.py) that employers of this controller's kind missing
         from the cache left on cached pods, by employer key; an employer known only by its hash
         is keyed ``namespace/#<hash>``. Alive employers' marks are theirs to keep.
 
@@ -496,7 +497,7 @@ class GarbageCollector:
         )
 
     async def _collect_strays(self, report: GarbageReport) -> None:
-        """Delete this controller's cluster-scoped sub-resources (resourceconsist/subresources.py)
+        """Delete this controller's cluster-scoped sub-resources (resourceconsist/hooks/subresources.py)
         whose owner employer is gone."""
         controller = self.controller
         dry_run = self.options.dry_run

@@ -5,7 +5,7 @@ A namespaced sub-resource lives in its employer's namespace with an owner refere
 Kubernetes' garbage collector deletes it with the employer. Owner references cannot point from
 a cluster-scoped object to a namespaced one, so a cluster-scoped sub-resource carries labels
 naming its controller and its owner's uid (and an annotation with the owner's key) instead, and
-the garbage pass (resourceconsist/orphans.py) deletes those whose owner is gone.
+the garbage pass (resourceconsist/hooks/orphans.py) deletes those whose owner is gone.
 """
 
 from __future__ import annotations
@@ -17,13 +17,14 @@ import logging
 import re
 from typing import Any, Final
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter, SubResourceOptions
-from resourceconsist.cancellation import call_adapter
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.handle import ControllerHandle
-from resourceconsist.kube import KubeClient, KubeObject, Resource
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.reconcile import ReconcileError
+from resourceconsist.rules import lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from resourceconsist.adapter import MaybeAwaitable
-from resourceconsist.cancellation import call_adapter
+from resourceconsist.flow.cancellation import call_adapter
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,7 @@ class SubscriberBus:
         if not isinstance(subscriber, LifecycleSubscriber):
             raise TypeError(
                 f"{type(subscriber).__name__} is not a LifecycleSubscriber: subclass "
-                "resourceconsist.subscribers.LifecycleSubscriber and override what you need"
+                "resourceconsist.hooks.subscribers.LifecycleSubscriber and override what you need"
             )
         self.subscribers.append(subscriber)
 

@@ -22,10 +22,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from resourceconsist import aiokube, kube, lifecycle, wire
-from resourceconsist.interfaces import ObjectReader, ObjectWriter
-from resourceconsist.kube import KubeObject
-from resourceconsist.transform import trim
+from resourceconsist import wire
+from resourceconsist.cluster import aiokube, kube
+from resourceconsist.cluster.interfaces import ObjectReader, ObjectWriter
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.transform import trim
+from resourceconsist.rules import lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +288,7 @@ class PodWriter:
         """Bring one pod to the intent: (the pod as it now is, or None when gone; written;
         an entry removal deferred). ``located``: where it lives and its cached copy, when
         ``flush`` already looked them up. The write goes out on the event loop's transport
-        (resourceconsist.aiokube), in the frame's threads where that cannot serve the client."""
+        (resourceconsist.cluster.aiokube), in the frame's threads where that cannot serve the client."""
         # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
         where, pod = located or (self._resolve(name), None)
         if located is None:

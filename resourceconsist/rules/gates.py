@@ -16,8 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.errors import ResourceConsistError
+from resourceconsist.rules import lifecycle
 from resourceconsist.wire import GateReason
 
 Pod = Mapping[str, Any]

@@ -4,7 +4,7 @@ release a pod by hand (docs/lifecycle-hooks.md, "Gone employers").
 A pod names the employers it belongs to twice: its ``available-conditions`` entry
 (``Kind/namespace/name`` -> lifecycle finalizer) and the guard or lifecycle finalizer itself,
 whose suffix is the hash of the employer's name (docs/wire-contract.md). The garbage pass
-(resourceconsist/orphans.py) finds employers that are gone while their marks remain from these
+(resourceconsist/hooks/orphans.py) finds employers that are gone while their marks remain from these
 answers, and ``resourceconsist explain pod`` reads the same ones. Pure functions over objects.
 """
 
@@ -16,7 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.rules import lifecycle
 
 #: The prefixes of the finalizers one employer puts on a pod, each followed by ``/<hash>``.
 _EMPLOYER_FINALIZER_PREFIXES = (wire.GUARD_FINALIZER_PREFIX, wire.LIFECYCLE_FINALIZER_PREFIX)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from resourceconsist import errors, handler, kube, logs, wire
+from resourceconsist import errors, wire
 from resourceconsist.adapter import (
     EventHandler,
     Predicate,
@@ -25,20 +25,22 @@ from resourceconsist.adapter import (
     ReconcileWatchOptions,
     cached_pod_fields,
 )
-from resourceconsist.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
-from resourceconsist.cancellation import Cancellation, PassCancelled, running_pass
-from resourceconsist.events import EventRecorder
-from resourceconsist.handle import ControllerHandle
-from resourceconsist.interfaces import EventSink
-from resourceconsist.kube import KubeClient, KubeObject, Resource
-from resourceconsist.metrics import Metrics
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
+from resourceconsist.cluster.events import EventRecorder
+from resourceconsist.cluster.interfaces import EventSink
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.flow.cancellation import Cancellation, PassCancelled, running_pass
+from resourceconsist.hooks.handle import ControllerHandle
+from resourceconsist.hooks.orphans import GarbageCollector
+from resourceconsist.hooks.subresources import sync_sub_resources
+from resourceconsist.hooks.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
-from resourceconsist.orphans import GarbageCollector
 from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist, capabilities
+from resourceconsist.runtime import handler, logs
+from resourceconsist.runtime.metrics import Metrics
+from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
 from resourceconsist.sharding.shard import ShardGate
-from resourceconsist.subresources import sync_sub_resources
-from resourceconsist.subscribers import LifecycleSubscriber, SubscriberBus
-from resourceconsist.workqueue import WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
-from resourceconsist.kube import KubeObject, Resource, object_key
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
+from resourceconsist.cluster.kube import KubeObject, Resource, object_key
+from resourceconsist.rules import lifecycle
 
 log = logging.getLogger(__name__)
 

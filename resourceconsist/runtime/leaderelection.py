@@ -20,9 +20,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
-from resourceconsist import kube
-from resourceconsist.cancellation import DaemonThreadExecutor
-from resourceconsist.kube import Conflict, KubeClient, KubeObject, NotFound
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound
+from resourceconsist.flow.cancellation import DaemonThreadExecutor
 from resourceconsist.options import LeaderElectionOptions
 
 log = logging.getLogger(__name__)

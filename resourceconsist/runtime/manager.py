@@ -27,22 +27,24 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
-from resourceconsist import budget, kube, wire
+from resourceconsist import wire
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.cache import Informer, InformerFactory, WatchEvent
-from resourceconsist.cancellation import DaemonThreadExecutor
-from resourceconsist.controller import Controller
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Informer, InformerFactory, WatchEvent
+from resourceconsist.cluster.kube import KubeClient, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeClient, Resource
-from resourceconsist.leaderelection import LeaderElector
-from resourceconsist.metrics import Metrics, health_app
-from resourceconsist.multicluster import ClusterRegistry, MemberCluster
+from resourceconsist.flow import budget
+from resourceconsist.flow.cancellation import DaemonThreadExecutor
+from resourceconsist.hooks.subscribers import LifecycleSubscriber
 from resourceconsist.options import ManagerKeywords, ManagerOptions, ProviderBudgetOptions
+from resourceconsist.runtime.controller import Controller
+from resourceconsist.runtime.leaderelection import LeaderElector
+from resourceconsist.runtime.metrics import Metrics, health_app
+from resourceconsist.runtime.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.sharding.pods import ShardPods, changes_share
 from resourceconsist.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.sharding.shard import ShardGate
 from resourceconsist.sharding.sharder import Sharder, SharderRound
-from resourceconsist.subscribers import LifecycleSubscriber
 
 if TYPE_CHECKING:
     # Imported where the health endpoints start: a run without them never loads aiohttp.

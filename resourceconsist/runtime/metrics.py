@@ -35,14 +35,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
-from resourceconsist import budget
+from resourceconsist.flow import budget
 
 if TYPE_CHECKING:
     from aiohttp import web
     from prometheus_client.metrics_core import Metric
 
-    from resourceconsist.cache import InformerFactory
-    from resourceconsist.kube import KubeClient
+    from resourceconsist.cluster.cache import InformerFactory
+    from resourceconsist.cluster.kube import KubeClient
 
 #: ``code`` label of a provider call that succeeded.
 OK_CODE = "ok"
@@ -233,7 +233,7 @@ class _KubeCollector(Collector):
 
 
 class _BudgetCollector(Collector):
-    """What the process's provider budgets did (resourceconsist/budget.py), by account and priority."""
+    """What the process's provider budgets did (resourceconsist/flow/budget.py), by account and priority."""
 
     def collect(self) -> Iterable[Metric]:
         labels = ["account", "priority"]
@@ -549,7 +549,7 @@ class QueueSeries:
 
 
 class QueueView(Protocol):
-    """What the scrape reads from a workqueue (``resourceconsist.workqueue.WorkQueue``)."""
+    """What the scrape reads from a workqueue (``resourceconsist.runtime.workqueue.WorkQueue``)."""
 
     def __len__(self) -> int: ...
 

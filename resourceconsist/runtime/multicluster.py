@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from resourceconsist.cache import InformerFactory
-from resourceconsist.kube import KubeClient
+from resourceconsist.cluster.cache import InformerFactory
+from resourceconsist.cluster.kube import KubeClient
 
 log = logging.getLogger(__name__)
 

@@ -159,7 +159,7 @@ class WorkQueue:
 
     def claim(self, key: str) -> bool:
         """Take ``key`` as if a worker got it, unless it is queued, processing or waiting: the
-        garbage pass (resourceconsist/orphans.py) holds it like this so that no reconcile of
+        garbage pass (resourceconsist/hooks/orphans.py) holds it like this so that no reconcile of
         the key runs meanwhile; ``done(key)`` gives it back (and queues it if it was added)."""
         if self._shutting_down or self.holds(key):
             return False

@@ -19,9 +19,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from resourceconsist import kube, lifecycle, marks
-from resourceconsist.cache import CacheReader, WatchEvent
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader, WatchEvent
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.rules import lifecycle, marks
 from resourceconsist.sharding.shard import ShardGate
 
 

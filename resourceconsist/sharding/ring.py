@@ -21,7 +21,7 @@ from typing import Any
 import xxhash
 
 from resourceconsist import wire
-from resourceconsist.leaderelection import parse_lease_time
+from resourceconsist.runtime.leaderelection import parse_lease_time
 
 #: Tokens (virtual nodes) per shard on the ring: more spread the keys more evenly.
 VIRTUAL_NODES = 100

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from resourceconsist import kube
-from resourceconsist.cache import Informer, WatchEvent
-from resourceconsist.kube import KubeClient, KubeObject, Resource
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Informer, WatchEvent
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.sharding.ring import (
     HashRing,
     drain_label,

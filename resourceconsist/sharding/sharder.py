@@ -28,10 +28,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from resourceconsist import kube, wire
-from resourceconsist.cache import Informer, InformerFactory, WatchEvent
-from resourceconsist.kube import Conflict, KubeClient, KubeObject, NotFound, Resource
-from resourceconsist.leaderelection import lease_time
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Informer, InformerFactory, WatchEvent
+from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound, Resource
+from resourceconsist.runtime.leaderelection import lease_time
 from resourceconsist.sharding.ring import (
     Shard,
     ShardState,

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import handler, kube
-from resourceconsist.cache import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import (
     READINESS_GATE_INDEX,
     CacheNotSynced,
     Informer,
@@ -26,9 +26,10 @@ from resourceconsist.cache import (
     WatchEvent,
     index_by_readiness_gate,
 )
+from resourceconsist.cluster.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.reconcile import readiness
+from resourceconsist.runtime import handler
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 
 
@@ -357,7 +358,7 @@ async def test_a_watched_namespace_that_may_not_be_read_keeps_the_cache_unsynced
     factory.informer(kube.POD)
     factory.start(asyncio.get_running_loop())
     try:
-        with caplog.at_level(logging.WARNING, logger="resourceconsist.cache"):
+        with caplog.at_level(logging.WARNING, logger="resourceconsist.cluster.cache"):
 
             def refused() -> list[str]:
                 lines = [r.getMessage() for r in caplog.records]
