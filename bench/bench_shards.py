@@ -51,7 +51,7 @@ from bench_pace import (
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, NotFound
-from resourceconsist.sharding.ring import shard_label
+from resourceconsist.runtime.sharding.ring import shard_label
 from resourceconsist.testing import Cluster, LocalControlPlane
 
 NAMESPACE = "bench-shards"

@@ -136,7 +136,7 @@ from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.rules import lifecycle
 from resourceconsist.cluster.kube import KubeClient
-from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
+from resourceconsist.runtime.sharding.ring import HashRing, drain_label, hash_key, shard_label
 from resourceconsist.testing import finalizers
 
 ns, ring, live, timeout = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
@@ -200,7 +200,7 @@ import os, sys
 from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient
-from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
 
 ns, ring, live, name = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
 client = KubeClient.from_kubeconfig(os.environ["KUBECONFIG"])

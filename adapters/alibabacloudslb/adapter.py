@@ -36,7 +36,7 @@ from resourceconsist.adapter import (
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheReader, WatchEvent
 from resourceconsist.cluster.kube import KubeObject, Resource, object_key
-from resourceconsist.runtime import handler
+from resourceconsist.watch import handler
 
 from . import config
 from .backoff import RequeueBackoff

@@ -818,7 +818,7 @@ class InformerFactory:
         *,
         wait: Callable[[threading.Event], None] | None = None,
     ) -> None:
-        """Keep only the pods ``rule`` keeps too (a shard's share, resourceconsist/sharding/pods.py).
+        """Keep only the pods ``rule`` keeps too (a shard's share, resourceconsist/runtime/sharding/pods.py).
         ``rule`` runs in the informer threads on every listed and watched pod, and may read other
         caches; ``wait``, called in each pod informer thread before its first list with the
         informer's stop event, may wait (bounded) for those caches, so that the first list is

@@ -37,10 +37,12 @@ from resourceconsist.hooks.subresources import sync_sub_resources
 from resourceconsist.hooks.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
 from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist, capabilities
-from resourceconsist.runtime import handler, logs
+from resourceconsist.runtime import logs
 from resourceconsist.runtime.metrics import Metrics
+from resourceconsist.runtime.parking import ParkedEvents
+from resourceconsist.runtime.sharding.shard import ShardGate
 from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
-from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.watch import handler
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +152,7 @@ class Controller:
         self._in_flight: set[Cancellation] = set()
         self._unsubscribe: list[Callable[[], None]] = []
         #: The events of each subscription waiting for a cache to sync (``ParkedEvents``).
-        self._parked: list[handler.ParkedEvents] = []
+        self._parked: list[ParkedEvents] = []
         #: The employer subscription's event function, fed every employer when an employee event
         #: could not be mapped; and whether that full pass is already on its way.
         self._employer_events: Callable[[WatchEvent], None] | None = None
@@ -240,7 +242,7 @@ class Controller:
                     log.debug("%s: settling %s failed", self.name, kube.object_key(event.obj), exc_info=True)
 
         cluster = f" of cluster {employees_of}" if employees_of else ""
-        parked = handler.ParkedEvents(
+        parked = ParkedEvents(
             f"{self.name} ({side} {resource.plural}{cluster})",
             self.informers,
             lambda event: on_event(event, again=True),

@@ -41,10 +41,10 @@ from resourceconsist.runtime.controller import Controller
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics, health_app
 from resourceconsist.runtime.multicluster import ClusterRegistry, MemberCluster
-from resourceconsist.sharding.pods import ShardPods, changes_share
-from resourceconsist.sharding.ring import ShardState, budget_share, shard_of_lease
-from resourceconsist.sharding.shard import ShardGate
-from resourceconsist.sharding.sharder import Sharder, SharderRound
+from resourceconsist.runtime.sharding.pods import ShardPods, changes_share
+from resourceconsist.runtime.sharding.ring import ShardState, budget_share, shard_of_lease
+from resourceconsist.runtime.sharding.shard import ShardGate
+from resourceconsist.runtime.sharding.sharder import Sharder, SharderRound
 
 if TYPE_CHECKING:
     # Imported where the health endpoints start: a run without them never loads aiohttp.
@@ -390,7 +390,7 @@ class Manager:
 
     def _pods_divide(self) -> bool:
         """Every controller employs pods for Services: a shard's pods are its Services' (with
-        sharding; resourceconsist/sharding/pods.py)."""
+        sharding; resourceconsist/runtime/sharding/pods.py)."""
         specs = [c.spec for c in list(self.controllers.values())]
         return bool(specs) and all(s.employer == kube.SERVICE and s.employee == kube.POD for s in specs)
 

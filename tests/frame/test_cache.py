@@ -29,8 +29,9 @@ from resourceconsist.cluster.cache import (
 from resourceconsist.cluster.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.reconcile import readiness
-from resourceconsist.runtime import handler
+from resourceconsist.runtime.parking import ParkedEvents
 from resourceconsist.testing import LocalControlPlane, async_wait_for
+from resourceconsist.watch import handler
 
 
 @pytest.fixture
@@ -499,7 +500,7 @@ class _Parking:
     api: _OneServiceThenQuiet
     factory: InformerFactory
     services: Informer
-    parked: handler.ParkedEvents
+    parked: ParkedEvents
     remapped: list[WatchEvent]
 
     def unmappable(self, event: WatchEvent) -> CacheNotSynced:
@@ -524,7 +525,7 @@ async def parking() -> AsyncIterator[_Parking]:
     factory = InformerFactory(api)  # type: ignore[arg-type]
     factory.start(asyncio.get_running_loop())
     remapped: list[WatchEvent] = []
-    parked = handler.ParkedEvents("test", factory, remapped.append)
+    parked = ParkedEvents("test", factory, remapped.append)
     yield _Parking(api, factory, factory.informer(kube.SERVICE), parked, remapped)
     api.close()
     await asyncio.to_thread(factory.stop)

@@ -24,9 +24,9 @@ from resourceconsist.cluster.cache import CacheReader, WatchEvent
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions
 from resourceconsist.rules import lifecycle
-from resourceconsist.runtime import handler
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
+from resourceconsist.watch import handler
 
 
 def _loud(caplog: pytest.LogCaptureFixture) -> list[str]:

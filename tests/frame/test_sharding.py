@@ -27,7 +27,7 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import parse_lease_time
 from resourceconsist.runtime.manager import Manager
-from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
+from resourceconsist.runtime.sharding.ring import HashRing, drain_label, hash_key, shard_label
 from resourceconsist.testing import Cluster, async_wait_for
 
 RING = "demo"

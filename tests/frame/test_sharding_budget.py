@@ -20,7 +20,7 @@ from resourceconsist.flow import budget
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import lease_time
 from resourceconsist.runtime.manager import Manager
-from resourceconsist.sharding.ring import Shard, ShardState, budget_share
+from resourceconsist.runtime.sharding.ring import Shard, ShardState, budget_share
 from resourceconsist.testing import Cluster, async_wait_for
 
 RING = "budget"

@@ -20,9 +20,9 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager, Runnable
-from resourceconsist.sharding.pods import ShardPods
-from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
-from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.runtime.sharding.pods import ShardPods
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.runtime.sharding.shard import ShardGate
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
 RING = "pods"

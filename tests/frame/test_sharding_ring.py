@@ -15,7 +15,7 @@ from resourceconsist import wire
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import lease_time
-from resourceconsist.sharding.ring import (
+from resourceconsist.runtime.sharding.ring import (
     ORPHAN_AFTER,
     HashRing,
     Move,

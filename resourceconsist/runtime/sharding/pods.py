@@ -23,7 +23,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheReader, WatchEvent
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.rules import lifecycle, marks
-from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.runtime.sharding.shard import ShardGate
 
 
 class ShardPods:

@@ -5,8 +5,8 @@ They follow kubernetes-controller-sharding's protocol, so that its sharder and o
 object on the same shard: the key of an object is ``group/Kind/namespace/name``; the ring holds
 ``VIRTUAL_NODES`` tokens per available shard, token ``i`` of shard ``s`` being the xxHash64 of
 ``s + str(i)``; a key goes to the shard of the first token at or after the key's own hash,
-wrapping around. No I/O here: the shard side and the sharder (``resourceconsist.sharding.shard``,
-``resourceconsist.sharding.sharder``) read the Leases and objects and ask these rules.
+wrapping around. No I/O here: the shard side and the sharder (``resourceconsist.runtime.sharding.shard``,
+``resourceconsist.runtime.sharding.sharder``) read the Leases and objects and ask these rules.
 """
 
 from __future__ import annotations

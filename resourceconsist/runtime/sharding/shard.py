@@ -25,7 +25,7 @@ from typing import Any
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import Informer, WatchEvent
 from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
-from resourceconsist.sharding.ring import (
+from resourceconsist.runtime.sharding.ring import (
     HashRing,
     drain_label,
     hash_key,

@@ -7,7 +7,7 @@ each change (and every ``resync`` seconds) it makes the labels agree with the ri
 - an unassigned employer, or one on a shard that is no longer available (dead: released, or
   taken over here), gets the shard label of the shard the ring places it on: one write;
 - an employer on an available shard that the ring now places elsewhere gets the drain label:
-  one write; its shard lets go (``resourceconsist.sharding.shard``) and takes both labels off,
+  one write; its shard lets go (``resourceconsist.runtime.sharding.shard``) and takes both labels off,
   and the now unassigned employer gets its new shard: one write.
 
 It keeps the shard Leases' states as kubernetes-controller-sharding's sharder does: a Lease
@@ -33,7 +33,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import Informer, InformerFactory, WatchEvent
 from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound, Resource
 from resourceconsist.runtime.leaderelection import lease_time
-from resourceconsist.sharding.ring import (
+from resourceconsist.runtime.sharding.ring import (
     Shard,
     ShardState,
     hash_key,
