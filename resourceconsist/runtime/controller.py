@@ -12,7 +12,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 from resourceconsist import errors, wire
 from resourceconsist.adapter import (
@@ -21,9 +20,6 @@ from resourceconsist.adapter import (
     RateLimiter,
     ReconcileAdapter,
     ReconcileContext,
-    ReconcileOptions,
-    ReconcileWatchOptions,
-    cached_pod_fields,
 )
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
@@ -36,52 +32,18 @@ from resourceconsist.hooks.orphans import GarbageCollector
 from resourceconsist.hooks.subresources import sync_sub_resources
 from resourceconsist.hooks.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
-from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist, capabilities
+from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.runtime import logs
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.parking import ParkedEvents
 from resourceconsist.runtime.sharding.shard import ShardGate
 from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
-from resourceconsist.watch import handler
 
 log = logging.getLogger(__name__)
 
 #: Seconds a controller starting to lead waits for its caches before giving up (and stepping down).
 CACHE_SYNC_TIMEOUT = 600.0
-
-DEFAULT_MAX_CONCURRENT = 5
-
-
-@dataclass(frozen=True)
-class WatchSpec:
-    """The watch options in force for one adapter (its own, or the defaults)."""
-
-    employer: Resource
-    employee: Resource
-    employer_handler: EventHandler
-    employee_handler: EventHandler
-    employer_predicate: Predicate
-    employee_predicate: Predicate
-
-
-def watch_spec(adapter: ReconcileAdapter) -> WatchSpec:
-    if isinstance(adapter, ReconcileWatchOptions):
-        return WatchSpec(
-            adapter.new_employer(),
-            adapter.new_employee(),
-            adapter.employer_event_handler(),
-            adapter.employee_event_handler(),
-            adapter.employer_predicates(),
-            adapter.employee_predicates(),
-        )
-    return WatchSpec(
-        kube.SERVICE,
-        kube.POD,
-        handler.enqueue_self,
-        handler.enqueue_services_by_pod,
-        handler.control_predicate,
-        handler.accept_all,
-    )
 
 
 class Controller:
@@ -97,24 +59,25 @@ class Controller:
         metrics: Metrics | None = None,
         garbage: GarbageOptions | None = None,
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
+        peers: Callable[[], list[str]] = list,
     ) -> None:
-        self.adapter = adapter
-        self.name = adapter.get_controller_name()
-        self._employees_in_members = capabilities.employees_in_members(adapter)
+        """``peers``: the names of the other controllers of the same manager that employ the
+        same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers")."""
+        #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
+        self.profile = profile = AdapterProfile.of(adapter)
+        self.adapter = profile.adapter
+        self.name = profile.name
         self.client = client
         self.informers = informers
         self.metrics = metrics or Metrics()
-        self.spec = watch_spec(adapter)
-        max_concurrent, limiter = DEFAULT_MAX_CONCURRENT, default_controller_rate_limiter()
-        if isinstance(adapter, ReconcileOptions):
-            max_concurrent, limiter = adapter.get_max_concurrent(), adapter.get_rate_limiter()
-        self.max_concurrent = max(1, max_concurrent)
-        self.rate_limiter: RateLimiter = limiter
+        self.spec = profile.watch
+        self.max_concurrent = profile.max_concurrent
+        self.rate_limiter: RateLimiter = profile.rate_limiter or default_controller_rate_limiter()
         #: controller-runtime's series of this controller and its queue (docs/observability.md).
         self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
-        self.queue = WorkQueue(limiter, name=self.name, metrics=self.series.queue)
+        self.queue = WorkQueue(self.rate_limiter, name=self.name, metrics=self.series.queue)
         #: The pod fields the adapter reads beyond the frame's own: every cache it reads keeps them.
-        self.pod_fields = cached_pod_fields(adapter)
+        self.pod_fields = profile.pod_fields
         self.member_clusters = member_clusters if member_clusters is not None else {}
         try:
             for factory in (informers, *(f for _, f in self.member_clusters.values())):
@@ -130,12 +93,10 @@ class Controller:
         )
         retried = self.metrics.retried_failures
         self.reconciler = Reconciler(
-            adapter,
+            profile,
             client,
             self.reader,
             EventRecorder(client, self.name),
-            self.spec.employer,
-            self.spec.employee,
             self._clusters,
             api_down=lambda: client.reachability.down,
             report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
@@ -143,6 +104,7 @@ class Controller:
             notify=self.subscribers.publish,
             full_pass_every=full_pass_every,
         )
+        self.peers = peers
         #: What the garbage pass and the sub-resources step see of this controller.
         self.handle: ControllerHandle = _Handle(self)
         self.garbage = GarbageCollector(self.handle, garbage or GarbageOptions())
@@ -171,7 +133,7 @@ class Controller:
 
     @property
     def employees_in_members(self) -> bool:
-        return self._employees_in_members()
+        return self.profile.employees_in_members()
 
     # -- watches ------------------------------------------------------------------------------------
 
@@ -544,6 +506,10 @@ class _Handle:
         return self._controller.adapter
 
     @property
+    def profile(self) -> AdapterProfile:
+        return self._controller.profile
+
+    @property
     def employer(self) -> Resource:
         return self._controller.spec.employer
 
@@ -581,6 +547,9 @@ class _Handle:
         # With sharding, a gone employer is the business of the one shard its key hashes to.
         shard = self._controller.shard
         return shard is None or shard.ring_owns(self.employer, key)
+
+    def peers(self) -> list[str]:
+        return self._controller.peers()
 
     def claim(self, key: str) -> bool:
         return self._controller.queue.claim(key)

@@ -209,6 +209,16 @@ class Manager:
         if name in self.controllers:
             raise DuplicateControllerError(f"a controller named {name!r} is already in this manager")
         members = {n: (m.client, m.informers) for n, m in self.clusters.members().items()}
+
+        def peers() -> list[str]:
+            # A gone employer found only from its pods' marks may be any of these controllers'
+            # (docs/lifecycle-hooks.md, "Gone employers").
+            return [
+                n
+                for n, c in self.controllers.items()
+                if c is not controller and c.spec.employer == controller.spec.employer
+            ]
+
         controller = Controller(
             adapter,
             self.client,
@@ -217,6 +227,7 @@ class Manager:
             metrics=self.metrics,
             garbage=self.options.garbage,
             full_pass_every=self.options.full_pass_every,
+            peers=peers,
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
@@ -225,13 +236,6 @@ class Manager:
             self.informers.select(controller.spec.employer, self.shard.selector)
             controller.shard = self.shard
             controller.shard_pods_ready = self._shard_pods_ready
-        # A gone employer found only from its pods' marks may be any of these controllers'
-        # (docs/lifecycle-hooks.md, "Gone employers").
-        controller.garbage.peers = lambda: [
-            n
-            for n, c in self.controllers.items()
-            if c is not controller and c.spec.employer == controller.spec.employer
-        ]
         self.controllers[name] = controller
         if self.shard is not None and self._started:
             # What this shard's pod cache keeps may have changed with the controllers' kinds.
