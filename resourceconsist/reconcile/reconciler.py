@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.flow.budget import spending_for
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile import finalizers, guard, readiness, statuses, sync
@@ -62,7 +62,7 @@ class Reconciler:
         api_down: Callable[[], bool] = lambda: False,
         report_unguarded: Callable[[int], None] = lambda total: None,
         report_retried: Callable[[str], None] = lambda reason: None,
-        notify: Callable[[str, str, str], None] = lambda what, key, pod: None,
+        notify: Callable[[str, EmployerKey, str], None] = lambda what, key, pod: None,
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
     ) -> None:
         """The hooks (the controller's): ``api_down`` says whether the main cluster's API server
@@ -148,14 +148,15 @@ class Reconciler:
     # -- 1. the whole pass ----------------------------------------------------------------------------
 
     async def reconcile(self, key: str, *, stand_in: KubeObject | None = None) -> Result:
-        """One pass; with ``stand_in`` (a deleting copy of a gone employer), a pass that removes
-        what the provider still holds for it (docs/lifecycle-hooks.md, "Orphans")."""
-        namespace, _, name = key.rpartition("/")
-        employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
+        """One pass of the employer ``key`` (``namespace/name``, or ``name`` when cluster-scoped);
+        with ``stand_in`` (a deleting copy of a gone employer), a pass that removes what the
+        provider still holds for it (docs/lifecycle-hooks.md, "Orphans")."""
+        key = EmployerKey(key)
+        employer = stand_in or self.reader.get(self.employer_resource, key.namespace_or_none, key.name)
         if employer is None:
             self._memory.forget(key)
             if self.employees_are_pods:
-                await self.gates.release_gone(namespace, name)
+                await self.gates.release_gone(key.namespace, key.name)
             if "" in self.telling.told(key):
                 self.telling.tell(key, "", "employer_deleted")
             return Result()

@@ -26,7 +26,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
 from resourceconsist.cluster.events import EventRecorder
 from resourceconsist.cluster.interfaces import EventSink
-from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.cluster.kube import EmployerKey, KubeClient, KubeObject, Resource
 from resourceconsist.flow.cancellation import Cancellation, PassCancelled, running_pass
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.hooks.orphans import GarbageCollector
@@ -55,11 +55,11 @@ class EmployerScope(Protocol):
     def draining(self, obj: KubeObject | None) -> bool:
         """The employer is in scope and asked to be let go: acted on whatever the predicate says."""
 
-    async def may_act(self, resource: Resource, key: str, reader: CacheReader) -> bool:
+    async def may_act(self, resource: Resource, key: EmployerKey, reader: CacheReader) -> bool:
         """Before each pass: whether a pass of ``key`` may run now (a draining employer is let
         go of here, in the worker that holds its key)."""
 
-    def owns(self, resource: Resource, key: str) -> bool:
+    def owns(self, resource: Resource, key: EmployerKey) -> bool:
         """A gone employer's key is in scope (its garbage pass runs here)."""
 
 
@@ -417,9 +417,11 @@ class Controller:
 
     async def _worker(self, index: int) -> None:
         while True:
-            key = await self.queue.get()
-            if key is None:
+            queued = await self.queue.get()
+            if queued is None:
                 return
+            # Parsed once per pass: every step reads the namespace and name from it.
+            key = EmployerKey(queued)
             try:
                 # Every line logged for this pass carries the controller and the employer.
                 with logs.employer_fields(self.name, key):
@@ -427,7 +429,7 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    async def _process(self, key: str) -> None:
+    async def _process(self, key: EmployerKey) -> None:
         started = time.monotonic()
         outcome = "success"
         # One cancellation per pass, current for everything the pass runs (adapter threads too).
@@ -543,7 +545,8 @@ class _Handle:
         return self._controller.employees_in_members
 
     def watches(self, key: str) -> bool:
-        if self.employer.namespaced and not self._controller.informers.watches(key.rpartition("/")[0]):
+        key = EmployerKey(key)
+        if self.employer.namespaced and not self._controller.informers.watches(key.namespace):
             return False
         # With sharding, a gone employer is the business of the one shard its key hashes to.
         scope = self._controller.scope

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheReader, Informer, InformerFactory, WatchEvent
-from resourceconsist.cluster.kube import KubeClient, Resource
+from resourceconsist.cluster.kube import EmployerKey, KubeClient, Resource
 from resourceconsist.flow import budget
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.options import ManagerOptions, ShardingOptions
@@ -59,21 +59,20 @@ class ShardScope:
     def draining(self, obj: kube.KubeObject | None) -> bool:
         return self._gate.draining(obj)
 
-    def owns(self, resource: Resource, key: str) -> bool:
+    def owns(self, resource: Resource, key: EmployerKey) -> bool:
         return self._gate.ring_owns(resource, key)
 
-    async def may_act(self, resource: Resource, key: str, reader: CacheReader) -> bool:
+    async def may_act(self, resource: Resource, key: EmployerKey, reader: CacheReader) -> bool:
         """The employer is this shard's (a draining one is let go of here, in the worker that
         holds its key, so no pass of it runs meanwhile), and the shard's pod cache holds its pods."""
-        namespace, _, name = key.rpartition("/")
-        cached = reader.get(resource, namespace or None, name)
+        cached = reader.get(resource, key.namespace_or_none, key.name)
         if not await self._gate.may_act(resource, key, cached):
             return False
         await self._replica.pods_ready(key)
         if cached is None:
             return True  # gone, as the API server said: nothing can have moved it meanwhile
         # A drain that arrived during the wait is acknowledged now, not after one more pass.
-        return await self._gate.may_act(resource, key, reader.get(resource, namespace or None, name))
+        return await self._gate.may_act(resource, key, reader.get(resource, key.namespace_or_none, key.name))
 
 
 class ShardedReplica:
@@ -290,7 +289,7 @@ class ShardedReplica:
 
         return unsubscribe
 
-    async def pods_ready(self, key: str) -> None:
+    async def pods_ready(self, key: EmployerKey) -> None:
         """Before a pass of the Service ``key`` on this shard: its pods are in the pod cache. A
         Service the cache already holds but whose ADDED event has not been handed out yet (a pod
         event found it first) asks for the list here."""
