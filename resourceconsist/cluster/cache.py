@@ -30,7 +30,6 @@ from typing import Any, Literal, NamedTuple
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import (
     ApiError,
-    Decode,
     Gone,
     KubeClient,
     KubeObject,
@@ -47,6 +46,7 @@ from resourceconsist.cluster.transform import (
     keeping_selected_or_marked,
     trim,
 )
+from resourceconsist.cluster.transport import Decode
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.rules.labels import label_selector_selects, map_selects, parse_selector
 
@@ -641,7 +641,7 @@ class Informer:
                 if self._relist[scope].is_set():
                     continue  # the watch was closed for a re-list (set_transform)
                 # An unreachable API server is logged once per outage by the client
-                # (kube.Reachability), not once per informer and retry.
+                # (transport.Reachability), not once per informer and retry.
                 quiet = kube.is_unreachable(err) or self.client.reachability.down
                 log.log(
                     logging.DEBUG if quiet else logging.WARNING,

@@ -332,7 +332,7 @@ async def test_an_api_server_outage_logs_once_when_it_starts_and_once_when_it_en
     down = [m for m in messages if "unreachable" in m[2] and m[0] == "WARNING"]
     back = [m for m in messages if "reachable again" in m[2]]
     assert len(down) == 1, messages
-    assert down[0][1] == "resourceconsist.cluster.kube"
+    assert down[0][1] == "resourceconsist.cluster.transport"
     assert len(back) == 1, messages
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged during the outage"
     # Nothing else warns once per retry: not urllib3's retries, the informers, the controller,
