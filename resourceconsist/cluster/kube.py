@@ -32,7 +32,7 @@ import msgspec
 
 from resourceconsist import wire
 from resourceconsist.cluster import kubeconfig
-from resourceconsist.cluster.kubeconfig import Access
+from resourceconsist.cluster.kubeconfig import Access, find_cluster
 from resourceconsist.cluster.transport import (
     BlockingTransport,
     Decode,
@@ -608,11 +608,15 @@ class KubeClient:
         return cls(access=kubeconfig.load_incluster(), name=name)
 
     @classmethod
-    def auto(cls, kubeconfig: str | None = None, name: str = "") -> KubeClient:
-        """In-cluster config when running in a pod and no kubeconfig is named, else the kubeconfig."""
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    def auto(cls, kubeconfig: str | None = None, context: str | None = None, name: str = "") -> KubeClient:
+        """The cluster the command line would use (``kubeconfig.find_cluster``, controller-runtime's
+        order): the ``kubeconfig`` given, else ``$KUBECONFIG``, else the in-cluster config in a
+        pod, else ``~/.kube/config``; ``context`` picks one of the kubeconfig's contexts (given
+        where the in-cluster config is chosen, it is an error: there is no context to pick)."""
+        source = find_cluster(kubeconfig, context)
+        if source.kubeconfig is None:
             return cls.in_cluster(name)
-        return cls.from_kubeconfig(kubeconfig, name=name)
+        return cls.from_kubeconfig(source.kubeconfig, context, name)
 
     def close(self) -> None:
         if self.transport is not None:

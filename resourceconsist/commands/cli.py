@@ -167,10 +167,21 @@ def _flag_group(*flags: Callable[[F], F]) -> Callable[[F], F]:
     return decorate
 
 
-#: The one kubeconfig precedence of every command, controller-runtime's (docs/index.md).
-_KUBECONFIG_HELP = (
-    "Kubeconfig path; default: $KUBECONFIG, else the in-cluster config when running in a pod, "
-    "else ~/.kube/config."
+#: Where every command that talks to a cluster finds it: controller-runtime's order, the one of
+#: ``KubeClient.auto`` too (``kubeconfig.find_cluster``; docs/index.md, "Which cluster").
+_cluster_flags = _flag_group(
+    click.option(
+        "--kubeconfig",
+        default=None,
+        help="Kubeconfig path; default: $KUBECONFIG, else the in-cluster config when running in a "
+        "pod, else ~/.kube/config.",
+    ),
+    click.option(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="The kubeconfig's context to use (default: its current-context).",
+    ),
 )
 
 _explain_options = _flag_group(
@@ -180,13 +191,18 @@ _explain_options = _flag_group(
         multiple=True,
         help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
     ),
-    click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP),
+    _cluster_flags,
     click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True),
 )
 
 
 def _explain(
-    kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+    kind: str | None,
+    ref: str,
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    output: str,
 ) -> None:
     import asyncio
 
@@ -198,7 +214,7 @@ def _explain(
     except ExplainError as err:
         raise click.UsageError(str(err)) from err
     adapters = _build(_all_adapters().controller, adapter_names)
-    client = _kube_client(kubeconfig)
+    client = _kube_client(kubeconfig, context)
     try:
         click.echo(asyncio.run(run_explain(client, adapters, kind, ref, output)))
     except NotFoundAnswer as missing:
@@ -223,9 +239,11 @@ def _explain(
 @explain.command("pod")
 @click.argument("ref", metavar="NS/NAME")
 @_explain_options
-def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str) -> None:
+def explain_pod(
+    ref: str, adapter_names: Sequence[str], kubeconfig: str | None, context: str | None, output: str
+) -> None:
     """Why pod NS/NAME is not Ready, and what holds it from deletion."""
-    _explain(None, ref, adapter_names, kubeconfig, output)
+    _explain(None, ref, adapter_names, kubeconfig, context, output)
 
 
 @explain.command("employer")
@@ -233,10 +251,15 @@ def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, 
 @click.argument("ref", metavar="NS/NAME")
 @_explain_options
 def explain_employer(
-    kind: str, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+    kind: str,
+    ref: str,
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    output: str,
 ) -> None:
     """Why employer KIND NS/NAME (e.g. Service default/web) has not converged."""
-    _explain(kind, ref, adapter_names, kubeconfig, output)
+    _explain(kind, ref, adapter_names, kubeconfig, context, output)
 
 
 @main.command("adapters")
@@ -251,8 +274,6 @@ def list_adapters() -> None:
 
 
 # -- common mistakes: one line saying what is wrong and what to do, exit code 2 -------------------
-
-_DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
 class _HostPort(click.ParamType):  # type: ignore[type-arg]
@@ -328,34 +349,29 @@ def _flags(*options: type[Any]) -> Iterator[None]:
         raise click.UsageError(f"{err}; adjust {'/'.join(flags)}" if flags else str(err)) from err
 
 
-def _kube_client(kubeconfig: str | None) -> KubeClient:
-    """The client for --kubeconfig, else $KUBECONFIG, else in-cluster, else ~/.kube/config
-    (controller-runtime's order: a pod's own identity wins over a stray file in its image)."""
+def _kube_client(kubeconfig: str | None, context: str | None) -> KubeClient:
+    """The client of the cluster ``kubeconfig.find_cluster`` chooses (--kubeconfig, else
+    $KUBECONFIG, else in-cluster, else ~/.kube/config: controller-runtime's order, the one of
+    ``KubeClient.auto`` too), at ``context`` of its kubeconfig; a bad choice is one line."""
     import yaml
 
     from resourceconsist.cluster.kube import KubeClient
-    from resourceconsist.cluster.kubeconfig import KubeConfigError
+    from resourceconsist.cluster.kubeconfig import KubeConfigError, find_cluster
 
-    source = "--kubeconfig"
-    if kubeconfig is None:
-        default = Path(_DEFAULT_KUBECONFIG).expanduser()
-        if os.environ.get("KUBECONFIG"):
-            kubeconfig, source = os.environ["KUBECONFIG"], "$KUBECONFIG"
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            try:
-                return KubeClient.in_cluster()
-            except KubeConfigError as err:
-                raise click.UsageError(
-                    f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
-                    "pass --kubeconfig PATH or set $KUBECONFIG"
-                ) from err
-        elif default.is_file():
-            kubeconfig, source = str(default), _DEFAULT_KUBECONFIG
-        else:
+    try:
+        found = find_cluster(kubeconfig, context)
+    except KubeConfigError as err:
+        raise click.UsageError(str(err)) from err
+    source = found.origin
+    if found.kubeconfig is None:
+        try:
+            return KubeClient.in_cluster()
+        except KubeConfigError as err:
             raise click.UsageError(
-                f"no kubeconfig: $KUBECONFIG is not set, {default} does not exist and this is not a pod "
-                "in a cluster; pass --kubeconfig PATH or set $KUBECONFIG"
-            )
+                f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
+                "pass --kubeconfig PATH or set $KUBECONFIG"
+            ) from err
+    kubeconfig = found.kubeconfig
     paths = [path for path in kubeconfig.split(os.pathsep) if path]
     existing = [path for path in paths if Path(path).expanduser().is_file()]
     if not existing:
@@ -383,12 +399,9 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
                 "contexts); pass a kubeconfig file with --kubeconfig or set $KUBECONFIG"
             )
     try:
-        return KubeClient.from_kubeconfig(kubeconfig)
+        return KubeClient.from_kubeconfig(kubeconfig, context)
     except KubeConfigError as err:
-        raise click.UsageError(
-            f"kubeconfig {kubeconfig} (from {source}) is not usable: {err}; "
-            "pass a complete kubeconfig with --kubeconfig or set $KUBECONFIG"
-        ) from err
+        raise click.UsageError(f"{err} (kubeconfig from {source})") from err
 
 
 def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) -> None:
@@ -786,7 +799,7 @@ def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> 
 
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @click.option(
     "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
 )
@@ -796,7 +809,13 @@ def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> 
 @_sharding_flags
 @_webhook_flags
 @_slb_flags
-def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
+def run(
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    with_webhook: bool,
+    **flags: Any,
+) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
     import asyncio
 
@@ -812,7 +831,7 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     environ = _adapter_environ(adapter_names, flags)
     adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
+    asyncio.run(_run((kubeconfig, context), adapters, webhooks, manager_options, webhook_options))
 
 
 def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -827,11 +846,11 @@ def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
 @click.option(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @_namespace_flag
 @_serving_flags
 @_webhook_flags
-def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
+def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
 
     Kubeconfig: --kubeconfig, else $KUBECONFIG, else the in-cluster config when running in a
@@ -844,7 +863,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.
-    asyncio.run(_run(kubeconfig, [], webhooks, manager_options, options))
+    asyncio.run(_run((kubeconfig, context), [], webhooks, manager_options, options))
 
 
 @main.command()
@@ -855,7 +874,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     required=True,
     help="Adapter the controller ran (repeatable).",
 )
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @_namespace_flag
 @click.option("--dry-run", is_flag=True, help="Only report what the hand-over would do.")
 @_field_flag(
@@ -868,6 +887,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
 def handover(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
+    context: str | None,
     namespace: Sequence[str],
     dry_run: bool,
     leader_election_namespace: str | None,
@@ -891,7 +911,7 @@ def handover(
     with _flags(ManagerOptions):
         namespaces = ManagerOptions(**_namespaces(namespace)).watched_namespaces if namespace else None
     adapters = _build(_all_adapters().controller, adapter_names)
-    client = _kube_client(kubeconfig)
+    client = _kube_client(kubeconfig, context)
     try:
         report = asyncio.run(hand_over(client, adapters, lease, namespaces=namespaces, dry_run=dry_run))
     except (HandoverError, ApiError) as err:
@@ -921,7 +941,7 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
 
 
 async def _run(
-    kubeconfig: str | None,
+    cluster: tuple[str | None, str | None],
     adapters: Sequence[ReconcileAdapter],
     webhooks: Sequence[WebhookAdapter],
     manager_options: ManagerOptions,
@@ -931,7 +951,7 @@ async def _run(
 
     from resourceconsist.runtime.manager import Manager
 
-    client = _kube_client(kubeconfig)
+    client = _kube_client(*cluster)
     if webhooks:
         _check_webhook_prerequisites(client, webhook_options)
     manager = Manager(client, manager_options)

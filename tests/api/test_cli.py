@@ -220,6 +220,58 @@ def test_in_a_pod_the_in_cluster_config_wins_over_a_home_kubeconfig(tmp_path: Pa
     assert "--kubeconfig" in line and "$KUBECONFIG" in line
 
 
+def _commands(group: Any, prefix: str = "") -> dict[str, Any]:
+    """Every command under ``group`` by its full name (``explain pod``)."""
+    import click
+
+    found: dict[str, Any] = {}
+    for name, command in group.commands.items():
+        full = f"{prefix}{name}"
+        if isinstance(command, click.Group):
+            found.update(_commands(command, f"{full} "))
+        else:
+            found[full] = command
+    return found
+
+
+def test_every_command_that_reads_a_kubeconfig_takes_a_context() -> None:
+    from resourceconsist.commands.cli import main
+
+    reading = {
+        name
+        for name, command in _commands(main).items()
+        if any(param.name == "kubeconfig" for param in command.params)
+    }
+    assert {"run", "webhook", "explain pod", "explain employer", "handover"} <= reading
+    for name in reading:
+        params = {param.name for param in _commands(main)[name].params}
+        assert "context" in params, f"{name} reads a kubeconfig but takes no --context"
+
+
+def test_a_kubeconfig_without_a_current_context_gives_advice_that_works(
+    control_plane: Any, tmp_path: Path
+) -> None:
+    import yaml
+
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    del config["current-context"]
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    explain = ["explain", "pod", "default/no-such-pod", "--kubeconfig", str(kubeconfig)]
+    line = _error_line(run_cli(*explain, timeout=60, env=_env()))
+    assert "sets no current-context (it has: local); pass --context local" in line, line
+    # What it advises, done: the command reads the cluster (and says the pod does not exist).
+    done = run_cli(*explain, "--context", "local", timeout=60, env=_env())
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "no-such-pod" in done.stdout
+
+
+def test_a_context_in_a_pod_without_a_kubeconfig_is_refused_rather_than_ignored(tmp_path: Path) -> None:
+    env = _env(HOME=str(tmp_path), KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT="1")
+    line = _error_line(run_cli("run", "--adapter", "demo", "--context", "prod", env=env))
+    assert "--context prod names a kubeconfig's context" in line and "--kubeconfig PATH" in line
+
+
 def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Path) -> None:
     garbage = tmp_path / "config"
     garbage.write_text("apiVersion: v1\nclusters: [\n  {name: : :\n")
