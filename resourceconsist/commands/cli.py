@@ -574,41 +574,17 @@ _serving_flags = _flag_group(
         default=_PROBE_ADDRESS,
         type=_HostPort(off=True),
     ),
-    _field_flag(
-        "--health-address",
-        ManagerOptions,
-        "health_address",
-        "Deprecated: host:port of /healthz, /readyz and /metrics on one port; use the two above.",
-        type=_HostPort(),
-    ),
 )
 
 
 def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
     """``ManagerOptions`` with the address fields the parsed ``_serving_flags`` say (the
     others at their defaults)."""
-    legacy = flags["health_address"]
-    metrics, probes = flags["metrics_bind_address"], flags["health_probe_bind_address"]
-    if legacy is None:
-        with _flags(ManagerOptions):
-            return ManagerOptions(metrics_address=metrics, health_probe_address=probes)
-    defaults = (
-        _HostPort().convert(_METRICS_ADDRESS, None, None),
-        _HostPort().convert(_PROBE_ADDRESS, None, None),
-    )
-    if (metrics, probes) != defaults:
-        raise click.UsageError(
-            "--health-address (deprecated) serves /healthz, /readyz and /metrics on one port; drop it, "
-            "or drop --metrics-bind-address and --health-probe-bind-address"
-        )
-    # A log line, not a bare print: with --log-format json it is JSON like every other line.
-    log.warning(
-        "deprecated: --health-address; use --health-probe-bind-address and --metrics-bind-address "
-        "(serving /healthz, /readyz and /metrics on %s:%d as before)",
-        *legacy,
-    )
     with _flags(ManagerOptions):
-        return ManagerOptions(health_address=legacy)
+        return ManagerOptions(
+            metrics_address=flags["metrics_bind_address"],
+            health_probe_address=flags["health_probe_bind_address"],
+        )
 
 
 #: The namespaces watched (``ManagerOptions.namespace`` or ``namespaces``), of ``run`` and ``webhook``.

@@ -21,10 +21,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster.cache import InformerFactory
@@ -33,7 +32,7 @@ from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow import budget
 from resourceconsist.flow.cancellation import DaemonThreadExecutor
 from resourceconsist.hooks.subscribers import LifecycleSubscriber
-from resourceconsist.options import ManagerKeywords, ManagerOptions, ProviderBudgetOptions
+from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
 from resourceconsist.runtime.controller import Controller
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics, health_app
@@ -67,30 +66,13 @@ class DuplicateControllerError(ResourceConsistError, ValueError):
 class Manager:
     """Runs controllers and runnables against one main cluster.
 
-    Its settings are ``options``: ``Manager(client, ManagerOptions(namespace="shop"))``. The
-    fields as keywords (``Manager(client, namespace="shop")``, ``ManagerKeywords``) are
-    deprecated: they still override the options' fields, with a ``DeprecationWarning``
+    Its settings are one options object: ``Manager(client, ManagerOptions(namespace="shop"))``
     (docs/reference/options.md, "Manager").
     """
 
-    def __init__(
-        self,
-        client: KubeClient,
-        options: ManagerOptions | None = None,
-        **keywords: Unpack[ManagerKeywords],
-    ) -> None:
-        options = options if options is not None else ManagerOptions()
-        if keywords:
-            fields = ", ".join(f"{name}=..." for name in keywords)
-            warnings.warn(
-                f"Manager(client, {fields}) is deprecated: pass the settings as one options object, "
-                f"Manager(client, ManagerOptions({fields}))",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            options = dataclasses.replace(options, **keywords)
+    def __init__(self, client: KubeClient, options: ManagerOptions | None = None) -> None:
         #: The settings this manager runs with.
-        self.options = options
+        self.options = options if options is not None else ManagerOptions()
         self.client = client
         # One API budget per provider account, process-wide: this manager's settings apply to
         # every adapter it runs (docs/concepts.md, "The provider budget").
@@ -269,12 +251,10 @@ class Manager:
 
     async def _serve_endpoints(self) -> None:
         """``/healthz`` and ``/readyz`` on the health probe address, ``/metrics`` on the metrics
-        address: one server when both name the same port (or the deprecated ``health_address``)."""
+        address: one server when both name the same port."""
         options = self.options
         endpoints: list[tuple[tuple[str, int], bool, bool]] = []  # (address, probes, metrics)
-        if options.health_address is not None:
-            endpoints.append((options.health_address, True, True))
-        elif options.metrics_address is not None and _one_port(
+        if options.metrics_address is not None and _one_port(
             options.metrics_address, options.health_probe_address
         ):
             endpoints.append((options.metrics_address, True, True))

@@ -73,7 +73,9 @@ def test_run_serves_controllers_webhook_and_health_then_stops_on_sigterm(
             str(control_plane.kubeconfig),
             "--namespace",
             cluster.namespace,
-            "--health-address",
+            "--health-probe-bind-address",
+            f"127.0.0.1:{health}",
+            "--metrics-bind-address",
             f"127.0.0.1:{health}",
             "--webhook",
             "--webhook-port",
@@ -285,9 +287,10 @@ def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Pat
     assert "is YAML but not a kubeconfig" in line
 
 
-def test_a_health_address_that_is_not_host_port_is_refused(tmp_path: Path) -> None:
-    line = _error_line(run_cli("run", "--adapter", "demo", "--health-address", "not-an-address", env=_env()))
-    assert "--health-address" in line
+def test_a_health_probe_address_that_is_not_host_port_is_refused(tmp_path: Path) -> None:
+    args = ("run", "--adapter", "demo", "--health-probe-bind-address", "not-an-address")
+    line = _error_line(run_cli(*args, env=_env()))
+    assert "--health-probe-bind-address" in line
     assert "'not-an-address' is not HOST:PORT" in line and "127.0.0.1:8081" in line
 
 
@@ -300,7 +303,8 @@ def test_run_webhook_in_a_namespace_that_does_not_exist_hints_pod_namespace(
     control_plane: Any, tmp_path: Path
 ) -> None:
     args = ["run", "--adapter", "demo", "--webhook", "--kubeconfig", str(control_plane.kubeconfig)]
-    args += ["--cert-dir", str(tmp_path), "--health-address", "127.0.0.1:0", "--webhook-port", "0"]
+    args += ["--cert-dir", str(tmp_path), "--health-probe-bind-address", "127.0.0.1:0"]
+    args += ["--metrics-bind-address", "0", "--webhook-port", "0"]
     line = _error_line(run_cli(*args, timeout=60, env=_env(POD_NAMESPACE="no-such-namespace-rc")))
     assert "namespace no-such-namespace-rc does not exist" in line
     assert "POD_NAMESPACE" in line
