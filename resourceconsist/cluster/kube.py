@@ -625,6 +625,11 @@ class KubeClient:
             self.api_client.close()
 
     @property
+    def url(self) -> str:
+        """The API server's URL (``https://host:port``); empty for a client that never sends."""
+        return self.access.host if self.access is not None else ""
+
+    @property
     def host(self) -> str:
         """``host:port`` of the API server (client-go's ``host`` label of its request metrics)."""
         return urllib.parse.urlsplit(self.access.host).netloc if self.access is not None else ""
