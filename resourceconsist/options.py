@@ -249,6 +249,10 @@ class ManagerOptions:
     health_probe_address: tuple[str, int] | None = None
     #: Seconds in-flight reconciles get to finish when the manager stops.
     shutdown_timeout: float = 30.0
+    #: Seconds the caches get to fill (each its first list) once the manager starts, as
+    #: controller-runtime's ``CacheSyncTimeout``: a start that cannot fill one in time fails,
+    #: naming the resource, why and what to do (docs/observability.md, "When the start fails").
+    cache_sync_timeout: float = 120.0
     #: Reconcile only while holding a Lease; None: always (a single replica).
     leader_election: LeaderElectionOptions | None = None
     #: The orphan-collection pass of every controller (docs/lifecycle-hooks.md, "Orphans").
@@ -287,6 +291,7 @@ class ManagerOptions:
         check_seconds("resync_period", self.resync_period)
         check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
+        check_seconds("cache_sync_timeout", self.cache_sync_timeout)
         for name in ("metrics_address", "health_probe_address"):
             address = getattr(self, name)
             if address is not None and not 0 <= address[1] <= 65535:

@@ -40,6 +40,8 @@ from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
 # Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
 if TYPE_CHECKING:
+    import asyncio
+
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.cluster.kube import KubeClient
     from resourceconsist.registry import AdapterRegistry
@@ -556,7 +558,7 @@ _sharding_flags = _flag_group(
 _METRICS_ADDRESS, _PROBE_ADDRESS = ":8080", ":8081"
 
 #: Where ``run`` and ``webhook`` serve ``/metrics``, ``/healthz`` and ``/readyz``
-#: (controller-runtime's flags; docs/observability.md).
+#: (controller-runtime's flags; docs/observability.md), and how long their start waits for caches.
 _serving_flags = _flag_group(
     _field_flag(
         "--metrics-bind-address",
@@ -574,16 +576,27 @@ _serving_flags = _flag_group(
         default=_PROBE_ADDRESS,
         type=_HostPort(off=True),
     ),
+    # How long the start may wait for the caches (docs/observability.md, "When the start fails").
+    _field_flag(
+        "--cache-sync-timeout",
+        ManagerOptions,
+        "cache_sync_timeout",
+        "Seconds the caches get to fill at start-up; a start that cannot fill one exits 1 with "
+        "one line saying which, why and what to do.",
+        type=float,
+    ),
 )
 
 
 def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
-    """``ManagerOptions`` with the address fields the parsed ``_serving_flags`` say (the
-    others at their defaults)."""
+    """``ManagerOptions`` with the fields the parsed ``_serving_flags`` say (where ``run`` and
+    ``webhook`` serve, and how long their start may wait for the caches; the others at their
+    defaults)."""
     with _flags(ManagerOptions):
         return ManagerOptions(
             metrics_address=flags["metrics_bind_address"],
             health_probe_address=flags["health_probe_bind_address"],
+            cache_sync_timeout=flags["cache_sync_timeout"],
         )
 
 
@@ -793,8 +806,6 @@ def run(
     **flags: Any,
 ) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
-    import asyncio
-
     manager_options = _manager_options(flags)
     if with_webhook and manager_options.sharding is not None:
         # A shard caches only its own employers; the webhook must see every one of a new pod's.
@@ -807,7 +818,7 @@ def run(
     environ = _adapter_environ(adapter_names, flags)
     adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    asyncio.run(_run((kubeconfig, context), adapters, webhooks, manager_options, webhook_options))
+    _serve((kubeconfig, context), adapters, webhooks, manager_options, webhook_options)
 
 
 def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -832,14 +843,12 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str |
     Kubeconfig: --kubeconfig, else $KUBECONFIG, else the in-cluster config when running in a
     pod, else ~/.kube/config.
     """
-    import asyncio
-
     options = _webhook_options(flags)
     manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.
-    asyncio.run(_run((kubeconfig, context), [], webhooks, manager_options, options))
+    _serve((kubeconfig, context), [], webhooks, manager_options, options)
 
 
 @main.command()
@@ -916,6 +925,33 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
         raise click.ClickException(f"cannot start adapter: {err}") from err
 
 
+def _serve(
+    cluster: tuple[str | None, str | None],
+    adapters: Sequence[ReconcileAdapter],
+    webhooks: Sequence[WebhookAdapter],
+    manager_options: ManagerOptions,
+    webhook_options: WebhookOptions,
+) -> None:
+    """Run the manager until SIGTERM or SIGINT (exit 0, also while it still starts); a start
+    that fails is one line and exit 1 (docs/observability.md, "When the start fails")."""
+    import asyncio
+
+    from resourceconsist.cluster.cache import CacheSyncTimeout
+    from resourceconsist.runtime.manager import CannotServe
+
+    try:
+        asyncio.run(_run(cluster, adapters, webhooks, manager_options, webhook_options))
+    except CacheSyncTimeout as err:
+        also = f" (and {err.others} other{'s' if err.others > 1 else ''})" if err.others else ""
+        raise click.ClickException(
+            f"cannot start: the cache of {err.resource.plural}{also} did not sync within "
+            f"{err.seconds:g}s (--cache-sync-timeout): {err.because}"
+        ) from None
+    except CannotServe as err:
+        flags = " and ".join(_FLAG_OF[ManagerOptions, field] for field in err.fields)
+        raise click.ClickException(f"{err}; free the port or choose another with {flags}") from None
+
+
 async def _run(
     cluster: tuple[str | None, str | None],
     adapters: Sequence[ReconcileAdapter],
@@ -925,24 +961,57 @@ async def _run(
 ) -> None:
     import asyncio
 
+    from resourceconsist.flow.cancellation import DaemonThreadExecutor
     from resourceconsist.runtime.manager import Manager
 
-    client = _kube_client(*cluster)
-    if webhooks:
-        _check_webhook_prerequisites(client, webhook_options)
-    manager = Manager(client, manager_options)
-    for adapter in adapters:
-        await manager.add(adapter)
-    if webhooks:
-        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # First of all: from here on a signal stops the process at once, whatever the start waits
+    # for, and no thread it leaves in a request holds the exit (the manager's own executor).
+    loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    client = _kube_client(*cluster)
     try:
+        if webhooks:
+            checking = asyncio.ensure_future(
+                asyncio.to_thread(_check_webhook_prerequisites, client, webhook_options)
+            )
+            if not await _unless_stopped(checking, stop):
+                return
+        manager = Manager(client, manager_options)
+        for adapter in adapters:
+            await manager.add(adapter)
+        if webhooks:
+            manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
         await manager.run(stop)
+    except Exception as err:
+        from resourceconsist.cluster import diagnosis
+        from resourceconsist.cluster.cache import CacheSyncTimeout
+        from resourceconsist.cluster.kube import ApiError, is_unreachable
+
+        if isinstance(err, CacheSyncTimeout) or not (isinstance(err, ApiError) or is_unreachable(err)):
+            raise
+        # A request of the start refused or unanswered: why, in one line.
+        raise click.ClickException(f"cannot start: {diagnosis.explain(err, client.url)}") from None
     finally:
         client.close()
+
+
+async def _unless_stopped(work: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Wait for ``work`` unless ``stop`` is set first (then ``work`` is abandoned); whether it ran."""
+    import asyncio
+
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not work.done():
+        work.cancel()
+        return False
+    work.result()
+    return True
 
 
 def _webhook_runnable(
@@ -955,11 +1024,30 @@ def _webhook_runnable(
     server: list[WebhookServer] = []
 
     async def start() -> None:
-        server.append(
-            await serve(
-                webhooks, options, client=manager.client, informers=manager.informers, metrics=manager.metrics
+        import errno
+
+        from resourceconsist.cluster import diagnosis
+        from resourceconsist.cluster.kube import ApiError, is_unreachable
+
+        client = manager.client
+        try:
+            server.append(
+                await serve(
+                    webhooks, options, client=client, informers=manager.informers, metrics=manager.metrics
+                )
             )
-        )
+        except (ApiError, OSError) as err:
+            if isinstance(err, ApiError) or is_unreachable(err):
+                raise click.ClickException(
+                    f"cannot start the webhook's certificate bootstrap: {diagnosis.explain(err, client.url)}"
+                ) from None
+            if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+                raise
+            where = f"{options.host or '*'}:{options.port}"
+            raise click.ClickException(
+                f"cannot serve the webhook on {where}: {os.strerror(err.errno).lower()}; free the "
+                "port or choose another with --webhook-port (or --webhook-host)"
+            ) from None
 
     async def stop() -> None:
         if server:

@@ -14,6 +14,12 @@ logic of the manager's own.
 Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
 ``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
 ``resourceconsist run`` builds it from its flags (docs/reference/options.md).
+
+A start that cannot finish fails cleanly: a stop asked for while it is under way (caches filling,
+a Lease awaited, the webhook's certificate bootstrapped) ends it at once, and caches that do not
+fill within ``cache_sync_timeout`` fail it with ``CacheSyncTimeout``, one line naming the
+resource, why and what to do; ``/readyz`` says why meanwhile (docs/observability.md, "When the
+start fails").
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.cluster.cache import InformerFactory
+from resourceconsist.cluster.cache import CacheSyncTimeout, InformerFactory
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow import budget
@@ -61,6 +69,17 @@ class Runnable:
 
 class DuplicateControllerError(ResourceConsistError, ValueError):
     """Two adapters with the same controller name."""
+
+
+class CannotServe(ResourceConsistError):
+    """An endpoint of the manager could not listen on its address (in use, or not one of this
+    host's); ``fields`` name the ``ManagerOptions`` fields that set it."""
+
+    def __init__(self, paths: str, address: tuple[str, int], fields: tuple[str, ...], err: OSError) -> None:
+        host, port = address
+        why = (os.strerror(err.errno) if err.errno else str(err)).lower()
+        super().__init__(f"cannot serve {paths} on {host or '*'}:{port}: {why}")
+        self.fields = fields
 
 
 class Manager:
@@ -125,6 +144,14 @@ class Manager:
             else None
         )
         self._report_leading()
+        #: When the caches must have filled (``cache_sync_timeout`` after ``start`` began), and
+        #: what waits for that (``start`` without a Lease to win; ``run`` beside the stop).
+        self._sync_deadline = float("inf")
+        self._caches_filled: asyncio.Task[None] | None = None
+        #: Set when a start was abandoned for a stop: nothing waits for the informers then.
+        self._abandoned = False
+        #: ``run`` runs: it raises a start's failure, nothing else need tell it.
+        self._running = False
         self._servers: list[web.AppRunner] = []
         #: The port ``/healthz`` and ``/readyz`` are served on, once started (None: not served).
         self.health_port: int | None = None
@@ -138,7 +165,17 @@ class Manager:
 
     def ready(self) -> bool:
         """Started and every informer cache synced (what ``/readyz`` answers)."""
-        return self._started and self.informers.has_synced
+        return not self.not_ready_reasons()
+
+    def not_ready_reasons(self) -> list[str]:
+        """Why the manager is not ready, one line each (``/readyz``'s body); empty when it is."""
+        if not self._started:
+            return ["starting"]
+        return [
+            f"cache of {informer.resource.plural} not synced: {informer.not_synced_because()}"
+            for informer in self.informers.informers()
+            if not informer.has_synced
+        ]
 
     # -- controllers --------------------------------------------------------------------------------
 
@@ -222,6 +259,7 @@ class Manager:
         # threads: one stuck in a hung provider is abandoned on stop instead of keeping the
         # process alive (docs/concepts.md, "Stopping within the shutdown timeout").
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
+        self._sync_deadline = time.monotonic() + self.options.cache_sync_timeout
         if self.sharding is not None:
             # Before the caches start (ShardedReplica.prepare says why).
             self.sharding.prepare()
@@ -235,14 +273,34 @@ class Manager:
         # standby's webhook can answer from them).
         for controller in self.controllers.values():
             controller.warm_caches()
+        self._caches_filled = asyncio.create_task(self._fill_caches(), name="manager-caches")
         if self._elector is None:
+            await asyncio.shield(self._caches_filled)
             await self._start_controllers()
         else:
+            # Nobody may wait for it (a manager started without ``run``): its failure is told.
+            self._caches_filled.add_done_callback(self._tell_failure)
             self._elector_stop.clear()
             self._elector_task = asyncio.create_task(
                 self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
             )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
+
+    async def _fill_caches(self) -> None:
+        """Wait for every cache made so far to have its first list, until ``cache_sync_timeout``
+        after the start (controller-runtime's ``CacheSyncTimeout``); ``CacheSyncTimeout`` names
+        the first one that did not, and why."""
+        try:
+            await self.informers.wait_synced(max(0.0, self._sync_deadline - time.monotonic()))
+        except CacheSyncTimeout:
+            unsynced = [i for i in self.informers.informers() if not i.has_synced]
+            if unsynced:  # else they only wait for a re-list, after their first list
+                raise CacheSyncTimeout.of(unsynced, self.options.cache_sync_timeout) from None
+
+    def _tell_failure(self, filled: asyncio.Task[None]) -> None:
+        """Log why the caches did not fill, for a manager started without ``run`` (which raises it)."""
+        if not filled.cancelled() and (err := filled.exception()) is not None and not self._running:
+            log.error("%s", err)
 
     def _report_leading(self) -> None:
         self.metrics.leader.set(1 if self.leading else 0)
@@ -270,12 +328,22 @@ class Manager:
         try:
             for address, probes, exposition in endpoints:
                 runner = web.AppRunner(
-                    health_app(self.metrics, self.ready, probes=probes, exposition=exposition),
+                    health_app(self.metrics, self.not_ready_reasons, probes=probes, exposition=exposition),
                     access_log=None,
                 )
                 await runner.setup()
                 self._servers.append(runner)
-                await web.TCPSite(runner, *address).start()
+                try:
+                    await web.TCPSite(runner, *address).start()
+                except OSError as err:
+                    paths = {
+                        (True, True): "/healthz, /readyz and /metrics",
+                        (True, False): "/healthz and /readyz",
+                    }
+                    fields = ("health_probe_address",) * probes + ("metrics_address",) * exposition
+                    raise CannotServe(
+                        paths.get((probes, exposition), "/metrics"), address, fields, err
+                    ) from err
                 port = _bound_port(runner, address[1])
                 if probes:
                     self.health_port = port
@@ -327,11 +395,20 @@ class Manager:
         for runnable in self.runnables:
             if runnable.stopping is not None:
                 runnable.stopping()
+        filling, self._caches_filled = self._caches_filled, None
+        if filling is not None and not filling.done():
+            filling.cancel()
+            await asyncio.gather(filling, return_exceptions=True)
         if self._elector_task is not None:
-            # The elector stops the controllers and releases the lease on its way out.
+            # The elector stops the controllers and releases the lease on its way out; one still
+            # waiting for it has nothing to hand back, and its request in flight is abandoned.
             self._elector_stop.set()
-            await self._elector_task
-            self._elector_task = None
+            task, self._elector_task = self._elector_task, None
+            if self._elector is not None and not self._elector.leading:
+                task.cancel()
+            (ended,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(ended, Exception):
+                raise ended
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
         for runnable in reversed(self.runnables):
             try:
@@ -342,17 +419,43 @@ class Manager:
             await server.cleanup()
         self._servers.clear()
         self.clusters.stop_all()
-        await asyncio.to_thread(self.informers.stop)
+        # Informer threads still in a first list (an API server that does not answer) are
+        # daemons: a stop does not wait for them.
+        join = 2.0 if self.informers.has_synced and not self._abandoned else 0.1
+        await asyncio.to_thread(self.informers.stop, join)
         self._started = False
         log.info("manager stopped")
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Start, run until ``stop`` is set, then shut down gracefully."""
-        await self.start()
+        """Start, run until ``stop`` is set, then shut down gracefully. A stop while the start is
+        under way ends it at once; caches that do not fill within ``cache_sync_timeout`` raise
+        ``CacheSyncTimeout`` (after the manager stopped)."""
+        self._running = True
+        stopped = asyncio.create_task(stop.wait(), name="manager-stop")
+        starting = asyncio.create_task(self.start(), name="manager-start")
         try:
-            await stop.wait()
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                self._abandoned = True
+                log.info("stop asked for while starting: stopping")
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                return
+            starting.result()
+            filling = self._caches_filled
+            if filling is not None and not filling.done():
+                # Started, the caches still filling (a standby, or a shard): a stop, or the
+                # deadline that fails the run.
+                await asyncio.wait({stopped, filling}, return_when=asyncio.FIRST_COMPLETED)
+                if filling.done() and not filling.cancelled():
+                    filling.result()
+            await stopped
         finally:
-            await self.stop()
+            stopped.cancel()
+            try:
+                await self.stop()
+            finally:
+                self._running = False
 
 
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:

@@ -179,6 +179,7 @@ def test_the_cli_builds_each_option_from_its_flag() -> None:
         cli.run,
         *("--namespace", "shop", "--health-probe-bind-address", "127.0.0.1:9090", "--resync-seconds", "60"),
         *("--shutdown-timeout", "12", "--garbage-interval", "0", "--garbage-dry-run"),
+        *("--cache-sync-timeout", "30"),
         *("--leader-elect", "--leader-election-namespace", "ops", "--leader-election-id", "shop-lease"),
         *("--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "4"),
         *("--webhook-host", "127.0.0.1", "--webhook-port", "8443", "--cert-dir", "/certs"),
@@ -194,6 +195,7 @@ def test_the_cli_builds_each_option_from_its_flag() -> None:
         metrics_address=("", 8080),
         health_probe_address=("127.0.0.1", 9090),
         shutdown_timeout=12,
+        cache_sync_timeout=30,
         leader_election=LeaderElectionOptions(
             name="shop-lease",
             namespace="ops",
@@ -294,6 +296,11 @@ def test_help_shows_the_defaults_of_the_options() -> None:
             "lease duration (5s)",
         ),
         (("--shutdown-timeout", "-1"), "--shutdown-timeout", "shutdown timeout must be 0 or more seconds"),
+        (
+            ("--cache-sync-timeout", "0"),
+            "--cache-sync-timeout",
+            "cache sync timeout must be more than 0 seconds",
+        ),
         (("--resync-seconds", "-3"), "--resync-seconds", "resync period must be more than 0 seconds"),
         (("--full-pass-every", "-1"), "--full-pass-every", "full pass every must be 0 or more seconds"),
         (("--webhook-port", "70000"), "--webhook-port", "port must be 0 to 65535"),
