@@ -275,8 +275,18 @@ class Manager:
             controller.warm_caches()
         self._caches_filled = asyncio.create_task(self._fill_caches(), name="manager-caches")
         if self._elector is None:
-            await asyncio.shield(self._caches_filled)
-            await self._start_controllers()
+            # The controllers subscribe now (events before a cache syncs wait for it) and wait for
+            # their caches; the deadline ends their start if those never fill.
+            controllers = asyncio.ensure_future(self._start_controllers())
+            try:
+                await asyncio.wait({controllers, self._caches_filled}, return_when=asyncio.FIRST_COMPLETED)
+                if self._caches_filled.done() and not self._caches_filled.cancelled():
+                    self._caches_filled.result()  # raises CacheSyncTimeout
+                await controllers
+            finally:
+                if not controllers.done():
+                    controllers.cancel()
+                    await asyncio.gather(controllers, return_exceptions=True)
         else:
             # Nobody may wait for it (a manager started without ``run``): its failure is told.
             self._caches_filled.add_done_callback(self._tell_failure)
