@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -818,7 +818,7 @@ def run(
     environ = _adapter_environ(adapter_names, flags)
     adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    _serve((kubeconfig, context), adapters, webhooks, manager_options, webhook_options)
+    _serve(_run((kubeconfig, context), adapters, webhooks, manager_options, webhook_options))
 
 
 def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -848,7 +848,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str |
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.
-    _serve((kubeconfig, context), [], webhooks, manager_options, options)
+    _serve(_run((kubeconfig, context), [], webhooks, manager_options, options))
 
 
 @main.command()
@@ -925,22 +925,17 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
         raise click.ClickException(f"cannot start adapter: {err}") from err
 
 
-def _serve(
-    cluster: tuple[str | None, str | None],
-    adapters: Sequence[ReconcileAdapter],
-    webhooks: Sequence[WebhookAdapter],
-    manager_options: ManagerOptions,
-    webhook_options: WebhookOptions,
-) -> None:
-    """Run the manager until SIGTERM or SIGINT (exit 0, also while it still starts); a start
-    that fails is one line and exit 1 (docs/observability.md, "When the start fails")."""
+def _serve(running: Coroutine[Any, Any, None]) -> None:
+    """Run ``running`` (``_run``: the manager until SIGTERM or SIGINT, exit 0, also while it still
+    starts); a start that fails is one line and exit 1 (docs/observability.md, "When the start
+    fails")."""
     import asyncio
 
     from resourceconsist.cluster.cache import CacheSyncTimeout
     from resourceconsist.runtime.manager import CannotServe
 
     try:
-        asyncio.run(_run(cluster, adapters, webhooks, manager_options, webhook_options))
+        asyncio.run(running)
     except CacheSyncTimeout as err:
         also = f" (and {err.others} other{'s' if err.others > 1 else ''})" if err.others else ""
         raise click.ClickException(
