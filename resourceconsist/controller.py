@@ -93,6 +93,7 @@ class Controller:
         metrics: Metrics | None = None,
         garbage: GarbageOptions | None = None,
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
+        max_concurrent_reconciles: int | None = None,
     ) -> None:
         self.adapter = adapter
         self.name = adapter.get_controller_name()
@@ -104,7 +105,8 @@ class Controller:
         max_concurrent, limiter = DEFAULT_MAX_CONCURRENT, default_controller_rate_limiter()
         if isinstance(adapter, ReconcileOptions):
             max_concurrent, limiter = adapter.get_max_concurrent(), adapter.get_rate_limiter()
-        self.max_concurrent = max(1, max_concurrent)
+        # The manager's setting (an operator's --max-concurrent-reconciles) wins over the adapter's.
+        self.max_concurrent = max(1, max_concurrent_reconciles or max_concurrent)
         self.rate_limiter: RateLimiter = limiter
         #: controller-runtime's series of this controller and its queue (docs/observability.md).
         self.series = self.metrics.standard.controller(self.name, self.max_concurrent)

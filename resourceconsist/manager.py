@@ -215,6 +215,7 @@ class Manager:
             metrics=self.metrics,
             garbage=self.options.garbage,
             full_pass_every=self.options.full_pass_every,
+            max_concurrent_reconciles=self.options.max_concurrent_reconciles,
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
