@@ -36,10 +36,11 @@ The image: the tag defaults to the chart's appVersion, the package version.
 {{- end }}
 
 {{/*
-Whether the manager makes its own webhook certificates (no cert-manager).
+Whether the manager makes its own webhook certificates (neither cert-manager nor a certificate
+you bring, webhook.tls).
 */}}
 {{- define "resourceconsist.bootstrapCerts" -}}
-{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end }}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) (not .Values.webhook.tls.secretName) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -52,10 +53,17 @@ watchNamespace (the one-namespace value of earlier charts), each once, sorted.
 {{- end }}
 
 {{/*
+The manager's ServiceAccount: serviceAccount.name, else resourceconsist-manager.
+*/}}
+{{- define "resourceconsist.serviceAccountName" -}}
+{{- .Values.serviceAccount.name | default (include "resourceconsist.manager" .) }}
+{{- end }}
+
+{{/*
 The manager's identity, as the API server names it in request.userInfo.username.
 */}}
 {{- define "resourceconsist.managerUser" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ include "resourceconsist.manager" . }}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "resourceconsist.serviceAccountName" . }}
 {{- end }}
 
 {{/*
