@@ -88,6 +88,24 @@ def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
     return {"series": f"{name}{{{selector}}}", "values": values}
 
 
+LEASE, WEBHOOK = "resourceconsist-manager", "/mutating-alibabacloudslb"
+
+
+def _lease(values: str) -> dict[str, str]:
+    return _series("leader_election_master_status", {"instance": "a", "name": LEASE}, values)
+
+
+def _admissions(code: str, values: str) -> dict[str, str]:
+    return _series("controller_runtime_webhook_requests_total", {"webhook": WEBHOOK, "code": code}, values)
+
+
+def _latencies(under_half_a_second: int) -> list[dict[str, str]]:
+    """100 admissions a minute, ``under_half_a_second`` of them answered within 0.5 s, all within 10 s."""
+    name = "controller_runtime_webhook_latency_seconds_bucket"
+    counts = (("0.5", under_half_a_second), ("10", 100), ("+Inf", 100))
+    return [_series(name, {"webhook": WEBHOOK, "le": le}, f"0+{count}x25") for le, count in counts]
+
+
 #: Each alert: (the evaluation time, the labels it fires with beside its severity, the series
 #: history that fires it, the one that does not). Histories in promtool's notation, a sample a
 #: minute ("a+bxN": N+1 samples from a, adding b).
@@ -182,70 +200,22 @@ CASES: dict[str, tuple[str, dict[str, str], list[dict[str, str]], list[dict[str,
     ),
     "ResourceconsistLeaseLostRepeatedly": (
         "10m",
-        {"job": JOB, "instance": "a", "name": "resourceconsist-manager"},
-        [
-            _series(
-                "leader_election_master_status",
-                {"instance": "a", "name": "resourceconsist-manager"},
-                "1 1 0 0 1 1 0 1 1 1 1",
-            )
-        ],
+        {"job": JOB, "instance": "a", "name": LEASE},
+        [_lease("1 1 0 0 1 1 0 1 1 1 1")],
         # One loss (a rollout, a restart of the API server) is not a pattern.
-        [
-            _series(
-                "leader_election_master_status",
-                {"instance": "a", "name": "resourceconsist-manager"},
-                "1 1 0 0 1 1 1 1 1 1 1",
-            )
-        ],
+        [_lease("1 1 0 0 1 1 1 1 1 1 1")],
     ),
     "ResourceconsistWebhookErrors": (
         "15m",
-        {"job": JOB, "webhook": "/mutating-alibabacloudslb"},
-        [
-            _series(
-                "controller_runtime_webhook_requests_total",
-                {"webhook": "/mutating-alibabacloudslb", "code": "200"},
-                "0+100x20",
-            ),
-            _series(
-                "controller_runtime_webhook_requests_total",
-                {"webhook": "/mutating-alibabacloudslb", "code": "500"},
-                "0+20x20",
-            ),
-        ],
-        [
-            _series(
-                "controller_runtime_webhook_requests_total",
-                {"webhook": "/mutating-alibabacloudslb", "code": "200"},
-                "0+100x20",
-            ),
-            _series(
-                "controller_runtime_webhook_requests_total",
-                {"webhook": "/mutating-alibabacloudslb", "code": "500"},
-                "0+1x20",
-            ),
-        ],
+        {"job": JOB, "webhook": WEBHOOK},
+        [_admissions("200", "0+100x20"), _admissions("500", "0+20x20")],
+        [_admissions("200", "0+100x20"), _admissions("500", "0+1x20")],
     ),
     "ResourceconsistWebhookSlow": (
         "20m",
-        {"job": JOB, "webhook": "/mutating-alibabacloudslb"},
-        [
-            _series(
-                "controller_runtime_webhook_latency_seconds_bucket",
-                {"webhook": "/mutating-alibabacloudslb", "le": le},
-                values,
-            )
-            for le, values in (("0.5", "0+50x25"), ("10", "0+100x25"), ("+Inf", "0+100x25"))
-        ],
-        [
-            _series(
-                "controller_runtime_webhook_latency_seconds_bucket",
-                {"webhook": "/mutating-alibabacloudslb", "le": le},
-                values,
-            )
-            for le, values in (("0.5", "0+100x25"), ("10", "0+100x25"), ("+Inf", "0+100x25"))
-        ],
+        {"job": JOB, "webhook": WEBHOOK},
+        _latencies(under_half_a_second=50),
+        _latencies(under_half_a_second=100),
     ),
 }
 
