@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, ru
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from resourceconsist import lifecycle
-from resourceconsist.cancellation import Cancellation
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.flow.cancellation import Cancellation
+from resourceconsist.rules import lifecycle
 
 if TYPE_CHECKING:
-    from resourceconsist.cache import CacheReader, WatchEvent
-    from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
+    from resourceconsist.cluster.cache import CacheReader, WatchEvent
+    from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -389,7 +389,7 @@ class ProviderDescribeOptions(Protocol):
 
 class RateLimiter(Protocol):
     """How long to wait before retrying ``item`` (client-go's ``RateLimiter``); the workqueue's
-    (``resourceconsist.workqueue``) implement it."""
+    (``resourceconsist.runtime.workqueue``) implement it."""
 
     def when(self, item: str) -> float: ...
 
@@ -411,7 +411,7 @@ class CachedPodFieldsOptions(Protocol):
 
     The pod cache keeps only what the frame reads (``metadata`` but managedFields,
     ``spec.readinessGates``, ``status.conditions``, ``status.phase``, ``status.podIP``,
-    ``status.podIPs``: ``resourceconsist.transform.FRAME_POD_FIELDS``) and the dotted paths
+    ``status.podIPs``: ``resourceconsist.cluster.transform.FRAME_POD_FIELDS``) and the dotted paths
     returned here, e.g. ``["spec.nodeName", "spec.containers.ports"]`` (a path through a list
     keeps the rest of the path in each element). Default: none (docs/tutorial.md, "Fields the
     cache keeps")."""

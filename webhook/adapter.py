@@ -3,7 +3,7 @@
 A webhook adapter has a ``name`` and answers ``get_employers_by_employee(pod, reader)`` with the
 employers of a pod that is being created, as ``EmployerRef`` (kind, namespace, name). The
 webhook turns each into an ``expectedFinalizers`` entry of the pod's
-``pod.kusionstack.io/available-conditions`` annotation through ``resourceconsist.lifecycle``,
+``pod.kusionstack.io/available-conditions`` annotation through ``resourceconsist.rules.lifecycle``,
 the same functions the controller uses.
 
 ``WebhookAdapter`` and ``EmployerRef`` live in ``resourceconsist.adapter`` (the adapter API the
@@ -32,11 +32,13 @@ import re
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol, runtime_checkable
 
-from resourceconsist import gates, kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import EmployerRef, EmployersResult, WebhookAdapter
-from resourceconsist.cache import CacheReader
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader
+from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.rules import gates, lifecycle
 
 log = logging.getLogger("resourceconsist.webhook")
 

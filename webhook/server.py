@@ -7,7 +7,7 @@ gets is decided by ``admission.decide``:
 
 - Pod CREATE: the adapter names the pod's employers (from the informer cache); the answer is a
   JSONPatch merging their entries into ``pod.kusionstack.io/available-conditions``, keeping
-  the entries already there (computed by ``resourceconsist.lifecycle``).
+  the entries already there (computed by ``resourceconsist.rules.lifecycle``).
 - dry-run requests, other kinds, subresources and other operations: allowed untouched.
 - a body that is not a v1 AdmissionReview (not JSON, not an object, wrong apiVersion or kind,
   no request or uid, a field of the wrong type, too large, wrong Content-Type): HTTP 400 with a
@@ -49,9 +49,9 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from resourceconsist.adapter import cached_pod_fields
-from resourceconsist.cache import CacheReader, InformerFactory
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster.cache import CacheReader, InformerFactory
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.webhook.adapter import (
     PATH_PREFIX,
     EmployerRef,
@@ -84,7 +84,7 @@ from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.tls import CertificateReloader
 
 if TYPE_CHECKING:
-    from resourceconsist.metrics import Metrics
+    from resourceconsist.runtime.metrics import Metrics
 
 log = logging.getLogger("resourceconsist.webhook")
 
@@ -336,7 +336,8 @@ class WebhookServer:
         if bootstrap is None:
             raise RuntimeError("this server has no bootstrap options (WebhookOptions.bootstrap is None)")
         client = self._informers.client
-        # The frame's own API writes run in its own pool, never the adapters' (resourceconsist.cancellation).
+        # The frame's own API writes run in its own pool, never the adapters'
+        # (resourceconsist.flow.cancellation).
         self.last_bootstrap = await asyncio.to_thread(
             ensure_webhook_certificates, client, self.options.cert_dir, bootstrap
         )

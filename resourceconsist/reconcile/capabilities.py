@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from resourceconsist import kube
 from resourceconsist.adapter import (
     ExpectedFinalizerRecordOptions,
     MultiClusterOptions,
@@ -16,9 +15,10 @@ from resourceconsist.adapter import (
     ReconcileContext,
     ReconcileLifecycleOptions,
 )
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.interfaces import ObjectReader
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import ObjectReader
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.flow.cancellation import call_adapter
 
 
 def follows_lifecycle(adapter: ReconcileAdapter, employee_resource: Resource) -> bool:

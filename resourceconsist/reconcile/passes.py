@@ -12,18 +12,20 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
-from resourceconsist import budget, kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter, ReconcileContext
-from resourceconsist.budget import Priority
-from resourceconsist.cancellation import current_cancellation
-from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.podwriter import PodWriter, RecentWrites
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.flow import budget
+from resourceconsist.flow.budget import Priority
+from resourceconsist.flow.cancellation import current_cancellation
 from resourceconsist.reconcile import capabilities, guard
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.pods import PodPlaces
+from resourceconsist.reconcile.podwriter import PodWriter, RecentWrites
 from resourceconsist.reconcile.state import PassState, employer_entry
+from resourceconsist.rules import lifecycle
 
 
 class PassFactory:

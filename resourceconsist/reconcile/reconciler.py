@@ -33,18 +33,18 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from resourceconsist import kube
 from resourceconsist.adapter import Employee, ReconcileAdapter, ReconcileContext
-from resourceconsist.budget import spending_for
-from resourceconsist.diff import Diff
-from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.flow.budget import spending_for
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile import capabilities, finalizers, guard, readiness, statuses, sync
 from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
 from resourceconsist.reconcile.passes import PassFactory
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
+from resourceconsist.rules.diff import Diff
 
 
 class Reconciler:

@@ -17,8 +17,8 @@ from resourceconsist.adapter import (
     ReconcileRequeueOptions,
     StatusRecordOptions,
 )
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.outcome import Result, SyncFailedExist
 from resourceconsist.wire import EventReason

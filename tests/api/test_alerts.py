@@ -2,7 +2,7 @@
 "Alerts"), rendered by the real helm and checked by the real promtool (Debian's prometheus
 package, hack/install-promtool.sh): `promtool check rules` passes, `promtool test rules` sees each
 alert fire on one series history and stay silent on another, every series an alert reads is one
-the manager exposes (read from resourceconsist.metrics' registry, not from a list here), and each
+the manager exposes (read from resourceconsist.runtime.metrics' registry, not from a list here), and each
 alert has its section in docs/observability.md."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist.metrics import Metrics
+from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.testing import find_helm
 
 # helm lives beside the control plane's binaries: CI's run without them deselects this module by

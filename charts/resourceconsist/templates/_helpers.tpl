@@ -121,7 +121,7 @@ spec of its key (`.mode` same: equal outside allowed paths; empty: owning only a
 
 {{/*
 Annotation keys the adapters of this install record on their employers (Services) beyond the
-frame's: the built-in ones' (the demo adapter's last error, resourceconsist/experimental/demo.py)
+frame's: the built-in ones' (the demo adapter's last error, experimental/demo.py)
 and leastPrivilegePolicy.serviceAnnotations for adapters of your own. A JSON list.
 */}}
 {{- define "resourceconsist.employerAnnotations" -}}
