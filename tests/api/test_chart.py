@@ -20,7 +20,14 @@ from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject
-from resourceconsist.testing import HELM_VERSION, LocalControlPlane, find_helm, schemaless_crd, wait_for
+from resourceconsist.testing import (
+    HELM_VERSION,
+    LocalControlPlane,
+    find_helm,
+    run_cli,
+    schemaless_crd,
+    wait_for,
+)
 
 # helm lives beside the control plane's binaries (find_helm): CI's run without them skips this
 # module by the marker, never by a missing binary.
@@ -741,6 +748,11 @@ def test_helm_install_with_the_field_s_values_on_a_real_api_server(
     )
     args = container["args"]
     assert "--max-concurrent-reconciles=10" in args
+    # Every flag the values pass is one `resourceconsist run` knows.
+    done = run_cli("run", "--help")
+    assert done.returncode == 0, done.stderr
+    unknown = {arg.split("=", 1)[0] for arg in args[1:]} - set(re.findall(r"(--[a-z][a-z-]+)", done.stdout))
+    assert not unknown, unknown
     assert "--no-bootstrap-certs" in args and "--webhook-port=19443" in args
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["certs"]["secret"]["secretName"] == "lb-webhook-tls"
