@@ -91,6 +91,10 @@ def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
 LEASE, WEBHOOK = "resourceconsist-manager", "/mutating-alibabacloudslb"
 
 
+def _held(values: str) -> dict[str, str]:
+    return _series("resourceconsist_guard_held_deletion_seconds", {"cluster": "", "instance": "a"}, values)
+
+
 def _lease(values: str) -> dict[str, str]:
     return _series("leader_election_master_status", {"instance": "a", "name": LEASE}, values)
 
@@ -126,6 +130,13 @@ CASES: dict[str, tuple[str, dict[str, str], list[dict[str, str]], list[dict[str,
                 "resourceconsist_unguarded_routing_pods", {"controller": "slb", "instance": "a"}, "1x2 0x13"
             )
         ],
+    ),
+    "ResourceconsistGuardHoldsDeletion": (
+        "20m",
+        {"job": JOB},
+        [_held("0+60x20")],
+        # A deregistration that takes a few minutes (a slow provider) is no page.
+        [_held("0+60x4 0x16")],
     ),
     "ResourceconsistPodsHeldByGoneEmployers": (
         "40m",
