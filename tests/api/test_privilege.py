@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -899,6 +900,68 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
         + [f"| {what} | {_policy_message(answer)} |" for what, answer in rows]
     )
     assert _doc_section(TABLE_BEGIN, TABLE_END) == table, f"docs/security.md's table is not:\n{table}"
+
+
+def test_the_ownership_rule_lets_the_api_server_merge_old_entries(installed: Install) -> None:
+    """Past 10 entries of Update operations the API server merges the oldest into one entry,
+    ancient-changes, on the next write: the manager's own writes to a pod many tools have written
+    must still pass (they were refused before the policy knew it), while an applier's entry still
+    may not be dropped."""
+    admin = installed.admin
+    victim = "crowded-0"
+    _write_as(
+        admin,
+        CONTROLLER_MANAGER,
+        "POST",
+        kube.POD.path(APP),
+        {"metadata": {"name": victim}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}},
+        "application/json",
+    )
+    _write_as(
+        admin,
+        ARGO,
+        "PATCH",
+        kube.POD.path(APP, victim),
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": victim, "labels": {"team": "shop"}}},
+        "application/apply-patch+yaml",
+    )
+    for tool in range(12):
+        body = {"metadata": {"annotations": {f"tool-{tool}.example.com/seen": "yes"}}}
+        _write_as(
+            admin, f"tool-{tool}", "PATCH", kube.POD.path(APP, victim), body, "application/merge-patch+json"
+        )
+    entries = _entries(admin.get(kube.POD, APP, victim))
+    assert "ancient-changes" in {e["manager"] for e in entries}
+    # The API server merges the oldest entries by their time (whole seconds): the manager's write
+    # must come in a later second than the tools', or its own new entry is the one merged.
+    latest = max(datetime.fromisoformat(e["time"]).timestamp() for e in entries)
+    wait_for(
+        lambda: time.time() >= latest + 1.1, timeout=5, interval=0.05, message="a second after the tools"
+    )
+    manager = installed.as_manager()
+    try:
+        for step in range(3):
+            manager.patch(kube.POD, APP, victim, {"metadata": {"finalizers": [f"{GUARD}-{step}"[:63]]}})
+        manager.patch(
+            kube.POD,
+            APP,
+            victim,
+            {"status": {"conditions": [{"type": GATE, "status": "True"}]}},
+            patch_type="strategic",
+            subresource="status",
+        )
+        dropped = [e for e in _entries(admin.get(kube.POD, APP, victim)) if e["manager"] != ARGO]
+        refused = _try(
+            manager,
+            Attempt(
+                "drop the applier's entry", kube.POD, APP, victim, {"metadata": {"managedFields": dropped}}
+            ),
+        )
+        manager.patch(kube.POD, APP, victim, {"metadata": {"finalizers": None}})
+    finally:
+        manager.close()
+    assert "may not change the managedFields" in refused, refused
+    assert ARGO in {e["manager"] for e in _entries(admin.get(kube.POD, APP, victim))}
 
 
 #: A change of each field of a pod's status (PodStatus, as the API server serves it), for the test
