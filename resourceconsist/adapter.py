@@ -15,7 +15,7 @@ its event loop and runs plain (possibly blocking) functions in worker threads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
@@ -419,11 +419,6 @@ class CachedPodFieldsOptions(Protocol):
     def get_cached_pod_fields(self) -> Iterable[str]: ...
 
 
-def cached_pod_fields(adapter: object) -> tuple[str, ...]:
-    """The pod fields an adapter declared (``CachedPodFieldsOptions``); none when it did not."""
-    return tuple(adapter.get_cached_pod_fields()) if isinstance(adapter, CachedPodFieldsOptions) else ()
-
-
 # -- beyond Go: orphans, sub-resources (docs/lifecycle-hooks.md) -----------------------------------
 
 
@@ -548,3 +543,14 @@ class WebhookAdapter(Protocol):
     def name(self) -> str: ...
 
     def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> EmployersResult: ...
+
+
+@runtime_checkable
+class WebhookCacheOptions(Protocol):
+    """Optional: the resources whose informer caches the adapter reads.
+
+    The server starts these informers before it reports ready, so the first admission does not
+    wait for a cache to fill. Without this capability the server assumes Services.
+    """
+
+    def get_cached_resources(self) -> Sequence[Resource]: ...

@@ -20,13 +20,11 @@ from pydantic_core import to_jsonable_python
 
 from resourceconsist import wire
 from resourceconsist.adapter import (
-    CompleteListingOptions,
     Employee,
     Employer,
     OrphanCollectOptions,
     OwnedItem,
     ProviderBackend,
-    ProviderDescribeOptions,
     ProviderView,
     ReconcileAdapter,
     ReconcileContext,
@@ -37,9 +35,9 @@ from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.hooks.orphans import CANNOT_LIST, NAME_UNKNOWN, NOT_COMPLETE
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.rules import lifecycle, marks
 from resourceconsist.rules.diff import diff
-from resourceconsist.runtime.controller import watch_spec
 
 #: How many of an employer's latest Warning Events explain shows.
 RECENT_WARNINGS = 5
@@ -262,6 +260,8 @@ class Explainer:
     def __init__(self, client: KubeClient, adapters: Sequence[ReconcileAdapter] = ()) -> None:
         self.client = client
         self.adapters = list(adapters)
+        #: Each adapter as the frame reads it (resourceconsist/reconcile/profile.py).
+        self._profiles = {id(a): AdapterProfile.of(a) for a in self.adapters}
         self.reader = SnapshotReader(client)
         #: What each listing adapter's ``list_owned`` answered, asked once per explain.
         self._owned: dict[str, list[OwnedItem]] = {}
@@ -269,13 +269,16 @@ class Explainer:
 
     # -- shared pieces ----------------------------------------------------------------------------
 
+    def _profile(self, adapter: ReconcileAdapter) -> AdapterProfile:
+        return self._profiles[id(adapter)]
+
     def _adapters_for(self, resource: Resource) -> list[ReconcileAdapter]:
-        return [a for a in self.adapters if watch_spec(a).employer == resource]
+        return [a for a in self.adapters if self._profile(a).employer == resource]
 
     def _employer_resources(self) -> list[Resource]:
         found = [kube.SERVICE]
         for adapter in self.adapters:
-            resource = watch_spec(adapter).employer
+            resource = self._profile(adapter).employer
             if resource not in found:
                 found.append(resource)
         return found
@@ -293,8 +296,9 @@ class Explainer:
         """The provider's side for one employer: the adapter's description, else its current items."""
         ctx = self._context(adapter, employer)
         try:
-            if isinstance(adapter, ProviderDescribeOptions):
-                return _Consulted(adapter, await call_adapter(adapter.describe_provider, ctx, employer))
+            describe = self._profile(adapter).describe
+            if describe is not None:
+                return _Consulted(adapter, await call_adapter(describe.describe_provider, ctx, employer))
             employers: list[Employer] = await call_adapter(adapter.get_current_employer, ctx, employer)
             employees: list[Employee] = await call_adapter(adapter.get_current_employee, ctx, employer)
         except Exception as err:
@@ -475,17 +479,19 @@ class Explainer:
                 "run explain again with --adapter NAME; if that adapter cannot list what it holds, " + by_hand
             )
             return gone
-        listing = [a for a in adapters if isinstance(a, OrphanCollectOptions)]
+        listing: list[tuple[ReconcileAdapter, OrphanCollectOptions]] = [
+            (a, orphans) for a in adapters if (orphans := self._profile(a).orphans) is not None
+        ]
         if not listing:
             gone.collectable, gone.why, gone.action = "no", CANNOT_LIST, by_hand
             return gone
         held: list[str] = []
-        for adapter in listing:
+        for adapter, orphans in listing:
             name = adapter.get_controller_name()
             ctx = self._context(adapter, None)
             try:
                 if name not in self._owned:
-                    self._owned[name] = list(await call_adapter(adapter.list_owned, ctx))
+                    self._owned[name] = list(await call_adapter(orphans.list_owned, ctx))
                 owned = self._owned[name]
             except Exception as err:
                 gone.collectable = "no"
@@ -496,9 +502,7 @@ class Explainer:
                 )
                 return gone
             held += [item.id for item in owned if item.owner == hold.key]
-        if not held and not any(
-            isinstance(a, CompleteListingOptions) and a.lists_everything_owned() for a in listing
-        ):
+        if not held and not any(self._profile(a).lists_everything_owned for a, _ in listing):
             gone.collectable, gone.why, gone.action = "no", NOT_COMPLETE, by_hand
             return gone
         gone.collectable = "yes"

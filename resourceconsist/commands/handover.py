@@ -34,10 +34,8 @@ from dataclasses import dataclass, field
 from resourceconsist import wire
 from resourceconsist.adapter import (
     Employee,
-    MultiClusterOptions,
     ReconcileAdapter,
     ReconcileContext,
-    ReconcileLifecycleOptions,
 )
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import SnapshotReader, WatchEvent
@@ -45,9 +43,10 @@ from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.options import LeaderElectionOptions
-from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter
+from resourceconsist.reconcile.finalizers import patch_employer_annotations, record_annotations
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter, PodWriteResult
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.rules import gates, lifecycle
-from resourceconsist.runtime.controller import watch_spec
 from resourceconsist.runtime.leaderelection import LeaderElector
 
 log = logging.getLogger(__name__)
@@ -164,7 +163,7 @@ class _Employer:
 
     obj: KubeObject
     resource: Resource
-    adapters: list[ReconcileAdapter]
+    adapters: list[AdapterProfile]
     entry: EmployerEntry
     #: Pods the provider holds a registration of; None when a lookup failed.
     held: set[str] | None = None
@@ -214,29 +213,26 @@ class Handover:
         dry_run: bool = False,
     ) -> None:
         """``namespaces``: only these namespaces' pods and employers (None: all)."""
-        for adapter in adapters:
-            if isinstance(adapter, MultiClusterOptions) and not adapter.employee_fed():
+        #: Each adapter as the frame reads it (resourceconsist/reconcile/profile.py).
+        self.profiles = [AdapterProfile.of(adapter) for adapter in adapters]
+        for profile in self.profiles:
+            if profile.employees_in_members():
                 raise HandoverError(
-                    f"adapter {adapter.get_controller_name()} keeps its pods in member clusters; "
+                    f"adapter {profile.name} keeps its pods in member clusters; "
                     "the hand-over covers one cluster's pods only"
                 )
         self.client = client
-        self.adapters = list(adapters)
         self.namespaces = None if namespaces is None else tuple(namespaces)
         self.dry_run = dry_run
         self.reader = SnapshotReader(client)
         self.report = HandoverReport(dry_run=dry_run)
 
-    def _guarded_adapters(self) -> dict[Resource, list[ReconcileAdapter]]:
+    def _guarded_adapters(self) -> dict[Resource, list[AdapterProfile]]:
         """The adapters whose pods carry the frame's finalizers, by employer kind."""
-        by_kind: dict[Resource, list[ReconcileAdapter]] = {}
-        for adapter in self.adapters:
-            spec = watch_spec(adapter)
-            follows = (
-                adapter.follow_pod_ops_lifecycle() if isinstance(adapter, ReconcileLifecycleOptions) else True
-            )
-            if spec.employee == kube.POD and follows:
-                by_kind.setdefault(spec.employer, []).append(adapter)
+        by_kind: dict[Resource, list[AdapterProfile]] = {}
+        for profile in self.profiles:
+            if profile.follows_lifecycle:
+                by_kind.setdefault(profile.employer, []).append(profile)
         return by_kind
 
     def _list(self, resource: Resource) -> list[KubeObject]:
@@ -257,7 +253,7 @@ class Handover:
                 meta = obj["metadata"]
                 name, namespace = str(meta["name"]), str(meta.get("namespace") or "")
                 event = WatchEvent("ADDED", obj)
-                mine = [a for a in adapters if watch_spec(a).employer_predicate(event)]
+                mine = [a for a in adapters if a.watch.employer_predicate(event)]
                 if not mine and (namespace, _digest(lifecycle.guard_finalizer(name))) not in carried:
                     continue
                 entry = EmployerEntry(
@@ -271,42 +267,37 @@ class Handover:
     async def _consult(self, employer: _Employer) -> None:
         """What the provider holds for the employer, from every adapter that serves it."""
         held: set[str] = set()
-        for adapter in employer.adapters:
-            ctx = ReconcileContext(
-                reader=self.reader,
-                controller=adapter.get_controller_name(),
-                employer_key=kube.object_key(employer.obj),
-            )
+        for profile in employer.adapters:
+            ctx = self._context(profile, employer)
             try:
                 items: list[Employee] = list(
-                    await call_adapter(adapter.get_current_employee, ctx, employer.obj)
+                    await call_adapter(profile.adapter.get_current_employee, ctx, employer.obj)
                 )
             except Exception as err:
-                employer.error = f"{adapter.get_controller_name()}: provider lookup failed: {err}"
+                employer.error = f"{profile.name}: provider lookup failed: {err}"
                 log.warning("%s: %s", employer.ref, employer.error)
                 return
             held |= {item.name for item in items if item.name and item.registered()}
         employer.held = held
         employer.selected = await self._selected(employer)
 
+    def _context(self, profile: AdapterProfile, employer: _Employer) -> ReconcileContext:
+        """What the hand-over's adapter calls get: the snapshot to read, no writer or recorder."""
+        return ReconcileContext(
+            reader=self.reader, controller=profile.name, employer_key=kube.object_key(employer.obj)
+        )
+
     async def _selected(self, employer: _Employer) -> set[str] | None:
-        """The pods the employer selects, as its controller reads them; None when unknown."""
+        """The pods the employer selects, as its controller reads them (the pass's own
+        ``AdapterProfile.selected_names``); None when unknown."""
         names: set[str] = set()
-        for adapter in employer.adapters:
-            if isinstance(adapter, ReconcileLifecycleOptions):
-                ctx = ReconcileContext(
-                    reader=self.reader,
-                    controller=adapter.get_controller_name(),
-                    employer_key=kube.object_key(employer.obj),
+        for profile in employer.adapters:
+            try:
+                names |= set(
+                    await profile.selected_names(self._context(profile, employer), employer.obj, self.reader)
                 )
-                try:
-                    names |= set(await call_adapter(adapter.get_selected_employee_names, ctx, employer.obj))
-                except Exception as err:
-                    log.info("%s: selected pods unknown: %s", employer.ref, err)
-                    return None
-            elif employer.resource == kube.SERVICE:
-                names |= {p["metadata"]["name"] for p in self.reader.pods_selected_by(employer.obj)}
-            else:
+            except Exception as err:
+                log.info("%s: selected pods unknown: %s", employer.ref, err)
                 return None
         return names
 
@@ -406,32 +397,32 @@ class Handover:
             after = {n: f for n, f in written.finalizers.items() if n not in written.failed}
         for name, finalizers in sorted(after.items()):
             self._record(employer, f"{namespace}/{name}", in_namespace[name], finalizers, name in held)
-        if not self.dry_run and any(_records_lifecycle(a) for a in employer.adapters):
+        if not self.dry_run and any(a.records_lifecycle_finalizers for a in employer.adapters):
             final = {n: lifecycle.get_finalizers(p) for n, p in in_namespace.items()} | after
-            await asyncio.to_thread(self._update_record, employer, final)
+            await self._update_record(employer, final)
 
-    def _update_record(self, employer: _Employer, final: dict[str, list[str]]) -> None:
+    async def _update_record(self, employer: _Employer, final: dict[str, list[str]]) -> None:
         """Record mode: the employer's record of the pods carrying its lifecycle finalizer names
-        the pods that got it, so the Go original releases them once they leave the selection."""
-        annotation = wire.LIFECYCLE_FINALIZER_RECORDED_ANNOTATION
-        value = lifecycle.get_annotations(employer.obj).get(annotation, "")
-        recorded = {n for n in value.split(",") if n}
-        having = ",".join(
-            sorted(n for n in recorded | set(final) if employer.entry.lifecycle_finalizer in final.get(n, []))
+        the pods that got it, so the Go original releases them once they leave the selection
+        (the pass's own record rules, ``reconcile.finalizers.record_annotations``)."""
+        lifecycle_finalizer = employer.entry.lifecycle_finalizer
+        annotations = record_annotations(
+            employer.obj,
+            PodWriteResult(),
+            expected_record=None,
+            adds=(),
+            removes=(),
+            lifecycle_record=True,
+            carriers=final,
+            carries_lifecycle=lambda name: lifecycle_finalizer in final.get(name, ()),
         )
-        if having == ",".join(sorted(recorded)):
+        if not annotations:
             return
-        meta = employer.obj["metadata"]
         try:
-            self.client.patch_optimistic(
-                employer.resource,
-                meta.get("namespace"),
-                meta["name"],
-                lambda fresh: {"metadata": {"annotations": {annotation: having}}},
-                current=employer.obj,
-            )
+            await patch_employer_annotations(self.client, employer.resource, employer.obj, annotations)
         except kube.ApiError as err:
-            self.report.warnings.append(f"{employer.ref}: annotation {annotation} not updated: {err}")
+            names = ", ".join(sorted(annotations))
+            self.report.warnings.append(f"{employer.ref}: annotation {names} not updated: {err}")
 
     @staticmethod
     def _go_keeps_it(employer: _Employer, pod: KubeObject) -> bool:
@@ -499,12 +490,6 @@ _DELETING = (
     "deleting while the provider still holds it: no finalizer can be added to a deleting pod; "
     "run the hand-over again once the Go original (or this controller) has deregistered it"
 )
-
-
-def _records_lifecycle(adapter: ReconcileAdapter) -> bool:
-    return (
-        isinstance(adapter, ReconcileLifecycleOptions) and adapter.need_record_lifecycle_finalizer_condition()
-    )
 
 
 def _entries(pod: KubeObject) -> dict[str, str]:

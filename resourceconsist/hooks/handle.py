@@ -18,6 +18,7 @@ from resourceconsist.cluster.cache import CacheReader
 from resourceconsist.cluster.interfaces import EventSink
 from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.reconcile import Result
+from resourceconsist.reconcile.profile import AdapterProfile
 
 
 class ControllerHandle(Protocol):
@@ -29,6 +30,10 @@ class ControllerHandle(Protocol):
 
     @property
     def adapter(self) -> ReconcileAdapter: ...
+
+    @property
+    def profile(self) -> AdapterProfile:
+        """The adapter as the frame reads it: its watch options and optional protocols."""
 
     @property
     def employer(self) -> Resource:
@@ -65,6 +70,10 @@ class ControllerHandle(Protocol):
         """The employer ``key`` is in what the manager watches (a namespace-bound manager sees
         its namespaces only: elsewhere its cache cannot see the pods to release, and its
         ServiceAccount may not even look)."""
+
+    def peers(self) -> list[str]:
+        """The other controllers of the same manager that employ the same kind: a gone employer
+        that nothing listed ties to this controller may be one of theirs."""
 
     def claim(self, key: str) -> bool:
         """Hold the employer ``key`` as if a pass of it ran (False: one is queued or running);

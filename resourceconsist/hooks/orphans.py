@@ -33,11 +33,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from resourceconsist.adapter import CompleteListingOptions, OrphanCollectOptions, OwnedItem
+from resourceconsist.adapter import OwnedItem
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheNotSynced
 from resourceconsist.cluster.events import MAX_MESSAGE
@@ -132,16 +131,13 @@ class GarbageCollector:
         #: Owners whose refused lookup (403) the operator was told about, with the refusal: told
         #: again only when it changes, forgotten once a lookup answers.
         self._refused: dict[str, str] = {}
-        #: The other controllers of this manager that employ the same kind (set by the manager):
-        #: a gone employer that no listed item ties to this controller may be one of theirs.
-        self.peers: Callable[[], list[str]] = list
 
     @property
     def wanted(self) -> bool:
-        adapter = self.controller.adapter
+        profile = self.controller.profile
         return self.options.enabled and (
-            isinstance(adapter, OrphanCollectOptions)
-            or bool(cluster_scoped_kinds(adapter))
+            profile.orphans is not None
+            or bool(cluster_scoped_kinds(profile))
             or self.controller.follows_lifecycle
         )
 
@@ -169,11 +165,11 @@ class GarbageCollector:
         if not controller.synced:
             # An empty cache would make every owner look gone.
             raise CacheNotSynced(f"{controller.name}: caches not synced; no garbage pass")
-        adapter = controller.adapter
+        adapter = controller.profile.orphans
         # None: nothing can be collected this pass (why_not says why); unknown releases nothing.
         by_owner: dict[str, list[OwnedItem]] | None = None
         why_not: str | None = CANNOT_LIST
-        if isinstance(adapter, OrphanCollectOptions):
+        if adapter is not None:
             ctx = controller.context("")
             try:
                 owned: list[OwnedItem] = list(await call_adapter(adapter.list_owned, ctx))
@@ -365,10 +361,9 @@ class GarbageCollector:
     def _unlisted_why_not(self, key: str) -> str | None:
         """Why the pods of gone ``key``, which the adapter's list does not name, cannot be released
         (None: they can, once the bare stand-in's pass confirms the provider holds nothing)."""
-        adapter = self.controller.adapter
-        if not (isinstance(adapter, CompleteListingOptions) and adapter.lists_everything_owned()):
+        if not self.controller.profile.lists_everything_owned:
             return NOT_COMPLETE
-        peers = self.peers()
+        peers = self.controller.peers()
         if peers:
             return (
                 f"controllers {', '.join(sorted(peers))} of this manager employ "
@@ -503,7 +498,7 @@ class GarbageCollector:
         dry_run = self.options.dry_run
         client = controller.client
         selector = f"{OWNER_CONTROLLER_LABEL}={label_value(controller.name)}"
-        for api_version, kind in cluster_scoped_kinds(controller.adapter):
+        for api_version, kind in cluster_scoped_kinds(controller.profile):
             res = await asyncio.to_thread(client.resource, api_version, kind)
             if res.namespaced:
                 continue  # owner references: Kubernetes' garbage collector deletes them

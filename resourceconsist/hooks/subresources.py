@@ -17,13 +17,13 @@ import logging
 import re
 from typing import Any, Final
 
-from resourceconsist.adapter import ReconcileAdapter, SubResourceOptions
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.reconcile import ReconcileError
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.rules import lifecycle
 
 log = logging.getLogger(__name__)
@@ -50,14 +50,15 @@ def label_value(text: str) -> str:
     return "h-" + hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def cluster_scoped_kinds(adapter: ReconcileAdapter) -> list[tuple[str, str]]:
-    return list(adapter.sub_resource_kinds()) if isinstance(adapter, SubResourceOptions) else []
+def cluster_scoped_kinds(profile: AdapterProfile) -> list[tuple[str, str]]:
+    """The cluster-scoped kinds of the adapter's sub-resources (none without ``SubResourceOptions``)."""
+    return list(profile.sub_resources.sub_resource_kinds()) if profile.sub_resources is not None else []
 
 
 async def sync_sub_resources(controller: ControllerHandle, key: str) -> int:
     """Create or update the sub-resources of the live employer ``key``; how many were written."""
-    adapter = controller.adapter
-    if not isinstance(adapter, SubResourceOptions):
+    adapter = controller.profile.sub_resources
+    if adapter is None:
         return 0
     namespace, _, name = key.rpartition("/")
     employer = controller.reader.get(controller.employer, namespace or None, name)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Protocol
 
 from resourceconsist import errors, wire
 from resourceconsist.adapter import (
@@ -21,9 +21,6 @@ from resourceconsist.adapter import (
     RateLimiter,
     ReconcileAdapter,
     ReconcileContext,
-    ReconcileOptions,
-    ReconcileWatchOptions,
-    cached_pod_fields,
 )
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
@@ -36,52 +33,38 @@ from resourceconsist.hooks.orphans import GarbageCollector
 from resourceconsist.hooks.subresources import sync_sub_resources
 from resourceconsist.hooks.subscribers import LifecycleSubscriber, SubscriberBus
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
-from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist, capabilities
+from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.runtime import logs
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.parking import ParkedEvents
-from resourceconsist.runtime.sharding.shard import ShardGate
 from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
-from resourceconsist.watch import handler
 
 log = logging.getLogger(__name__)
 
+
+class EmployerScope(Protocol):
+    """Which employers a controller may act on, when another piece decides it: with sharding,
+    this replica's share (resourceconsist/runtime/sharding/replica.py; docs/scaling.md). A
+    controller built with none acts on every employer it watches."""
+
+    def left(self, event: WatchEvent) -> bool:
+        """A DELETED event of an employer that was not deleted but left the scope: nothing of it
+        is released here."""
+
+    def draining(self, obj: KubeObject | None) -> bool:
+        """The employer is in scope and asked to be let go: acted on whatever the predicate says."""
+
+    async def may_act(self, resource: Resource, key: str, reader: CacheReader) -> bool:
+        """Before each pass: whether a pass of ``key`` may run now (a draining employer is let
+        go of here, in the worker that holds its key)."""
+
+    def owns(self, resource: Resource, key: str) -> bool:
+        """A gone employer's key is in scope (its garbage pass runs here)."""
+
+
 #: Seconds a controller starting to lead waits for its caches before giving up (and stepping down).
 CACHE_SYNC_TIMEOUT = 600.0
-
-DEFAULT_MAX_CONCURRENT = 5
-
-
-@dataclass(frozen=True)
-class WatchSpec:
-    """The watch options in force for one adapter (its own, or the defaults)."""
-
-    employer: Resource
-    employee: Resource
-    employer_handler: EventHandler
-    employee_handler: EventHandler
-    employer_predicate: Predicate
-    employee_predicate: Predicate
-
-
-def watch_spec(adapter: ReconcileAdapter) -> WatchSpec:
-    if isinstance(adapter, ReconcileWatchOptions):
-        return WatchSpec(
-            adapter.new_employer(),
-            adapter.new_employee(),
-            adapter.employer_event_handler(),
-            adapter.employee_event_handler(),
-            adapter.employer_predicates(),
-            adapter.employee_predicates(),
-        )
-    return WatchSpec(
-        kube.SERVICE,
-        kube.POD,
-        handler.enqueue_self,
-        handler.enqueue_services_by_pod,
-        handler.control_predicate,
-        handler.accept_all,
-    )
 
 
 class Controller:
@@ -97,26 +80,30 @@ class Controller:
         metrics: Metrics | None = None,
         garbage: GarbageOptions | None = None,
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
+        peers: Callable[[], list[str]] = list,
+        scope: EmployerScope | None = None,
         max_concurrent_reconciles: int | None = None,
     ) -> None:
-        self.adapter = adapter
-        self.name = adapter.get_controller_name()
-        self._employees_in_members = capabilities.employees_in_members(adapter)
+        """``peers``: the names of the other controllers of the same manager that employ the
+        same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers"); ``scope``:
+        which employers it may act on (None: every one it watches); ``max_concurrent_reconciles``:
+        the manager's number of workers, over the adapter's own (None: the adapter's)."""
+        #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
+        self.profile = profile = AdapterProfile.of(adapter)
+        self.adapter = profile.adapter
+        self.name = profile.name
         self.client = client
         self.informers = informers
         self.metrics = metrics or Metrics()
-        self.spec = watch_spec(adapter)
-        max_concurrent, limiter = DEFAULT_MAX_CONCURRENT, default_controller_rate_limiter()
-        if isinstance(adapter, ReconcileOptions):
-            max_concurrent, limiter = adapter.get_max_concurrent(), adapter.get_rate_limiter()
+        self.spec = profile.watch
         # The manager's setting (an operator's --max-concurrent-reconciles) wins over the adapter's.
-        self.max_concurrent = max(1, max_concurrent_reconciles or max_concurrent)
-        self.rate_limiter: RateLimiter = limiter
+        self.max_concurrent = max(1, max_concurrent_reconciles or profile.max_concurrent)
+        self.rate_limiter: RateLimiter = profile.rate_limiter or default_controller_rate_limiter()
         #: controller-runtime's series of this controller and its queue (docs/observability.md).
         self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
-        self.queue = WorkQueue(limiter, name=self.name, metrics=self.series.queue)
+        self.queue = WorkQueue(self.rate_limiter, name=self.name, metrics=self.series.queue)
         #: The pod fields the adapter reads beyond the frame's own: every cache it reads keeps them.
-        self.pod_fields = cached_pod_fields(adapter)
+        self.pod_fields = profile.pod_fields
         self.member_clusters = member_clusters if member_clusters is not None else {}
         try:
             for factory in (informers, *(f for _, f in self.member_clusters.values())):
@@ -132,12 +119,10 @@ class Controller:
         )
         retried = self.metrics.retried_failures
         self.reconciler = Reconciler(
-            adapter,
+            profile,
             client,
             self.reader,
             EventRecorder(client, self.name),
-            self.spec.employer,
-            self.spec.employee,
             self._clusters,
             api_down=lambda: client.reachability.down,
             report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
@@ -145,6 +130,7 @@ class Controller:
             notify=self.subscribers.publish,
             full_pass_every=full_pass_every,
         )
+        self.peers = peers
         #: What the garbage pass and the sub-resources step see of this controller.
         self.handle: ControllerHandle = _Handle(self)
         self.garbage = GarbageCollector(self.handle, garbage or GarbageOptions())
@@ -161,11 +147,8 @@ class Controller:
         self._requeue_pending = False
         self.reconciles = 0
         self.failures = 0
-        #: With sharding, this replica's shard: which employers it acts on (set by the manager
-        #: before the controller starts; docs/scaling.md).
-        self.shard: ShardGate | None = None
-        #: With sharding: waits until the shard's pod cache holds an employer's pods (the manager's).
-        self.shard_pods_ready: Callable[[str], Awaitable[None]] = _nothing_to_wait_for
+        #: Which employers it may act on (with sharding, this replica's share); None: all.
+        self.scope = scope
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
         """Tell ``subscriber`` what happens to this controller's pods and employers."""
@@ -173,7 +156,7 @@ class Controller:
 
     @property
     def employees_in_members(self) -> bool:
-        return self._employees_in_members()
+        return self.profile.employees_in_members()
 
     # -- watches ------------------------------------------------------------------------------------
 
@@ -203,14 +186,14 @@ class Controller:
             if self.queue.shutting_down:
                 return
             accepted = False
-            shard = self.shard if employees_of is None else None
+            scope = self.scope if employees_of is None else None
             try:
-                if shard is not None and shard.left(event):
+                if scope is not None and scope.left(event):
                     # Moved to another shard, not deleted: nothing of it is released here.
                     reconciler.let_go(kube.object_key(event.obj))
                     return
                 # A drain is acted on whatever the adapter's predicate says (docs/scaling.md).
-                if not (shard is not None and shard.draining(event.obj)) and not predicate(event):
+                if not (scope is not None and scope.draining(event.obj)) and not predicate(event):
                     return
                 accepted = True
                 keys = to_keys(event, reader)
@@ -456,7 +439,9 @@ class Controller:
         self.series.active.inc()
         try:
             with running_pass(cancellation), self.metrics.bound(self.name):
-                if self.shard is not None and not await self._shard_may_act(key):
+                if self.scope is not None and not await self.scope.may_act(
+                    self.spec.employer, key, self.reader
+                ):
                     self.reconciler.let_go(key)
                     self.queue.forget(key)
                     return
@@ -509,27 +494,6 @@ class Controller:
             self.metrics.observe_reconcile(self.name, outcome, seconds)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))
 
-    async def _shard_may_act(self, key: str) -> bool:
-        """With sharding: the employer is this shard's (a draining one is let go of here, in the
-        worker that holds its key, so no pass of it runs meanwhile)."""
-        assert self.shard is not None
-        namespace, _, name = key.rpartition("/")
-        cached = self.reader.get(self.spec.employer, namespace or None, name)
-        if not await self.shard.may_act(self.spec.employer, key, cached):
-            return False
-        # The shard's pod cache holds this employer's pods before its pass (docs/scaling.md).
-        await self.shard_pods_ready(key)
-        if cached is None:
-            return True  # gone, as the API server said: nothing can have moved it meanwhile
-        # A drain that arrived during the wait is acknowledged now, not after one more pass.
-        return await self.shard.may_act(
-            self.spec.employer, key, self.reader.get(self.spec.employer, namespace or None, name)
-        )
-
-
-async def _nothing_to_wait_for(key: str) -> None:
-    del key
-
 
 class _Handle:
     """``ControllerHandle`` over one controller: what runs beside it reads and does this, no more."""
@@ -544,6 +508,10 @@ class _Handle:
     @property
     def adapter(self) -> ReconcileAdapter:
         return self._controller.adapter
+
+    @property
+    def profile(self) -> AdapterProfile:
+        return self._controller.profile
 
     @property
     def employer(self) -> Resource:
@@ -581,8 +549,11 @@ class _Handle:
         if self.employer.namespaced and not self._controller.informers.watches(key.rpartition("/")[0]):
             return False
         # With sharding, a gone employer is the business of the one shard its key hashes to.
-        shard = self._controller.shard
-        return shard is None or shard.ring_owns(self.employer, key)
+        scope = self._controller.scope
+        return scope is None or scope.owns(self.employer, key)
+
+    def peers(self) -> list[str]:
+        return self._controller.peers()
 
     def claim(self, key: str) -> bool:
         return self._controller.queue.claim(key)

@@ -237,3 +237,32 @@ def test_the_package_top_is_small_and_its_floors_are_few() -> None:
     # Every folder of resourceconsist/ is named by the root contract as a whole, not module by module.
     layered = {m for layer in _layers() for m in layer}
     assert set(folders) - {"testing"} <= layered, f"folders in no layer: {set(folders) - layered}"
+
+
+def test_only_the_profile_asks_an_adapter_for_its_capabilities() -> None:
+    """An adapter's optional protocols are read once, by its profile (issue 34): no other module
+    calls ``isinstance`` with one of them."""
+    import resourceconsist.adapter as api
+
+    protocols = {
+        name
+        for name, value in vars(api).items()
+        if isinstance(value, type) and getattr(value, "_is_runtime_protocol", False)
+    }
+    assert {"ReconcileWatchOptions", "StatusRecordOptions", "WebhookCacheOptions"} <= protocols
+    askers: dict[str, list[str]] = {}
+    for name, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance"
+            ):
+                continue
+            if len(node.args) == 2:
+                second = node.args[1]
+                names = second.elts if isinstance(second, ast.Tuple) else [second]
+                asked = [n.id for n in names if isinstance(n, ast.Name) and n.id in protocols]
+                if asked:
+                    askers.setdefault(name, []).extend(asked)
+    assert set(askers) == {f"{PACKAGE}.reconcile.profile"}, f"modules asking for capabilities: {askers}"

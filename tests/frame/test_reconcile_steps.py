@@ -32,6 +32,7 @@ from resourceconsist.reconcile import (
 )
 from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.rules import lifecycle
 from resourceconsist.rules.labels import map_selects
 
@@ -191,7 +192,7 @@ def _pod(api: FakeApi, name: str, *, ready: bool, finalizers: list[str] | None =
 
 
 def _reconciler(api: FakeApi, adapter: DemoAdapter, events: Events | None = None) -> Reconciler:
-    return Reconciler(adapter, api, api, events or Events(), kube.SERVICE, kube.POD)
+    return Reconciler(AdapterProfile.of(adapter), api, api, events or Events())
 
 
 def _finalizers(api: FakeApi, name: str) -> list[str]:
