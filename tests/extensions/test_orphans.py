@@ -684,7 +684,7 @@ async def test_a_garbage_pass_before_the_caches_sync_says_so_and_collects_nothin
 MANAGER_RULES = [
     {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "list"]},
 ]
 #: The same, but a Service may not be looked up by name (a narrowed or half-applied Role).
 NO_SERVICE_GET = [
