@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -46,6 +47,8 @@ from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
 from resourceconsist.rules.diff import Diff
+
+log = logging.getLogger(__package__)
 
 
 class Reconciler:
@@ -238,29 +241,49 @@ class Reconciler:
         return result
 
     async def _sync_employees(self, p: PassState) -> None:
-        """5. The employee sync under the guard: before the calls, after them."""
+        """5. The employee sync under the guard: before the calls, after them. Calls that are
+        slow to answer have their pods' gates say they wait for the registration meanwhile
+        (``readiness.Gatekeeper.in_flight``)."""
+        registering: asyncio.Task[None] | None = None
+        writing = asyncio.Event()
 
         async def before_calls(planned: Diff[Employee], current: Sequence[Employee]) -> set[str]:
-            p.carriers = self.passes.carriers(p)
-            guarding = await guard.before_calls(
-                planned,
-                current,
-                entry=p.entry,
-                pod_of=p.pod_of,
-                writer=p.writer,
-                written=p.written,
-                report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
-                controller=self.name,
-                key=p.key,
-            )
-            p.carriers |= guarding.carrying
-            self.telling.guarded(p.key, guarding.guarding)
-            return guarding.blocked
+            nonlocal registering
+            blocked: set[str] = set()
+            if p.follows_lifecycle:
+                p.carriers = self.passes.carriers(p)
+                guarding = await guard.before_calls(
+                    planned,
+                    current,
+                    entry=p.entry,
+                    pod_of=p.pod_of,
+                    writer=p.writer,
+                    written=p.written,
+                    report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
+                    controller=self.name,
+                    key=p.key,
+                )
+                p.carriers |= guarding.carrying
+                self.telling.guarded(p.key, guarding.guarding)
+                blocked = guarding.blocked
+            created = {e.name for e in planned.to_create if e.name} - blocked
+            changed = {e.name for e in planned.to_update if e.name} - blocked
+            if (created or changed) and not p.deleting:
+                registering = asyncio.create_task(self._gates_in_flight(p, created, changed, writing))
+            return blocked
 
-        guarded = before_calls if p.follows_lifecycle else None
-        p.employee_results, current_by_id, refused = await sync.sync_employees(
-            self.adapter, p.ctx, p.employer, p.failures, guarded
-        )
+        hook = before_calls if self.employees_are_pods else None
+        try:
+            p.employee_results, current_by_id, refused = await sync.sync_employees(
+                self.adapter, p.ctx, p.employer, p.failures, hook
+            )
+        finally:
+            if registering is not None:
+                if not writing.is_set():
+                    # The calls answered in time: the gates after them say it all.
+                    registering.cancel()
+                # Writes under way land before the gates after the calls are decided.
+                await asyncio.gather(registering, return_exceptions=True)
         p.refused.update(refused)
         if not self.employees_are_pods:  # (following PodOpsLifecycle implies pod employees)
             return
@@ -293,6 +316,19 @@ class Reconciler:
         if records is not None:
             p.expected_clean, p.employer = records.clean, records.employer
             await finalizers.raise_write_failures(p.written, p.entries.adds | p.entries.removes, p.failures)
+
+    async def _gates_in_flight(
+        self, p: PassState, created: set[str], changed: set[str], writing: asyncio.Event
+    ) -> None:
+        """Once the calls have run for ``readiness.IN_FLIGHT_AFTER`` seconds: the gates of the
+        pods they register or change say so (``writing`` set from then: the writes are waited
+        for, not cancelled). Best effort: a failed write is logged, the gates after the calls
+        write again."""
+        await asyncio.sleep(readiness.IN_FLIGHT_AFTER)
+        writing.set()
+        failed = await self.gates.in_flight(p.employer, created, changed)
+        for name, err in sorted(failed.items()):
+            log.info("%s %s: pod %s: gate of a call in flight not written: %s", self.name, p.key, name, err)
 
     async def _gates(self, p: PassState) -> None:
         """This employer's readiness gates, from what the pass confirmed (docs/zero-downtime.md)."""

@@ -82,10 +82,12 @@ class Controller:
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
         peers: Callable[[], list[str]] = list,
         scope: EmployerScope | None = None,
+        max_concurrent_reconciles: int | None = None,
     ) -> None:
         """``peers``: the names of the other controllers of the same manager that employ the
         same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers"); ``scope``:
-        which employers it may act on (None: every one it watches)."""
+        which employers it may act on (None: every one it watches); ``max_concurrent_reconciles``:
+        the manager's number of workers, over the adapter's own (None: the adapter's)."""
         #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
         self.profile = profile = AdapterProfile.of(adapter)
         self.adapter = profile.adapter
@@ -94,7 +96,8 @@ class Controller:
         self.informers = informers
         self.metrics = metrics or Metrics()
         self.spec = profile.watch
-        self.max_concurrent = profile.max_concurrent
+        # The manager's setting (an operator's --max-concurrent-reconciles) wins over the adapter's.
+        self.max_concurrent = max(1, max_concurrent_reconciles or profile.max_concurrent)
         self.rate_limiter: RateLimiter = profile.rate_limiter or default_controller_rate_limiter()
         #: controller-runtime's series of this controller and its queue (docs/observability.md).
         self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
