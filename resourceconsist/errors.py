@@ -52,6 +52,12 @@ def steering(err: BaseException | None) -> PermanentError | RetryAfter | None:
     return None
 
 
+class PassCancelled(ResourceConsistError):
+    """The pass was cancelled (the controller is stopping), its deadline has passed, or the Lease
+    it acts for is no longer surely held (``resourceconsist.flow.fence.LeaseLost``). Adapter code
+    meeting it gives up: ``ctx.cancellation.check()`` raises it (resourceconsist.flow.cancellation)."""
+
+
 class InvalidOptions(ResourceConsistError, ValueError):
     """An options object was given a value it cannot work with; ``fields`` names the fields at
     fault (e.g. ``("renew_deadline", "lease_duration")``)."""

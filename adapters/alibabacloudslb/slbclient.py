@@ -80,9 +80,10 @@ from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVS
 from aliyunsdkslb.request.v20140515.TagResourcesRequest import TagResourcesRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from resourceconsist.errors import ResourceConsistError
+from resourceconsist.errors import PassCancelled, ResourceConsistError
 from resourceconsist.flow.budget import Priority, ProviderBudget, budget_for, current_priority, spending_for
-from resourceconsist.flow.cancellation import PassCancelled, current_cancellation
+from resourceconsist.flow.cancellation import current_cancellation
+from resourceconsist.flow.fence import check_fence
 from resourceconsist.runtime.metrics import (
     observe_provider_call,
     observe_provider_failure,
@@ -1203,7 +1204,12 @@ class SLBClient:
         error: SLBError | None = None
         body: Any = None
         try:
-            body = self._signing_client().do_action_with_exception(request)
+            client = self._signing_client()
+            if action in MUTATING_ACTIONS:
+                # A change sent for a Lease no longer surely held could undo what its new
+                # holder did: checked here, in the step that sends it (resourceconsist/flow/fence.py).
+                check_fence()
+            body = client.do_action_with_exception(request)
         except CredentialsError as exc:
             error = SLBError(action, CREDENTIALS_UNAVAILABLE, str(exc))
         except ServerException as exc:

@@ -27,10 +27,14 @@ connection's ``request``; in the loop transport once aiohttp holds a connection,
 yields. No ``await`` and no thread hand-off lies between a check and its send, and a check runs
 again for every attempt of a request (a retry after a broken connection). A check that raises
 refuses the request: nothing of it is written, and its exception reaches the caller (the ledger
-records the request as unanswered). This is where a fencing check belongs (a write only while a
-Lease is surely held: docs/concepts.md, "The runtime"). One limit of the loop transport on
-Python 3.11: aiohttp writes a request *with a body* from a task of its own, which the loop runs
-next, before anything else of the frame; on 3.12 and later it writes it eagerly, in the step.
+records the request as unanswered). The lease fence is checked here, before the send checks, for
+every request but a read: a write made for a Lease no longer surely held is never sent
+(docs/concepts.md, "Fencing"). One limit of the loop transport on Python 3.11: aiohttp writes a
+request *with a body* from a task of its own, which the loop runs next, before anything else of
+the frame; on 3.12 and later it writes it eagerly, in the step. A pause that falls between the
+check and that task is the same case as one that falls between a check and the write in the
+synchronous step: the write goes out on resuming (docs/concepts.md, "Fencing", "What remains
+possible").
 """
 
 from __future__ import annotations
@@ -43,10 +47,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from resourceconsist.flow.fence import check_fence
+
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger(__name__)
+
+#: Methods that change nothing: never fenced.
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 #: Told of every request: its HTTP method, the answer's status (0: no answer), its seconds.
 RequestObserver = Callable[[str, int, float], None]
@@ -132,7 +141,11 @@ class RequestLedger:
 
     def before_send(self, method: str, path: str) -> None:
         """The request is about to be handed to a connection (the send hook, module docstring):
-        every send check is asked, and one that raises refuses it."""
+        a write made for a Lease no longer surely held is refused (``LeaseLost``; the lease fence,
+        resourceconsist/flow/fence.py: docs/concepts.md, "Fencing"), then every send check is
+        asked, and one that raises refuses it."""
+        if method not in _READS:
+            check_fence()
         for check in self._checks:
             check(method, path)
 

@@ -47,13 +47,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, Final, TypeVar
 
-from resourceconsist.errors import ResourceConsistError
+from resourceconsist.errors import PassCancelled
+from resourceconsist.flow.fence import check_fence
 
 T = TypeVar("T")
-
-
-class PassCancelled(ResourceConsistError):
-    """The pass was cancelled (the controller is stopping) or its deadline has passed."""
 
 
 class Cancellation:
@@ -214,6 +211,13 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
             future.cancel()
 
 
+def _fenced(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in its worker thread, unless the Lease the caller acts for is no longer
+    surely held (checked in the thread, right before the call: no hand-off in between)."""
+    check_fence()
+    return fn(*args)
+
+
 #: Where plain (blocking) calls run: daemon threads, so that a call stuck in a hung provider is
 #: abandoned on stop instead of holding the process open (docs/concepts.md, "Stopping within the
 #: shutdown timeout").
@@ -228,10 +232,13 @@ async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
     awaitable that a plain function returns is awaited too.
     """
     if inspect.iscoroutinefunction(fn):
+        # Acting for a Lease no longer surely held, no provider call starts
+        # (resourceconsist/flow/fence.py); checked where the call is made, no await between.
+        check_fence()
         return await fn(*args)
     context = contextvars.copy_context()
     loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, fn, *args))
+    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, _fenced, fn, *args))
     if inspect.isawaitable(result):
         return await result
     return result

@@ -22,6 +22,7 @@ from resourceconsist.cluster.interfaces import EventSink
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import RetryAfter
 from resourceconsist.flow.cancellation import current_cancellation
+from resourceconsist.flow.fence import fence_lost
 from resourceconsist.reconcile.memory import Streak
 from resourceconsist.reconcile.outcome import MAX_CONFLICT_RETRY_SECONDS, MAX_ITEM_WARNINGS, ReconcileError
 from resourceconsist.wire import EventReason
@@ -105,7 +106,8 @@ class PassFailures:
         controller's stop cancelled records none: what failed failed because it was told to
         stop, and a stop is not a failure (docs/concepts.md, "When a failure becomes a Warning";
         the next start runs the pass again)."""
-        if current_cancellation().stopped:
+        if current_cancellation().stopped or fence_lost():
+            # Stopped, or acting for a Lease no longer surely held (resourceconsist/flow/fence.py).
             log.info("%s %s: pass stopped: %s", self.controller, self.key, message)
             return ReconcileError(reason, message)
         # While the API server is down the client has said so once; a line per failed pass

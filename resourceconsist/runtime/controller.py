@@ -27,7 +27,9 @@ from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerF
 from resourceconsist.cluster.events import EventRecorder
 from resourceconsist.cluster.interfaces import EventSink
 from resourceconsist.cluster.kube import EmployerKey, KubeClient, KubeObject, Resource
-from resourceconsist.flow.cancellation import Cancellation, PassCancelled, running_pass
+from resourceconsist.errors import PassCancelled
+from resourceconsist.flow.cancellation import Cancellation, running_pass
+from resourceconsist.flow.fence import Fence, acting_for
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.hooks.orphans import GarbageCollector
 from resourceconsist.hooks.subresources import sync_sub_resources
@@ -83,11 +85,14 @@ class Controller:
         peers: Callable[[], list[str]] = list,
         scope: EmployerScope | None = None,
         max_concurrent_reconciles: int | None = None,
+        fence: Fence | None = None,
     ) -> None:
         """``peers``: the names of the other controllers of the same manager that employ the
         same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers"); ``scope``:
         which employers it may act on (None: every one it watches); ``max_concurrent_reconciles``:
-        the manager's number of workers, over the adapter's own (None: the adapter's)."""
+        the manager's number of workers, over the adapter's own (None: the adapter's); ``fence``:
+        the Lease it acts for (leader election's or the shard's), whose deadline every write it
+        makes is checked against (resourceconsist/flow/fence.py; None: it holds none)."""
         #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
         self.profile = profile = AdapterProfile.of(adapter)
         self.adapter = profile.adapter
@@ -149,6 +154,8 @@ class Controller:
         self.failures = 0
         #: Which employers it may act on (with sharding, this replica's share); None: all.
         self.scope = scope
+        #: The Lease its passes, garbage passes and their writes act for (None: no Lease).
+        self.fence = fence
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
         """Tell ``subscriber`` what happens to this controller's pods and employers."""
@@ -359,12 +366,15 @@ class Controller:
         # does not come steps this replica down (docs/concepts.md, "Leader election timings").
         await self.informers.wait_synced(CACHE_SYNC_TIMEOUT)
         self.subscribers.start()
-        if self.garbage.wanted:
-            self._garbage_task = asyncio.create_task(self.garbage.run(), name=f"{self.name}-garbage")
-        self._workers = [
-            asyncio.create_task(self._worker(i), name=f"{self.name}-worker-{i}")
-            for i in range(self.max_concurrent)
-        ]
+        # Every task started here, and every thread they hand work to, acts for the fence's
+        # Lease: their writes are refused once it is no longer surely held.
+        with acting_for(self.fence):
+            if self.garbage.wanted:
+                self._garbage_task = asyncio.create_task(self.garbage.run(), name=f"{self.name}-garbage")
+            self._workers = [
+                asyncio.create_task(self._worker(i), name=f"{self.name}-worker-{i}")
+                for i in range(self.max_concurrent)
+            ]
         log.info(
             "controller %s started: %d workers, employer %s, employee %s",
             self.name,

@@ -5,7 +5,10 @@ runs the controllers, the others keep their caches warm and retry. A holder that
 within ``renew_deadline`` steps down (its controllers stop) before the lease can expire for
 the others, so two replicas never reconcile at once. Stepping down gracefully releases the
 lease so a standby takes over at once instead of after ``lease_duration``.
-Every update carries the Lease's resourceVersion: two candidates never both win.
+Every update carries the Lease's resourceVersion: two candidates never both win. The elector's
+``fence`` (resourceconsist/flow/fence.py) says until when the Lease is surely held, on a clock
+that runs while the process is stopped: every write made for it is refused past that moment,
+whatever the process believes (docs/concepts.md, "Fencing").
 Which Lease and the timings: ``LeaderElectionOptions`` (in ``resourceconsist.options``), part of
 ``ManagerOptions``.
 """
@@ -16,13 +19,13 @@ import asyncio
 import contextlib
 import datetime
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound
 from resourceconsist.flow.cancellation import DaemonThreadExecutor
+from resourceconsist.flow.fence import Fence, fence_clock
 from resourceconsist.options import LeaderElectionOptions
 
 log = logging.getLogger(__name__)
@@ -71,9 +74,12 @@ class LeaderElector:
         self.leading = False
         #: Campaign rounds so far (acquire or renew attempts).
         self.attempts = 0
-        #: ``time.monotonic()`` until which no one else can hold the Lease: the start of the last
+        #: ``fence_clock()`` until which no one else can hold the Lease: the start of the last
         #: successful renewal plus the lease duration (the renew time written is later).
         self.held_until = 0.0
+        #: Until when this process surely holds the Lease: the start of the last successful
+        #: renewal plus the renew deadline; the writes made for the Lease check it.
+        self.fence = Fence(f"{self.namespace}/{options.name}")
         # The Lease's own threads: a renewal never queues behind the frame's calls on the loop's
         # executor (a pass waiting for a cache, a burst of writes at a cold start), or it could
         # miss the renew deadline while the process is busy, not cut off (docs/concepts.md,
@@ -144,7 +150,12 @@ class LeaderElector:
 
     def lease_left(self) -> float:
         """Seconds until another candidate could hold the Lease (0 or less: it may already)."""
-        return self.held_until - time.monotonic()
+        return self.held_until - fence_clock()
+
+    def _held_from(self, began: float) -> None:
+        """An acquire or renew sent at ``began`` (``fence_clock``) succeeded."""
+        self.held_until = began + self.options.lease_duration
+        self.fence.hold_until(began + self.options.renew_deadline)
 
     def _renew(self) -> bool:
         """Renew the Lease if this candidate still holds it (never acquires it)."""
@@ -159,9 +170,9 @@ class LeaderElector:
         while True:
             await asyncio.sleep(c.retry_period)
             try:
-                began = time.monotonic()
+                began = fence_clock()
                 if await asyncio.wait_for(self._call(self._renew), timeout=c.renew_deadline):
-                    self.held_until = began + c.lease_duration
+                    self._held_from(began)
             except TimeoutError:
                 log.debug(
                     "lease %s/%s: no answer within %gs while stopping",
@@ -173,6 +184,7 @@ class LeaderElector:
                 log.debug("lease %s/%s: renewal while stopping: %s", self.namespace, c.name, err)
 
     def _release(self) -> None:
+        self.fence.drop()
         lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
         if lease is None or lease.get("spec", {}).get("holderIdentity") != self.options.identity:
             return
@@ -207,12 +219,13 @@ class LeaderElector:
                             failed,
                         )
                         self.leading = False
+                        self.fence.drop()
                         await on_stopped_leading()
                         with contextlib.suppress(Exception):
                             await asyncio.wait_for(self._call(self._release), timeout=RELEASE_TIMEOUT)
                 # The renew time written is taken after this moment: the renew deadline counts
                 # from here, so a slow attempt cannot stretch the time the Lease is believed held.
-                began = time.monotonic()
+                began = fence_clock()
                 try:
                     # An attempt that outlives the renew deadline counts as failed (its thread is
                     # abandoned), so a hung API server cannot keep a leader from stepping down.
@@ -233,16 +246,17 @@ class LeaderElector:
                         err,
                     )
                     won = False
-                now = time.monotonic()
+                now = fence_clock()
                 if won:
                     last_renew = began
-                    self.held_until = began + c.lease_duration
+                    self._held_from(began)
                     if not self.leading:
                         self.leading = True
                         log.info("became leader of lease %s/%s as %s", self.namespace, c.name, c.identity)
                         starting = asyncio.ensure_future(on_started_leading())
                 elif self.leading and now - last_renew > c.renew_deadline:
                     self.leading = False
+                    self.fence.drop()
                     log.warning("lost lease %s/%s: stepping down", self.namespace, c.name)
                     await _cancelled(starting)
                     starting = None
@@ -262,6 +276,8 @@ class LeaderElector:
                 finally:
                     keeping.cancel()
                     await asyncio.gather(keeping, return_exceptions=True)
+                    # Nothing acts for the Lease any more, whether it is released or left to expire.
+                    self.fence.drop()
             if was_leading and self.release_on_cancel:
                 try:
                     # Bounded: a stop must not wait on an API server that does not answer; an

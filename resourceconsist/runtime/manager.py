@@ -205,6 +205,7 @@ class Manager:
             full_pass_every=self.options.full_pass_every,
             peers=peers,
             scope=self.sharding.scope if self.sharding is not None else None,
+            fence=self._elector.fence if self._elector is not None else None,
             max_concurrent_reconciles=self.options.max_concurrent_reconciles,
         )
         for subscriber in self.subscribers:

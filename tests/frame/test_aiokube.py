@@ -18,6 +18,7 @@ from kubernetes import client as k8s
 from resourceconsist.cluster import aiokube, kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.experimental.demo import DemoAdapter
+from resourceconsist.flow.fence import Fence, LeaseLost, acting_for, fence_clock
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
@@ -361,3 +362,52 @@ async def test_a_send_check_is_asked_in_each_transports_send_step_and_may_refuse
     # Removed, it is asked no more.
     await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "3"}}})
     assert len(asked) == 3
+
+
+async def test_a_write_for_a_lease_no_longer_held_is_sent_by_neither_transport(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    """The lease fence in the send step (docs/concepts.md, "Fencing"): a write made for a Lease
+    whose deadline has passed raises ``LeaseLost`` and never reaches the API server, on the thread
+    path and the loop path alike; reads pass, and so does code acting for no Lease."""
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    transport = _transport(kube_client)
+    fence = Fence("ns/lease")
+    seen = Seen(kube_client)
+    try:
+        with acting_for(fence):
+            fence.hold_until(fence_clock() + 60)
+            await asyncio.to_thread(
+                kube_client.patch, kube.POD, ns, "web-0", {"metadata": {"labels": {"a": "1"}}}
+            )
+            await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"b": "1"}}})
+            fence.hold_until(fence_clock() - 0.001)
+            with pytest.raises(LeaseLost):
+                await asyncio.to_thread(
+                    kube_client.patch, kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "1"}}}
+                )
+            with pytest.raises(LeaseLost):
+                await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "2"}}})
+            with pytest.raises(LeaseLost):
+                await asyncio.to_thread(kube_client.delete, kube.POD, ns, "web-0")
+            # Reads are never fenced.
+            assert (await transport.get(kube.POD, ns, "web-0"))["metadata"]["name"] == "web-0"
+            assert (await asyncio.to_thread(kube_client.get, kube.POD, ns, "web-0"))["metadata"]["name"]
+        # Code that acts for no Lease writes as before.
+        await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"c": "1"}}})
+    finally:
+        seen.stop()
+    labels = ((await cluster.get(kube.POD, "web-0")) or {})["metadata"].get("labels") or {}
+    assert {"a", "b", "c"} <= set(labels) and "x" not in labels, "a fenced write went out"
+    answered = [(m, s) for m, s, _ in seen.requests]
+    assert answered == [
+        ("PATCH", 200),
+        ("PATCH", 200),
+        ("PATCH", 0),
+        ("PATCH", 0),
+        ("DELETE", 0),
+        ("GET", 200),
+        ("GET", 200),
+        ("PATCH", 200),
+    ]

@@ -21,7 +21,7 @@ import pytest
 from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject
-from resourceconsist.errors import InvalidOptions
+from resourceconsist.errors import InvalidOptions, PassCancelled
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.flow import budget
 from resourceconsist.flow.budget import (
@@ -31,7 +31,7 @@ from resourceconsist.flow.budget import (
     retry_after_seconds,
     spending_for,
 )
-from resourceconsist.flow.cancellation import Cancellation, PassCancelled, call_adapter
+from resourceconsist.flow.cancellation import Cancellation, call_adapter
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
 from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager

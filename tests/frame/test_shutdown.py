@@ -45,11 +45,11 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
 )
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.errors import PassCancelled
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.flow.cancellation import (
     Cancellation,
     DaemonThreadExecutor,
-    PassCancelled,
     current_cancellation,
     running_pass,
 )

@@ -24,6 +24,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheReader, Informer, InformerFactory, WatchEvent
 from resourceconsist.cluster.kube import EmployerKey, KubeClient, Resource
 from resourceconsist.flow import budget
+from resourceconsist.flow.fence import acting_for
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import LeaderElector
@@ -326,7 +327,10 @@ class ShardedReplica:
             resync=self.options.sharder_resync,
             report=self._report_round,
         )
-        await self.sharder.start()
+        assert self._sharder_elector is not None
+        # The sharder's rounds and writes act for its own Lease (resourceconsist/flow/fence.py).
+        with acting_for(self._sharder_elector.fence):
+            await self.sharder.start()
 
     def _report_round(self, done: SharderRound) -> None:
         metrics = self.metrics

@@ -32,6 +32,7 @@ from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import Informer, InformerFactory, WatchEvent
 from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound, Resource
+from resourceconsist.flow.fence import LeaseLost, check_fence
 from resourceconsist.runtime.leaderelection import lease_time
 from resourceconsist.runtime.sharding.ring import (
     Shard,
@@ -156,6 +157,11 @@ class Sharder:
                 done = await asyncio.to_thread(self.round, now, only)
                 if done.next_in is not None:
                     delay = min(delay, done.next_in)
+            except LeaseLost as err:
+                # Its election steps it down on its next attempt; nothing was written.
+                log.info("sharder of ring %s: round not run: %s", self.ring, err)
+                delay = min(delay, 1.0)
+                self._full = True
             except Exception as err:
                 quiet = kube.is_unreachable(err) or self.client.reachability.down
                 log.log(logging.DEBUG if quiet else logging.WARNING, "sharder of ring %s: %s", self.ring, err)
@@ -169,6 +175,9 @@ class Sharder:
     def round(self, now: datetime.datetime, only: set[tuple[Resource, str]] | None = None) -> SharderRound:
         """Bring the Leases' states and the employers' labels (those of ``only``, when given) in
         line with the ring, once."""
+        # A round only while the sharder's Lease is surely held: a sharder resumed from a pause
+        # reads a stale Lease cache and must not drain Services beside the real one.
+        check_fence()
         done = SharderRound()
         shards: dict[str, Shard] = {}
         for lease in self.leases.store.list():
