@@ -438,6 +438,10 @@ class RuntimeAPI:
                     size += len(chunk)
                     if size > MAX_ANSWER_BYTES:
                         raise OSError(f"answer longer than {MAX_ANSWER_BYTES} bytes")
+            if not chunks:
+                # HAProxy ends every answer with a newline, an empty one too: nothing at all is a
+                # connection that broke before the answer, whatever the command did.
+                raise ConnectionAbortedError("the connection closed without an answer")
             return b"".join(chunks).decode("utf-8", "replace")
         except (OSError, ssl.SSLError) as err:
             code = type(err).__name__
