@@ -60,7 +60,13 @@ async def haproxy_service(
 
 
 async def ready_pod(
-    cluster: Cluster, servers: PodServers, name: str, *, app: str = "web", gate: str | None = None, serve: bool = True
+    cluster: Cluster,
+    servers: PodServers,
+    name: str,
+    *,
+    app: str = "web",
+    gate: str | None = None,
+    serve: bool = True,
 ) -> str:
     """A pod whose HTTP server listens on a fresh loopback IP (unless ``serve`` is False), Ready
     (or, with ``gate``, carrying that readiness gate with its containers ready); its IP."""
@@ -73,7 +79,10 @@ async def ready_pod(
     else:
         body = {
             "metadata": {"name": name, "labels": {"app": app}},
-            "spec": {"containers": [{"name": "app", "image": "app"}], "readinessGates": [{"conditionType": gate}]},
+            "spec": {
+                "containers": [{"name": "app", "image": "app"}],
+                "readinessGates": [{"conditionType": gate}],
+            },
         }
         await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
         await cluster.set_status(name, ready=False, ip=ip)
