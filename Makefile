@@ -8,11 +8,13 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Python packages (editable) and the kube-apiserver + etcd the tests run, built from Go modules.
+# Python packages (editable), the kube-apiserver + etcd the tests run, built from Go modules, and
+# Debian's haproxy for the haproxy adapter's tests (installed when missing).
 setup: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	hack/build-controlplane.sh >/dev/null
+	hack/install-haproxy.sh
 
 demo: setup
 	$(BIN)/resourceconsist demo
