@@ -4,14 +4,17 @@ front of its runtime API (docs/testing.md, "A real HAProxy").
 - ``LocalHAProxy``: Debian's ``haproxy`` binary (``apt-get install haproxy``; ``.ci/run`` and
   ``make setup`` install it) started in the foreground on loopback, with a generated
   configuration in its own temporary directory: one HTTP frontend per backend on a free port,
-  its runtime API on a unix socket of mode 600 (``level admin``) and, with ``tls=True``, on a
-  TCP socket that asks for a client certificate signed by its own CA (``client_files()``).
+  its runtime API on a unix socket of mode 600 (``level admin``) and, with ``tls=True``, also
+  over TLS on a TCP port that asks for a client certificate signed by its own CA
+  (``client_files()``): a ``listen`` section of mode tcp terminating TLS and relaying to the unix
+  socket (Debian's 2.6 accepts ``ssl`` on a ``stats socket`` line but speaks plain text there).
   ``restart()`` stops and starts it again on the same sockets and ports: a new process that lost
   every server added at runtime, as a reload does. ``stop()`` removes everything; the process is
   killed with the test process too.
 - ``PodServers``: small real HTTP/1.1 servers, one per pod IP on loopback (``127.0.0.x``, routed
-  by Linux without any set-up), answering ``/`` with 200 and the pod's name, and
-  ``/healthz`` with 200 or 503; ``stop(ip)`` closes one, so HAProxy's checks really fail.
+  by Linux without any set-up), answering ``/`` with 200 and the pod's name, ``/sleep/<s>`` the
+  same after ``s`` seconds (a long request), and ``/healthz`` with 200 or 503 (``set_healthy``);
+  ``stop(ip)`` closes one, so HAProxy's checks really fail.
 - ``SocketProxy``: a unix socket that forwards each runtime API connection to HAProxy's, and on
   demand delays it, refuses it, drops it before or after HAProxy acted, or never answers; it
   records every command it saw.
@@ -272,11 +275,6 @@ class LocalHAProxy:
             "global",
             f"    stats socket {self.dir / 'admin.sock'} mode 600 level admin",
         ]
-        if self.tls_port is not None:
-            lines.append(
-                f"    stats socket ipv4@127.0.0.1:{self.tls_port} ssl crt {self.dir / 'server.pem'} "
-                f"ca-file {self.dir / 'ca.crt'} verify required level admin"
-            )
         lines += [
             "    stats timeout 30s",
             "    maxconn 4096",
@@ -287,6 +285,17 @@ class LocalHAProxy:
             "    timeout server 10s",
             f"    retries {self.retries}",
         ]
+        if self.tls_port is not None:
+            # Debian's 2.6 takes "ssl" on a "stats socket" line without a word and then speaks
+            # plain text on it: TLS is terminated by a listener of its own that relays to the
+            # unix socket (docs/haproxy.md, "Securing the runtime API").
+            lines += [
+                "listen runtime_api_tls",
+                "    mode tcp",
+                f"    bind 127.0.0.1:{self.tls_port} ssl crt {self.dir / 'server.pem'} "
+                f"ca-file {self.dir / 'ca.crt'} verify required",
+                f"    server cli unix@{self.dir / 'admin.sock'}",
+            ]
         for backend in self.backends:
             lines += [
                 f"frontend fe_{backend.name}",
@@ -311,6 +320,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         healthy = self.server.healthy
         if self.path.startswith("/healthz"):
             status, body = (200, b"ok") if healthy else (503, b"unhealthy")
+        elif self.path.startswith("/sleep/"):
+            # A long request: answered after the seconds the path names.
+            time.sleep(float(self.path.rsplit("/", 1)[1]))
+            self.server.served += 1
+            status, body = 200, self.server.pod.encode()
         else:
             self.server.served += 1
             status, body = 200, self.server.pod.encode()
