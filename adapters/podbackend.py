@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject
 
 
 class BackendSettingError(ResourceConsistError, ValueError):

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Final
 
-from resourceconsist import handler, kube
 from resourceconsist.adapter import (
     Employee,
     Employer,
@@ -31,8 +30,10 @@ from resourceconsist.adapter import (
     ReconcileAdapter,
     ReconcileContext,
 )
-from resourceconsist.cache import CacheReader, WatchEvent
-from resourceconsist.kube import KubeObject, Resource, object_key
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader, WatchEvent
+from resourceconsist.cluster.kube import KubeObject, Resource, object_key
+from resourceconsist.watch import handler
 
 from . import config
 from .items import provider_backend

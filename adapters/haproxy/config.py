@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from typing import Final, NamedTuple
 
-from resourceconsist import gates, wire
+from resourceconsist import wire
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject
+from resourceconsist.rules import gates
 
 from .. import podbackend
 from .runtime import NAME_RE, OPTION_TOKEN_RE

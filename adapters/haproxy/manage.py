@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import (
     Employee,
     Outcome,
@@ -31,8 +30,10 @@ from resourceconsist.adapter import (
     ReconcileContext,
     pod_employee_statuses,
 )
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.rules import lifecycle
 
 from .. import podbackend
 from . import config

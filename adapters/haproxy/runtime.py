@@ -38,10 +38,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-from resourceconsist.budget import Priority, ProviderBudget, budget_for, current_priority
-from resourceconsist.cancellation import current_cancellation
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.metrics import observe_provider_call, observe_provider_failure
+from resourceconsist.flow.budget import Priority, ProviderBudget, budget_for, current_priority
+from resourceconsist.flow.cancellation import current_cancellation
+from resourceconsist.runtime.metrics import observe_provider_call, observe_provider_failure
 
 #: The provider label of the metrics.
 PROVIDER: Final = "haproxy"

@@ -34,11 +34,13 @@ from typing import Any, Literal
 
 import pytest
 
-from resourceconsist import budget, kube, lifecycle
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.flow import budget
 from resourceconsist.options import GarbageOptions, ManagerOptions, ProviderBudgetOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing.cluster import Cluster, condition, finalizers
 from resourceconsist.testing.controlplane import LocalControlPlane
 from resourceconsist.testing.wait import async_wait_for
@@ -348,7 +350,7 @@ class AdapterConformance:
             )
 
     async def test_explain_says_what_the_provider_routes(self, conformance: Conformance) -> None:
-        from resourceconsist.explain import Explainer
+        from resourceconsist.commands.explain import Explainer
 
         c, h = conformance.cluster, conformance.harness
         await h.service(c, "web")

@@ -40,7 +40,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
-from resourceconsist import certs
+from resourceconsist.cluster import certs
 from resourceconsist.testing.controlplane import ControlPlaneError, _die_with_parent, free_port
 
 #: The Debian package that brings the binary.

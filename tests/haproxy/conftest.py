@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapters.haproxy import (
     BACKEND_ANNOTATION,
     OPTIONS_ANNOTATION,
@@ -18,6 +17,8 @@ from resourceconsist.adapters.haproxy import (
     HAProxyAdapter,
     RuntimeAPI,
 )
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, finalizers
 from resourceconsist.testing.haproxy import LocalHAProxy, PodServers, SocketProxy
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from resourceconsist import lifecycle
 from resourceconsist.adapters.haproxy import (
     BACKEND_ANNOTATION,
     OPTIONS_ANNOTATION,
@@ -16,6 +15,7 @@ from resourceconsist.adapters.haproxy import (
     RuntimeAPI,
     owner_of,
 )
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster
 from resourceconsist.testing.conformance import FaultKind, ProviderHarness, WriteKind, kubelet_ready_pod
 from resourceconsist.testing.haproxy import LocalHAProxy, PodServers, SocketProxy

@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.request
 from typing import Any
 
-from resourceconsist import kube
+from resourceconsist.cluster import kube
 from resourceconsist.testing import Cluster, async_wait_for
 from resourceconsist.testing.haproxy import LocalHAProxy, PodServers
 

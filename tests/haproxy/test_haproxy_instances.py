@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import certs, kube, lifecycle
 from resourceconsist.adapters.haproxy import HAProxyAdapter, RuntimeAPI, RuntimeAPIUnavailable, RuntimeTLS
+from resourceconsist.cluster import certs, kube
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for
 from resourceconsist.testing.haproxy import Backend, LocalHAProxy, PodServers
 from resourceconsist.wire import GateReason

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from resourceconsist import lifecycle
 from resourceconsist.adapters.alibabacloudslb import (
     DRAIN_ANNOTATION,
     MODE_ANNOTATION,
@@ -15,15 +14,16 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     MUTATING_ACTIONS,
     BackendServer,
     RetryPolicy,
     SLBClient,
 )
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster
 from resourceconsist.testing.conformance import FaultKind, ProviderHarness, WriteKind, kubelet_ready_pod
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 RETRY = RetryPolicy(max_attempts=3, base_delay_seconds=0.01, max_delay_seconds=0.05, max_total_seconds=2)
 CLUSTER = "conformance"

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.testing.conformance import AdapterConformance, ProviderHarness
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 from .harness import SLBHarness
 
