@@ -38,6 +38,8 @@ from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.flow import budget
+from resourceconsist.flow.budget import Priority
+from resourceconsist.flow.cancellation import Cancellation
 from resourceconsist.options import GarbageOptions, ManagerOptions, ProviderBudgetOptions
 from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager
@@ -207,6 +209,11 @@ class Conformance:
             timeout=60,
             message=f"{count} failed provider calls",
         )
+
+
+def _queued(*priorities: Priority) -> int:
+    """Provider requests waiting now, at these priorities, over every budget of the process."""
+    return sum(account.queued().get(p, 0) for account in budget.budgets() for p in priorities)
 
 
 class AdapterConformance:
@@ -379,11 +386,31 @@ class AdapterConformance:
             for service in (*leaving, *rolling):
                 await conformance.served(service, [f"{service}-old"])
             marker = len(h.writes(c))
-            budget.configure(ProviderBudgetOptions(rate=3.0, burst=1))
-            await asyncio.gather(
-                *(c.delete(kube.POD, f"{s}-old") for s in leaving),
-                *(h.pod(c, f"{s}-new", service=s) for s in rolling),
+            # The budget all but stops, and its last tokens are taken: what comes now queues.
+            budget.configure(ProviderBudgetOptions(rate=0.01, burst=1))
+            for account in budget.budgets():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.to_thread(
+                        account.spend, Priority.READ, cancellation=Cancellation(), timeout=0.05
+                    )
+            # The new pods' passes queue first, the leaving pods' after them: first come, first
+            # served would register before it drains.
+            await asyncio.gather(*(h.pod(c, f"{s}-new", service=s) for s in rolling))
+            await async_wait_for(
+                lambda: _queued(Priority.READ, Priority.REGISTER) >= len(rolling),
+                timeout=60,
+                message="the new pods' passes queued",
             )
+            await asyncio.gather(*(c.delete(kube.POD, f"{s}-old") for s in leaving))
+            # At least one leaving pod's pass waits at its removal priority (another may have a
+            # pass of its Service already waiting at a read's: it keeps its place).
+            await async_wait_for(
+                lambda: _queued(Priority.REMOVE_TRAFFIC) >= 1,
+                timeout=60,
+                message="a leaving pod's pass queued",
+            )
+            # A short budget from now on: the queue is served by priority.
+            budget.configure(ProviderBudgetOptions(rate=3.0, burst=1))
             for service in leaving:
                 await async_wait_for(
                     lambda s=service: conformance.gone(f"{s}-old"), timeout=120, message=f"{service}-old gone"
@@ -392,10 +419,12 @@ class AdapterConformance:
                 await conformance.served(service, [f"{service}-old", f"{service}-new"], timeout=120)
         writes = h.writes(c)[marker:]
         first_removal = {pod: i for i, (kind, pod) in reversed(list(enumerate(writes))) if kind == "remove"}
+        assert {f"{s}-old" for s in leaving} <= set(first_removal), (
+            f"a leaving pod was never drained: {writes}"
+        )
         first_registration = min(
             (i for i, (kind, pod) in enumerate(writes) if kind == "register" and pod.endswith("-new")),
             default=None,
         )
         assert first_registration is not None, f"no registration seen in {writes}"
-        for service in leaving:
-            assert first_removal[f"{service}-old"] < first_registration, writes
+        assert min(first_removal.values()) < first_registration, f"a registration went first: {writes}"
