@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AbstractContextManager
@@ -216,6 +217,23 @@ def _queued(*priorities: Priority) -> int:
     return sum(account.queued().get(p, 0) for account in budget.budgets() for p in priorities)
 
 
+async def _quiet(seconds: float) -> None:
+    """Wait until no provider request has been asked for ``seconds`` (the passes that the last
+    writes brought have ended)."""
+    seen: list[float] = [-1.0, time.monotonic()]
+
+    def still() -> bool:
+        asked = sum(
+            sum(account.snapshot().granted.values()) + sum(account.queued().values())
+            for account in budget.budgets()
+        )
+        if asked != seen[0]:
+            seen[:] = [asked, time.monotonic()]
+        return time.monotonic() - seen[1] >= seconds
+
+    await async_wait_for(still, timeout=60, interval=0.1, message=f"no provider request for {seconds:g}s")
+
+
 class AdapterConformance:
     """The suite. Subclass it with a ``harness`` fixture (module doc); each test is one promise."""
 
@@ -385,6 +403,7 @@ class AdapterConformance:
         async with conformance.manager(provider_budget=ProviderBudgetOptions(rate=50.0, burst=5)):
             for service in (*leaving, *rolling):
                 await conformance.served(service, [f"{service}-old"])
+            await _quiet(seconds=2.0)
             marker = len(h.writes(c))
             # The budget all but stops, and its last tokens are taken: what comes now queues.
             budget.configure(ProviderBudgetOptions(rate=0.01, burst=1))
