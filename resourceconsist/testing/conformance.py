@@ -287,8 +287,8 @@ class AdapterConformance:
                 return "web-0" in h.routes(c, "web") and reason == GateReason.NOT_SERVING
 
             await async_wait_for(registered_not_serving, timeout=60, message="registered, gate False")
-            assert "web-0" not in h.serves(c, "web")
-            assert condition(await c.get(kube.POD, "web-0"), "Ready") != "True"
+            assert "web-0" not in h.serves(c, "web"), "served while its health checks fail"
+            assert condition(await c.get(kube.POD, "web-0"), "Ready") != "True", "Ready while not served"
             await h.set_healthy(c, "web-0", True)
             await conformance.served("web", ["web-0"])
 
@@ -310,9 +310,9 @@ class AdapterConformance:
             async with GuardWatch(c, h, "web").running() as watch:
                 await c.delete(kube.POD, "web-1")
                 await async_wait_for(lambda: conformance.gone("web-1"), timeout=60, message="web-1 gone")
-            assert watch.violations == []
-            assert "web-1" not in h.routes(c, "web")
-            assert h.serves(c, "web") == {"web-0", "web-2"}
+            assert watch.violations == [], f"pods gone while the provider routed to them: {watch.violations}"
+            assert "web-1" not in h.routes(c, "web"), "web-1 still routed after it left"
+            assert h.serves(c, "web") == {"web-0", "web-2"}, h.serves(c, "web")
 
     @pytest.mark.parametrize("kind", ["unavailable", "ambiguous"])
     async def test_the_guard_holds_under_provider_faults(
@@ -343,8 +343,8 @@ class AdapterConformance:
                             lambda: "web-0" not in h.routes(c, "web"), timeout=60, message="web-0 taken out"
                         )
                 await async_wait_for(lambda: conformance.gone("web-0"), timeout=60, message="web-0 gone")
-            assert watch.violations == []
-            assert h.serves(c, "web") == {"web-1"}
+            assert watch.violations == [], f"pods gone while the provider routed to them: {watch.violations}"
+            assert h.serves(c, "web") == {"web-1"}, h.serves(c, "web")
 
     async def test_what_a_service_deleted_while_down_left_is_collected(
         self, conformance: Conformance
@@ -387,10 +387,10 @@ class AdapterConformance:
         ours = [f for f in answer.finalizers if f.role != "other"]
         assert ours, "the pod's finalizer of the Service is explained"
         for found in ours:
-            assert found.employers == [f"Service/{c.namespace}/web"]
-            assert found.provider_consulted
-            assert [b.employee for b in found.provider] == ["web-0"]
-            assert found.provider[0].serving is True
+            assert found.employers == [f"Service/{c.namespace}/web"], found
+            assert found.provider_consulted, found
+            assert [b.employee for b in found.provider] == ["web-0"], found
+            assert found.provider[0].serving is True, found
 
     async def test_drains_go_before_registrations_when_the_budget_is_short(
         self, conformance: Conformance
