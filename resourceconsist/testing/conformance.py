@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
@@ -33,7 +34,13 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import pytest
+try:
+    import pytest
+except ModuleNotFoundError as err:  # pragma: no cover - exercised by tests/api/test_production_imports.py
+    raise ModuleNotFoundError(
+        "the conformance suite needs the testing extra: pip install 'resourceconsist[testing]'",
+        name=err.name,
+    ) from err
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster import kube
@@ -263,7 +270,7 @@ class AdapterConformance:
             async def gates_open() -> bool:
                 found = [await c.get(kube.POD, p) for p in pods]
                 return all(
-                    (lifecycle.pod_condition(p, gate) or {}).get("reason") == GateReason.SERVING
+                    (lifecycle.pod_condition(p or {}, gate) or {}).get("reason") == GateReason.SERVING
                     for p in found
                 )
 
@@ -432,7 +439,9 @@ class AdapterConformance:
             budget.configure(ProviderBudgetOptions(rate=3.0, burst=1))
             for service in leaving:
                 await async_wait_for(
-                    lambda s=service: conformance.gone(f"{s}-old"), timeout=120, message=f"{service}-old gone"
+                    functools.partial(conformance.gone, f"{service}-old"),
+                    timeout=120,
+                    message=f"{service}-old gone",
                 )
             for service in rolling:
                 await conformance.served(service, [f"{service}-old", f"{service}-new"], timeout=120)
