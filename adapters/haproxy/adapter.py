@@ -22,19 +22,15 @@ from typing import Final
 from resourceconsist.adapter import (
     Employee,
     Employer,
-    EventHandler,
     Outcome,
     OwnedItem,
-    Predicate,
     ProviderView,
     ReconcileAdapter,
     ReconcileContext,
 )
-from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import CacheReader, WatchEvent
-from resourceconsist.cluster.kube import KubeObject, Resource, object_key
-from resourceconsist.watch import handler
+from resourceconsist.cluster.kube import KubeObject
 
+from ..servicewatch import ServiceWatch
 from . import config
 from .items import provider_backend
 from .manage import HEALTH_POLL_SECONDS, ServicePass, Tools, read_instances
@@ -54,8 +50,11 @@ _SCRATCH_KEY: Final = "haproxy.pass"
 _STREAK_KEY: Final = "haproxy.failing"
 
 
-class HAProxyAdapter(ReconcileAdapter):
-    """The ``haproxy`` adapter: one or several HAProxy instances (an HA pair) kept in step."""
+class HAProxyAdapter(ServiceWatch, ReconcileAdapter):
+    """The ``haproxy`` adapter: one or several HAProxy instances (an HA pair) kept in step. Its
+    Services: controlled and naming a backend (``ServiceWatch``)."""
+
+    accepts = staticmethod(config.is_haproxy_service)
 
     def __init__(
         self,
@@ -99,31 +98,6 @@ class HAProxyAdapter(ReconcileAdapter):
 
     def _checked(self, ctx: ReconcileContext, employer: KubeObject) -> ServicePass:
         return self.service_pass(ctx, employer).checked()
-
-    # -- watch options: only Services that name a backend -------------------------------------------
-
-    def new_employer(self) -> Resource:
-        return kube.SERVICE
-
-    def new_employee(self) -> Resource:
-        return kube.POD
-
-    def employer_predicates(self) -> Predicate:
-        return _service_predicate
-
-    def employee_predicates(self) -> Predicate:
-        return _any_event
-
-    def employer_event_handler(self) -> EventHandler:
-        return _enqueue_self
-
-    def employee_event_handler(self) -> EventHandler:
-        return _enqueue_services_of_pod
-
-    # -- cached pod fields: a named targetPort is found in the pod's container ports ----------------
-
-    def get_cached_pod_fields(self) -> list[str]:
-        return ["spec.containers.ports"]
 
     # -- lifecycle options -----------------------------------------------------------------------------
 
@@ -250,28 +224,3 @@ class HAProxyAdapter(ReconcileAdapter):
         self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employee]
     ) -> Outcome[Employee]:
         return await self._checked(ctx, employer).converge(to_delete, leaving=True)
-
-
-# -- watch handlers and predicates ----------------------------------------------------------------------
-
-
-def _service_predicate(event: WatchEvent) -> bool:
-    """Controlled Services naming a backend; an update that drops either still passes once (the old
-    object qualified), so the Service gets a last look."""
-    if event.type == "MODIFIED":
-        return config.is_haproxy_service(event.obj) or config.is_haproxy_service(event.old)
-    return config.is_haproxy_service(event.obj)
-
-
-def _any_event(event: WatchEvent) -> bool:
-    return True
-
-
-def _enqueue_self(event: WatchEvent, reader: CacheReader) -> list[str]:
-    return [object_key(event.obj)]
-
-
-def _enqueue_services_of_pod(event: WatchEvent, reader: CacheReader) -> list[str]:
-    """HAProxy Services selecting the pod before or after the change, and those whose guard or
-    lifecycle finalizer the pod still holds."""
-    return handler.services_of_pod(event, reader, config.is_haproxy_service)
