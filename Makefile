@@ -8,12 +8,14 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Python packages (editable), the kube-apiserver + etcd the tests run, built from Go modules, and
-# Debian's haproxy for the haproxy adapter's tests (installed when missing).
+# Python packages (editable) and the kube-apiserver + etcd the tests run, built from Go modules;
+# promtool, for the chart's alert rules, from Debian's prometheus package (hack/install-promtool.sh);
+# Debian's haproxy for the haproxy adapter's tests (hack/install-haproxy.sh), each when missing.
 setup: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	hack/build-controlplane.sh >/dev/null
+	hack/install-promtool.sh
 	hack/install-haproxy.sh
 
 demo: setup

@@ -11,7 +11,8 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
-# The package's own service is not wanted: the tests start their own HAProxy on loopback.
+# The package's own service is not wanted (its postinst would start it where systemd does not
+# run, a container or CI): the tests start their own HAProxy on loopback.
 policy=/usr/sbin/policy-rc.d
 made_policy=
 if [[ ! -e $policy ]]; then
@@ -20,6 +21,9 @@ if [[ ! -e $policy ]]; then
   made_policy=1
 fi
 trap 'if [[ -n $made_policy ]]; then rm -f "$policy"; fi' EXIT
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+if ! apt-get install -y -qq --no-install-recommends haproxy >/dev/null 2>&1; then
+  # A fresh machine has no package lists yet.
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+fi
 haproxy -v | head -1
