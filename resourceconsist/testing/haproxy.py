@@ -345,6 +345,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 class _PodServer(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # The standard library's backlog of 5 drops connections under a burst; their retries come
+    # a second later, as timeouts no server of a real pod would cause.
+    request_queue_size = 1024
 
     def __init__(self, address: tuple[str, int], pod: str) -> None:
         super().__init__(address, _Handler)
