@@ -310,8 +310,9 @@ class AdapterConformance:
 
             await async_wait_for(open_, timeout=30, message="the gate True once served")
 
+    @pytest.mark.parametrize("kind", [None, "slow"])
     async def test_a_deleted_pod_leaves_only_after_the_provider_let_go(
-        self, conformance: Conformance
+        self, conformance: Conformance, kind: FaultKind | None
     ) -> None:
         c, h = conformance.cluster, conformance.harness
         pods = ["web-0", "web-1", "web-2"]
@@ -319,8 +320,10 @@ class AdapterConformance:
         async with conformance.manager():
             await conformance.served("web", pods)
             async with GuardWatch(c, h, "web").running() as watch:
-                await c.delete(kube.POD, "web-1")
-                await async_wait_for(lambda: conformance.gone("web-1"), timeout=60, message="web-1 gone")
+                # "slow": every provider call takes 300 ms more.
+                with h.fault(kind) if kind is not None else contextlib.nullcontext():
+                    await c.delete(kube.POD, "web-1")
+                    await async_wait_for(lambda: conformance.gone("web-1"), timeout=60, message="web-1 gone")
             assert watch.violations == [], f"pods gone while the provider routed to them: {watch.violations}"
             assert "web-1" not in h.routes(c, "web"), "web-1 still routed after it left"
             assert h.serves(c, "web") == {"web-0", "web-2"}, h.serves(c, "web")
