@@ -232,6 +232,10 @@ def _queued(*priorities: Priority) -> int:
     return sum(account.queued().get(p, 0) for account in budget.budgets() for p in priorities)
 
 
+async def _absent(cluster: Cluster, resource: kube.Resource, name: str) -> bool:
+    return await cluster.get(resource, name) is None
+
+
 async def _quiet(seconds: float) -> None:
     """Wait until no provider request has been asked for ``seconds`` (the passes that the last
     writes brought have ended)."""
@@ -355,6 +359,29 @@ class AdapterConformance:
                 await async_wait_for(lambda: conformance.gone("web-0"), timeout=60, message="web-0 gone")
             assert watch.violations == [], f"pods gone while the provider routed to them: {watch.violations}"
             assert h.serves(c, "web") == {"web-1"}, h.serves(c, "web")
+
+    async def test_a_deleted_service_lets_its_pods_go_only_after_the_provider_did(
+        self, conformance: Conformance
+    ) -> None:
+        c, h = conformance.cluster, conformance.harness
+        pods = ["web-0", "web-1"]
+        await conformance.setup("web", pods)
+        async with conformance.manager():
+            await conformance.served("web", pods)
+            async with GuardWatch(c, h, "web").running() as watch:
+                await c.delete(kube.SERVICE, "web")
+                await async_wait_for(
+                    lambda: _absent(c, kube.SERVICE, "web"), timeout=60, message="the Service gone"
+                )
+                # Its pods are deleted now: nothing of the Service holds them.
+                for name in pods:
+                    await c.delete(kube.POD, name)
+                for name in pods:
+                    await async_wait_for(
+                        functools.partial(conformance.gone, name), timeout=30, message=f"{name} gone"
+                    )
+            assert watch.violations == [], f"pods gone while the provider routed to them: {watch.violations}"
+            assert h.routes(c, "web") == set(), "the provider still routes the deleted Service's traffic"
 
     async def test_what_a_service_deleted_while_down_left_is_collected(
         self, conformance: Conformance
