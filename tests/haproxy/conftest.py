@@ -22,8 +22,9 @@ from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, finalizers
 from resourceconsist.testing.haproxy import LocalHAProxy, PodServers, SocketProxy
 
-#: Fast health checks, so that a test waits for HAProxy's word in a fraction of a second.
-FAST_CHECKS = "check inter 100ms fastinter 100ms downinter 100ms rise 1 fall 1"
+#: Fast health checks (a test waits for HAProxy's word in a fraction of a second) that three
+#: checks must fail, each waiting up to 300 ms: the pods' servers share a busy test process.
+FAST_CHECKS = "check inter 300ms fastinter 100ms downinter 100ms rise 1 fall 3"
 
 
 @pytest.fixture
@@ -112,3 +113,8 @@ def our_servers(haproxy: LocalHAProxy, backend: str = "web") -> dict[str, dict[s
         if name.startswith("rc:"):
             found[name.rsplit(":", 1)[1]] = row
     return found
+
+
+def up(row: dict[str, str]) -> bool:
+    """HAProxy sends the server new traffic: ``UP``, or ``UP 1/3`` (up, a check failed lately)."""
+    return row["status"] == "UP" or row["status"].startswith("UP ")

@@ -22,9 +22,13 @@ from resourceconsist.testing.haproxy import LocalHAProxy, PodServers, SocketProx
 
 #: Every Service of the suite has a backend of its name.
 BACKENDS = ["web", "api", "auth", "shop", "cart"]
-FAST_CHECKS = "check inter 100ms fastinter 100ms downinter 100ms rise 1 fall 1"
+FAST_CHECKS = "check inter 300ms fastinter 100ms downinter 100ms rise 1 fall 3"
 _REGISTER = ("add server", "enable health")
 _REMOVE = ("del server", "shutdown sessions")
+
+
+def _up(row: dict[str, str]) -> bool:
+    return row["status"] == "UP" or row["status"].startswith("UP ")
 
 
 class HAProxyHarness(ProviderHarness):
@@ -73,7 +77,7 @@ class HAProxyHarness(ProviderHarness):
         return {
             pod
             for pod, rows in self._ours(cluster, service).items()
-            if any(r["status"] == "UP" and r["uweight"] != "0" for r in rows)
+            if any(_up(r) and r["uweight"] != "0" for r in rows)
         }
 
     @contextlib.contextmanager

@@ -12,7 +12,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.testing import Cluster, async_wait_for
 from resourceconsist.testing.haproxy import LocalHAProxy, PodServers, SocketProxy
 
-from .conftest import adapter_on, flz, haproxy_service, our_servers, pod_finalizers, ready_pods
+from .conftest import adapter_on, flz, haproxy_service, our_servers, pod_finalizers, ready_pods, up
 
 
 def _get(url: str) -> str:
@@ -30,7 +30,7 @@ async def test_ready_pods_become_checked_servers_and_a_deleted_pod_is_drained_th
 
         async def served() -> bool:
             found = our_servers(haproxy)
-            if set(found) != set(names) or any(r["status"] != "UP" for r in found.values()):
+            if set(found) != set(names) or any(not up(r) for r in found.values()):
                 return False
             return all([flz() in (await pod_finalizers(cluster, n) or []) for n in names])
 
@@ -89,12 +89,7 @@ async def test_a_pod_recreated_under_its_name_with_another_ip_gets_a_new_server(
 
         async def moved() -> bool:
             row = our_servers(haproxy).get("web-0")
-            return (
-                row is not None
-                and row["addr"] != old
-                and row["status"] == "UP"
-                and await _held(cluster, ["web-0"])
-            )
+            return row is not None and row["addr"] != old and up(row) and await _held(cluster, ["web-0"])
 
         await async_wait_for(moved, timeout=30, message="web-0's server at its new address, UP")
     assert len(our_servers(haproxy)) == 1
@@ -117,11 +112,9 @@ async def test_a_service_moved_to_another_backend_keeps_its_pods_served_through_
         await cluster.patch(kube.SERVICE, "web", {"metadata": {"annotations": {BACKEND_ANNOTATION: "api"}}})
 
         async def moved() -> bool:
-            up = {
-                b: sum(r["status"] == "UP" for r in our_servers(haproxy, b).values()) for b in ("web", "api")
-            }
-            samples.append((up["web"], up["api"]))
-            return not our_servers(haproxy, "web") and up["api"] == 2
+            counts = {b: sum(up(r) for r in our_servers(haproxy, b).values()) for b in ("web", "api")}
+            samples.append((counts["web"], counts["api"]))
+            return not our_servers(haproxy, "web") and counts["api"] == 2
 
         await async_wait_for(moved, timeout=30, interval=0.02, message="both pods in api, none left in web")
         assert await _held(cluster, names), "the pods stayed served through the move"
