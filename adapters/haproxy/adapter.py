@@ -42,6 +42,8 @@ log = logging.getLogger("resourceconsist.adapters.haproxy")
 CONTROLLER_NAME: Final = "haproxy-controller"
 #: Seconds within which every Service is looked at again when nothing else brings a pass.
 DEFAULT_RESYNC_SECONDS: Final = 10.0
+#: How often an observe-mode Service waiting for HAProxy's servers to follow its pods looks again.
+OBSERVE_POLL_SECONDS: Final = 2.0
 #: The longest a Service whose items keep failing waits before the next try.
 MAX_REQUEUE_SECONDS: Final = 10.0
 
@@ -118,7 +120,13 @@ class HAProxyAdapter(ServiceWatch, ReconcileAdapter):
         does not answer, after 0.5 s doubling per failing pass, up to ``MAX_REQUEUE_SECONDS``."""
         if not ctx.failures:
             ctx.memo.pop(_STREAK_KEY, None)
-            return HEALTH_POLL_SECONDS
+            found = ctx.scratch.get(_SCRATCH_KEY)
+            # Observe mode waits for someone else's change, at its own pace.
+            return (
+                OBSERVE_POLL_SECONDS
+                if isinstance(found, ServicePass) and found.observe
+                else HEALTH_POLL_SECONDS
+            )
         streak = int(ctx.memo.get(_STREAK_KEY, 0)) + 1
         ctx.memo[_STREAK_KEY] = streak
         return float(min(MAX_REQUEUE_SECONDS, HEALTH_POLL_SECONDS * 2 ** min(streak, 10)))

@@ -27,6 +27,11 @@ from .runtime import NAME_RE, OPTION_TOKEN_RE
 #: Service annotation: the HAProxy backend its pods are servers of (declared in HAProxy's
 #: configuration, with a dynamic ``balance`` algorithm: roundrobin, leastconn, random, first).
 BACKEND_ANNOTATION: Final = "resource-consist.kusionstack.io/haproxy-backend"
+#: Service annotation: ``manage`` (default: the adapter adds and removes the pods' servers) or
+#: ``observe`` (someone else does, e.g. ``server-template`` with DNS discovery; the adapter only
+#: reads, and guards each pod until no server at its IP may route to it).
+MODE_ANNOTATION: Final = "resource-consist.kusionstack.io/haproxy-mode"
+MODES: Final = ("manage", "observe")
 #: Service annotation: the servers' port, a number or a container port name; default: the
 #: ``targetPort`` of the Service's only port.
 PORT_ANNOTATION: Final = "resource-consist.kusionstack.io/haproxy-backend-port"
@@ -113,6 +118,16 @@ def checked_backend(service: KubeObject) -> str:
             "backend name (letters, digits, '.', '_', ':', '-')"
         )
     return backend
+
+
+def observed(service: KubeObject) -> bool:
+    """Whether the Service's mode is ``observe``."""
+    value = (podbackend.annotation(service, MODE_ANNOTATION) or "manage").lower()
+    if value not in MODES:
+        raise HAProxyConfigError(
+            f"{_where(service)}: annotation {MODE_ANNOTATION}={value!r} is neither 'manage' nor 'observe'"
+        )
+    return value == "observe"
 
 
 def server_options(service: KubeObject) -> tuple[str, ...]:

@@ -26,8 +26,9 @@ from .runtime import ServerStat
 #: ``on``: exactly one server, ``target``, ready for traffic, on every instance;
 #: ``pending``: ready, but no server can be built yet (no IP, unknown port): never equal, so the
 #: pod waits without a finalizer; ``idle``: alive but not ready: servers may stay, draining;
-#: ``gone``: no server at all.
-DesiredState = Literal["on", "pending", "idle", "gone"]
+#: ``gone``: no server at all. Observe mode (servers someone else manages): ``listed``: some
+#: server of the backend at the pod's IP may route to it on every instance; ``unlisted``: none.
+DesiredState = Literal["on", "pending", "idle", "gone", "listed", "unlisted"]
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class Desired:
             return all(s.maintenance or s.draining for s in attached.servers)
         if self.state == "gone":
             return not attached.servers
+        if self.state == "listed":
+            return all(any(_may_route(s) for s in found.servers) for found in attached.instances)
+        if self.state == "unlisted":
+            return not attached.routing
         return False
 
 
@@ -96,9 +101,11 @@ class InstanceServers:
 
 @dataclass(frozen=True)
 class Attached:
-    """The current ``extra_status``: per instance, the servers of ours for the pod."""
+    """The current ``extra_status``: per instance, the servers of ours for the pod (observe mode:
+    the backend's servers at the pod's IP, ``observed``)."""
 
     instances: tuple[InstanceServers, ...] = ()
+    observed: bool = False
 
     @property
     def unknown(self) -> bool:
@@ -109,6 +116,16 @@ class Attached:
     def servers(self) -> tuple[ServerStat, ...]:
         return tuple(s for found in self.instances for s in found.servers)
 
+    @property
+    def routing(self) -> tuple[ServerStat, ...]:
+        """The servers that may route to the pod: every server of ours, whatever its state (a
+        draining or maintenance server of ours is on its way out and still ours to remove); in
+        observe mode those not in maintenance with no session and no queue (someone else took
+        them out, and nothing is in flight)."""
+        if not self.observed:
+            return self.servers
+        return tuple(s for s in self.servers if _may_route(s))
+
     def serving(self) -> bool:
         """Every instance (and at least one) has a server of the pod that HAProxy sends new
         traffic to: up, a weight above 0, and a health check that has spoken if it runs."""
@@ -117,6 +134,10 @@ class Attached:
             and not self.unknown
             and all(any(_takes_traffic(s) for s in found.servers) for found in self.instances)
         )
+
+
+def _may_route(server: ServerStat) -> bool:
+    return not server.maintenance or server.sessions > 0 or server.queued > 0
 
 
 def _takes_traffic(server: ServerStat) -> bool:
@@ -136,12 +157,13 @@ class ServerEmployee(Employee):
         return desired is not None and attached is not None and desired.satisfied_by(attached)
 
     def registered(self) -> bool:
-        """Expected: servers should stay or be added (``on``, ``idle``); current: some instance
-        holds a server of the pod, or an instance could not be read."""
+        """Expected: servers should stay or be added (``on``, ``idle``), or be listed (observe);
+        current: some instance holds a server that may route to the pod (``Attached.routing``),
+        or an instance could not be read."""
         desired, attached = self.desired, self.attached
         if desired is not None:
-            return desired.state in ("on", "idle")
-        return attached is not None and (attached.unknown or bool(attached.servers))
+            return desired.state in ("on", "idle", "listed")
+        return attached is not None and (attached.unknown or bool(attached.routing))
 
     def serves(self) -> bool:
         """Expected: ``on`` at a weight above 0 and not waiting for HAProxy to say it is up;

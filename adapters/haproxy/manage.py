@@ -102,6 +102,8 @@ class ServicePass:
     backend: str = field(default="", init=False)
     options: tuple[str, ...] = field(default=config.DEFAULT_OPTIONS, init=False)
     drain_seconds: float = field(default=config.DEFAULT_DRAIN_SECONDS, init=False)
+    #: Observe mode: the backend's servers are someone else's; the pass reads and never writes.
+    observe: bool = field(default=False, init=False)
     #: Per instance: what ``show stat`` said, or why it could not be read.
     stats: dict[str, Stat | RuntimeAPIError] | None = field(default=None, init=False)
     expected: list[Employee] | None = field(default=None, init=False)
@@ -119,6 +121,7 @@ class ServicePass:
         self.finalizer = lifecycle.lifecycle_finalizer(self.name)
         self.guard = lifecycle.guard_finalizer(self.name)
         try:
+            self.observe = config.observed(self.service)
             self.drain_seconds = config.drain_seconds(self.service)
             self.backend = config.checked_backend(self.service)
             self.options = config.server_options(self.service)
@@ -163,6 +166,21 @@ class ServicePass:
                     found.setdefault(owner.pod, {}).setdefault(instance, []).append(server)
         return found
 
+    def listed(
+        self, stats: dict[str, Stat | RuntimeAPIError], pods: dict[str, KubeObject]
+    ) -> dict[str, dict[str, list[ServerStat]]]:
+        """Observe mode: the backend's servers at each pod's IP, by pod, then by instance."""
+        by_ip = {ip: name for name, pod in pods.items() if (ip := podbackend.pod_ip(pod))}
+        found: dict[str, dict[str, list[ServerStat]]] = {}
+        for instance, stat in stats.items():
+            if isinstance(stat, RuntimeAPIError):
+                continue
+            for server in stat.servers:
+                name = by_ip.get(server.host_port[0]) if server.backend == self.backend else None
+                if name is not None:
+                    found.setdefault(name, {}).setdefault(instance, []).append(server)
+        return found
+
     # -- planning --------------------------------------------------------------------------------------
 
     async def plan(self) -> None:
@@ -175,7 +193,6 @@ class ServicePass:
         if self.current is not None:
             return
         stats = await self.read()
-        mine = self.ours(stats)
         reader = self.ctx.reader
         selected_pods = [] if self.deleting else reader.pods_selected_by(self.service)
         selected = {_pod_name(p) for p in selected_pods}
@@ -183,6 +200,7 @@ class ServicePass:
         for finalizer in (self.finalizer, self.guard):
             for pod in reader.pods_with_finalizer(self.namespace, finalizer):
                 pods.setdefault(_pod_name(pod), pod)
+        mine = self.listed(stats, pods) if self.observe else self.ours(stats)
         for name in mine:
             found_pod = None if name in pods else reader.get(kube.POD, self.namespace, name)
             if found_pod is not None:
@@ -198,7 +216,8 @@ class ServicePass:
                     if isinstance(found, RuntimeAPIError)
                     else InstanceServers(instance, tuple(servers.get(instance, ())))
                     for instance, found in stats.items()
-                )
+                ),
+                observed=self.observe,
             )
             self.attached[name] = attached
             known = pods.get(name)
@@ -235,7 +254,11 @@ class ServicePass:
         name = _pod_name(pod)
         statuses = pod_employee_statuses(pod)
         desired: Desired
-        if not selected or lifecycle.is_deleting(pod):
+        if self.observe:
+            # Someone else lists the pod or not; what it should be is what PodOpsLifecycle says.
+            ready = selected and statuses.lifecycle_ready and not lifecycle.is_deleting(pod)
+            desired = Desired(state="listed" if ready else "unlisted")
+        elif not selected or lifecycle.is_deleting(pod):
             desired = Desired(state="gone")
         elif not statuses.lifecycle_ready:
             desired = Desired(state="idle")
@@ -265,7 +288,7 @@ class ServicePass:
                 )
         # The frame adds the lifecycle finalizer to updated/unchanged items whose lifecycle_ready
         # is True and takes it off when False: True exactly when the pod should be served.
-        statuses.lifecycle_ready = desired.state == "on"
+        statuses.lifecycle_ready = desired.state in ("on", "listed")
         statuses.extra_status = desired
         return ServerEmployee(id=name, name=name, statuses=statuses)
 
@@ -280,11 +303,27 @@ class ServicePass:
         its pod's finalizers as they are and the Service is looked at again.
         """
         stats = await self.read()
+        if self.observe:
+            return self._observed(items, leaving=leaving)
         plan = _Plan(self, stats)
         for item in items:
             plan.item(item, leaving=leaving)
         await plan.run()
         return plan.outcome(items)
+
+    def _observed(self, items: Sequence[Employee], *, leaving: bool) -> Outcome[Employee]:
+        """Observe mode writes nothing: a leaving item is done once no server may route to its pod
+        any more; the others wait for whoever manages HAProxy's servers."""
+        done = [item for item in items if leaving and not item.registered()]
+        waiting = [item for item in items if item not in done]
+        if waiting:
+            self.log(
+                logging.DEBUG,
+                "waiting for HAProxy's servers to follow %d pods: %s",
+                len(waiting),
+                ", ".join(item.id for item in waiting[:10]),
+            )
+        return done, waiting
 
     def _drain_clocks(self) -> dict[str, float]:
         """When each of the Service's servers began to drain, per instance (kept across passes)."""

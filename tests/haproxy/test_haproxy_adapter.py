@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.request
 from typing import Any
 
-from resourceconsist.adapters.haproxy import BACKEND_ANNOTATION
+from resourceconsist.adapters.haproxy import BACKEND_ANNOTATION, MODE_ANNOTATION
 from resourceconsist.cluster import kube
 from resourceconsist.testing import Cluster, async_wait_for
 from resourceconsist.testing.haproxy import LocalHAProxy, PodServers, SocketProxy
@@ -121,3 +121,34 @@ async def test_a_service_moved_to_another_backend_keeps_its_pods_served_through_
     # Make before break: some backend had both pods up at every look.
     assert all(web == 2 or api == 2 for web, api in samples), samples
     assert {_get(haproxy.url("api")) for _ in range(6)} == set(names)
+
+
+async def test_observe_mode_guards_pods_by_what_someone_else_put_in_haproxy(
+    cluster: Cluster, run_manager: Any, haproxy: LocalHAProxy, pod_servers: PodServers, proxy: SocketProxy
+) -> None:
+    # The test plays whoever manages the backend's servers (a server-template with DNS discovery,
+    # a configuration tool): the adapter only reads, and guards each pod by what it sees.
+    await haproxy_service(cluster, pod_servers, **{MODE_ANNOTATION: "observe"})
+    ips = dict(
+        zip(["web-0", "web-1"], await ready_pods(cluster, pod_servers, ["web-0", "web-1"]), strict=True)
+    )
+    async with run_manager(adapter_on(proxy.address)):
+        await async_wait_for(
+            lambda: len(proxy.lines()) >= 4, timeout=30, message="the adapter reading HAProxy"
+        )
+        assert not await _held(cluster, ["web-0"]), "not served before HAProxy lists it"
+        for n, ip in enumerate(ips.values()):
+            haproxy.command(f"add server web/srv{n} {ip}:{pod_servers.port}")
+            haproxy.command(f"set server web/srv{n} state ready")
+        await async_wait_for(lambda: _held(cluster, list(ips)), timeout=30, message="both pods served")
+
+        # web-0 is deleted: held while HAProxy may route to it, released once its server is out.
+        await cluster.delete(kube.POD, "web-0")
+        looked = len(proxy.lines())
+        await async_wait_for(lambda: len(proxy.lines()) >= looked + 3, timeout=30, message="3 more looks")
+        pod = await cluster.get(kube.POD, "web-0")
+        assert pod is not None and flz() in (pod["metadata"].get("finalizers") or [])
+        haproxy.command("set server web/srv0 state maint")
+        await async_wait_for(lambda: _gone(cluster, "web-0"), timeout=30, message="web-0 released and gone")
+    assert all(line.startswith("show stat") for line in proxy.lines()), "observe mode never writes"
+    assert {_get(haproxy.url()) for _ in range(4)} == {"web-1"}
