@@ -33,7 +33,8 @@ def test_every_request_is_counted_at_the_rate_asked() -> None:
     # Its own lateness is measured, and a run late by more than 50 ms says it is void.
     assert report.void is (report.lag > 0.05)
     assert set(report.answered_by()) == {"web-0", "web-1"}
-    assert report.longest_gap < 0.2
+    # No request failed, so no second passed without a successful answer (1 s: the timeout).
+    assert 0 < report.longest_gap < 1.0
     # Open loop: the requests went out at their times, not as answers came back.
     dues = [r.due for r in report.records]
     assert 1.9 < dues[-1] - dues[0] < 2.1
