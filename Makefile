@@ -9,12 +9,14 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 # Python packages (editable) and the kube-apiserver + etcd the tests run, built from Go modules;
-# promtool, for the chart's alert rules, from Debian's prometheus package (hack/install-promtool.sh).
+# promtool, for the chart's alert rules, from Debian's prometheus package (hack/install-promtool.sh);
+# Debian's haproxy for the haproxy adapter's tests (hack/install-haproxy.sh), each when missing.
 setup: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	hack/build-controlplane.sh >/dev/null
 	hack/install-promtool.sh
+	hack/install-haproxy.sh
 
 demo: setup
 	$(BIN)/resourceconsist demo

@@ -1,6 +1,7 @@
 """Built-in adapters, by name (Go: ``AddBuiltinControllerAdaptersToMgr``).
 
-``registry`` knows every built-in adapter; ``add_to_manager(manager, ["alibabacloudslb"])``
+``registry`` knows every built-in adapter (``alibabacloudslb``, ``haproxy``);
+``add_to_manager(manager, ["alibabacloudslb"])``
 adds the named ones, ``add_all_to_manager(manager)`` all of them. An unknown name fails with
 the list of known names.
 """
@@ -39,6 +40,26 @@ registry.register(
     controller=_alibabacloudslb_controller,
     webhook=_alibabacloudslb_webhook,
     description="Alibaba Cloud SLB backends of controlled Services (observe CCM, or manage a VServer group)",
+)
+
+
+def _haproxy_controller(environ: Mapping[str, str]) -> ReconcileAdapter:
+    from resourceconsist.adapters.haproxy import controller_from_env
+
+    return controller_from_env(environ)
+
+
+def _haproxy_webhook(environ: Mapping[str, str]) -> WebhookAdapter:
+    from resourceconsist.adapters.haproxy import webhook_from_env
+
+    return webhook_from_env(environ)
+
+
+registry.register(
+    "haproxy",
+    controller=_haproxy_controller,
+    webhook=_haproxy_webhook,
+    description="HAProxy backends' servers of controlled Services, on one or several instances (runtime API)",
 )
 
 

@@ -25,19 +25,15 @@ from resourceconsist.adapter import (
     CUDResults,
     Employee,
     Employer,
-    EventHandler,
     Outcome,
     OwnedItem,
-    Predicate,
     ProviderView,
     ReconcileAdapter,
     ReconcileContext,
 )
-from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import CacheReader, WatchEvent
-from resourceconsist.cluster.kube import KubeObject, Resource, object_key
-from resourceconsist.watch import handler
+from resourceconsist.cluster.kube import KubeObject
 
+from ..servicewatch import ServiceWatch
 from . import config
 from .backoff import RequeueBackoff
 from .config import Mode, SLBConfigError, check_cluster_name
@@ -78,8 +74,11 @@ def choose_strategy(service: KubeObject) -> tuple[type[ModeStrategy], SLBConfigE
         return ManageStrategy, err
 
 
-class SLBAdapter(ReconcileAdapter):
-    """The ``alibabacloudslb`` adapter (Go: ``SlbControllerAdapter``), observe and manage modes."""
+class SLBAdapter(ServiceWatch, ReconcileAdapter):
+    """The ``alibabacloudslb`` adapter (Go: ``SlbControllerAdapter``), observe and manage modes.
+    Its Services: controlled and naming a load balancer (``ServiceWatch``)."""
+
+    accepts = staticmethod(config.is_slb_service)
 
     def __init__(
         self,
@@ -148,31 +147,6 @@ class SLBAdapter(ReconcileAdapter):
 
     def _checked(self, ctx: ReconcileContext, employer: KubeObject) -> ModeStrategy:
         return self.strategy(ctx, employer).checked()
-
-    # -- watch options: only Services that name a load balancer ---------------------------------
-
-    def new_employer(self) -> Resource:
-        return kube.SERVICE
-
-    def new_employee(self) -> Resource:
-        return kube.POD
-
-    def employer_predicates(self) -> Predicate:
-        return _service_predicate
-
-    def employee_predicates(self) -> Predicate:
-        return _any_event
-
-    def employer_event_handler(self) -> EventHandler:
-        return _enqueue_self
-
-    def employee_event_handler(self) -> EventHandler:
-        return _enqueue_services_of_pod
-
-    # -- cached pod fields: a named targetPort is found in the pod's container ports ------------------
-
-    def get_cached_pod_fields(self) -> list[str]:
-        return ["spec.containers.ports"]
 
     # -- lifecycle options (the Go adapter's) ------------------------------------------------------
 
@@ -293,28 +267,3 @@ def _fingerprints(kind: str, results: CUDResults[ItemT]) -> list[str]:
         *results.fail_deleted,
     ]
     return [f"{kind}|{item.id}|{item.statuses!r}" for item in failed]
-
-
-# -- watch handlers and predicates --------------------------------------------------------------------
-
-
-def _service_predicate(event: WatchEvent) -> bool:
-    """Controlled Services naming a load balancer; an update that drops either label still
-    passes once (the old object qualified), so the Service gets a last look."""
-    if event.type == "MODIFIED":
-        return config.is_slb_service(event.obj) or config.is_slb_service(event.old)
-    return config.is_slb_service(event.obj)
-
-
-def _any_event(event: WatchEvent) -> bool:
-    return True
-
-
-def _enqueue_self(event: WatchEvent, reader: CacheReader) -> list[str]:
-    return [object_key(event.obj)]
-
-
-def _enqueue_services_of_pod(event: WatchEvent, reader: CacheReader) -> list[str]:
-    """SLB Services selecting the pod before or after the change, and those whose guard or
-    lifecycle finalizer the pod still holds (an unselected pod that manage mode is still draining)."""
-    return handler.services_of_pod(event, reader, config.is_slb_service)

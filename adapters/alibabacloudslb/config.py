@@ -22,6 +22,7 @@ from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.rules import lifecycle
 
+from .. import podbackend
 from .slbclient import BackendServerType
 
 #: Service label holding the id of the load balancer (the Go adapter's and the CCM's name).
@@ -85,14 +86,8 @@ def _meta(obj: KubeObject) -> dict[str, Any]:
     return meta
 
 
-def _where(obj: KubeObject) -> str:
-    meta = _meta(obj)
-    return f"{obj.get('kind') or 'object'} {meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def _annotation(obj: KubeObject, name: str) -> str | None:
-    value = (_meta(obj).get("annotations") or {}).get(name)
-    return None if value is None else str(value).strip()
+_where = podbackend.where
+_annotation = podbackend.annotation
 
 
 def load_balancer_id(service: KubeObject) -> str:
@@ -194,16 +189,10 @@ def drain_seconds(service: KubeObject) -> float:
 
 def backend_weight(service: KubeObject, pod: KubeObject) -> int:
     """The pod's weight annotation, else the Service's, else 100."""
-    for obj in (pod, service):
-        value = _annotation(obj, WEIGHT_ANNOTATION)
-        if value is None or value == "":
-            continue
-        if not value.isdigit() or not 0 <= int(value) <= 100:
-            raise SLBConfigError(
-                f"{_where(obj)}: annotation {WEIGHT_ANNOTATION}={value!r} is not an integer within 0..100"
-            )
-        return int(value)
-    return DEFAULT_WEIGHT
+    try:
+        return podbackend.backend_weight(service, pod, WEIGHT_ANNOTATION, 100, DEFAULT_WEIGHT)
+    except podbackend.BackendSettingError as err:
+        raise SLBConfigError(str(err)) from None
 
 
 def backend_type(service: KubeObject, pod: KubeObject) -> BackendServerType:
@@ -222,42 +211,19 @@ def backend_type(service: KubeObject, pod: KubeObject) -> BackendServerType:
     return DEFAULT_BACKEND_TYPE
 
 
-def _target_port(service: KubeObject) -> str | int:
-    value = _annotation(service, PORT_ANNOTATION)
-    if value:
-        return int(value) if value.isdigit() else value
-    ports = (service.get("spec") or {}).get("ports") or []
-    if len(ports) != 1:
-        raise SLBConfigError(
-            f"{_where(service)} has {len(ports)} ports; annotation {PORT_ANNOTATION} must name the "
-            "backend port (a number or a container port name)"
-        )
-    target: str | int = ports[0].get("targetPort") or ports[0].get("port") or 0
-    if isinstance(target, str) and target.isdigit():
-        return int(target)
-    return target
-
-
 def backend_port(service: KubeObject, pod: KubeObject) -> int | None:
     """The backend port for ``pod``: a number, or the pod's container port of that name.
 
     ``None`` when the port is a name the pod does not declare. ``SLBConfigError`` when the
     Service does not say which port (several ports and no annotation) or says a number out of range.
     """
-    target = _target_port(service)
-    if isinstance(target, int):
-        if not 1 <= target <= 65535:
-            raise SLBConfigError(f"{_where(service)}: backend port {target} is not within 1..65535")
-        return target
-    for container in (pod.get("spec") or {}).get("containers") or []:
-        for port in container.get("ports") or []:
-            if port.get("name") == target and port.get("containerPort"):
-                return int(port["containerPort"])
-    return None
+    try:
+        return podbackend.backend_port(service, pod, PORT_ANNOTATION)
+    except podbackend.BackendSettingError as err:
+        raise SLBConfigError(str(err)) from None
 
 
-def pod_ip(pod: KubeObject) -> str:
-    return str((pod.get("status") or {}).get("podIP") or "")
+pod_ip = podbackend.pod_ip
 
 
 def carries_finalizer(pod: KubeObject, *finalizers: str) -> bool:

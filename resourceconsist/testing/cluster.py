@@ -96,9 +96,13 @@ class Cluster:
         return self._ip[pod]
 
     async def set_status(
-        self, pod: str, *, ready: bool = True, service_ready: bool | None = None
+        self, pod: str, *, ready: bool = True, service_ready: bool | None = None, ip: str | None = None
     ) -> KubeObject:
-        """Set the pod's IP and conditions through the status subresource, as a kubelet would."""
+        """Set the pod's IP and conditions through the status subresource, as a kubelet would;
+        ``ip`` gives the pod that IP (e.g. one on loopback where a real server listens, for a
+        real load balancer), kept for the pod from then on."""
+        if ip is not None:
+            self._ip[pod] = ip
         conditions = [{"type": "Ready", "status": "True" if ready else "False"}]
         if service_ready is not None:
             conditions.append(

@@ -4,8 +4,8 @@ The check runs in a fresh interpreter where every distribution outside the produ
 closure (pyproject's ``dependencies``, followed through their own requirements) cannot be
 imported: pytest, responses, mypy, import-linter and the rest of the dev and testing extras raise
 ``ModuleNotFoundError`` there, as they would in a production image. The pytest plugin is the one
-module that needs its extra by nature; the SLB emulator needs the ``testing`` extra and must say
-so in its error.
+module that needs its extra by nature; the SLB emulator and the conformance suite need the
+``testing`` extra and must say so in their error.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from packaging.utils import canonicalize_name
 NEEDS_TESTING_EXTRA = (
     "resourceconsist.adapters.alibabacloudslb.emulator",
     "resourceconsist.adapters.alibabacloudslb.emulator_server",
+    "resourceconsist.testing.conformance",
 )
 #: The package's four folders, mapped under one namespace (pyproject's package-dir); each is walked.
 TOPS = (
