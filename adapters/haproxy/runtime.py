@@ -41,6 +41,7 @@ from typing import Final, Literal
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.budget import Priority, ProviderBudget, budget_for, current_priority
 from resourceconsist.flow.cancellation import current_cancellation
+from resourceconsist.flow.fence import check_fence
 from resourceconsist.runtime.metrics import observe_provider_call, observe_provider_failure
 
 #: The provider label of the metrics.
@@ -422,6 +423,10 @@ class RuntimeAPI:
         code: str | None = None
         try:
             with self._connection(timeout) as sock:
+                if not line.startswith("show "):
+                    # A change sent for a Lease no longer surely held could undo what its new
+                    # holder did: checked in the step that sends it (resourceconsist/flow/fence.py).
+                    check_fence()
                 sock.sendall(line.encode() + b"\n")
                 chunks: list[bytes] = []
                 size = 0
