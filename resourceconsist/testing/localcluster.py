@@ -59,7 +59,7 @@ class LocalCluster(LocalControlPlane):
     lists the simulated nodes. ``start_timeout`` bounds each component's start.
     """
 
-    binaries = CONTROL_PLANE_BINARIES + CLUSTER_BINARIES
+    binaries: tuple[str, ...] = CONTROL_PLANE_BINARIES + CLUSTER_BINARIES
 
     def __init__(
         self,
