@@ -36,6 +36,7 @@ from resourceconsist.testing import hoststate
 from resourceconsist.testing.controlplane import (
     CONTROL_PLANE_BINARIES,
     SERVICE_CLUSTER_IP_RANGE,
+    ControlPlaneBinariesMissing,
     ControlPlaneError,
     find_binaries,
     free_port,
@@ -61,6 +62,10 @@ CNI_NETWORK = "resourceconsist-node"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 #: The pause image every Pod sandbox runs; its archive is found with ``find_image("pause")``.
 PAUSE_IMAGE = "localhost/resourceconsist/pause:1"
+#: The HTTP test server's image (``hack/build-node-images.sh``, resourceconsist/testing/testserver.py)
+#: and its port.
+TESTSERVER_IMAGE = "localhost/resourceconsist/testserver:1"
+TESTSERVER_PORT = 8080
 #: Host programs a node needs, and the Debian packages that have them.
 HOST_PROGRAMS = {
     "containerd": "containerd",
@@ -78,7 +83,6 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback")
 KUBERNETES_SERVICE_IP = str(ipaddress.ip_network(SERVICE_CLUSTER_IP_RANGE)[1])
 #: Host directories the node's components create outside its own (see ``hoststate.Footprint``).
 HOST_DIRS_USED = ("/run/containerd", "/var/lib/cni", "/var/log/containers")
-_PATH_DIRS = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
 class RealNodeUnavailable(ControlPlaneError):
@@ -104,17 +108,47 @@ def find_image(name: str) -> Path:
     return path
 
 
-def _search_path() -> str:
-    present = os.environ.get("PATH", "").split(":")
-    return ":".join([*present, *(d for d in _PATH_DIRS if d not in present)])
+def http_server_pod_spec(log_dir: Path | None = None) -> dict[str, Any]:
+    """A Pod spec running the HTTP test server (``testserver``): it answers with the Pod's name
+    (from the downward API) on ``TESTSERVER_PORT``, is Ready once it answers ``/healthz``, and
+    stops as a real server on SIGTERM. With ``log_dir`` (a host directory), its log is also
+    written to ``log_dir/<pod name>.log`` through a hostPath volume, so it outlives the Pod."""
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": TESTSERVER_IMAGE,
+        "imagePullPolicy": "Never",
+        "ports": [{"name": "http", "containerPort": TESTSERVER_PORT}],
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "PORT", "value": str(TESTSERVER_PORT)},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 1,
+            "failureThreshold": 1,
+        },
+    }
+    spec: dict[str, Any] = {"containers": [container]}
+    if log_dir is not None:
+        container["env"].append({"name": "LOG_DIR", "value": "/log"})
+        container["volumeMounts"] = [{"name": "log", "mountPath": "/log"}]
+        spec["volumes"] = [{"name": "log", "hostPath": {"path": str(log_dir), "type": "DirectoryOrCreate"}}]
+    return spec
+
+
+def http_server_log(log_dir: Path, pod: str) -> list[dict[str, Any]]:
+    """The test server's log of ``pod`` (``http_server_pod_spec(log_dir)``), one event a line."""
+    path = log_dir / f"{pod}.log"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def check_host() -> None:
     """Fail in one line when this host cannot run a real node: not root, a program missing."""
     if os.geteuid() != 0:
         raise RealNodeUnavailable(f"a real node needs root (this process runs as uid {os.geteuid()})")
-    path = _search_path()
-    missing = [name for name in HOST_PROGRAMS if shutil.which(name, path=path) is None]
+    missing = [name for name in HOST_PROGRAMS if shutil.which(name) is None]
     missing += [f"CNI plugin {p}" for p in CNI_PLUGINS if not os.access(CNI_BIN_DIR / p, os.X_OK)]
     if missing:
         packages = sorted({HOST_PROGRAMS.get(m, "containernetworking-plugins") for m in missing})
@@ -170,7 +204,13 @@ class RealNodeCluster(LocalCluster):
 
     def start(self) -> None:
         check_host()
-        find_binaries(self.binaries)
+        try:
+            find_binaries(self.binaries)
+        except ControlPlaneBinariesMissing as err:
+            # Its first line names what is missing and where it looked; the rest, two ways to get
+            # the control plane's binaries, one of which (envtest's) has no kubelet.
+            what = str(err).splitlines()[0].split(". Get them")[0]
+            raise RealNodeUnavailable(f"{what}: build them with hack/build-controlplane.sh") from None
         find_image("pause")
         if not self._lock.acquire():
             raise RealNodeUnavailable(
@@ -277,9 +317,6 @@ class RealNodeCluster(LocalCluster):
         self._wait_kubernetes_service()
         self._wait_default_service_account()
 
-    def _env(self) -> dict[str, str]:
-        return {**os.environ, "PATH": _search_path()}
-
     # -- containerd ----------------------------------------------------------------------------
 
     def _start_containerd(self) -> None:
@@ -334,7 +371,7 @@ state = "{NODE_STATE / "containerd"}"
 """
         path = NODE_ROOT / "containerd.toml"
         path.write_text(config)
-        self._spawn("containerd", ["containerd", f"--config={path}"], env=self._env())
+        self._spawn("containerd", ["containerd", f"--config={path}"])
         self._poll("containerd", lambda: self._ctr("version").returncode == 0)
 
     def _ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -343,7 +380,6 @@ state = "{NODE_STATE / "containerd"}"
             capture_output=True,
             text=True,
             check=False,
-            env=self._env(),
             timeout=self.start_timeout,
         )
 
@@ -437,7 +473,6 @@ state = "{NODE_STATE / "containerd"}"
                 f"--node-ip={BRIDGE_ADDRESS}",
                 "--v=1",
             ],
-            env=self._env(),
         )
 
     @staticmethod
@@ -447,20 +482,21 @@ state = "{NODE_STATE / "containerd"}"
             return [root / CGROUP]
         return [h / CGROUP for h in sorted(root.iterdir()) if h.is_dir() and not h.is_symlink()]
 
-    def _wait_nodes_ready(self) -> None:
-        def ready() -> bool:
-            try:
-                node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
-            except urllib.error.HTTPError as err:
-                if err.code == 404:
-                    return False
-                raise
-            return any(
-                c["type"] == "Ready" and c["status"] == "True"
-                for c in (node.get("status") or {}).get("conditions") or []
-            )
+    def node_ready(self) -> bool:
+        """Whether the node is registered and its Ready condition True."""
+        try:
+            node = self._api("GET", f"/api/v1/nodes/{NODE_NAME}")
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return False
+            raise
+        return any(
+            c["type"] == "Ready" and c["status"] == "True"
+            for c in (node.get("status") or {}).get("conditions") or []
+        )
 
-        self._poll("kubelet", ready)
+    def _wait_nodes_ready(self) -> None:
+        self._poll("kubelet", self.node_ready)
 
     def _start_kube_proxy(self, binary: Path) -> None:
         kubeconfig = self._identity("kube-proxy", "system:kube-proxy")
@@ -489,7 +525,7 @@ state = "{NODE_STATE / "containerd"}"
         path = NODE_ROOT / "kube-proxy.yaml"
         path.write_text(yaml.safe_dump(config))
         self._kube_proxy = [str(binary), f"--config={path}"]
-        self._spawn("kube-proxy", [*self._kube_proxy, "--v=1"], env=self._env())
+        self._spawn("kube-proxy", [*self._kube_proxy, "--v=1"])
 
     def _wait_kubernetes_service(self) -> None:
         """In-cluster clients reach the API server at the ``kubernetes`` Service's address once
@@ -500,6 +536,45 @@ state = "{NODE_STATE / "containerd"}"
                 return True
 
         self._poll("kube-proxy", reachable)
+
+    # -- what runs on it -----------------------------------------------------------------------
+
+    def node_pids(self) -> set[int]:
+        """The node's processes beside those ``pids`` lists: containerd's shims and the
+        containers' processes."""
+        if self._footprint is None:
+            return set()
+        return hoststate.node_processes(self._footprint)
+
+    def pod_log(self, namespace: str, pod: str, container: str | None = None) -> str:
+        """A container's log, read by the API server from the kubelet (``kubectl logs``)."""
+        from kubernetes import client
+
+        with self.api_client() as api:
+            text: str = client.CoreV1Api(api).read_namespaced_pod_log(pod, namespace, container=container)
+        return text
+
+    def exec_in(self, namespace: str, pod: str, command: list[str], container: str | None = None) -> str:
+        """Run ``command`` in a container through the API server and the kubelet (``kubectl
+        exec``); returns what it wrote (stdout and stderr)."""
+        from kubernetes import client
+        from kubernetes.stream import stream
+
+        with self.api_client() as api:
+            core = client.CoreV1Api(api)
+            kwargs = {"container": container} if container else {}
+            out: str = stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                command=command,
+                stderr=True,
+                stdin=False,
+                stdout=True,
+                tty=False,
+                **kwargs,
+            )
+        return out
 
     # -- stop ----------------------------------------------------------------------------------
 
@@ -540,7 +615,7 @@ state = "{NODE_STATE / "containerd"}"
         if self._kube_proxy:
             # kube-proxy removes its own rules (the sweep takes what remains).
             cleanup = [*self._kube_proxy, "--cleanup"]
-            subprocess.run(cleanup, capture_output=True, check=False, env=self._env(), timeout=60)
+            subprocess.run(cleanup, capture_output=True, check=False, timeout=60)
             self._kube_proxy = []
         try:
             if self._footprint is not None:

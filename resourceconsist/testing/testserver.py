@@ -14,7 +14,8 @@ only, so the image needs nothing but python3; it also runs on the host, for its 
 - It writes one JSON object a line to stdout, and, when ``$LOG_DIR`` is set, appends the same to
   ``$LOG_DIR/<pod name>.log`` (a hostPath volume, so the log outlives the container):
   ``{"t": <unix time, float>, "pod": ..., "event": ...}`` with events ``listening`` (``port``),
-  ``served`` (``path``, ``id``, ``client``), ``sigterm``, ``stopped-accepting``, ``drained``
+  ``sleeping`` (a ``/sleep`` request began: ``seconds``, ``client``), ``served`` (``path``,
+  ``id``, ``client``), ``sigterm``, ``stopped-accepting``, ``drained``
   (``in_flight``: how many were finished after the signal) and ``exit``.
 
 ``$PORT`` is the port (default 8080), on every address of the Pod's own network namespace.
@@ -106,7 +107,9 @@ class Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         if url.path == "/sleep":
-            time.sleep(min(float(query.get("seconds", ["1"])[0]), MAX_SLEEP))
+            seconds = min(float(query.get("seconds", ["1"])[0]), MAX_SLEEP)
+            self.server.log("sleeping", seconds=seconds, client=self.client_address[0])
+            time.sleep(seconds)
         elif url.path not in ("/", "/healthz"):
             self._answer(404, "not found\n")
             return
