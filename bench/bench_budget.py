@@ -26,7 +26,6 @@ import statistics
 import time
 from typing import Any
 
-from resourceconsist import budget, kube
 from resourceconsist.adapters.alibabacloudslb import (
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
@@ -34,12 +33,14 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import SLBClient
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.flow import budget
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 LEAVING = "leaving"
 

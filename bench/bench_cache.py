@@ -1,5 +1,5 @@
 """Memory per cached pod: the pod as the API server sends it (less managedFields) against what the
-pod informer keeps (resourceconsist.transform), and the CPU each costs per watch event.
+pod informer keeps (resourceconsist.cluster.transform), and the CPU each costs per watch event.
 
 Each pod is decoded from its own watch event line, as the pod informer decodes it (the whole
 pod by ``kube.decode_json``, a lean one by its transform's ``decode_event``), from a pod shaped like
@@ -25,10 +25,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from resourceconsist import lifecycle, wire
-from resourceconsist.kube import KubeObject, decode_json
-from resourceconsist.labels import parse_selector
-from resourceconsist.transform import FRAME_POD_FIELDS, keeping, keeping_selected_or_marked, trim
+from resourceconsist import wire
+from resourceconsist.cluster.kube import KubeObject, decode_json
+from resourceconsist.cluster.transform import FRAME_POD_FIELDS, keeping, keeping_selected_or_marked, trim
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.labels import parse_selector
 
 SERVICE = "web"
 

@@ -22,13 +22,15 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.cache import SERVICE_SELECTOR_INDEX, Store, index_by_service_selector
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import SERVICE_SELECTOR_INDEX, Store, index_by_service_selector
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient
-from resourceconsist.labels import map_selects
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.labels import map_selects
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 

@@ -47,8 +47,10 @@ from typing import Any
 from bench_frame import _go_pattern_baseline, _writes
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.kube import KubeClient
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, finalizers
 from resourceconsist.testing.controlplane import free_port
 
@@ -64,8 +66,9 @@ GO_BINARY = (
 #: too, which the loop's transport and the probe endpoints load when they start, and urllib3,
 #: the threads' transport (the official client is not loaded: docs/index.md, "Which cluster").
 IMPORT_BASELINE = (
-    "import resourceconsist.cli, resourceconsist.manager, resourceconsist.experimental.demo, "
-    "resourceconsist.adapters, resourceconsist.kubeconfig, urllib3, aiohttp, aiohttp.web"
+    "import resourceconsist.commands.cli, resourceconsist.runtime.manager, "
+    "resourceconsist.experimental.demo, resourceconsist.adapters, resourceconsist.cluster.kubeconfig, "
+    "urllib3, aiohttp, aiohttp.web"
 )
 
 

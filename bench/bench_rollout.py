@@ -44,12 +44,14 @@ import asyncio
 import time
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.commands.showcase import LoggedProvider, RolloutWatch, drain_seconds
 from resourceconsist.experimental.demo import DemoAdapter
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
-from resourceconsist.showcase import LoggedProvider, RolloutWatch, drain_seconds
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, async_wait_for
 
 SERVICE = "web"

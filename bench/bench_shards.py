@@ -49,9 +49,9 @@ from bench_pace import (
     set_ready,
 )
 
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient, NotFound
-from resourceconsist.sharding.ring import shard_label
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, NotFound
+from resourceconsist.runtime.sharding.ring import shard_label
 from resourceconsist.testing import Cluster, LocalControlPlane
 
 NAMESPACE = "bench-shards"

@@ -6,7 +6,7 @@ annotation each (16 concurrent callers, round-robin over the pods) go through
 (a) today's path: ``await asyncio.to_thread(client.patch, ...)`` on the frame's own executor
     (``DaemonThreadExecutor``, as the manager installs it), i.e. the official client's urllib3 pool;
 (b) an aiohttp session on the event loop, its TLS and credentials taken from the same
-    kubeconfig (``resourceconsist.aiokube``), no thread hand-off.
+    kubeconfig (``resourceconsist.cluster.aiokube``), no thread hand-off.
 
 Each figure is this process's CPU seconds (``time.process_time``, all threads) and wall seconds,
 per write; rounds alternate (a), (b) so load on the shared machine falls on both alike, and the
@@ -28,9 +28,9 @@ from collections.abc import Awaitable, Callable
 
 from bench_pace import _pool_map
 
-from resourceconsist import aiokube, kube
-from resourceconsist.cancellation import DaemonThreadExecutor
-from resourceconsist.kube import KubeClient
+from resourceconsist.cluster import aiokube, kube
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.flow.cancellation import DaemonThreadExecutor
 from resourceconsist.testing import LocalControlPlane
 
 CALLERS = 16

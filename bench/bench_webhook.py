@@ -62,8 +62,8 @@ def _raise_fd_limit() -> None:
 
 
 async def _serve(cert_dir: Path) -> None:
-    from resourceconsist.cache import InformerFactory
-    from resourceconsist.kube import KubeClient
+    from resourceconsist.cluster.cache import InformerFactory
+    from resourceconsist.cluster.kube import KubeClient
     from resourceconsist.webhook import WebhookOptions, WebhookServer
 
     server = WebhookServer(
@@ -199,7 +199,7 @@ def main() -> int:
         asyncio.run(_serve(args.serve))
         return 0
 
-    from resourceconsist import certs
+    from resourceconsist.cluster import certs
 
     with tempfile.TemporaryDirectory(prefix="bench-webhook-") as tmp:
         cert_dir = Path(tmp)

@@ -49,14 +49,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import config as slb
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
-from resourceconsist.kube import ApiError, KubeClient, KubeObject
-from resourceconsist.labels import map_selects
+from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.labels import map_selects
 from resourceconsist.testing import LocalControlPlane
 from resourceconsist.testing.controlplane import _die_with_parent as die_with_parent
-from resourceconsist.testing.slb_emulator_server import EmulatorAdmin
 
 NAMESPACE = "chaos"
 SERVICES = ("svc-0", "svc-1", "svc-2")
@@ -180,7 +182,7 @@ class Emulator:
 
     def __init__(self, workdir: Path, seed: int) -> None:
         lbs = [arg for i in range(len(SERVICES)) for arg in ("--load-balancer", f"lb-chaos-{i}")]
-        argv = [sys.executable, "-m", "resourceconsist.testing.slb_emulator_server"]
+        argv = [sys.executable, "-m", "resourceconsist.adapters.alibabacloudslb.emulator_server"]
         self.process = Process(
             "slb-emulator",
             [*argv, "--dir", str(workdir), "--seed", str(seed), *lbs],

@@ -13,8 +13,8 @@ from resourceconsist.registry import AdapterRegistry
 
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
-    from resourceconsist.controller import Controller
-    from resourceconsist.manager import Manager
+    from resourceconsist.runtime.controller import Controller
+    from resourceconsist.runtime.manager import Manager
 
 registry = AdapterRegistry(experimental=True)
 

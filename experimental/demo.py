@@ -21,7 +21,6 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from resourceconsist import kube
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
@@ -35,8 +34,9 @@ from resourceconsist.adapter import (
     ReconcileContext,
     pod_employee_statuses,
 )
-from resourceconsist.kube import KubeObject
-from resourceconsist.labels import map_selects
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.rules.labels import map_selects
 
 DEMO_VIP = "demo-remote-VIP"
 DEMO_QPS = 100

@@ -116,7 +116,7 @@ echo "creating $services Services x $pods Ready pods in $ns"
 PYTHONPATH="$root/bench" "$py" - "$ns" "$services" "$pods" <<'EOF'
 import os, sys
 from bench_pace import populate, set_ready
-from resourceconsist.kube import KubeClient
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.testing import Cluster
 
 ns, services, pods = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -132,9 +132,11 @@ EOF
 # in each Service the dead shard held to be guarded: a live shard serves that Service.
 cat >"$work/check.py" <<'PYEOF'
 import os, sys, time
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.kube import KubeClient
-from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.runtime.sharding.ring import HashRing, drain_label, hash_key, shard_label
 from resourceconsist.testing import finalizers
 
 ns, ring, live, timeout = sys.argv[1], sys.argv[2], sys.argv[3].split(","), float(sys.argv[4])
@@ -195,9 +197,10 @@ SINCE="$started" "$py" "$work/check.py" "$ns" "$ring" "$(seq -s, -f 'shard-%g' 0
 # went through it on update): the object the API server answers with carries the ring's choice.
 "$py" - "$ns" "$ring" "$(seq -s, -f 'shard-%g' 0 $((shards - 1)))" "svc-$(printf %03d "$services")" <<'PYEOF'
 import os, sys
-from resourceconsist import kube, wire
-from resourceconsist.kube import KubeClient
-from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
 
 ns, ring, live, name = sys.argv[1], sys.argv[2], sys.argv[3].split(","), sys.argv[4]
 client = KubeClient.from_kubeconfig(os.environ["KUBECONFIG"])

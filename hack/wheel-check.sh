@@ -72,7 +72,7 @@ from pathlib import Path
 repo = Path(sys.argv[1])
 for name in (
     "resourceconsist",
-    "resourceconsist.cli",
+    "resourceconsist.commands.cli",
     "resourceconsist.testing",
     "resourceconsist.adapters.alibabacloudslb",
     "resourceconsist.webhook",
@@ -92,8 +92,8 @@ echo "command: resourceconsist --help, demo --help, run --help"
 # The pytest plugin (an entry point of the wheel) gives a suite outside the checkout the real
 # control plane; the kit's Cluster and wait_for drive it.
 cat >"$work/outside/test_from_the_wheel.py" <<'PY'
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.testing import wait_for
 
 

@@ -43,11 +43,18 @@ if TYPE_CHECKING:
         SubResourceOptions,
         pod_employee_statuses,
     )
-    from resourceconsist.cache import CacheReader, WatchEvent
-    from resourceconsist.controller import Controller
+    from resourceconsist.cluster.cache import CacheReader, WatchEvent
+    from resourceconsist.cluster.kube import (
+        ApiError,
+        Conflict,
+        Gone,
+        KubeClient,
+        KubeObject,
+        NotFound,
+        Resource,
+    )
     from resourceconsist.errors import InvalidOptions, PermanentError, ResourceConsistError, RetryAfter
-    from resourceconsist.kube import ApiError, Conflict, Gone, KubeClient, KubeObject, NotFound, Resource
-    from resourceconsist.manager import Manager, Runnable, add_to_manager
+    from resourceconsist.hooks.subscribers import LifecycleEvent, LifecycleSubscriber
     from resourceconsist.options import (
         GarbageOptions,
         LeaderElectionOptions,
@@ -56,7 +63,8 @@ if TYPE_CHECKING:
         ProviderBudgetOptions,
         ShardingOptions,
     )
-    from resourceconsist.subscribers import LifecycleEvent, LifecycleSubscriber
+    from resourceconsist.runtime.controller import Controller
+    from resourceconsist.runtime.manager import Manager, Runnable, add_to_manager
 
 #: The public names, as the block above imports them (the one table of their homes,
 #: resourceconsist.lazy); written out as a literal for linters, checked by tests/api/test_public_api.py.

@@ -1,5 +1,5 @@
 """``python -m resourceconsist``: the command line."""
 
-from resourceconsist.cli import main
+from resourceconsist.commands.cli import main
 
 main()

@@ -15,19 +15,19 @@ its event loop and runs plain (possibly blocking) functions in worker threads.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from resourceconsist import lifecycle
-from resourceconsist.cancellation import Cancellation
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.flow.cancellation import Cancellation
+from resourceconsist.rules import lifecycle
 
 if TYPE_CHECKING:
-    from resourceconsist.cache import CacheReader, WatchEvent
-    from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
+    from resourceconsist.cluster.cache import CacheReader, WatchEvent
+    from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -389,7 +389,7 @@ class ProviderDescribeOptions(Protocol):
 
 class RateLimiter(Protocol):
     """How long to wait before retrying ``item`` (client-go's ``RateLimiter``); the workqueue's
-    (``resourceconsist.workqueue``) implement it."""
+    (``resourceconsist.runtime.workqueue``) implement it."""
 
     def when(self, item: str) -> float: ...
 
@@ -411,17 +411,12 @@ class CachedPodFieldsOptions(Protocol):
 
     The pod cache keeps only what the frame reads (``metadata`` but managedFields,
     ``spec.readinessGates``, ``status.conditions``, ``status.phase``, ``status.podIP``,
-    ``status.podIPs``: ``resourceconsist.transform.FRAME_POD_FIELDS``) and the dotted paths
+    ``status.podIPs``: ``resourceconsist.cluster.transform.FRAME_POD_FIELDS``) and the dotted paths
     returned here, e.g. ``["spec.nodeName", "spec.containers.ports"]`` (a path through a list
     keeps the rest of the path in each element). Default: none (docs/tutorial.md, "Fields the
     cache keeps")."""
 
     def get_cached_pod_fields(self) -> Iterable[str]: ...
-
-
-def cached_pod_fields(adapter: object) -> tuple[str, ...]:
-    """The pod fields an adapter declared (``CachedPodFieldsOptions``); none when it did not."""
-    return tuple(adapter.get_cached_pod_fields()) if isinstance(adapter, CachedPodFieldsOptions) else ()
 
 
 # -- beyond Go: orphans, sub-resources (docs/lifecycle-hooks.md) -----------------------------------
@@ -548,3 +543,14 @@ class WebhookAdapter(Protocol):
     def name(self) -> str: ...
 
     def get_employers_by_employee(self, employee: KubeObject, reader: CacheReader) -> EmployersResult: ...
+
+
+@runtime_checkable
+class WebhookCacheOptions(Protocol):
+    """Optional: the resources whose informer caches the adapter reads.
+
+    The server starts these informers before it reports ready, so the first admission does not
+    wait for a cache to fill. Without this capability the server assumes Services.
+    """
+
+    def get_cached_resources(self) -> Sequence[Resource]: ...

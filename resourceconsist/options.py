@@ -191,7 +191,7 @@ DEFAULT_PROVIDER_BURST: Final = 10
 
 @dataclass(frozen=True)
 class ProviderBudgetOptions:
-    """The rate and burst of every provider account's API budget (resourceconsist/budget.py;
+    """The rate and burst of every provider account's API budget (resourceconsist/flow/budget.py;
     docs/concepts.md, "The provider budget"); part of ``ManagerOptions``."""
 
     #: Provider requests a second per account; None: no client-side limit.

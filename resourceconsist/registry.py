@@ -23,8 +23,8 @@ from resourceconsist.errors import ResourceConsistError
 # registries without loading it (docs/reference/options.md, "Import cost").
 if TYPE_CHECKING:
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
-    from resourceconsist.controller import Controller
-    from resourceconsist.manager import Manager
+    from resourceconsist.runtime.controller import Controller
+    from resourceconsist.runtime.manager import Manager
 
 log = logging.getLogger(__name__)
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.options import ManagerOptions
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane
 
 #: The tutorial whose code blocks the tests run (docs/tutorial.md).

@@ -3,7 +3,7 @@
 A webhook adapter has a ``name`` and answers ``get_employers_by_employee(pod, reader)`` with the
 employers of a pod that is being created, as ``EmployerRef`` (kind, namespace, name). The
 webhook turns each into an ``expectedFinalizers`` entry of the pod's
-``pod.kusionstack.io/available-conditions`` annotation through ``resourceconsist.lifecycle``,
+``pod.kusionstack.io/available-conditions`` annotation through ``resourceconsist.rules.lifecycle``,
 the same functions the controller uses.
 
 ``WebhookAdapter`` and ``EmployerRef`` live in ``resourceconsist.adapter`` (the adapter API the
@@ -30,13 +30,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol, runtime_checkable
+from typing import Final
 
-from resourceconsist import gates, kube, lifecycle, wire
-from resourceconsist.adapter import EmployerRef, EmployersResult, WebhookAdapter
-from resourceconsist.cache import CacheReader
+from resourceconsist import wire
+from resourceconsist.adapter import EmployerRef, EmployersResult, WebhookAdapter, WebhookCacheOptions
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader
+from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.rules import gates, lifecycle
 
 log = logging.getLogger("resourceconsist.webhook")
 
@@ -49,7 +51,6 @@ __all__ = [
     "ServicePredicate",
     "WebhookAdapter",
     "WebhookCacheOptions",
-    "cached_resources",
     "has_label",
     "injection_enabled",
     "spec_options",
@@ -81,24 +82,6 @@ def validate_adapter_name(name: str) -> str:
 def webhook_path(name: str) -> str:
     """The URL path the server registers for the adapter named ``name``."""
     return PATH_PREFIX + validate_adapter_name(name)
-
-
-@runtime_checkable
-class WebhookCacheOptions(Protocol):
-    """Optional: the resources whose informer caches the adapter reads.
-
-    The server starts these informers before it reports ready, so the first admission does not
-    wait for a cache to fill. Without this capability the server assumes Services.
-    """
-
-    def get_cached_resources(self) -> Sequence[Resource]: ...
-
-
-def cached_resources(adapter: WebhookAdapter) -> tuple[Resource, ...]:
-    """The resources an adapter reads through the cache (Services when it does not say)."""
-    if isinstance(adapter, WebhookCacheOptions):
-        return tuple(adapter.get_cached_resources())
-    return (kube.SERVICE,)
 
 
 ServicePredicate = Callable[[KubeObject], bool]

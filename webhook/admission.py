@@ -4,7 +4,7 @@ Pure code, no I/O: parsing and validating the review the API server sends (pydan
 the fields of the pod the mutation uses (``read_pod``: the one place their shapes are checked),
 building the answer (allowed with a JSONPatch, allowed untouched, or denied with a
 ``metav1.Status``), and ``pod_mutation``, which computes the patch from the employers through
-``resourceconsist.lifecycle`` only, so the webhook and the controller write byte-identical
+``resourceconsist.rules.lifecycle`` only, so the webhook and the controller write byte-identical
 annotation values. The same patch carries what the employers ask of the pod's spec
 (docs/zero-downtime.md): their readiness gates, and a ``preStop`` sleep of the longest drain
 time in every container without a preStop hook.
@@ -34,9 +34,10 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject
+from resourceconsist.rules import lifecycle
 from resourceconsist.webhook.adapter import EmployerRef
 
 ADMISSION_API_VERSION: Final = "admission.k8s.io/v1"

@@ -23,7 +23,7 @@ every replica through one Secret, trusted by the API server through the configur
 What it makes, for which Service, and how often a running server re-checks: ``BootstrapOptions``
 (``options``), part of ``WebhookOptions`` (docs/reference/options.md). The function blocks; async
 callers run it in the frame's own threads (``asyncio.to_thread``), never in the adapters' pool,
-so a hung provider cannot hold the certificates back (``resourceconsist.cancellation``).
+so a hung provider cannot hold the certificates back (``resourceconsist.flow.cancellation``).
 
 Outside the cluster (a laptop, CI), ``register_url_webhooks`` writes the mutating configuration
 with ``clientConfig.url`` entries pointing at the local server instead of the Service
@@ -48,9 +48,10 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from resourceconsist import certs, kube, wire
+from resourceconsist import wire
+from resourceconsist.cluster import certs, kube
+from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import Conflict, KubeClient, KubeObject, Resource
 from resourceconsist.webhook.adapter import webhook_path
 from resourceconsist.webhook.options import RENEW_AT_FRACTION, BootstrapOptions
 

@@ -7,7 +7,7 @@ gets is decided by ``admission.decide``:
 
 - Pod CREATE: the adapter names the pod's employers (from the informer cache); the answer is a
   JSONPatch merging their entries into ``pod.kusionstack.io/available-conditions``, keeping
-  the entries already there (computed by ``resourceconsist.lifecycle``).
+  the entries already there (computed by ``resourceconsist.rules.lifecycle``).
 - dry-run requests, other kinds, subresources and other operations: allowed untouched.
 - a body that is not a v1 AdmissionReview (not JSON, not an object, wrong apiVersion or kind,
   no request or uid, a field of the wrong type, too large, wrong Content-Type): HTTP 400 with a
@@ -48,15 +48,14 @@ from typing import TYPE_CHECKING, Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from resourceconsist.adapter import cached_pod_fields
-from resourceconsist.cache import CacheReader, InformerFactory
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster.cache import CacheReader, InformerFactory
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.reconcile.profile import WebhookProfile
 from resourceconsist.webhook.adapter import (
     PATH_PREFIX,
     EmployerRef,
     WebhookAdapter,
-    cached_resources,
     validate_adapter_name,
     webhook_path,
 )
@@ -84,7 +83,7 @@ from resourceconsist.webhook.options import WebhookOptions
 from resourceconsist.webhook.tls import CertificateReloader
 
 if TYPE_CHECKING:
-    from resourceconsist.metrics import Metrics
+    from resourceconsist.runtime.metrics import Metrics
 
 log = logging.getLogger("resourceconsist.webhook")
 
@@ -151,6 +150,8 @@ class WebhookServer:
         self._reader: CacheReader = informers.reader()
         self._own_informers = own_informers
         self._adapters: dict[str, WebhookAdapter] = {}
+        #: The resources each adapter reads through the caches (its profile's), by name.
+        self._cached: dict[str, tuple[Resource, ...]] = {}
         #: The port listened on: ``options.port``, or the one picked for port 0 once started.
         self.port = self.options.port
         self.observer = observer
@@ -173,21 +174,24 @@ class WebhookServer:
         name = validate_adapter_name(adapter.name)
         if name in self._adapters:
             raise ValueError(f"a webhook adapter named {name!r} is already registered")
+        profile = WebhookProfile.of(adapter)
         try:
             # Pods are cached lean (docs/tutorial.md, "Fields the cache keeps").
-            self._informers.keep_pod_fields(cached_pod_fields(adapter))
+            self._informers.keep_pod_fields(profile.pod_fields)
         except ValueError as err:
             raise ValueError(f"webhook adapter {name}: get_cached_pod_fields: {err}") from err
-        for resource in cached_resources(adapter):
+        for resource in profile.cached_resources:
             # Creating the informer starts it when the factory runs, so the cache fills
             # before the first admission needs it.
             self._informers.informer(resource)
         self._adapters[name] = adapter
+        self._cached[name] = profile.cached_resources
         log.info("webhook adapter %s registered at %s", name, webhook_path(name))
         return webhook_path(name)
 
     def remove_adapter(self, name: str) -> None:
         """Stop serving the adapter ``name``; its path answers 404 from then on."""
+        self._cached.pop(name, None)
         if self._adapters.pop(name, None) is not None:
             log.info("webhook adapter %s removed", name)
 
@@ -336,7 +340,8 @@ class WebhookServer:
         if bootstrap is None:
             raise RuntimeError("this server has no bootstrap options (WebhookOptions.bootstrap is None)")
         client = self._informers.client
-        # The frame's own API writes run in its own pool, never the adapters' (resourceconsist.cancellation).
+        # The frame's own API writes run in its own pool, never the adapters'
+        # (resourceconsist.flow.cancellation).
         self.last_bootstrap = await asyncio.to_thread(
             ensure_webhook_certificates, client, self.options.cert_dir, bootstrap
         )
@@ -367,10 +372,10 @@ class WebhookServer:
             reasons.append("not listening")
         if not self._tls.loaded:
             reasons.append("no certificate loaded")
-        for adapter in self._adapters.values():
-            for resource in cached_resources(adapter):
+        for name, resources in self._cached.items():
+            for resource in resources:
                 if not self._informers.informer(resource).has_synced:
-                    reasons.append(f"cache of {resource.plural} not synced (adapter {adapter.name})")
+                    reasons.append(f"cache of {resource.plural} not synced (adapter {name})")
         return reasons
 
     @property

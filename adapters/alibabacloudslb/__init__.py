@@ -7,7 +7,7 @@ docs/alibabacloudslb.md, "How the adapter is built"), ``items`` the employer/emp
 ``config`` the labels and annotations read on Services and pods, ``backoff`` the per-Service
 requeue backoff, ``credentials`` the access key and endpoint, ``slbclient`` the SLB API through the
 real Alibaba Cloud SDK; a stateful fake of that API for tests is in the testing kit
-(``resourceconsist.testing.slb_emulator``, installed with the ``testing`` extra). The registry
+(``resourceconsist.adapters.alibabacloudslb.emulator``, installed with the ``testing`` extra). The registry
 factories are ``controller_from_env`` and ``webhook_from_env``; usage: ``docs/alibabacloudslb.md``.
 """
 

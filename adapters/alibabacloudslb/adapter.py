@@ -21,7 +21,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final, TypeVar
 
-from resourceconsist import handler, kube
 from resourceconsist.adapter import (
     CUDResults,
     Employee,
@@ -34,8 +33,10 @@ from resourceconsist.adapter import (
     ReconcileAdapter,
     ReconcileContext,
 )
-from resourceconsist.cache import CacheReader, WatchEvent
-from resourceconsist.kube import KubeObject, Resource, object_key
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader, WatchEvent
+from resourceconsist.cluster.kube import KubeObject, Resource, object_key
+from resourceconsist.watch import handler
 
 from . import config
 from .backoff import RequeueBackoff

@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any, Final
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject
+from resourceconsist.rules import lifecycle
 
 from .slbclient import BackendServerType
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import (
     Employee,
     Employer,
@@ -30,9 +29,11 @@ from resourceconsist.adapter import (
     ReconcileContext,
     pod_employee_statuses,
 )
-from resourceconsist.cancellation import call_adapter
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.rules import lifecycle
 
 from . import config
 from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError

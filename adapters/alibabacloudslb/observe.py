@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from resourceconsist.adapter import Employee, Employer, Outcome, PodEmployeeStatuses, pod_employee_statuses
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster.kube import KubeObject
 
 from .config import Mode
 from .items import ObservedEmployee, Traffic

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from resourceconsist.cancellation import call_adapter
+from resourceconsist.flow.cancellation import call_adapter
 
 from . import config
 from .slbclient import MAX_LOAD_BALANCERS_PER_PAGE, SLBClient, SLBNotFound, VServerGroup

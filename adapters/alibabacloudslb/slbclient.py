@@ -22,7 +22,7 @@ controller needs to talk to SLB safely:
   reconcile pass's ``current_cancellation()``: each HTTP request's timeouts are capped by the time
   left, backoff sleeps wake on a stop, and a cancelled pass gives up with ``SLBCancelled`` before
   its next request (docs/concepts.md, "Stopping within the shutdown timeout");
-* one API budget per account (``resourceconsist.budget``, docs/alibabacloudslb.md, "The API
+* one API budget per account (``resourceconsist.flow.budget``, docs/alibabacloudslb.md, "The API
   budget"): every request, the garbage search's included, takes a token first. Writes spend at
   their own priority (a removal or a drain to weight 0 first, a group's deletion next, adds,
   creates, tags and raised weights after), reads at the priority of what they serve (the pass's,
@@ -30,7 +30,7 @@ controller needs to talk to SLB safely:
   so a registration waiting for the budget never holds a drain back. A throttling answer
   (``THROTTLING_CODES``) pauses the whole account. Time spent waiting for the budget does not
   count against ``call_deadline_seconds``, which bounds requests, not the queue;
-* metrics: every request, retry and final failure is reported to ``resourceconsist.metrics``;
+* metrics: every request, retry and final failure is reported to ``resourceconsist.runtime.metrics``;
   a failed attempt that a retry fixes is logged at DEBUG only (the SDK's own ERROR line for it
   is lowered to DEBUG too), a call that fails for good after retries at WARNING;
 * errors as ``SLBError`` (code, message, request id, HTTP status), ``SLBNotFound`` for a load
@@ -80,10 +80,14 @@ from aliyunsdkslb.request.v20140515.SetVServerGroupAttributeRequest import SetVS
 from aliyunsdkslb.request.v20140515.TagResourcesRequest import TagResourcesRequest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from resourceconsist.budget import Priority, ProviderBudget, budget_for, current_priority, spending_for
-from resourceconsist.cancellation import PassCancelled, current_cancellation
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.metrics import observe_provider_call, observe_provider_failure, observe_provider_retry
+from resourceconsist.flow.budget import Priority, ProviderBudget, budget_for, current_priority, spending_for
+from resourceconsist.flow.cancellation import PassCancelled, current_cancellation
+from resourceconsist.runtime.metrics import (
+    observe_provider_call,
+    observe_provider_failure,
+    observe_provider_retry,
+)
 
 from .credentials import AccessKey, CredentialsError, SLBAccess, SLBCredentials
 

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar
 
-from resourceconsist import lifecycle
 from resourceconsist.adapter import Employee, Employer, Outcome, OwnedItem, ReconcileContext
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.rules import lifecycle
 
 from . import config
 from .config import LOAD_BALANCER_ID_LABEL, Mode, SLBConfigError

@@ -8,7 +8,8 @@ the orchestrator) over its steps, each a module of its own (docs/concepts.md, "O
 - ``statuses``      the adapter's statuses or error conditions, and the requeue of failed items;
 - ``telling``       what the adapter's subscribers are told;
 - ``failures``      how a pass reports what failed (a Warning, or a retry first);
-- ``capabilities``  what the adapter's optional protocols say, and their defaults;
+- ``profile``       the adapter as the frame reads it, resolved once: its watch options, settings and
+  optional protocols, and their defaults;
 - ``passes``        how a pass begins: its context, its state, what it reads before the calls;
 - ``state``, ``pods``  the pass's state, and where pod employees live;
 - ``memory``        what is kept of an employer between passes (one record);

@@ -15,11 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from resourceconsist import kube, wire
+from resourceconsist import wire
 from resourceconsist.adapter import CUDResults, ItemFailure
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import EventSink
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import RetryAfter
-from resourceconsist.interfaces import EventSink
-from resourceconsist.kube import KubeObject
 from resourceconsist.reconcile.memory import Streak
 from resourceconsist.reconcile.outcome import MAX_CONFLICT_RETRY_SECONDS, MAX_ITEM_WARNINGS, ReconcileError
 from resourceconsist.wire import EventReason

@@ -8,7 +8,7 @@ the pod writes' failures (``raise_write_failures``).
 
 What to plan is decided here from what the pass read; the employer's own writes
 (``patch_employer_finalizers``, ``patch_employer_annotations``) run in the frame's threads,
-never the adapters' (resourceconsist.cancellation).
+never the adapters' (resourceconsist.flow.cancellation).
 """
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from resourceconsist import aiokube, kube, lifecycle, wire
-from resourceconsist.interfaces import EventSink, ObjectWriter
-from resourceconsist.kube import ApiError, KubeObject, Resource
-from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist import wire
+from resourceconsist.cluster import aiokube, kube
+from resourceconsist.cluster.interfaces import EventSink, ObjectWriter
+from resourceconsist.cluster.kube import ApiError, KubeObject, Resource
 from resourceconsist.reconcile.failures import PassFailures
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist.rules import lifecycle
 from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__package__)
@@ -144,7 +146,7 @@ async def _patch_employer(
     change: Callable[[KubeObject], dict[str, Any] | None],
 ) -> tuple[KubeObject | None, bool]:
     """``change`` the employer under optimistic concurrency, on the event loop's transport
-    (resourceconsist.aiokube; the frame's threads where it cannot serve the client)."""
+    (resourceconsist.cluster.aiokube; the frame's threads where it cannot serve the client)."""
     meta = employer["metadata"]
     return await aiokube.patch_optimistic(
         client, resource, meta.get("namespace"), meta["name"], change, current=employer

@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses
-from resourceconsist.diff import Diff
-from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
 from resourceconsist.reconcile.finalizers import PodOf, guarded, holds_entry, still_carries
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.diff import Diff
 
 log = logging.getLogger(__package__)
 

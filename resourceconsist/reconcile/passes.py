@@ -12,18 +12,21 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
-from resourceconsist import budget, kube, lifecycle
-from resourceconsist.adapter import ReconcileAdapter, ReconcileContext
-from resourceconsist.budget import Priority
-from resourceconsist.cancellation import current_cancellation
-from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.podwriter import PodWriter, RecentWrites
-from resourceconsist.reconcile import capabilities, guard
+from resourceconsist.adapter import ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow import budget
+from resourceconsist.flow.budget import Priority
+from resourceconsist.flow.cancellation import current_cancellation
+from resourceconsist.reconcile import guard
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.pods import PodPlaces
+from resourceconsist.reconcile.podwriter import PodWriter, RecentWrites
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState, employer_entry
+from resourceconsist.rules import lifecycle
 
 
 class PassFactory:
@@ -34,35 +37,31 @@ class PassFactory:
 
     def __init__(
         self,
-        adapter: ReconcileAdapter,
+        profile: AdapterProfile,
         client: ObjectWriter,
         reader: ObjectReader,
         recorder: EventSink,
-        employer_resource: Resource,
-        employee_resource: Resource,
         clusters: Mapping[str, tuple[ObjectWriter, ObjectReader]],
         *,
         api_down: Callable[[], bool],
         report_unguarded: Callable[[int], None],
     ) -> None:
-        self.adapter = adapter
+        self.profile = profile
         self.client = client
         self.reader = reader
         self.recorder = recorder
-        self.employer_resource = employer_resource
-        self.employee_resource = employee_resource
+        self.employer_resource = profile.employer
+        self.employee_resource = profile.employee
         #: The member clusters by name (the controller adds and removes them while it runs).
         self.clusters = clusters
-        self.name = adapter.get_controller_name()
+        self.name = profile.name
         self.api_down = api_down
         #: What is kept of each employer between passes, by employer key.
         self.memory = Memories(report_unguarded)
         #: Pods written by this reconciler that the cache may not show yet (podwriter.RecentWrites).
         self.recent = RecentWrites()
         #: Where the pod employees live, and their freshest copies.
-        self.pods = PodPlaces(
-            client, reader, clusters, capabilities.employees_in_members(adapter), self.recent
-        )
+        self.pods = PodPlaces(client, reader, clusters, profile.employees_in_members, self.recent)
 
     def context(self, key: str) -> ReconcileContext:
         """What the adapter is handed for employer ``key`` ("": no employer)."""
@@ -91,7 +90,7 @@ class PassFactory:
         """The state of a new pass over ``employer``; its failures become a Warning once met on
         ``warn_after`` (passes, seconds), and are reported to ``report_retried`` until then
         (docs/concepts.md, "When a failure becomes a Warning")."""
-        follows = capabilities.follows_lifecycle(self.adapter, self.employee_resource)
+        follows = self.profile.follows_lifecycle
         entry = employer_entry(employer) if follows else None
         namespace = key.rpartition("/")[0]
         p = PassState(
@@ -124,9 +123,7 @@ class PassFactory:
         decisions about pods that may have reached the cache since)."""
         if p.selected is not None and not fresh:
             return p.selected
-        selected = await capabilities.selected_names(
-            self.adapter, p.ctx, p.employer, self.employer_resource, self.reader
-        )
+        selected = await self.profile.selected_names(p.ctx, p.employer, self.reader)
         if p.selected is None:
             p.selected = selected
         return selected

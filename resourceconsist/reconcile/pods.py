@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from resourceconsist import wire
-from resourceconsist.interfaces import ObjectReader, ObjectWriter
-from resourceconsist.kube import KubeObject
-from resourceconsist.podwriter import PodLocation, RecentWrites
+from resourceconsist.cluster.interfaces import ObjectReader, ObjectWriter
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.reconcile import readiness
+from resourceconsist.reconcile.podwriter import PodLocation, RecentWrites
 
 
 class PodPlaces:

@@ -1,6 +1,6 @@
 """The readiness gates of one employer (docs/zero-downtime.md): which pods carry its gate, what
 each gate should say from the facts the pass confirmed (``plan_gates``), and the writes of the
-changed conditions (``write_gates``). The rules of one gate are resourceconsist/gates.py.
+changed conditions (``write_gates``). The rules of one gate are resourceconsist/rules/gates.py.
 """
 
 from __future__ import annotations
@@ -11,12 +11,14 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from resourceconsist import aiokube, gates, kube, lifecycle, wire
-from resourceconsist.interfaces import EventSink, ObjectReader
-from resourceconsist.kube import KubeObject
-from resourceconsist.podwriter import PodLocation
+from resourceconsist import wire
+from resourceconsist.cluster import aiokube, kube
+from resourceconsist.cluster.interfaces import EventSink, ObjectReader
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.outcome import ReconcileError
+from resourceconsist.reconcile.podwriter import PodLocation
+from resourceconsist.rules import gates, lifecycle
 
 log = logging.getLogger(__package__)
 
@@ -124,7 +126,7 @@ async def write_gates(
     controller: str,
 ) -> dict[str, BaseException]:
     """Write each changed gate condition (status subresource), on the event loop's transport
-    (resourceconsist.aiokube); the failures by pod."""
+    (resourceconsist.cluster.aiokube); the failures by pod."""
     limit = asyncio.Semaphore(8)
     failures: dict[str, BaseException] = {}
 

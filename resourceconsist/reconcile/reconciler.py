@@ -33,18 +33,19 @@ import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from resourceconsist import kube
-from resourceconsist.adapter import Employee, ReconcileAdapter, ReconcileContext
-from resourceconsist.budget import spending_for
-from resourceconsist.diff import Diff
-from resourceconsist.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.budget import spending_for
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
-from resourceconsist.reconcile import capabilities, finalizers, guard, readiness, statuses, sync
+from resourceconsist.reconcile import finalizers, guard, readiness, statuses, sync
 from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
 from resourceconsist.reconcile.passes import PassFactory
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
+from resourceconsist.rules.diff import Diff
 
 
 class Reconciler:
@@ -52,12 +53,10 @@ class Reconciler:
 
     def __init__(
         self,
-        adapter: ReconcileAdapter,
+        profile: AdapterProfile,
         client: ObjectWriter,
         reader: ObjectReader,
         recorder: EventSink,
-        employer_resource: Resource,
-        employee_resource: Resource,
         clusters: Mapping[str, tuple[ObjectWriter, ObjectReader]] | None = None,
         *,
         api_down: Callable[[], bool] = lambda: False,
@@ -72,22 +71,22 @@ class Reconciler:
         without a Warning (the metrics); ``notify`` gets (what happened, employer key, pod name
         or "") as a pass decides it, each once per change, and must not block
         (docs/lifecycle-hooks.md, "Subscribers")."""
-        self.adapter = adapter
+        #: The adapter as the frame reads it (resourceconsist/reconcile/profile.py).
+        self.profile = profile
+        self.adapter = profile.adapter
         self.client = client
         self.reader = reader
         self.recorder = recorder
-        self.employer_resource = employer_resource
-        self.employee_resource = employee_resource
+        self.employer_resource = employer_resource = profile.employer
+        self.employee_resource = profile.employee
         self.clusters = clusters if clusters is not None else {}
-        self.name = adapter.get_controller_name()
+        self.name = profile.name
         #: How each pass begins: its context, its state, what it reads before the calls.
         self.passes = PassFactory(
-            adapter,
+            profile,
             client,
             reader,
             recorder,
-            employer_resource,
-            employee_resource,
             self.clusters,
             api_down=api_down,
             report_unguarded=report_unguarded,
@@ -132,7 +131,7 @@ class Reconciler:
     @property
     def follows_lifecycle(self) -> bool:
         """The employers' pods carry their marks: entries, guard and lifecycle finalizers."""
-        return capabilities.follows_lifecycle(self.adapter, self.employee_resource)
+        return self.profile.follows_lifecycle
 
     # -- what the runtime reads of the reconciler between passes -----------------------------------
 
@@ -182,7 +181,7 @@ class Reconciler:
             if p.stand_in:
                 raise
             if not isinstance(err, asyncio.CancelledError):
-                await statuses.record_error_conditions(self.adapter, p.ctx, p.employer, err, p.failures)
+                await statuses.record_error_conditions(self.profile, p.ctx, p.employer, err, p.failures)
             raise
         finally:
             p.failures.end_streaks()
@@ -203,7 +202,7 @@ class Reconciler:
                     p.entries = await finalizers.plan_expected_entries(
                         p.employer,
                         selected=functools.partial(self.passes.selected, p),
-                        keeps_record=capabilities.records_expected_finalizers(self.adapter),
+                        keeps_record=self.profile.records_expected_finalizers,
                         entry=p.entry,
                         pod_of=p.pod_of,
                         writer=p.writer,
@@ -273,7 +272,7 @@ class Reconciler:
             pod_of=p.pod_of,
             writer=p.writer,
         )
-        p.lifecycle_record = p.follows_lifecycle and capabilities.records_lifecycle_finalizers(self.adapter)
+        p.lifecycle_record = p.follows_lifecycle and self.profile.records_lifecycle_finalizers
 
     async def _write(self, p: PassState) -> None:
         """Write each planned pod once, then the employer's record annotations (a stand-in's
@@ -316,5 +315,5 @@ class Reconciler:
                 self.telling.tell(p.key, "", "employer_deleted")
         if not p.stand_in:
             results = (p.employer_results, p.employee_results)
-            await statuses.record_statuses(self.adapter, p.ctx, p.employer, results, p.failures)
-        return statuses.requeue(self.adapter, p.ctx, p.employer, p.any_failed)
+            await statuses.record_statuses(self.profile, p.ctx, p.employer, results, p.failures)
+        return statuses.requeue(self.profile, p.ctx, p.employer, p.any_failed)

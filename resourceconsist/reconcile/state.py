@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from resourceconsist import lifecycle
 from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileContext
-from resourceconsist.kube import KubeObject
-from resourceconsist.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.finalizers import EntryPlan, PodOf
 from resourceconsist.reconcile.guard import AfterCalls
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult
 from resourceconsist.reconcile.readiness import GateFacts, GateOutcome
 from resourceconsist.reconcile.sync import is_clean
+from resourceconsist.rules import lifecycle
 
 #: The entry of an employer that does not follow PodOpsLifecycle: none.
 NO_ENTRY = EmployerEntry("", "", "")

@@ -6,42 +6,36 @@ the pass for a rate-limited retry (``SyncFailedExist``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from resourceconsist.adapter import (
-    CUDResults,
-    EmployerRequeueOptions,
-    ReconcileAdapter,
-    ReconcileContext,
-    ReconcileRequeueOptions,
-    StatusRecordOptions,
-)
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeObject
+from resourceconsist.adapter import CUDResults, ReconcileContext
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.outcome import Result, SyncFailedExist
+from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.wire import EventReason
 
 
 async def record_statuses(
-    adapter: ReconcileAdapter,
+    profile: AdapterProfile,
     ctx: ReconcileContext,
     employer: KubeObject,
     results: tuple[CUDResults[Any], CUDResults[Any]],
     failures: PassFailures,
 ) -> None:
     """7. The adapter records what the employer and employee syncs did (``results``)."""
-    if not isinstance(adapter, StatusRecordOptions):
+    record = profile.status_record
+    if record is None:
         return
     try:
-        await call_adapter(adapter.record_statuses, ctx, employer, *results)
+        await call_adapter(record.record_statuses, ctx, employer, *results)
     except Exception as err:
         raise await failures.fail(EventReason.RECORD_STATUSES_FAILED, f"record status failed: {err}") from err
 
 
 async def record_error_conditions(
-    adapter: ReconcileAdapter,
+    profile: AdapterProfile,
     ctx: ReconcileContext,
     employer: KubeObject,
     error: BaseException,
@@ -49,10 +43,11 @@ async def record_error_conditions(
 ) -> None:
     """7. After a failed pass, the adapter records its error conditions; a failure to is a
     Warning, and the pass's own error stays the one it raises."""
-    if not isinstance(adapter, StatusRecordOptions):
+    record = profile.status_record
+    if record is None:
         return
     try:
-        await call_adapter(adapter.record_error_conditions, ctx, employer, error)
+        await call_adapter(record.record_error_conditions, ctx, employer, error)
     except Exception as record_err:
         await failures.fail(
             EventReason.RECORD_ERROR_CONDITIONS_FAILED,
@@ -60,22 +55,11 @@ async def record_error_conditions(
         )
 
 
-#: Who says when an employer whose items failed without an error is looked at again: the
-#: first of these protocols the adapter implements, and its interval in seconds.
-REQUEUE_INTERVALS: tuple[tuple[type[Any], Callable[[Any, ReconcileContext, KubeObject], float]], ...] = (
-    (EmployerRequeueOptions, lambda adapter, ctx, employer: adapter.employer_requeue_interval(ctx, employer)),
-    (ReconcileRequeueOptions, lambda adapter, ctx, employer: adapter.employee_sync_requeue_interval()),
-)
-
-
-def requeue(
-    adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject, any_failed: bool
-) -> Result:
+def requeue(profile: AdapterProfile, ctx: ReconcileContext, employer: KubeObject, any_failed: bool) -> Result:
     """8. Items failed without an error: look again after the adapter's interval
-    (``REQUEUE_INTERVALS``); without one, ``SyncFailedExist`` (a rate-limited retry)."""
+    (``AdapterProfile.requeue_interval``); without one, ``SyncFailedExist`` (a rate-limited retry)."""
     if not any_failed:
         return Result()
-    for protocol, interval in REQUEUE_INTERVALS:
-        if isinstance(adapter, protocol):
-            return Result(requeue_after=interval(adapter, ctx, employer))
+    if profile.requeue_interval is not None:
+        return Result(requeue_after=profile.requeue_interval(ctx, employer))
     raise SyncFailedExist()

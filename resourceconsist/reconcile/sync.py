@@ -11,12 +11,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileAdapter, ReconcileContext
-from resourceconsist.budget import Priority, spending_for
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.diff import Diff, diff
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import KubeObject
+from resourceconsist.flow.budget import Priority, spending_for
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
+from resourceconsist.rules.diff import Diff, diff
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from resourceconsist.podwriter import EmployerEntry
 from resourceconsist.reconcile.guard import Verdict, announcements
 from resourceconsist.reconcile.memory import Memories
+from resourceconsist.reconcile.podwriter import EmployerEntry
 
 log = logging.getLogger(__package__)
 

@@ -13,9 +13,9 @@ where Deployments roll out on simulated nodes::
     with RealNodeCluster(images=[archive]) as cluster:  # root: a real kubelet and containerd
         api = cluster.api_client()
 
-``slb_emulator`` (a stateful fake of the Alibaba Cloud SLB API) and ``slb_emulator_server`` (the
-same served as its own process) need the ``testing`` extra: ``pip install
-'resourceconsist[testing]'``. They are not imported here, so the rest of the kit works without it.
+The kit is generic: it imports no adapter. A provider's emulator lives beside its adapter (the
+SLB one in ``resourceconsist.adapters.alibabacloudslb.emulator`` and ``.emulator_server``, which
+need the ``testing`` extra: ``pip install 'resourceconsist[testing]'``).
 """
 
 from resourceconsist.testing.cluster import Cluster, annotation, condition, finalizers, schemaless_crd

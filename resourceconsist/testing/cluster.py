@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from resourceconsist import kube, wire
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.testing.wait import async_wait_for
 
 T = TypeVar("T")

@@ -40,7 +40,7 @@ from typing import Any, Self, cast
 
 import yaml
 
-from resourceconsist import certs
+from resourceconsist.cluster import certs
 
 log = logging.getLogger(__name__)
 

@@ -58,7 +58,7 @@ def wait_for(
 
     Exceptions of the types in ``ignore`` count as "not yet" (e.g. a 404 before an object exists).
     It sleeps between attempts, so it is for code off the event loop; coroutines use
-    ``async_wait_for`` (resourceconsist.cancellation: nothing on the loop waits on a thread).
+    ``async_wait_for`` (resourceconsist.flow.cancellation: nothing on the loop waits on a thread).
     """
     poll = _Poll(timeout, message, ignore)
     while True:

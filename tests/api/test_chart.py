@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 import yaml
 
-from resourceconsist import kube, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.testing import HELM_VERSION, LocalControlPlane, find_helm, schemaless_crd, wait_for
 
 # helm lives beside the control plane's binaries (find_helm): CI's run without them skips this

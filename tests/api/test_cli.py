@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV
+from resourceconsist.cluster import kube
 from resourceconsist.testing import Cluster, finalizers, run_cli, wait_for
 
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from resourceconsist import kube, lifecycle
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers, run_cli, wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nginx-upstream"

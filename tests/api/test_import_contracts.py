@@ -209,8 +209,60 @@ def test_the_import_graph_finds_a_circle_when_there_is_one() -> None:
 
 def test_no_module_of_the_package_imports_another_in_a_circle() -> None:
     graph = _import_graph()
-    assert graph["resourceconsist.controller"] >= {"resourceconsist.reconcile", "resourceconsist.kube"}
+    assert graph["resourceconsist.runtime.controller"] >= {
+        "resourceconsist.reconcile",
+        "resourceconsist.cluster.kube",
+    }
     circle = _a_circle(graph)
     assert circle is None, (
         f"an import circle (TYPE_CHECKING and function-local imports count): {' -> '.join(circle)}"
     )
+
+
+# -- the folders are the floors -------------------------------------------------------------------
+
+
+def test_the_package_top_is_small_and_its_floors_are_few() -> None:
+    """A newcomer meets a handful of public modules and the folders (issue 34): at most 8 modules
+    at the top of resourceconsist/, at most 10 folders, a root contract of at most 10 layers, and
+    no contract that excuses an import."""
+    top = ROOT / PACKAGE
+    modules = sorted(p.name for p in top.glob("*.py"))
+    folders = sorted(p.name for p in top.iterdir() if (p / "__init__.py").is_file())
+    assert len(modules) <= 8, f"modules at the top of resourceconsist/: {modules}"
+    assert len(folders) <= 10, f"folders of resourceconsist/: {folders}"
+    assert len(_layers()) <= 10, f"layers of the root contract: {_layers()}"
+    excused = [name for name, section in _contracts().items() if section.get("ignore_imports")]
+    assert excused == [], f"contracts with ignore_imports: {excused}"
+    # Every folder of resourceconsist/ is named by the root contract as a whole, not module by module.
+    layered = {m for layer in _layers() for m in layer}
+    assert set(folders) - {"testing"} <= layered, f"folders in no layer: {set(folders) - layered}"
+
+
+def test_only_the_profile_asks_an_adapter_for_its_capabilities() -> None:
+    """An adapter's optional protocols are read once, by its profile (issue 34): no other module
+    calls ``isinstance`` with one of them."""
+    import resourceconsist.adapter as api
+
+    protocols = {
+        name
+        for name, value in vars(api).items()
+        if isinstance(value, type) and getattr(value, "_is_runtime_protocol", False)
+    }
+    assert {"ReconcileWatchOptions", "StatusRecordOptions", "WebhookCacheOptions"} <= protocols
+    askers: dict[str, list[str]] = {}
+    for name, path in _modules():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance"
+            ):
+                continue
+            if len(node.args) == 2:
+                second = node.args[1]
+                names = second.elts if isinstance(second, ast.Tuple) else [second]
+                asked = [n.id for n in names if isinstance(n, ast.Name) and n.id in protocols]
+                if asked:
+                    askers.setdefault(name, []).extend(asked)
+    assert set(askers) == {f"{PACKAGE}.reconcile.profile"}, f"modules asking for capabilities: {askers}"

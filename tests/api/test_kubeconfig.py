@@ -1,4 +1,4 @@
-"""resourceconsist.kubeconfig: the kubeconfig and in-cluster loader that spares the controller the
+"""resourceconsist.cluster.kubeconfig: the kubeconfig and in-cluster loader that spares the controller the
 official client. Its results are compared with what the official loader puts in a
 ``kubernetes.client.Configuration`` for the same files; the tests may import the official client,
 the module may not (the last test checks it does not)."""
@@ -21,8 +21,14 @@ from typing import Any
 import pytest
 import yaml
 
-from resourceconsist import certs, kubeconfig
-from resourceconsist.kubeconfig import Access, KubeConfigError, Unsupported, load_incluster, load_kubeconfig
+from resourceconsist.cluster import certs, kubeconfig
+from resourceconsist.cluster.kubeconfig import (
+    Access,
+    KubeConfigError,
+    Unsupported,
+    load_incluster,
+    load_kubeconfig,
+)
 
 SERVER = "https://api.example.test:6443"
 
@@ -619,6 +625,8 @@ def test_ssl_context_insecure_and_http() -> None:
 
 
 def test_import_does_not_load_the_official_client() -> None:
-    code = "import sys, resourceconsist.kubeconfig; print([m for m in sys.modules if 'kubernetes' in m])"
+    code = (
+        "import sys, resourceconsist.cluster.kubeconfig; print([m for m in sys.modules if 'kubernetes' in m])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

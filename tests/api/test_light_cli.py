@@ -12,7 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, finalizers, run_cli, wait_for
 from resourceconsist.testing.controlplane import free_port
 
@@ -25,7 +27,7 @@ RUNTIME = (
     "pydantic",
     # The SLB adapter's credentials library: imported only when an RRSA or ECS source is built.
     "alibabacloud_credentials",
-    "resourceconsist.manager",
+    "resourceconsist.runtime.manager",
     "resourceconsist.webhook.server",
     "resourceconsist.adapter",
 )
@@ -54,12 +56,12 @@ def _runtime_loaded_by(code: str) -> list[str]:
 
 
 def test_importing_the_cli_loads_no_runtime() -> None:
-    assert _runtime_loaded_by("import resourceconsist.cli") == []
+    assert _runtime_loaded_by("import resourceconsist.commands.cli") == []
 
 
 def test_listing_the_adapters_loads_none_of_them() -> None:
     code = (
-        "from resourceconsist.cli import main\n"
+        "from resourceconsist.commands.cli import main\n"
         "main(['adapters'], standalone_mode=False)\n"
         "assert 'resourceconsist.experimental.demo' not in sys.modules\n"
     )
@@ -71,7 +73,7 @@ def test_a_refused_flag_loads_no_runtime() -> None:
     # while the flags are turned into options, before anything runs.
     code = (
         "import click\n"
-        "from resourceconsist.cli import main\n"
+        "from resourceconsist.commands.cli import main\n"
         "try:\n"
         "    main(['run', '--adapter', 'demo', '--leader-elect', '--lease-duration', '1'],"
         " standalone_mode=False)\n"
@@ -95,7 +97,7 @@ def test_run_loads_nothing_of_the_official_client(
     control_plane: LocalControlPlane, cluster: Cluster, tmp_path: Path
 ) -> None:
     # Its generated models and API classes, hundreds of modules, cost 17 MB and a quarter second
-    # that ``run`` never needs: it reads its kubeconfig itself (resourceconsist.kubeconfig), sends
+    # that ``run`` never needs: it reads its kubeconfig itself (resourceconsist.cluster.kubeconfig), sends
     # its own requests and reads plain JSON (docs/index.md, "Which cluster").
     health = free_port()
     imports = tmp_path / "imports.txt"
@@ -153,7 +155,7 @@ def test_run_loads_nothing_of_the_official_client(
         for line in imports.read_text().splitlines()
         if line.startswith("import time:")
     ]
-    assert "resourceconsist.manager" in loaded and "resourceconsist.kubeconfig" in loaded, (
+    assert "resourceconsist.runtime.manager" in loaded and "resourceconsist.cluster.kubeconfig" in loaded, (
         "the import log is whole"
     )
     assert [m for m in loaded if m.partition(".")[0] == "kubernetes"] == []

@@ -10,8 +10,9 @@ from typing import Any
 
 import yaml
 
-from resourceconsist import kube, wire
-from resourceconsist.kube import KubeClient
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.testing import run_cli
 
 CONFIG = Path(__file__).resolve().parents[2] / "config"

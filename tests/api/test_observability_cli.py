@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
 from resourceconsist.testing import CLI, Cluster, finalizers, run_cli, wait_for
 
 

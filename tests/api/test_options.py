@@ -17,17 +17,17 @@ from kubernetes import client as k8s
 
 import resourceconsist
 import resourceconsist.options
-from resourceconsist import cli
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.commands import cli
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.experimental.demo import DemoAdapter
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
 from resourceconsist.options import (
     GarbageOptions,
     LeaderElectionOptions,
     ManagerOptions,
     ProviderBudgetOptions,
 )
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.webhook import BootstrapOptions, ConnectionLimits, WebhookOptions
 
@@ -365,7 +365,7 @@ def test_the_standard_bind_flags_set_the_metrics_and_probe_addresses() -> None:
 def test_the_deprecated_health_address_serves_all_three_alone(caplog: pytest.LogCaptureFixture) -> None:
     options = cli._manager_options(_flags(cli.run, "--health-address", "127.0.0.1:9090"))
     assert options == ManagerOptions(health_address=("127.0.0.1", 9090))
-    (record,) = [r for r in caplog.records if r.name == "resourceconsist.cli"]
+    (record,) = [r for r in caplog.records if r.name == "resourceconsist.commands.cli"]
     assert record.levelname == "WARNING"
     assert record.getMessage().startswith("deprecated: --health-address; use --health-probe-bind-address")
     with pytest.raises(click.UsageError, match="drop it, or drop --metrics-bind-address"):

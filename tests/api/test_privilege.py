@@ -36,15 +36,18 @@ from typing import Any
 import pytest
 import yaml
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import (
     DRAIN_ANNOTATION,
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
 )
-from resourceconsist.kube import ApiError, KubeClient
-from resourceconsist.orphans import LOOKUP_REFUSED_REASON
+from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin, served_emulator
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import ApiError, KubeClient
+from resourceconsist.hooks.orphans import LOOKUP_REFUSED_REASON
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import (
     Cluster,
     LocalControlPlane,
@@ -56,7 +59,6 @@ from resourceconsist.testing import (
 )
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.process import CommandProcess
-from resourceconsist.testing.slb_emulator_server import EmulatorAdmin, served_emulator
 
 pytestmark = pytest.mark.controlplane
 

@@ -19,7 +19,10 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 #: Modules that need the ``testing`` extra, and are allowed to (they live in the testing kit).
-NEEDS_TESTING_EXTRA = ("resourceconsist.testing.slb_emulator", "resourceconsist.testing.slb_emulator_server")
+NEEDS_TESTING_EXTRA = (
+    "resourceconsist.adapters.alibabacloudslb.emulator",
+    "resourceconsist.adapters.alibabacloudslb.emulator_server",
+)
 #: The package's four folders, mapped under one namespace (pyproject's package-dir); each is walked.
 TOPS = (
     "resourceconsist",
@@ -118,7 +121,7 @@ def test_every_module_imports_without_the_extras() -> None:
     imported = set(report["imported"])
     # The walk reached every folder of the package, the testing kit's extra-free modules included.
     for name in (
-        "resourceconsist.cli",
+        "resourceconsist.commands.cli",
         "resourceconsist.adapters.alibabacloudslb.slbclient",
         "resourceconsist.experimental.demo",
         "resourceconsist.webhook.server",

@@ -3,8 +3,8 @@ finalizer (docs/concepts.md, "The guard")."""
 
 from __future__ import annotations
 
-from resourceconsist import lifecycle
-from resourceconsist.showcase import _finalizer_words
+from resourceconsist.commands.showcase import _finalizer_words
+from resourceconsist.rules import lifecycle
 
 
 def test_the_pods_table_names_the_guard_and_the_lifecycle_finalizer() -> None:

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import lifecycle
-from resourceconsist.budget import Priority, spending_for
+from resourceconsist.flow.budget import Priority, spending_for
 from resourceconsist.options import GarbageOptions
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 

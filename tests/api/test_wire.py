@@ -14,10 +14,11 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import config as slb_config
 from resourceconsist.adapters.alibabacloudslb import credentials as slb_credentials
 from resourceconsist.adapters.alibabacloudslb import settings as slb_settings
+from resourceconsist.rules import lifecycle
 from resourceconsist.wire import EventReason, GateReason
 
 PINNED: dict[str, Any] = {

@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.commands.explain import Explainer, ExplainError, split_ref
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.explain import Explainer, ExplainError, split_ref
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import (
     Cluster,
     LocalCluster,

@@ -23,12 +23,14 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import gates, kube, lifecycle, wire
-from resourceconsist.cache import InformerFactory
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import InformerFactory
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import gates, lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, LocalControlPlane, async_wait_for, condition
 from resourceconsist.webhook import ControlledServiceAdapter, EmployerRef, pod_mutation
 from resourceconsist.webhook.adapter import spec_options

@@ -20,12 +20,14 @@ from typing import Any, cast
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import MODE_ANNOTATION, SERVER_ID_ANNOTATION, SLBAdapter
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient
-from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, ProviderError, RealServer
-from resourceconsist.handover import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.commands.handover import (
     ControllerRunning,
     Handover,
     HandoverError,
@@ -34,9 +36,10 @@ from resourceconsist.handover import (
     _share_finalizers,
     hand_over,
 )
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, ProviderError, RealServer
 from resourceconsist.options import LeaderElectionOptions
-from resourceconsist.podwriter import EmployerEntry
+from resourceconsist.reconcile.podwriter import EmployerEntry
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import (
     Cluster,
     LocalControlPlane,
@@ -46,7 +49,6 @@ from resourceconsist.testing import (
     finalizers,
     run_cli,
 )
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 
 @dataclass

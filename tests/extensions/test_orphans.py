@@ -27,22 +27,21 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from resourceconsist import kube, lifecycle, marks, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import (
     LOAD_BALANCER_ID_LABEL,
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
     SLBAdapter,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, VServerGroup
-from resourceconsist.cache import CacheNotSynced, InformerFactory
-from resourceconsist.controller import Controller
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheNotSynced, InformerFactory
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.commands.explain import Explainer, pod_lines
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, VipStatus
-from resourceconsist.explain import Explainer, pod_lines
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
-from resourceconsist.options import GarbageOptions
-from resourceconsist.orphans import (
+from resourceconsist.hooks.orphans import (
     CANNOT_LIST,
     COLLECTED_REASON,
     HELD_BY_GONE_REASON,
@@ -51,9 +50,12 @@ from resourceconsist.orphans import (
     NOT_COMPLETE,
     GarbageReport,
 )
+from resourceconsist.options import GarbageOptions
+from resourceconsist.rules import lifecycle, marks
+from resourceconsist.runtime.controller import Controller
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, async_wait_for, condition, finalizers
 from resourceconsist.testing.controlplane import free_port
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 GROUP = "resourceconsist/{ns}/web"
 FLZ = lifecycle.lifecycle_finalizer("web")
@@ -718,7 +720,7 @@ async def test_a_refused_lookup_makes_that_employer_unknown_and_the_others_go_on
     assert {gone, unknown} <= set(provider.vips)
 
     client = service_account({cluster.namespace: MANAGER_RULES, other.namespace: NO_SERVICE_GET})
-    with caplog.at_level(logging.WARNING, logger="resourceconsist.orphans"):
+    with caplog.at_level(logging.WARNING, logger="resourceconsist.hooks.orphans"):
         async with run_manager(adapter, client=client, namespaces=watched, garbage=START_ONLY) as manager:
             report = await _report(_controller(manager))
             assert report.collected == [gone]

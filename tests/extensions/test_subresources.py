@@ -15,19 +15,19 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube
 from resourceconsist.adapter import ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.experimental.demo import DemoAdapter
-from resourceconsist.kube import KubeClient, KubeObject, Resource
-from resourceconsist.manager import Manager
-from resourceconsist.options import GarbageOptions, ManagerOptions
-from resourceconsist.subresources import (
+from resourceconsist.hooks.subresources import (
     OWNER_ANNOTATION,
     OWNER_CONTROLLER_LABEL,
     OWNER_UID_LABEL,
     SYNC_FAILED_REASON,
     ensure,
 )
+from resourceconsist.options import GarbageOptions, ManagerOptions
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalCluster, async_wait_for
 
 PDB = Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")

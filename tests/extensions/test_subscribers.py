@@ -12,9 +12,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from resourceconsist import kube, lifecycle
+from resourceconsist.cluster import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.subscribers import EVENTS, LifecycleEvent, LifecycleSubscriber, SubscriberBus
+from resourceconsist.hooks.subscribers import EVENTS, LifecycleEvent, LifecycleSubscriber, SubscriberBus
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "lifecycle-hooks.md"

@@ -1,4 +1,4 @@
-"""The API server on the event loop (resourceconsist.aiokube), against the real kube-apiserver: the
+"""The API server on the event loop (resourceconsist.cluster.aiokube), against the real kube-apiserver: the
 same errors, counters and observers as ``KubeClient``'s thread path, a token refreshed through the
 configuration's hook, connections reused, and a pass's pod writes sent from the loop."""
 
@@ -15,9 +15,10 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
-from resourceconsist import aiokube, kube, lifecycle
+from resourceconsist.cluster import aiokube, kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.experimental.demo import DemoAdapter
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
 

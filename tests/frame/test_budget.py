@@ -1,4 +1,4 @@
-"""The provider API budget (resourceconsist/budget.py): priority order, rate, burst, throttles
+"""The provider API budget (resourceconsist/flow/budget.py): priority order, rate, burst, throttles
 and Retry-After, cancellation, the settings and the metrics (docs/concepts.md, "The provider
 budget").
 
@@ -18,22 +18,24 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import budget, kube, lifecycle
 from resourceconsist.adapter import Employee, ReconcileContext
-from resourceconsist.budget import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.errors import InvalidOptions
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.flow import budget
+from resourceconsist.flow.budget import (
     Priority,
     ProviderBudget,
     current_priority,
     retry_after_seconds,
     spending_for,
 )
-from resourceconsist.cancellation import Cancellation, PassCancelled, call_adapter
-from resourceconsist.errors import InvalidOptions
-from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.manager import Manager
-from resourceconsist.metrics import Metrics
+from resourceconsist.flow.cancellation import Cancellation, PassCancelled, call_adapter
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
+from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.wait import wait_for
 
@@ -261,7 +263,7 @@ def test_a_second_manager_with_other_settings_is_told_it_replaces_the_first(
     Manager(client, ManagerOptions(provider_budget=ProviderBudgetOptions(rate=5.0)))
     Manager(client, ManagerOptions(provider_budget=ProviderBudgetOptions(rate=5.0)))
     assert "replace another manager's" not in caplog.text
-    with caplog.at_level(logging.WARNING, logger="resourceconsist.manager"):
+    with caplog.at_level(logging.WARNING, logger="resourceconsist.runtime.manager"):
         Manager(client, ManagerOptions(provider_budget=ProviderBudgetOptions(rate=7.0)))
     assert "replace another manager's" in caplog.text
     assert budget.settings().rate == 7.0

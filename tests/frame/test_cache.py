@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import handler, kube
-from resourceconsist.cache import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import (
     READINESS_GATE_INDEX,
     CacheNotSynced,
     Informer,
@@ -26,10 +26,12 @@ from resourceconsist.cache import (
     WatchEvent,
     index_by_readiness_gate,
 )
+from resourceconsist.cluster.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.reconcile import readiness
+from resourceconsist.runtime.parking import ParkedEvents
 from resourceconsist.testing import LocalControlPlane, async_wait_for
+from resourceconsist.watch import handler
 
 
 @pytest.fixture
@@ -357,7 +359,7 @@ async def test_a_watched_namespace_that_may_not_be_read_keeps_the_cache_unsynced
     factory.informer(kube.POD)
     factory.start(asyncio.get_running_loop())
     try:
-        with caplog.at_level(logging.WARNING, logger="resourceconsist.cache"):
+        with caplog.at_level(logging.WARNING, logger="resourceconsist.cluster.cache"):
 
             def refused() -> list[str]:
                 lines = [r.getMessage() for r in caplog.records]
@@ -498,7 +500,7 @@ class _Parking:
     api: _OneServiceThenQuiet
     factory: InformerFactory
     services: Informer
-    parked: handler.ParkedEvents
+    parked: ParkedEvents
     remapped: list[WatchEvent]
 
     def unmappable(self, event: WatchEvent) -> CacheNotSynced:
@@ -523,7 +525,7 @@ async def parking() -> AsyncIterator[_Parking]:
     factory = InformerFactory(api)  # type: ignore[arg-type]
     factory.start(asyncio.get_running_loop())
     remapped: list[WatchEvent] = []
-    parked = handler.ParkedEvents("test", factory, remapped.append)
+    parked = ParkedEvents("test", factory, remapped.append)
     yield _Parking(api, factory, factory.informer(kube.SERVICE), parked, remapped)
     api.close()
     await asyncio.to_thread(factory.stop)

@@ -8,11 +8,12 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import Employee, ReconcileContext
-from resourceconsist.controller import Controller
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.controller import Controller
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from resourceconsist import kube, wire
+from resourceconsist import wire
 from resourceconsist.adapter import (
     Employee,
     Employer,
@@ -20,8 +20,9 @@ from resourceconsist.adapter import (
     ReconcileAdapter,
     ReconcileContext,
 )
-from resourceconsist.cache import CacheReader, WatchEvent
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader, WatchEvent
+from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.testing import Cluster, async_wait_for, finalizers, schemaless_crd
 
 GROUP = "test.resourceconsist.io"

@@ -1,4 +1,4 @@
-"""Unit tests for ``resourceconsist.diff``: expected vs current items, by id."""
+"""Unit tests for ``resourceconsist.rules.diff``: expected vs current items, by id."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from resourceconsist.diff import Diff, DuplicateIdError, diff
+from resourceconsist.rules.diff import Diff, DuplicateIdError, diff
 
 
 @dataclass

@@ -17,13 +17,16 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import handler, kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import EventHandler, Predicate
-from resourceconsist.cache import CacheReader, WatchEvent
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheReader, WatchEvent
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
+from resourceconsist.watch import handler
 
 
 def _loud(caplog: pytest.LogCaptureFixture) -> list[str]:

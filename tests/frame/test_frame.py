@@ -9,10 +9,11 @@ import threading
 import time
 from typing import Any
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DEMO_CONDITION_ANNOTATION, DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, WaitTimeout, annotation, async_wait_for, finalizers
 
 

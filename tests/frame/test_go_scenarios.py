@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
 from resourceconsist.experimental.demo import DEMO_QPS, DEMO_VIP, DemoAdapter, FakeProvider, VipStatus
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
 
 

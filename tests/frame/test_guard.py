@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.experimental.demo import (
     DEMO_QPS,
     DEMO_VIP,
@@ -27,8 +29,8 @@ from resourceconsist.experimental.demo import (
     RealServer,
     VipStatus,
 )
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.podwriter import EmployerEntry, PodIntent, PodWriter
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodIntent, PodWriter
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
 ENTRY = EmployerEntry(

@@ -1,4 +1,4 @@
-"""Unit tests for ``resourceconsist.labels``: Service selector maps and metav1.LabelSelector."""
+"""Unit tests for ``resourceconsist.rules.labels``: Service selector maps and metav1.LabelSelector."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from resourceconsist.labels import InvalidSelector, label_selector_selects, map_selects, to_query
+from resourceconsist.rules.labels import InvalidSelector, label_selector_selects, map_selects, to_query
 
 LABELS = {"app": "web", "tier": "frontend", "kusionstack.io/control": "true"}
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from resourceconsist import kube
+from resourceconsist.cluster import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.leaderelection import LeaderElector, parse_lease_time
-from resourceconsist.manager import Manager
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions
+from resourceconsist.runtime.leaderelection import LeaderElector, parse_lease_time
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import CLI, Cluster, LocalControlPlane, async_wait_for, run_cli
 
 

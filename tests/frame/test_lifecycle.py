@@ -1,4 +1,4 @@
-"""Unit tests for ``resourceconsist.lifecycle``: PodOpsLifecycle annotation and finalizer rules.
+"""Unit tests for ``resourceconsist.rules.lifecycle``: PodOpsLifecycle annotation and finalizer rules.
 
 Expected JSON literals were produced by Go's ``encoding/json`` (``json.Marshal``) for
 ``struct{ ExpectedFinalizers map[string]string `json:"expectedFinalizers,omitempty"` }``.
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import lifecycle
-from resourceconsist.lifecycle import (
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.lifecycle import (
     MalformedAvailableConditions,
     admission_patch,
     expected_finalizer_key,

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from resourceconsist import logs
+from resourceconsist.runtime import logs
 
 
 @pytest.fixture
@@ -73,7 +73,7 @@ def test_an_exception_is_error_and_stacktrace(stream: io.StringIO) -> None:
     try:
         raise RuntimeError("provider unreachable")
     except RuntimeError:
-        logging.getLogger("resourceconsist.controller").exception("reconcile crashed")
+        logging.getLogger("resourceconsist.runtime.controller").exception("reconcile crashed")
     (entry,) = _entries(stream)
     assert entry["level"] == "error"
     assert entry["error"] == "provider unreachable"
@@ -84,8 +84,8 @@ def test_an_exception_is_error_and_stacktrace(stream: io.StringIO) -> None:
 def test_text_stays_as_it_was_and_setup_replaces_its_own_handler(stream: io.StringIO) -> None:
     logs.setup("info", "json", stream)
     logs.setup("warning", "text", stream)
-    log = logging.getLogger("resourceconsist.manager")
+    log = logging.getLogger("resourceconsist.runtime.manager")
     log.info("not shown")
     log.warning("manager stopped")
     (line,) = stream.getvalue().splitlines()
-    assert line.endswith(" WARNING resourceconsist.manager: manager stopped")
+    assert line.endswith(" WARNING resourceconsist.runtime.manager: manager stopped")

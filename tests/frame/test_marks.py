@@ -1,4 +1,4 @@
-"""What a pod's marks say about the employers that hold it (resourceconsist/marks.py): the entry
+"""What a pod's marks say about the employers that hold it (resourceconsist/rules/marks.py): the entry
 names its employer's finalizers, a bare finalizer is named by a known name or a gate, another
 kind's entry keeps its finalizers, and the hand-release patch tests what it removes.
 """
@@ -10,7 +10,8 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
-from resourceconsist import lifecycle, marks, wire
+from resourceconsist import wire
+from resourceconsist.rules import lifecycle, marks
 
 FLZ = lifecycle.lifecycle_finalizer("web")
 GUARD = lifecycle.guard_finalizer("web")

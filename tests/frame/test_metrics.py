@@ -23,17 +23,18 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.adapters.alibabacloudslb import MODE_ANNOTATION, SERVER_ID_ANNOTATION, SLBAdapter
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient, SLBError
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.manager import Manager
 from resourceconsist.options import GarbageOptions, ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tMetricsKeyId9X1"
 SECRET = "Metrics/Secret+Value=3W"
@@ -331,7 +332,7 @@ async def test_an_api_server_outage_logs_once_when_it_starts_and_once_when_it_en
     down = [m for m in messages if "unreachable" in m[2] and m[0] == "WARNING"]
     back = [m for m in messages if "reachable again" in m[2]]
     assert len(down) == 1, messages
-    assert down[0][1] == "resourceconsist.kube"
+    assert down[0][1] == "resourceconsist.cluster.kube"
     assert len(back) == 1, messages
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged during the outage"
     # Nothing else warns once per retry: not urllib3's retries, the informers, the controller,

@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, DemoEmployee, FakeProvider, TrafficStatus
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 
 MEMBER = "member-1"

@@ -13,16 +13,19 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from resourceconsist import cli, kube, lifecycle, wire
-from resourceconsist.cache import InformerFactory, WatchEvent
-from resourceconsist.cli import main
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import InformerFactory, WatchEvent
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.cluster.transform import carries_marks
+from resourceconsist.commands import cli
+from resourceconsist.commands.cli import main
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient, KubeObject
-from resourceconsist.labels import InvalidSelector, label_selector_selects, parse_selector
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.labels import InvalidSelector, label_selector_selects, parse_selector
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
-from resourceconsist.transform import carries_marks
 from tests.frame.test_guard import DeletionWatch, _routes
 
 CONTROL = f"{wire.CONTROL_LABEL}={wire.CONTROL_LABEL_VALUE}"

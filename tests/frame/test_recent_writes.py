@@ -1,5 +1,5 @@
 """A pod cache behind this controller's own writes is not taken for current (``RecentWrites`` in
-resourceconsist/podwriter.py; docs/scaling.md, "Conflicts at a cold start").
+resourceconsist/reconcile/podwriter.py; docs/scaling.md, "Conflicts at a cold start").
 
 A pass writes a pod twice (its guard, then its lifecycle finalizer). When the pod watch lags, the
 cache shows the first write's copy while the second's answer is already known; a pass that took
@@ -10,10 +10,11 @@ a real store whose watch events the test delivers by hand, the lag made explicit
 
 from __future__ import annotations
 
-from resourceconsist import kube, lifecycle
-from resourceconsist.cache import Store, StoreReader
-from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter, RecentWrites
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Store, StoreReader
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter, RecentWrites
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, finalizers
 
 ENTRY = EmployerEntry(

@@ -1,5 +1,5 @@
 """Unit tests of the reconcile steps' logic against in-memory fakes of the frame's small I/O
-protocols (resourceconsist.interfaces): fast, and exact about the order of writes and calls.
+protocols (resourceconsist.cluster.interfaces): fast, and exact about the order of writes and calls.
 
 The fakes stand in for the API server only as far as the steps use it (merge patches of
 metadata with a resourceVersion precondition, deletion held by finalizers); what the frame
@@ -15,13 +15,12 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.errors import PermanentError, steering
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, RealServer
-from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.labels import map_selects
-from resourceconsist.podwriter import EmployerEntry, PodLocation, PodWriter
 from resourceconsist.reconcile import (
     ReconcileError,
     Reconciler,
@@ -32,6 +31,10 @@ from resourceconsist.reconcile import (
     sync,
 )
 from resourceconsist.reconcile.memory import Memories
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter
+from resourceconsist.reconcile.profile import AdapterProfile
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.labels import map_selects
 
 NS = "ns"
 G, L = lifecycle.guard_finalizer("svc"), lifecycle.lifecycle_finalizer("svc")
@@ -189,7 +192,7 @@ def _pod(api: FakeApi, name: str, *, ready: bool, finalizers: list[str] | None =
 
 
 def _reconciler(api: FakeApi, adapter: DemoAdapter, events: Events | None = None) -> Reconciler:
-    return Reconciler(adapter, api, api, events or Events(), kube.SERVICE, kube.POD)
+    return Reconciler(AdapterProfile.of(adapter), api, api, events or Events())
 
 
 def _finalizers(api: FakeApi, name: str) -> list[str]:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from resourceconsist import adapters, experimental
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.experimental.demo import DemoAdapter
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
 from resourceconsist.registry import AdapterRegistry, UnknownAdapterError, combined
+from resourceconsist.runtime.manager import Manager
 
 
 def _manager() -> Manager:

@@ -19,14 +19,15 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from resourceconsist import kube, wire
+from resourceconsist import wire
 from resourceconsist.adapter import Employer, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
-from resourceconsist.leaderelection import parse_lease_time
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions, ShardingOptions
-from resourceconsist.sharding.ring import HashRing, drain_label, hash_key, shard_label
+from resourceconsist.runtime.leaderelection import parse_lease_time
+from resourceconsist.runtime.manager import Manager
+from resourceconsist.runtime.sharding.ring import HashRing, drain_label, hash_key, shard_label
 from resourceconsist.testing import Cluster, async_wait_for
 
 RING = "demo"

@@ -13,12 +13,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from resourceconsist import budget, kube, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.leaderelection import lease_time
-from resourceconsist.manager import Manager
+from resourceconsist.flow import budget
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, ShardingOptions
-from resourceconsist.sharding.ring import Shard, ShardState, budget_share
+from resourceconsist.runtime.leaderelection import lease_time
+from resourceconsist.runtime.manager import Manager
+from resourceconsist.runtime.sharding.ring import Shard, ShardState, budget_share
 from resourceconsist.testing import Cluster, async_wait_for
 
 RING = "budget"

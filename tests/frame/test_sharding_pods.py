@@ -12,15 +12,17 @@ import json
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.cache import Informer, InformerFactory
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Informer, InformerFactory
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
-from resourceconsist.manager import Manager, Runnable
 from resourceconsist.options import ManagerOptions, ShardingOptions
-from resourceconsist.sharding.pods import ShardPods
-from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
-from resourceconsist.sharding.shard import ShardGate
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager, Runnable
+from resourceconsist.runtime.sharding.pods import ShardPods
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist.runtime.sharding.shard import ShardGate
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 
 RING = "pods"

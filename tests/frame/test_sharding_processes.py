@@ -12,8 +12,10 @@ import signal
 import time
 from pathlib import Path
 
-from resourceconsist import kube, lifecycle, wire
-from resourceconsist.sharding.ring import HashRing, hash_key, shard_label
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.process import CommandProcess

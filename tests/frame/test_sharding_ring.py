@@ -13,9 +13,9 @@ import xxhash
 
 from resourceconsist import wire
 from resourceconsist.errors import InvalidOptions
-from resourceconsist.leaderelection import lease_time
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions, ShardingOptions
-from resourceconsist.sharding.ring import (
+from resourceconsist.runtime.leaderelection import lease_time
+from resourceconsist.runtime.sharding.ring import (
     ORPHAN_AFTER,
     HashRing,
     Move,
@@ -228,7 +228,7 @@ def test_sharding_options_are_checked() -> None:
 def _run_flags(*argv: str) -> Any:
     import click
 
-    from resourceconsist import cli
+    from resourceconsist.commands import cli
 
     command = cli.run
     assert isinstance(command, click.Command)
@@ -237,7 +237,7 @@ def _run_flags(*argv: str) -> Any:
 
 
 def test_the_cli_builds_the_sharding_options_from_its_flags() -> None:
-    from resourceconsist import cli
+    from resourceconsist.commands import cli
 
     assert cli._manager_options(_run_flags()).sharding is None
     options = cli._manager_options(
@@ -265,7 +265,7 @@ def test_the_cli_builds_the_sharding_options_from_its_flags() -> None:
 
 
 def test_the_shard_name_defaults_to_the_pod_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    from resourceconsist import cli
+    from resourceconsist.commands import cli
 
     monkeypatch.setenv("POD_NAME", "web-7c9d-x2")
     sharding = cli._manager_options(_run_flags("--sharding")).sharding
@@ -292,7 +292,7 @@ def test_the_shard_name_defaults_to_the_pod_name(monkeypatch: pytest.MonkeyPatch
 def test_bad_sharding_flags_are_usage_errors(argv: tuple[str, ...], message: str) -> None:
     import click
 
-    from resourceconsist import cli
+    from resourceconsist.commands import cli
 
     with pytest.raises(click.UsageError) as err:
         cli._manager_options(_run_flags(*argv))
@@ -302,7 +302,7 @@ def test_bad_sharding_flags_are_usage_errors(argv: tuple[str, ...], message: str
 def test_the_webhook_does_not_ride_on_a_sharded_replica() -> None:
     from click.testing import CliRunner
 
-    from resourceconsist import cli
+    from resourceconsist.commands import cli
 
     result = CliRunner().invoke(cli.main, ["run", "--adapter", "demo", "--sharding", "--webhook"])
     assert result.exit_code == 2

@@ -28,7 +28,6 @@ from typing import Any
 import pytest
 from pydantic import SecretStr
 
-from resourceconsist import kube
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.adapters.alibabacloudslb.credentials import (
@@ -37,23 +36,24 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ENDPOINT_ENV,
     SLBCredentials,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     RetryPolicy,
     SLBCancelled,
     SLBClient,
     SLBError,
 )
-from resourceconsist.cancellation import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.flow.cancellation import (
     Cancellation,
     DaemonThreadExecutor,
     PassCancelled,
     current_cancellation,
     running_pass,
 )
-from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, wait_for
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tShutdownKeyId42"
 SECRET = "Shutdown/Secret+Value=7Q"
@@ -206,8 +206,8 @@ def test_one_slb_operation_ends_by_its_own_deadline(slb: SLBEmulator) -> None:
 _RUNNER = textwrap.dedent(
     """
     import sys
-    from resourceconsist.testing.slb_emulator import SLBEmulator
-    from resourceconsist.cli import main
+    from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+    from resourceconsist.commands.cli import main
 
     slb = SLBEmulator(access_key_id=sys.argv[1], access_key_secret=sys.argv[2]).start()
     slb.add_load_balancer(sys.argv[3])

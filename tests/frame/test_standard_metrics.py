@@ -26,7 +26,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist import budget, kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import (
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
@@ -34,14 +34,17 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import RetryPolicy, SLBClient
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import ApiError
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import ApiError
-from resourceconsist.manager import Manager
+from resourceconsist.flow import budget
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, ShardingOptions
+from resourceconsist.rules import lifecycle
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
-from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.webhook import BootstrapOptions, ControlledServiceAdapter, WebhookOptions, serve
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "resourceconsist-dashboard.json"

@@ -8,8 +8,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.cluster import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, annotation, async_wait_for, finalizers
 
 SERVICES, PODS_EACH = 50, 10

@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube
 from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import PermanentError, ResourceConsistError, RetryAfter, steering
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeObject
 from resourceconsist.testing import Cluster, async_wait_for
 
 

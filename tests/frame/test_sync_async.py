@@ -1,4 +1,4 @@
-"""The one rule for sync and async (resourceconsist.cancellation): ``call_adapter`` runs plain
+"""The one rule for sync and async (resourceconsist.flow.cancellation): ``call_adapter`` runs plain
 functions off the loop and awaits coroutines on it, and nothing on the loop waits on a thread."""
 
 from __future__ import annotations
@@ -12,19 +12,21 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import Employee, Employer, OwnedItem, ReconcileContext
-from resourceconsist.cache import CacheNotSynced, InformerFactory
-from resourceconsist.cancellation import (
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheNotSynced, InformerFactory
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.errors import ResourceConsistError
+from resourceconsist.experimental.demo import DemoAdapter
+from resourceconsist.flow.cancellation import (
     ADAPTER_THREADS,
     Cancellation,
     call_adapter,
     current_cancellation,
     running_pass,
 )
-from resourceconsist.errors import ResourceConsistError
-from resourceconsist.experimental.demo import DemoAdapter
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for
 from resourceconsist.testing.controlplane import free_port
 

@@ -1,4 +1,4 @@
-"""Lean pod caches (resourceconsist.transform): what the pod informer keeps, that everything the
+"""Lean pod caches (resourceconsist.cluster.transform): what the pod informer keeps, that everything the
 frame and the built-in adapter read of a pod reads the same from the lean copy as from the whole
 pod the API server sends, and that fields an adapter declares are kept (and filled in when
 declared while the cache runs)."""
@@ -14,16 +14,19 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import gates, kube, lifecycle, marks, wire
-from resourceconsist.adapter import CachedPodFieldsOptions, cached_pod_fields, pod_employee_statuses
+from resourceconsist import wire
+from resourceconsist.adapter import CachedPodFieldsOptions, pod_employee_statuses
 from resourceconsist.adapters.alibabacloudslb import SLBAdapter, config
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.manage import _pod_rank, _waits_on
 from resourceconsist.adapters.alibabacloudslb.slbclient import SLBClient
-from resourceconsist.cache import InformerFactory, WatchEvent
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import InformerFactory, WatchEvent
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.cluster.transform import FRAME_POD_FIELDS, field_tree, keeping
+from resourceconsist.reconcile.profile import AdapterProfile, declared_pod_fields
+from resourceconsist.rules import gates, lifecycle, marks
 from resourceconsist.testing import LocalControlPlane, async_wait_for
-from resourceconsist.testing.slb_emulator import SLBEmulator
-from resourceconsist.transform import FRAME_POD_FIELDS, field_tree, keeping
 
 GATE = lifecycle.readiness_gate("web")
 GUARD = lifecycle.guard_finalizer("web")
@@ -284,7 +287,7 @@ async def test_the_frame_reads_of_a_lean_pod_what_it_reads_of_the_whole_pod(
     factory = InformerFactory(kc)
     with SLBEmulator() as emulator:
         client = SLBClient(emulator.credentials())
-        factory.keep_pod_fields(cached_pod_fields(SLBAdapter(client)))
+        factory.keep_pod_fields(AdapterProfile.of(SLBAdapter(client)).pod_fields)
         client.close()
     seen = _started_recording(factory)
     try:
@@ -348,7 +351,7 @@ async def test_a_field_declared_while_the_cache_runs_is_filled_in_without_events
         reader = factory.reader()
         assert "nodeName" not in (reader.get(kube.POD, namespace, "bound") or {})["spec"]
         relists = informer.relists
-        factory.keep_pod_fields(cached_pod_fields(_ReadsNodes()))
+        factory.keep_pod_fields(declared_pod_fields(_ReadsNodes()))
         await factory.wait_synced()  # waits for the list that fills the field in
         assert (reader.get(kube.POD, namespace, "bound") or {})["spec"]["nodeName"] == "node-a"
         assert informer.relists == relists + 1

@@ -1,4 +1,4 @@
-"""Unit tests for ``resourceconsist.workqueue``: client-go workqueue semantics and rate limiters.
+"""Unit tests for ``resourceconsist.runtime.workqueue``: client-go workqueue semantics and rate limiters.
 
 Delays are asserted on the rate limiters' returned values (with an injected clock for the
 bucket); real timers are used only where a timer has to fire, with short delays and every wait
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from resourceconsist.workqueue import (
+from resourceconsist.runtime.workqueue import (
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
     MaxOfRateLimiter,
@@ -478,7 +478,7 @@ def test_each_default_limiter_is_independent() -> None:
 async def test_the_queue_reports_client_gos_workqueue_series() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 
-    from resourceconsist.metrics import Metrics
+    from resourceconsist.runtime.metrics import Metrics
 
     metrics = Metrics()
     series = metrics.standard.controller("shop", 3)

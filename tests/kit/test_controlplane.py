@@ -19,11 +19,11 @@ import pytest
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
-from resourceconsist import kube
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.kube import KubeClient
-from resourceconsist.manager import Manager
 from resourceconsist.options import ManagerOptions
+from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import (
     KUBERNETES_VERSION,
     Cluster,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.testing import (
     CONTROLLERS,
     SERVICE_CLUSTER_IP_RANGE,

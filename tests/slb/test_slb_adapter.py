@@ -22,7 +22,7 @@ from urllib.parse import quote
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import (
     DRAIN_ANNOTATION,
     MODE_ANNOTATION,
@@ -32,14 +32,16 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     MUTATING_ACTIONS,
     BackendServer,
     RetryPolicy,
     SLBClient,
 )
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, annotation, async_wait_for, finalizers
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 KEY_ID = "LTAI5tAdapterKeyId7Q2"
 SECRET = "Adapter/Secret+Value=9Zq"

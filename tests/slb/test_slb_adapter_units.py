@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses, ReconcileContext
 from resourceconsist.adapters import registry
 from resourceconsist.adapters.alibabacloudslb import (
@@ -28,6 +28,7 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ACCESS_SECRET_ENV,
     SLB_ENDPOINT_ENV,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.items import (
     Attached,
     Desired,
@@ -38,9 +39,10 @@ from resourceconsist.adapters.alibabacloudslb.items import (
 from resourceconsist.adapters.alibabacloudslb.manage import ManageStrategy
 from resourceconsist.adapters.alibabacloudslb.observe import ObserveStrategy
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient
-from resourceconsist.kube import KubeObject, Resource
-from resourceconsist.labels import map_selects
-from resourceconsist.testing.slb_emulator import SLBEmulator
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.rules import lifecycle
+from resourceconsist.rules.labels import map_selects
 from resourceconsist.webhook import ControlledServiceAdapter
 
 
@@ -185,7 +187,7 @@ def test_mode_weight_port_type_and_drain_parsing() -> None:
 
 class PodsReader:
     """In-memory pods, read the way the SLB adapter reads the frame's ObjectReader
-    (resourceconsist.interfaces): all pods, those a Service selects, those holding a finalizer."""
+    (resourceconsist.cluster.interfaces): all pods, those a Service selects, those holding a finalizer."""
 
     def __init__(self, *pods: KubeObject) -> None:
         self.pods = list(pods)

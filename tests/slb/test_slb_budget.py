@@ -17,7 +17,6 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import budget, kube, lifecycle
 from resourceconsist.adapter import ReconcileContext
 from resourceconsist.adapters.alibabacloudslb import (
     MODE_ANNOTATION,
@@ -26,11 +25,14 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, RetryPolicy, SLBClient
-from resourceconsist.budget import Priority, ProviderBudget
+from resourceconsist.cluster import kube
+from resourceconsist.flow import budget
+from resourceconsist.flow.budget import Priority, ProviderBudget
 from resourceconsist.options import ProviderBudgetOptions
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 ADD = "AddVServerGroupBackendServers"
 SET = "SetVServerGroupAttribute"

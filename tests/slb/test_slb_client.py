@@ -24,6 +24,10 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLBCredentials,
     region_from_endpoint,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator import (
+    CODE_BACKEND_ALREADY_EXISTS,
+    SLBEmulator,
+)
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     MUTATING_ACTIONS,
     BackendServer,
@@ -33,10 +37,6 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
     SLBError,
     SLBNotFound,
-)
-from resourceconsist.testing.slb_emulator import (
-    CODE_BACKEND_ALREADY_EXISTS,
-    SLBEmulator,
 )
 
 ADD = "AddVServerGroupBackendServers"

@@ -29,6 +29,8 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLBAccess,
     StaticAccessKeySource,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
+from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorServer
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     CREDENTIALS_UNAVAILABLE,
     RetryPolicy,
@@ -38,8 +40,6 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
 )
 from resourceconsist.testing import Cluster
 from resourceconsist.testing.controlplane import free_port
-from resourceconsist.testing.slb_emulator import SLBEmulator
-from resourceconsist.testing.slb_emulator_server import EmulatorServer
 from resourceconsist.testing.wait import wait_for
 
 LB = "lb-credentials-1"

@@ -14,6 +14,11 @@ from typing import Any
 import pytest
 
 from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess, SLBCredentials
+from resourceconsist.adapters.alibabacloudslb.emulator_server import (
+    AdminError,
+    EmulatorAdmin,
+    served_emulator,
+)
 from resourceconsist.adapters.alibabacloudslb.slbclient import (
     BackendServer,
     RetryPolicy,
@@ -21,9 +26,8 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBClient,
     SLBError,
 )
-from resourceconsist.budget import Priority, ProviderBudget
+from resourceconsist.flow.budget import Priority, ProviderBudget
 from resourceconsist.options import ProviderBudgetOptions
-from resourceconsist.testing.slb_emulator_server import AdminError, EmulatorAdmin, served_emulator
 
 LB = "lb-served-1"
 ADD = "AddVServerGroupBackendServers"
@@ -322,7 +326,7 @@ def test_served_emulator_exits_on_sigterm(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "resourceconsist.testing.slb_emulator_server",
+            "resourceconsist.adapters.alibabacloudslb.emulator_server",
             "--dir",
             str(tmp_path),
         ],

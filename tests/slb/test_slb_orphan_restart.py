@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapters.alibabacloudslb import (
     CLUSTER_TAG,
     LOAD_BALANCER_ID_LABEL,
@@ -30,10 +29,12 @@ from resourceconsist.adapters.alibabacloudslb import (
     SERVICE_NAMESPACE_TAG,
     SERVICE_UID_TAG,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin, served_emulator
+from resourceconsist.cluster import kube
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from resourceconsist.testing.controlplane import free_port
 from resourceconsist.testing.process import CommandProcess
-from resourceconsist.testing.slb_emulator_server import EmulatorAdmin, served_emulator
 
 CLUSTER = "restart-test"
 OTHER = "another-cluster"

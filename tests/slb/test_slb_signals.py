@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import (
     MODE_ANNOTATION,
     SERVER_ID_ANNOTATION,
@@ -24,11 +24,13 @@ from resourceconsist.adapters.alibabacloudslb import (
     vserver_group_name,
 )
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, RetryPolicy, SLBClient
-from resourceconsist.explain import Explainer, employer_lines, pod_lines
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.commands.explain import Explainer, employer_lines, pod_lines
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
-from resourceconsist.testing.slb_emulator import SLBEmulator
 from resourceconsist.wire import EventReason, GateReason
 
 ADD = "AddVServerGroupBackendServers"

@@ -13,7 +13,6 @@ from typing import Any
 import click
 import pytest
 
-from resourceconsist import kube, lifecycle
 from resourceconsist.adapter import ReconcileContext
 from resourceconsist.adapters import registry
 from resourceconsist.adapters.alibabacloudslb import (
@@ -36,11 +35,13 @@ from resourceconsist.adapters.alibabacloudslb.credentials import (
     SLB_ACCESS_SECRET_ENV,
     SLB_ENDPOINT_ENV,
 )
+from resourceconsist.adapters.alibabacloudslb.emulator import SLBEmulator
 from resourceconsist.adapters.alibabacloudslb.slbclient import BackendServer, SLBClient, SLBError
-from resourceconsist.cli import _adapter_environ
-from resourceconsist.kube import KubeObject, Resource
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.commands.cli import _adapter_environ
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
-from resourceconsist.testing.slb_emulator import SLBEmulator
 
 CLUSTER = "prod-a"
 OTHER = "prod-b"

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from resourceconsist import certs
-from resourceconsist.cache import CacheReader, InformerFactory
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import certs
+from resourceconsist.cluster.cache import CacheReader, InformerFactory
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.testing import async_wait_for
 from resourceconsist.webhook import ConnectionLimits, EmployerRef, WebhookOptions, WebhookServer
 
@@ -43,7 +43,7 @@ class Tls:
     def __init__(self, ca: certs.KeyPair) -> None:
         self.client = ssl.create_default_context(cadata=ca.cert_pem.decode())
         # Python 3.13's default strict X.509 checks want an Authority Key Identifier, which
-        # resourceconsist.certs does not write (the API server, in Go, does not ask for it).
+        # resourceconsist.cluster.certs does not write (the API server, in Go, does not ask for it).
         self.client.verify_flags &= ~ssl.VERIFY_X509_STRICT
 
 

@@ -1,5 +1,5 @@
 """The webhook's pure parts: the path convention, employer references, AdmissionReview parsing,
-and the pod mutation, which must be byte-identical to what ``resourceconsist.lifecycle`` (the
+and the pod mutation, which must be byte-identical to what ``resourceconsist.rules.lifecycle`` (the
 controller's implementation) computes for the same employers."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import lifecycle, wire
+from resourceconsist import wire
+from resourceconsist.rules import lifecycle
 from resourceconsist.webhook import (
     ControlledServiceAdapter,
     EmployerRef,

@@ -19,8 +19,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from resourceconsist import certs, kube, lifecycle, wire
-from resourceconsist.kube import ApiError, KubeClient
+from resourceconsist import wire
+from resourceconsist.cluster import certs, kube
+from resourceconsist.cluster.kube import ApiError, KubeClient
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import CLI, LocalControlPlane, wait_for
 
 CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}

@@ -20,11 +20,13 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives.serialization import Encoding
 
-from resourceconsist import certs, kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import webhook_adapter as slb_webhook_adapter
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import certs, kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 from resourceconsist.webhook import BootstrapOptions, BootstrapResult, WebhookOptions, serve, service_hosts
 from resourceconsist.webhook.bootstrap import WebhookCertificates

@@ -25,12 +25,14 @@ import aiohttp
 import pytest
 from kubernetes import client as k8s
 
-from resourceconsist import certs, kube, lifecycle, wire
+from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import webhook_adapter as slb_webhook_adapter
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
-from resourceconsist.cache import CacheReader, InformerFactory
-from resourceconsist.cancellation import call_adapter
-from resourceconsist.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.cluster import certs, kube
+from resourceconsist.cluster.cache import CacheReader, InformerFactory
+from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 from resourceconsist.webhook import (
     AdmissionDecision,

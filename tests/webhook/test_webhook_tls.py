@@ -12,7 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from resourceconsist import certs
+from resourceconsist.cluster import certs
 from resourceconsist.webhook.tls import CertificateReloader
 
 #: Audit events that create or write something on a filesystem.

@@ -32,7 +32,7 @@ from resourceconsist.adapter import (
     ReconcileContext,
     pod_employee_statuses,
 )
-from resourceconsist.kube import KubeObject
+from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.registry import AdapterRegistry
 from resourceconsist.webhook import ControlledServiceAdapter
 

@@ -1,0 +1,818 @@
+"""The Kubernetes client wrapper: typed, kind-agnostic, dict-based access to the API server.
+
+It reads its configuration with resourceconsist.cluster.kubeconfig (kubeconfig files, in-cluster, exec
+plugins) or from an official client's ``ApiClient``, sends requests through urllib3, and speaks
+plain JSON so any kind works the same, CRDs included; the official client's generated models are
+never loaded on the way (17 MB and a quarter second of start-up). Every call blocks: async code
+runs it in the frame's threads (``asyncio.to_thread``; the one rule for sync and async is
+resourceconsist.flow.cancellation's), except the hot path's writes, which
+resourceconsist.cluster.aiokube sends from the event loop through the same bookkeeping, errors and
+conflict loop. Every request is counted per verb so tests and metrics can prove steady state makes
+no writes, and handed with its answer code and duration to the observers (``observe_requests``:
+the manager's ``rest_client_*`` series, docs/observability.md).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import sys
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Generator, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, cast
+
+import msgspec
+
+from resourceconsist import wire
+from resourceconsist.cluster import kubeconfig
+from resourceconsist.cluster.kubeconfig import Access
+from resourceconsist.errors import ResourceConsistError
+
+log = logging.getLogger(__name__)
+
+KubeObject = dict[str, Any]
+#: Turns an answer's JSON bytes (a whole body, or one line of a watch) into objects.
+Decode = Callable[[bytes], Any]
+#: Told of every request: its HTTP method, the answer's status (0: no answer), its seconds.
+RequestObserver = Callable[[str, int, float], None]
+PatchType = Literal["merge", "json", "strategic"]
+
+_PATCH_CONTENT_TYPES: dict[str, str] = {
+    "merge": "application/merge-patch+json",
+    "json": "application/json-patch+json",
+    "strategic": "application/strategic-merge-patch+json",
+}
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One API resource: where a kind lives and how its URLs are built."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool = True
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def path(
+        self, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+    ) -> str:
+        base = f"/apis/{self.group}/{self.version}" if self.group else f"/api/{self.version}"
+        if self.namespaced and namespace:
+            base += f"/namespaces/{namespace}"
+        base += f"/{self.plural}"
+        if name:
+            base += f"/{name}"
+            if subresource:
+                base += f"/{subresource}"
+        return base
+
+
+# Kinds the frame itself uses, known without discovery.
+POD = Resource("", "v1", "Pod", "pods")
+SERVICE = Resource("", "v1", "Service", "services")
+EVENT = Resource("", "v1", "Event", "events")
+SECRET = Resource("", "v1", "Secret", "secrets")
+NAMESPACE = Resource("", "v1", "Namespace", "namespaces", namespaced=False)
+LEASE = Resource("coordination.k8s.io", "v1", "Lease", "leases")
+MUTATING_WEBHOOK_CONFIGURATION = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "MutatingWebhookConfiguration",
+    "mutatingwebhookconfigurations",
+    False,
+)
+VALIDATING_WEBHOOK_CONFIGURATION = Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "ValidatingWebhookConfiguration",
+    "validatingwebhookconfigurations",
+    False,
+)
+_KNOWN = {
+    (r.api_version, r.kind): r
+    for r in (
+        POD,
+        SERVICE,
+        EVENT,
+        SECRET,
+        NAMESPACE,
+        LEASE,
+        MUTATING_WEBHOOK_CONFIGURATION,
+        VALIDATING_WEBHOOK_CONFIGURATION,
+    )
+}
+
+
+class ApiError(ResourceConsistError):
+    """A non-2xx answer of the API server, with its status and Status reason/message.
+
+    ``ApiError.of(...)`` builds the subclass for the status callers branch on: ``Forbidden``
+    (403), ``NotFound`` (404), ``Conflict`` (409: a stale resourceVersion, or AlreadyExists) and
+    ``Gone`` (410)."""
+
+    def __init__(self, status: int, reason: str, message: str, method: str = "", path: str = "") -> None:
+        super().__init__(f"{method} {path}: {status} {reason}: {message}".strip())
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @staticmethod
+    def of(status: int, reason: str, message: str, method: str = "", path: str = "") -> ApiError:
+        kind = {403: Forbidden, 404: NotFound, 409: Conflict, 410: Gone}.get(status, ApiError)
+        return kind(status, reason, message, method, path)
+
+
+class Forbidden(ApiError):
+    """403: the caller may not make this request (RBAC, or an admission policy). Says nothing
+    about whether the object exists: a lookup refused is "unknown", never "gone"."""
+
+
+class NotFound(ApiError):
+    """404: the object (or its namespace) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: the resourceVersion precondition failed, or the object already exists."""
+
+
+class Gone(ApiError):
+    """410: the watch's resourceVersion is too old; list again."""
+
+
+def is_unreachable(err: BaseException) -> bool:
+    """Whether ``err`` means the API server could not be reached (no HTTP answer at all), from
+    either transport: urllib3's (threads) or aiohttp's (the event loop, resourceconsist.cluster.aiokube)."""
+    import urllib3.exceptions
+
+    unreachable: tuple[type[BaseException], ...] = (
+        urllib3.exceptions.HTTPError,
+        ConnectionError,
+        TimeoutError,
+    )
+    aiohttp = sys.modules.get("aiohttp")  # not loaded: none of its errors can exist
+    if aiohttp is not None:
+        unreachable += (aiohttp.ClientConnectionError,)
+    return isinstance(err, unreachable)
+
+
+class _QuietRetries(logging.Filter):
+    """urllib3 logs each of its own connection retries at WARNING ("Retrying (Retry(total=2...");
+    the request's final failure is what matters, and ``Reachability`` reports it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.DEBUG and str(record.msg).startswith("Retrying ("):
+            record.levelno, record.levelname = logging.DEBUG, logging.getLevelName(logging.DEBUG)
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+_QUIET_RETRIES = _QuietRetries()
+
+
+class Reachability:
+    """Whether the API server answers, logged once per change (down, back) rather than per call.
+
+    During an outage every reconcile and every watch fails the same way; one WARNING when the
+    first request fails and one INFO when a request is answered again say all there is to say
+    (docs/concepts.md, "What an operator sees under faults").
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._down_since: float | None = None
+        #: Outages seen so far.
+        self.outages = 0
+
+    @property
+    def down(self) -> bool:
+        return self._down_since is not None
+
+    def failed(self, err: BaseException) -> None:
+        with self._lock:
+            if self._down_since is not None:
+                return
+            self._down_since = time.monotonic()
+            self.outages += 1
+        log.warning("%s unreachable: %s; retrying until it answers", self.name, _first_line(err))
+
+    def answered(self) -> None:
+        if self._down_since is None:  # the common case, without taking the lock
+            return
+        with self._lock:
+            since, self._down_since = self._down_since, None
+        if since is not None:
+            log.info("%s reachable again after %.1fs", self.name, time.monotonic() - since)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return text.splitlines()[0][:300]
+
+
+#: What the optimistic-concurrency loop asks its driver for: the object read afresh (this
+#: marker), or a merge patch sent (the body, a dict).
+READ_AGAIN = object()
+PreconditionSteps = Generator[object, Any, tuple["KubeObject | None", bool]]
+
+
+def precondition_steps(
+    res: Resource,
+    namespace: str | None,
+    name: str,
+    change: Callable[[KubeObject], dict[str, Any] | None],
+    current: KubeObject | None = None,
+    attempts: int = 8,
+    on_conflict: Callable[[], None] = lambda: None,
+) -> PreconditionSteps:
+    """The optimistic-concurrency loop of ``KubeClient.patch_optimistic``, free of I/O: it yields
+    ``READ_AGAIN`` for a fresh copy (None: gone) or a patch body, and is sent the answer (or thrown
+    its error). A blocking driver (``patch_with_precondition``) and the event loop's
+    (resourceconsist.cluster.aiokube) run the same loop, so conflict handling lives here only."""
+    obj = current if current is not None else (yield READ_AGAIN)
+    for _ in range(attempts):
+        if obj is None:
+            return None, False
+        body = change(obj)
+        if body is None:
+            return obj, False
+        body.setdefault("metadata", {})["resourceVersion"] = obj["metadata"]["resourceVersion"]
+        try:
+            return (yield body), True
+        except NotFound:
+            return None, False
+        except Conflict:
+            on_conflict()
+            obj = yield READ_AGAIN
+    raise Conflict(
+        409, "Conflict", f"still conflicting after {attempts} attempts", "PATCH", res.path(namespace, name)
+    )
+
+
+def patch_with_precondition(
+    get_or_none: Callable[[Resource, str | None, str], KubeObject | None],
+    patch: Callable[[Resource, str | None, str, Any], KubeObject],
+    res: Resource,
+    namespace: str | None,
+    name: str,
+    change: Callable[[KubeObject], dict[str, Any] | None],
+    current: KubeObject | None = None,
+    attempts: int = 8,
+    on_conflict: Callable[[], None] = lambda: None,
+) -> tuple[KubeObject | None, bool]:
+    """``precondition_steps`` driven by a blocking get/patch pair (an in-memory fake of the API
+    server in unit tests uses the same loop)."""
+    steps = precondition_steps(res, namespace, name, change, current, attempts, on_conflict)
+    try:
+        step = next(steps)
+        while True:
+            try:
+                answer = (
+                    get_or_none(res, namespace, name)
+                    if step is READ_AGAIN
+                    else patch(res, namespace, name, step)
+                )
+            except Exception as err:
+                step = steps.throw(err)
+            else:
+                step = steps.send(answer)
+    except StopIteration as done:
+        return cast(tuple[KubeObject | None, bool], done.value)
+
+
+def object_key(obj: Mapping[str, Any]) -> str:
+    """``namespace/name`` (or ``name`` for cluster-scoped objects), client-go's cache key."""
+    meta = obj.get("metadata", {})
+    namespace = meta.get("namespace")
+    return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
+
+
+def pod_namespace(namespace: str | None = None) -> str:
+    """``namespace`` if given, else the pod's own (``$POD_NAMESPACE``), else ``resourceconsist``:
+    where the webhook's certificate Secret and the leader-election Lease live by default."""
+    return namespace or os.environ.get(wire.POD_NAMESPACE_ENV) or wire.DEFAULT_NAMESPACE
+
+
+#: Sent with every request, as client-go names its binary: the API server's audit log and its
+#: ``apiserver_request_total`` by client tell this controller's requests from others'.
+USER_AGENT = f"resourceconsist (python {sys.version_info.major}.{sys.version_info.minor})"
+
+
+def request_headers(content_type: str, token: str | None) -> dict[str, str]:
+    """The headers of every request, whichever transport sends it (this module's threads, or
+    resourceconsist.cluster.aiokube's event loop)."""
+    headers = {
+        "User-Agent": USER_AGENT,
+        "Accept": "application/json",
+        "Content-Type": content_type,
+        # Answers uncompressed (the API server compresses only large lists). http.client sends
+        # this by itself; aiohttp would ask for gzip, and skipping its header costs it a copy of
+        # every request's headers.
+        "Accept-Encoding": "identity",
+    }
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def request_url(host: str, path: str, query: Mapping[str, Any] | None = None) -> str:
+    """The URL of a request, whichever transport sends it: ``query``'s None values left out."""
+    params = [(k, str(v)) for k, v in (query or {}).items() if v is not None]
+    return f"{host}{path}?{urllib.parse.urlencode(params)}" if params else host + path
+
+
+class _OfficialToken:
+    """The bearer token of the official client's ``Configuration``, through its own refresh
+    hook when it has one (its exec plugin, its in-cluster token file)."""
+
+    def __init__(self, configuration: Any) -> None:
+        self._configuration = configuration
+
+    @property
+    def dynamic(self) -> bool:
+        # Read each time: a hook may be set on the configuration after the client is made.
+        return self._configuration.refresh_api_key_hook is not None
+
+    def __call__(self, *, refresh: bool = False) -> str | None:
+        bearer = self._configuration.auth_settings().get("BearerToken") or {}
+        value = str(bearer.get("value") or "")
+        return value.removeprefix("Bearer ").strip() or None
+
+
+def _access_of_official(configuration: Any) -> tuple[Access, dict[str, Any], str]:
+    """The official client's ``Configuration`` as an ``Access``; the urllib3 options only it
+    sets (a proxy, ``assert_hostname``); why the event loop's session cannot honour them."""
+    extras: dict[str, Any] = {}
+    refusals: list[str] = []
+    host = str(configuration.host or "").rstrip("/")
+    if not host.startswith(("https://", "http://")):
+        refusals.append(f"host {host!r} is not an http(s) URL")
+    if getattr(configuration, "proxy", None):
+        extras["proxy_url"] = configuration.proxy
+        if getattr(configuration, "proxy_headers", None):
+            extras["proxy_headers"] = configuration.proxy_headers
+        refusals.append("an HTTP proxy is configured")
+    if getattr(configuration, "assert_hostname", None) is not None:
+        extras["assert_hostname"] = configuration.assert_hostname
+        refusals.append("assert_hostname is configured")
+    access = Access(
+        host=host,
+        verify=bool(configuration.verify_ssl),
+        ca_file=configuration.ssl_ca_cert or None,
+        cert_file=configuration.cert_file or None,
+        key_file=configuration.key_file or None,
+        tls_server_name=getattr(configuration, "tls_server_name", None) or None,
+        token=_OfficialToken(configuration),
+    )
+    return access, extras, "; ".join(refusals)
+
+
+class KubeClient:
+    """Kind-agnostic JSON access to one API server.
+
+    Made from an ``Access`` (resourceconsist.cluster.kubeconfig: what ``from_kubeconfig``, ``in_cluster``
+    and ``auto`` load without the official client), or from the official client's ``ApiClient``
+    (``KubeClient(api_client)``, which tests and embedding programs already hold): its
+    configuration is read into the same ``Access``. Either way requests go through one urllib3
+    pool (threads) or the event loop's session (resourceconsist.cluster.aiokube)."""
+
+    def __init__(self, api_client: Any = None, *, name: str = "", access: Access | None = None) -> None:
+        #: The official client's ``ApiClient`` this client was made from, if any (closed with it).
+        self.api_client = api_client
+        official = getattr(api_client, "configuration", None)
+        #: Where the API server is and how to authenticate; None: a client that never sends.
+        self.access: Access | None = access
+        #: What only the official configuration sets (a proxy, ``assert_hostname``): urllib3
+        #: honours it, the event loop's session does not (``loop_refusal``).
+        self._pool_extras: dict[str, Any] = {}
+        #: Why the event loop's session cannot speak for this client (empty: it can).
+        self.loop_refusal = ""
+        if access is None and official is not None:
+            self.access, self._pool_extras, self.loop_refusal = _access_of_official(official)
+        elif self.access is None:
+            self.loop_refusal = "the client has no API server configuration"
+        self.name = name
+        self.requests: Counter[str] = Counter()
+        #: Requests by ``"<verb> <resource>"`` (e.g. ``"patch pods"``), for tests and benchmarks.
+        self.requests_by_resource: Counter[str] = Counter()
+        #: 409 Conflicts met by ``patch_optimistic``, by resource (exported as a metric).
+        self.conflicts: Counter[str] = Counter()
+        self._counter_lock = threading.Lock()
+        self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
+        self.reachability = Reachability(name or "API server")
+        self._observers: tuple[RequestObserver, ...] = ()
+        self._pool: Any = None  # urllib3's PoolManager, made on the first request
+        self._pool_lock = threading.Lock()
+        # The running loop's transport (resourceconsist.cluster.aiokube) once made, and whether this
+        # client's configuration refused one; kept here so the transport lives with its client.
+        self._loop_transport: object = None
+        self._loop_transport_closer: object = None
+        self._loop_transport_refused = False
+        logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)  # once: filters are a set
+
+    # -- construction ------------------------------------------------------------------
+
+    @classmethod
+    def from_kubeconfig(
+        cls, path: str | None = None, context: str | None = None, name: str = ""
+    ) -> KubeClient:
+        """From a kubeconfig file (``$KUBECONFIG`` or ``~/.kube/config`` when ``path`` is None).
+
+        Read by resourceconsist.cluster.kubeconfig; a file that uses what only the official client's
+        loader knows (an auth provider, a proxy, basic auth) is read by that loader instead, at
+        the cost of loading it (docs/index.md, "Which cluster")."""
+        try:
+            return cls(access=kubeconfig.load_kubeconfig(path, context), name=name)
+        except kubeconfig.Unsupported as unsupported:
+            log.info("kubeconfig: %s; read by the official client's loader", unsupported.reason)
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        configuration = client.Configuration()
+        try:
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context, client_configuration=configuration
+            )
+        except ConfigException as err:
+            raise kubeconfig.KubeConfigError(f"kubeconfig: {err}") from err
+        return cls(client.ApiClient(configuration), name=name)
+
+    @classmethod
+    def in_cluster(cls, name: str = "") -> KubeClient:
+        """From the pod's ServiceAccount: its token (re-read as it rotates) and the cluster's CA."""
+        return cls(access=kubeconfig.load_incluster(), name=name)
+
+    @classmethod
+    def auto(cls, kubeconfig: str | None = None, name: str = "") -> KubeClient:
+        """In-cluster config when running in a pod and no kubeconfig is named, else the kubeconfig."""
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return cls.in_cluster(name)
+        return cls.from_kubeconfig(kubeconfig, name=name)
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.clear()
+        if self.api_client is not None:
+            self.api_client.close()
+
+    @property
+    def host(self) -> str:
+        """``host:port`` of the API server (client-go's ``host`` label of its request metrics)."""
+        return urllib.parse.urlsplit(self.access.host).netloc if self.access is not None else ""
+
+    def observe_requests(self, observer: RequestObserver) -> Callable[[], None]:
+        """Tell ``observer`` of every request from now on (watches when their answer starts);
+        returns what stops it."""
+        self._observers = (*self._observers, observer)
+
+        def stop() -> None:
+            self._observers = tuple(o for o in self._observers if o is not observer)
+
+        return stop
+
+    def _observed(self, method: str, status: int, started: float) -> None:
+        seconds = time.monotonic() - started
+        for observer in self._observers:
+            observer(method, status, seconds)
+
+    # -- the one request primitive --------------------------------------------------------
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = 60.0,
+        stream: bool = False,
+        decode: Decode | None = None,
+    ) -> Any:
+        import urllib3
+
+        access = self.access
+        if access is None:
+            raise RuntimeError(self.loop_refusal)
+        self._count("watch" if stream else method.lower(), path)
+        url = request_url(access.host, path, query)
+        headers = request_headers(content_type, access.bearer())
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
+        data = None if body is None else msgspec.json.encode(body)
+        started = time.monotonic()
+        try:
+            response = self._pool_manager().request(
+                method, url, body=data, headers=headers, timeout=limit, preload_content=not stream
+            )
+        except Exception as err:
+            self._unanswered(method, err, started)
+            raise
+        self._answered(method, response.status, started)
+        if response.status >= 400:
+            payload = response.data  # read whole, a stream's too
+            if stream:
+                response.release_conn()
+            raise _api_error(response.status, response.reason or "", payload, method, path)
+        if stream:
+            return response
+        data = response.data
+        return (decode or decode_json)(data) if data else {}
+
+    def _pool_manager(self) -> Any:
+        """urllib3's pool to the API server, made once: up to 64 connections, as the frame's
+        threads (informers, adapters' blocking calls, the webhook) may all be in a request."""
+        pool = self._pool
+        if pool is not None:
+            return pool
+        import urllib3
+
+        with self._pool_lock:
+            if self._pool is None:
+                access = self.access
+                assert access is not None
+                options: dict[str, Any] = {"num_pools": 4, "maxsize": 64, "block": False}
+                context = access.ssl_context()
+                if context is not None:
+                    options["ssl_context"] = context
+                    if not access.verify:
+                        options["cert_reqs"] = "CERT_NONE"
+                    if access.tls_server_name:
+                        options["server_hostname"] = access.tls_server_name
+                extras = dict(self._pool_extras)
+                proxy = extras.pop("proxy_url", None)
+                options.update(extras)
+                self._pool = (
+                    urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
+                )
+            return self._pool
+
+    # The bookkeeping of every request, whichever transport sends it (this thread path, or the
+    # event loop's, resourceconsist.cluster.aiokube): counted when sent, observed when answered or not.
+
+    def _count(self, verb: str, path: str) -> None:
+        with self._counter_lock:
+            self.requests[verb] += 1
+            self.requests_by_resource[f"{verb} {_resource_of(path)}"] += 1
+
+    def _answered(self, method: str, status: int, started: float) -> None:
+        self._observed(method, status, started)
+        self.reachability.answered()
+
+    def _unanswered(self, method: str, err: BaseException, started: float) -> None:
+        self._observed(method, 0, started)
+        if is_unreachable(err):
+            self.reachability.failed(err)
+
+    # -- blocking API ------------------------------------------------------------------------
+
+    def resource(self, api_version: str, kind: str) -> Resource:
+        """The Resource for a kind, found by discovery once and cached."""
+        found = self._resources.get((api_version, kind))
+        if found is not None:
+            return found
+        group, _, version = api_version.rpartition("/")
+        path = f"/apis/{api_version}" if group else f"/api/{api_version}"
+        listing = self._send("GET", path)
+        for entry in listing.get("resources", []):
+            if entry.get("kind") == kind and "/" not in entry.get("name", ""):
+                res = Resource(group, version, kind, entry["name"], bool(entry.get("namespaced")))
+                self._resources[(api_version, kind)] = res
+                return res
+        raise LookupError(f"the API server serves no kind {kind} in {api_version}")
+
+    def get(self, res: Resource, namespace: str | None, name: str) -> KubeObject:
+        return cast(KubeObject, self._send("GET", res.path(namespace, name)))
+
+    def get_or_none(self, res: Resource, namespace: str | None, name: str) -> KubeObject | None:
+        try:
+            return self.get(res, namespace, name)
+        except NotFound:
+            return None
+
+    def list(
+        self,
+        res: Resource,
+        namespace: str | None = None,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        resource_version: str | None = None,
+        limit: int | None = None,
+        continue_token: str | None = None,
+        decode: Decode | None = None,
+    ) -> KubeObject:
+        """One LIST page: the raw list object (``items``, ``metadata.resourceVersion``);
+        ``decode`` turns its bytes into it (a cache's lean decoder, resourceconsist.cluster.transform)."""
+        query = {
+            "labelSelector": label_selector,
+            "fieldSelector": field_selector,
+            "resourceVersion": resource_version,
+            "limit": limit,
+            "continue": continue_token,
+        }
+        return cast(KubeObject, self._send("GET", res.path(namespace), query=query, decode=decode))
+
+    def create(
+        self, res: Resource, namespace: str | None, body: Mapping[str, Any], *, dry_run: bool = False
+    ) -> KubeObject:
+        """POST a new object; ``dry_run`` has the API server validate and admit it without storing."""
+        query = {"dryRun": "All"} if dry_run else None
+        return cast(KubeObject, self._send("POST", res.path(namespace), query=query, body=dict(body)))
+
+    def replace(self, res: Resource, namespace: str | None, name: str, body: Mapping[str, Any]) -> KubeObject:
+        return cast(KubeObject, self._send("PUT", res.path(namespace, name), body=dict(body)))
+
+    def patch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        body: Any,
+        *,
+        patch_type: PatchType = "merge",
+        subresource: str | None = None,
+    ) -> KubeObject:
+        return cast(
+            KubeObject,
+            self._send(
+                "PATCH",
+                res.path(namespace, name, subresource),
+                body=body,
+                content_type=_PATCH_CONTENT_TYPES[patch_type],
+            ),
+        )
+
+    def delete(self, res: Resource, namespace: str | None, name: str) -> None:
+        self._send("DELETE", res.path(namespace, name))
+
+    def watch(
+        self,
+        res: Resource,
+        namespace: str | None,
+        resource_version: str,
+        *,
+        timeout_seconds: int = 300,
+        label_selector: str | None = None,
+        decode: Decode | None = None,
+    ) -> WatchStream:
+        """Open a watch from ``resource_version`` with bookmarks; iterate it for
+        ``{"type", "object"}`` events (each line turned into one by ``decode``), ``close()`` it
+        from any thread to stop."""
+        response = self._send(
+            "GET",
+            res.path(namespace),
+            query=watch_query(resource_version, timeout_seconds, label_selector),
+            timeout=(10.0, timeout_seconds + 30.0),
+            stream=True,
+        )
+        return WatchStream(response, decode or decode_json)
+
+    def patch_optimistic(
+        self,
+        res: Resource,
+        namespace: str | None,
+        name: str,
+        change: Callable[[KubeObject], dict[str, Any] | None],
+        *,
+        current: KubeObject | None = None,
+        attempts: int = 8,
+    ) -> tuple[KubeObject | None, bool]:
+        """Merge-patch ``change(obj)`` under optimistic concurrency.
+
+        The patch carries the object's resourceVersion as a precondition; on 409 Conflict the
+        object is read again and ``change`` recomputed on the fresh copy, so a concurrent
+        writer's edit to the same list or map is never overwritten. ``change`` returns None
+        when nothing needs writing. Starts from ``current`` (e.g. a cached copy) when given.
+        Returns (the object as it now is, or None when it is gone; whether a write happened).
+        """
+
+        return patch_with_precondition(
+            self.get_or_none,
+            self.patch,
+            res,
+            namespace,
+            name,
+            change,
+            current,
+            attempts,
+            functools.partial(self._conflicted, res),
+        )
+
+    def _conflicted(self, res: Resource) -> None:
+        with self._counter_lock:
+            self.conflicts[res.plural] += 1
+
+
+class WatchStream:
+    """An open watch: iterate for events; ``close()`` from another thread ends the iteration."""
+
+    def __init__(self, response: Any, decode: Decode) -> None:
+        self._response = response
+        self._decode = decode
+        self._closed = False
+
+    def __iter__(self) -> Iterator[KubeObject]:
+        lines = Lines()
+        try:
+            for chunk in self._response.stream(amt=None, decode_content=False):
+                for line in lines.feed(chunk):
+                    if self._closed:
+                        return
+                    yield self._decode(line)
+        except Exception:
+            if self._closed:
+                return
+            raise
+        finally:
+            self._response.release_conn()
+
+    def close(self) -> None:
+        self._closed = True
+        shutdown = getattr(self._response, "shutdown", None)  # urllib3 >= 2.3 unblocks a reader
+        try:
+            if shutdown is not None:
+                shutdown()
+            else:
+                self._response.close()
+        except Exception:
+            log.debug("closing a watch failed", exc_info=True)
+
+
+#: The JSON decoder of every answer: msgspec's, about twice the standard library's speed (a
+#: watched pod is decoded on every change of it; docs/benchmarks.md).
+decode_json: Decode = msgspec.json.Decoder().decode
+
+
+class Lines:
+    """A watch's newline-delimited JSON, split as its chunks arrive (a line may span chunks);
+    both transports feed it."""
+
+    def __init__(self) -> None:
+        # A bytearray grows in place: a large object arriving in many chunks is not copied
+        # again with each one.
+        self._rest = bytearray()
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines ``chunk`` completes, without their newline; empty lines left out."""
+        self._rest += chunk
+        if b"\n" not in chunk:
+            return []
+        lines = bytes(self._rest).split(b"\n")
+        self._rest = bytearray(lines.pop())
+        return [line for line in lines if line]
+
+
+def watch_query(
+    resource_version: str, timeout_seconds: int, label_selector: str | None = None
+) -> dict[str, str]:
+    """The query of a watch from ``resource_version``, with bookmarks, that the API server ends
+    after ``timeout_seconds``."""
+    query = {
+        "watch": "true",
+        "resourceVersion": resource_version,
+        "allowWatchBookmarks": "true",
+        "timeoutSeconds": str(timeout_seconds),
+    }
+    if label_selector is not None:
+        query["labelSelector"] = label_selector
+    return query
+
+
+def _resource_of(path: str) -> str:
+    """The resource (plural) a request path addresses: ``/api/v1/namespaces/n/pods/p`` -> ``pods``."""
+    # Counted for every request: no list built beyond the split.
+    parts = path.strip("/").split("/")
+    at = 2 if parts[0] == "api" else 3
+    if len(parts) > at + 2 and parts[at] == "namespaces":
+        at += 2
+    return parts[at] if len(parts) > at else ""
+
+
+def _api_error(status: int, reason: str, body: Any, method: str, path: str) -> ApiError:
+    message = ""
+    if isinstance(body, bytes | bytearray):
+        body = body.decode(errors="replace")
+    if isinstance(body, str) and body:
+        try:
+            parsed = json.loads(body)
+            message = parsed.get("message", "") if isinstance(parsed, dict) else body
+            reason = (parsed.get("reason") if isinstance(parsed, dict) else None) or reason
+        except json.JSONDecodeError:
+            message = body[:500]
+    return ApiError.of(status, reason, message, method, path)

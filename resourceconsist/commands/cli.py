@@ -1,0 +1,972 @@
+"""The ``resourceconsist`` command line.
+
+- ``resourceconsist demo``: the walkthrough on an embedded control plane (see ``showcase``).
+- ``resourceconsist run --adapter NAME ...``: run adapters' controllers (built-in,
+  experimental, or third-party by entry point) against the current kubeconfig or the
+  in-cluster config, with health/metrics endpoints and graceful shutdown on SIGTERM/SIGINT.
+- ``resourceconsist adapters``: list the adapters this installation knows.
+- ``resourceconsist handover --adapter NAME ...``: leave every pod in a state the Go original
+  handles, before switching back to it (see ``handover``).
+
+Bad input exits non-zero with a message that says what is wrong and what to do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import click
+
+from resourceconsist.errors import InvalidOptions
+from resourceconsist.options import (
+    GarbageOptions,
+    LeaderElectionOptions,
+    ManagerOptions,
+    ProviderBudgetOptions,
+    ShardingOptions,
+)
+from resourceconsist.runtime import logs
+from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
+
+# Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
+# Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
+if TYPE_CHECKING:
+    from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
+    from resourceconsist.cluster.kube import KubeClient
+    from resourceconsist.registry import AdapterRegistry
+    from resourceconsist.runtime.manager import Manager, Runnable
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _all_adapters() -> AdapterRegistry:
+    from resourceconsist.adapters import registry as builtin
+    from resourceconsist.experimental import registry as experimental
+    from resourceconsist.registry import combined
+
+    return combined(builtin, experimental)
+
+
+#: Where the chosen ``--log-level`` and ``--log-format`` wait in the context until a command runs.
+_LOG_CHOICE = "resourceconsist.logging"
+
+
+def _remember_log_flag(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    # Given before and after the subcommand, the later (the subcommand's) wins: it is parsed last.
+    if value is not None and param.name is not None:
+        ctx.meta.setdefault(_LOG_CHOICE, {})[param.name] = value
+    return value
+
+
+def _log_flags() -> list[click.Parameter]:
+    """``--log-level`` and ``--log-format``, for the root and for every command."""
+    return [
+        click.Option(
+            ["--log-level"],
+            type=click.Choice(logs.LEVELS),
+            default=None,
+            expose_value=False,
+            callback=_remember_log_flag,
+            help="Least severe level logged (default: info).",
+        ),
+        click.Option(
+            ["--log-format"],
+            type=click.Choice(logs.FORMATS),
+            default=None,
+            expose_value=False,
+            callback=_remember_log_flag,
+            help="text (the default), or json: one object a line with zap's keys (docs/observability.md).",
+        ),
+    ]
+
+
+class _LoggedGroup(click.Group):
+    """A group whose every command takes the log flags too (also after the subcommand's name:
+    ``resourceconsist run --log-level debug``) and sets logging up before it runs."""
+
+    group_class = type  # its subgroups (``explain``) are logged groups too
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        if not any(param.name == "log_level" for param in cmd.params):  # once, under any name
+            cmd.params.extend(_log_flags())
+            if not isinstance(cmd, click.Group) and cmd.callback is not None:
+                cmd.callback = _logged(cmd.callback)
+        super().add_command(cmd, name)
+
+
+def _logged(callback: F) -> F:
+    @functools.wraps(callback)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        chosen = click.get_current_context().meta.get(_LOG_CHOICE, {})
+        logs.setup(chosen.get("log_level", "info"), chosen.get("log_format", "text"))
+        return callback(*args, **kwargs)
+
+    return cast(F, run)
+
+
+@click.group(cls=_LoggedGroup, params=_log_flags())
+def main() -> None:
+    """Keep external resources consistent with Kubernetes employers and employees."""
+
+
+@main.command()
+@click.option(
+    "--step-timeout", default=30.0, show_default=True, help="Seconds each step may take to converge."
+)
+@click.option(
+    "--pace", type=float, default=None, help="Seconds to show each converged step (default: 2 on a terminal)."
+)
+@click.option(
+    "--rollout/--no-rollout",
+    default=True,
+    show_default=True,
+    help="Also roll a gated Deployment on an embedded working cluster.",
+)
+@click.option(
+    "--latency", default=1.0, show_default=True, help="Seconds the rollout's provider takes per call."
+)
+def demo(step_timeout: float, pace: float | None, rollout: bool, latency: float) -> None:
+    """Run the demo adapter on an embedded kube-apiserver + etcd and show it converge."""
+    import asyncio
+
+    from resourceconsist.commands.showcase import run_demo
+    from resourceconsist.testing import ControlPlaneBinariesMissing
+
+    try:
+        ok = asyncio.run(run_demo(step_timeout=step_timeout, pace=pace, rollout=rollout, latency=latency))
+    except ControlPlaneBinariesMissing as err:
+        raise click.ClickException(str(err)) from err
+    sys.exit(0 if ok else 1)
+
+
+@main.group()
+def explain() -> None:
+    """Why a pod is not Ready or cannot be deleted, why an employer has not converged (docs/explain.md)."""
+
+
+def _flag_group(*flags: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator for several ``click.option`` decorators, in the order given."""
+
+    def decorate(fn: F) -> F:
+        for flag in reversed(flags):
+            fn = flag(fn)
+        return fn
+
+    return decorate
+
+
+#: The one kubeconfig precedence of every command, controller-runtime's (docs/index.md).
+_KUBECONFIG_HELP = (
+    "Kubeconfig path; default: $KUBECONFIG, else the in-cluster config when running in a pod, "
+    "else ~/.kube/config."
+)
+
+_explain_options = _flag_group(
+    click.option(
+        "--adapter",
+        "adapter_names",
+        multiple=True,
+        help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
+    ),
+    click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP),
+    click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True),
+)
+
+
+def _explain(
+    kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+) -> None:
+    import asyncio
+
+    from resourceconsist.cluster.kube import ApiError, is_unreachable
+    from resourceconsist.commands.explain import ExplainError, NotFoundAnswer, run_explain, split_ref
+
+    try:
+        split_ref(ref)
+    except ExplainError as err:
+        raise click.UsageError(str(err)) from err
+    adapters = _build(_all_adapters().controller, adapter_names)
+    client = _kube_client(kubeconfig)
+    try:
+        click.echo(asyncio.run(run_explain(client, adapters, kind, ref, output)))
+    except NotFoundAnswer as missing:
+        # The answer still goes to stdout (scripts read "exists": false); the exit code says it,
+        # as kubectl's does (docs/explain.md).
+        click.echo(missing.text)
+        raise SystemExit(1) from None
+    except ExplainError as err:
+        raise click.UsageError(str(err)) from err
+    except ApiError as err:
+        raise click.ClickException(f"the API server refused a read: {err}") from err
+    except Exception as err:
+        if not is_unreachable(err):
+            raise
+        raise click.ClickException(
+            f"cannot reach the API server ({err}); check --kubeconfig and that the cluster is up"
+        ) from err
+    finally:
+        client.close()
+
+
+@explain.command("pod")
+@click.argument("ref", metavar="NS/NAME")
+@_explain_options
+def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str) -> None:
+    """Why pod NS/NAME is not Ready, and what holds it from deletion."""
+    _explain(None, ref, adapter_names, kubeconfig, output)
+
+
+@explain.command("employer")
+@click.argument("kind")
+@click.argument("ref", metavar="NS/NAME")
+@_explain_options
+def explain_employer(
+    kind: str, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+) -> None:
+    """Why employer KIND NS/NAME (e.g. Service default/web) has not converged."""
+    _explain(kind, ref, adapter_names, kubeconfig, output)
+
+
+@main.command("adapters")
+def list_adapters() -> None:
+    """List the adapters this installation knows (built-in, experimental, third-party)."""
+    registry = _all_adapters()
+    for name in registry.names():
+        entry = registry.entry(name)
+        kinds = "+".join(k for k, f in (("controller", entry.controller), ("webhook", entry.webhook)) if f)
+        flag = " (experimental, not for production)" if entry.experimental else ""
+        click.echo(f"{name}\t{kinds}{flag}\t{entry.description}")
+
+
+# -- common mistakes: one line saying what is wrong and what to do, exit code 2 -------------------
+
+_DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+class _HostPort(click.ParamType):  # type: ignore[type-arg]
+    """``host:port``, ``[v6]:port`` or ``:port`` (an empty host: every interface, IPv4 and IPv6);
+    with ``off``, ``0`` too, which turns the endpoint off (None)."""
+
+    name = "HOST:PORT"
+
+    def __init__(self, off: bool = False) -> None:
+        self.off = off
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, int] | None:
+        if isinstance(value, tuple):
+            return value
+        if self.off and str(value) == "0":
+            return None
+        host, sep, port = str(value).rpartition(":")
+        if not sep or not port.isdigit() or int(port) > 65535:
+            off = "; 0 turns it off" if self.off else ""
+            self.fail(f"{value!r} is not HOST:PORT; give e.g. :8081 or 127.0.0.1:8081{off}", param, ctx)
+        return host.strip("[]"), int(port)
+
+
+class _LabelSelector(click.ParamType):  # type: ignore[type-arg]
+    """A ``labelSelector`` string (``kusionstack.io/control=true``), checked as the API server would."""
+
+    name = "SELECTOR"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from resourceconsist.rules.labels import InvalidSelector, parse_selector
+
+        try:
+            parse_selector(str(value))
+        except InvalidSelector as err:
+            self.fail(str(err), param, ctx)
+        return str(value)
+
+
+def _default(options: type[Any], name: str) -> Any:
+    """The default of field ``name`` of an options dataclass: the flags take their defaults from
+    the options (and ``--help`` shows them), so each default lives in one place."""
+    (found,) = [f for f in dataclasses.fields(options) if f.name == name]
+    if found.default_factory is not dataclasses.MISSING:
+        return found.default_factory()
+    return found.default
+
+
+#: The flag that sets each options field, ``(options class, field): flag``; ``_field_flag`` fills it.
+_FLAG_OF: dict[tuple[type[Any], str], str] = {}
+
+
+def _field_flag(
+    flag: str, options: type[Any], name: str, text: str, *names: str, **more: Any
+) -> Callable[[F], F]:
+    """The flag (help ``text``, parameter ``names``) that sets field ``name`` of ``options``;
+    its default is the field's, which ``--help`` shows, unless ``more`` gives another."""
+    _FLAG_OF[options, name] = flag
+    more.setdefault("default", _default(options, name))
+    more.setdefault("show_default", more["default"] is not None)
+    return click.option(flag, *names, help=text, **more)
+
+
+@contextlib.contextmanager
+def _flags(*options: type[Any]) -> Iterator[None]:
+    """Building ``options`` inside: an ``InvalidOptions`` becomes a usage error (exit code 2) that
+    names the flags of the fields at fault."""
+    try:
+        yield
+    except InvalidOptions as err:
+        flags = [_FLAG_OF[o, f] for f in err.fields for o in options if (o, f) in _FLAG_OF]
+        raise click.UsageError(f"{err}; adjust {'/'.join(flags)}" if flags else str(err)) from err
+
+
+def _kube_client(kubeconfig: str | None) -> KubeClient:
+    """The client for --kubeconfig, else $KUBECONFIG, else in-cluster, else ~/.kube/config
+    (controller-runtime's order: a pod's own identity wins over a stray file in its image)."""
+    import yaml
+
+    from resourceconsist.cluster.kube import KubeClient
+    from resourceconsist.cluster.kubeconfig import KubeConfigError
+
+    source = "--kubeconfig"
+    if kubeconfig is None:
+        default = Path(_DEFAULT_KUBECONFIG).expanduser()
+        if os.environ.get("KUBECONFIG"):
+            kubeconfig, source = os.environ["KUBECONFIG"], "$KUBECONFIG"
+        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
+            try:
+                return KubeClient.in_cluster()
+            except KubeConfigError as err:
+                raise click.UsageError(
+                    f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
+                    "pass --kubeconfig PATH or set $KUBECONFIG"
+                ) from err
+        elif default.is_file():
+            kubeconfig, source = str(default), _DEFAULT_KUBECONFIG
+        else:
+            raise click.UsageError(
+                f"no kubeconfig: $KUBECONFIG is not set, {default} does not exist and this is not a pod "
+                "in a cluster; pass --kubeconfig PATH or set $KUBECONFIG"
+            )
+    paths = [path for path in kubeconfig.split(os.pathsep) if path]
+    existing = [path for path in paths if Path(path).expanduser().is_file()]
+    if not existing:
+        raise click.UsageError(
+            f"kubeconfig {' and '.join(paths) or repr(kubeconfig)} (from {source}) does not exist; "
+            "pass an existing file with --kubeconfig or set $KUBECONFIG"
+        )
+    for path in existing:
+        try:
+            loaded = yaml.safe_load(Path(path).expanduser().read_bytes())
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            raise click.UsageError(
+                f"kubeconfig {path} (from {source}) is not valid YAML{where}; "
+                "pass a kubeconfig file with --kubeconfig or set $KUBECONFIG"
+            ) from err
+        except OSError as err:
+            raise click.UsageError(
+                f"kubeconfig {path} (from {source}) cannot be read: {err.strerror}"
+            ) from err
+        if loaded is not None and not isinstance(loaded, dict):
+            raise click.UsageError(
+                f"kubeconfig {path} (from {source}) is YAML but not a kubeconfig (no clusters, users, "
+                "contexts); pass a kubeconfig file with --kubeconfig or set $KUBECONFIG"
+            )
+    try:
+        return KubeClient.from_kubeconfig(kubeconfig)
+    except KubeConfigError as err:
+        raise click.UsageError(
+            f"kubeconfig {kubeconfig} (from {source}) is not usable: {err}; "
+            "pass a complete kubeconfig with --kubeconfig or set $KUBECONFIG"
+        ) from err
+
+
+def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) -> None:
+    """What the webhook needs before it starts: the namespace of its certificate Secret (when
+    it bootstraps), or the certificate files (when it does not)."""
+    from resourceconsist import wire
+    from resourceconsist.cluster import kube
+    from resourceconsist.webhook.bootstrap import TLS_CERT_FILE, TLS_KEY_FILE
+
+    if options.bootstrap is None:
+        cert_dir = options.cert_dir
+        missing = [name for name in (TLS_CERT_FILE, TLS_KEY_FILE) if not (cert_dir / name).is_file()]
+        if missing:
+            raise click.UsageError(
+                f"--no-bootstrap-certs: no {' or '.join(missing)} in {cert_dir}; put the serving "
+                "certificate there (--cert-dir), or drop --no-bootstrap-certs to make one"
+            )
+        return
+    namespace = kube.pod_namespace(options.bootstrap.namespace)
+    try:
+        client.get(kube.NAMESPACE, None, namespace)
+    except kube.NotFound as err:
+        raise click.UsageError(
+            f"namespace {namespace} does not exist (the webhook keeps its certificate Secret "
+            f"{wire.WEBHOOK_CERT_SECRET} there); set POD_NAMESPACE to an existing namespace or "
+            f"create {namespace}"
+        ) from err
+
+
+#: Flags shared by ``run --webhook`` and ``webhook``: ``WebhookOptions`` and its
+#: ``BootstrapOptions`` (docs/reference/options.md).
+_webhook_flags = _flag_group(
+    _field_flag("--webhook-port", WebhookOptions, "port", "HTTPS port of the admission webhook."),
+    _field_flag("--webhook-host", WebhookOptions, "host", "Address to bind (default: all)."),
+    _field_flag(
+        "--cert-dir", WebhookOptions, "cert_dir", "Where tls.crt/tls.key are written (bootstrap) or read."
+    ),
+    _field_flag("--webhook-service", BootstrapOptions, "service_name", "Service fronting the webhook."),
+    click.option(
+        "--bootstrap-certs/--no-bootstrap-certs",
+        default=_default(WebhookOptions, "bootstrap") is not None,
+        show_default=True,
+        help="Make and keep the self-signed certificates (Secret resourceconsist-webhook-certs).",
+    ),
+    _field_flag(
+        "--webhook-cert-host",
+        BootstrapOptions,
+        "extra_hosts",
+        "Extra DNS name or IP for the bootstrapped certificate (repeatable).",
+        "webhook_cert_hosts",
+        multiple=True,
+        show_default=False,
+    ),
+    _field_flag(
+        "--webhook-url",
+        BootstrapOptions,
+        "webhook_url",
+        "Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
+        "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
+    ),
+)
+
+
+def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
+    """The ``WebhookOptions`` the parsed webhook flags say (``_webhook_flags``)."""
+    url, bootstrap = flags["webhook_url"], flags["bootstrap_certs"]
+    if url is not None and not bootstrap:
+        raise click.UsageError(
+            "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
+        )
+    with _flags(WebhookOptions, BootstrapOptions):
+        return WebhookOptions(
+            host=flags["webhook_host"],
+            port=flags["webhook_port"],
+            cert_dir=Path(flags["cert_dir"]),
+            bootstrap=BootstrapOptions(
+                service_name=flags["webhook_service"],
+                extra_hosts=flags["webhook_cert_hosts"],
+                webhook_url=url,
+            )
+            if bootstrap
+            else None,
+        )
+
+
+#: ``run``'s ``LeaderElectionOptions`` (docs/concepts.md, "Leader election timings").
+_leader_election_flags = _flag_group(
+    click.option(
+        "--leader-elect/--no-leader-elect", default=False, help="Reconcile only while holding a Lease."
+    ),
+    _field_flag(
+        "--leader-election-namespace",
+        LeaderElectionOptions,
+        "namespace",
+        "Namespace of the Lease (default: $POD_NAMESPACE or resourceconsist).",
+    ),
+    _field_flag("--leader-election-id", LeaderElectionOptions, "name", "Name of the Lease."),
+    _field_flag(
+        "--lease-duration",
+        LeaderElectionOptions,
+        "lease_duration",
+        "Seconds a standby waits after the leader's last renewal before taking over.",
+    ),
+    _field_flag(
+        "--renew-deadline",
+        LeaderElectionOptions,
+        "renew_deadline",
+        "Seconds the leader tries to renew before stepping down (< --lease-duration).",
+    ),
+    _field_flag(
+        "--retry-period",
+        LeaderElectionOptions,
+        "retry_period",
+        "Seconds between attempts to acquire or renew the Lease (< --renew-deadline).",
+    ),
+)
+
+
+#: ``run``'s ``ShardingOptions`` (docs/scaling.md); the shard Lease's namespace and timings are
+#: leader election's flags.
+_sharding_flags = _flag_group(
+    click.option(
+        "--sharding/--no-sharding",
+        default=False,
+        help="Share the employers among active replicas (docs/scaling.md); excludes --leader-elect.",
+    ),
+    _field_flag(
+        "--controller-ring",
+        ShardingOptions,
+        "controller_ring",
+        "Name of the ring: ends the shard and drain label keys.",
+        default="resourceconsist",
+    ),
+    _field_flag(
+        "--shard-name",
+        ShardingOptions,
+        "shard_name",
+        "This replica's shard: its Lease's name and the shard label's value.",
+        default=None,
+        show_default="$POD_NAME, else the host name",
+    ),
+    click.option(
+        "--sharder/--no-sharder",
+        default=True,
+        help="Run the built-in sharder (one replica at a time); --no-sharder where another assigns.",
+    ),
+)
+
+
+#: The CLI serves metrics and health probes by default (the manifests scrape and probe them),
+#: where controller-runtime does; a ``Manager`` built in Python does not.
+_METRICS_ADDRESS, _PROBE_ADDRESS = ":8080", ":8081"
+
+#: Where ``run`` and ``webhook`` serve ``/metrics``, ``/healthz`` and ``/readyz``
+#: (controller-runtime's flags; docs/observability.md).
+_serving_flags = _flag_group(
+    _field_flag(
+        "--metrics-bind-address",
+        ManagerOptions,
+        "metrics_address",
+        "host:port or :port of /metrics; 0: off.",
+        default=_METRICS_ADDRESS,
+        type=_HostPort(off=True),
+    ),
+    _field_flag(
+        "--health-probe-bind-address",
+        ManagerOptions,
+        "health_probe_address",
+        "host:port or :port of /healthz and /readyz; 0: off.",
+        default=_PROBE_ADDRESS,
+        type=_HostPort(off=True),
+    ),
+    _field_flag(
+        "--health-address",
+        ManagerOptions,
+        "health_address",
+        "Deprecated: host:port of /healthz, /readyz and /metrics on one port; use the two above.",
+        type=_HostPort(),
+    ),
+)
+
+
+def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """``ManagerOptions`` with the address fields the parsed ``_serving_flags`` say (the
+    others at their defaults)."""
+    legacy = flags["health_address"]
+    metrics, probes = flags["metrics_bind_address"], flags["health_probe_bind_address"]
+    if legacy is None:
+        with _flags(ManagerOptions):
+            return ManagerOptions(metrics_address=metrics, health_probe_address=probes)
+    defaults = (
+        _HostPort().convert(_METRICS_ADDRESS, None, None),
+        _HostPort().convert(_PROBE_ADDRESS, None, None),
+    )
+    if (metrics, probes) != defaults:
+        raise click.UsageError(
+            "--health-address (deprecated) serves /healthz, /readyz and /metrics on one port; drop it, "
+            "or drop --metrics-bind-address and --health-probe-bind-address"
+        )
+    # A log line, not a bare print: with --log-format json it is JSON like every other line.
+    log.warning(
+        "deprecated: --health-address; use --health-probe-bind-address and --metrics-bind-address "
+        "(serving /healthz, /readyz and /metrics on %s:%d as before)",
+        *legacy,
+    )
+    with _flags(ManagerOptions):
+        return ManagerOptions(health_address=legacy)
+
+
+#: The namespaces watched (``ManagerOptions.namespace`` or ``namespaces``), of ``run`` and ``webhook``.
+_namespace_flag = _field_flag(
+    "--namespace",
+    ManagerOptions,
+    "namespace",
+    "Watch only this namespace; several: repeat the flag or separate them with commas (default: all).",
+    multiple=True,
+    default=(),
+    show_default=False,
+)
+
+#: ``run``'s ``ManagerOptions`` and ``GarbageOptions`` (docs/reference/options.md).
+_manager_flags = _flag_group(
+    _namespace_flag,
+    _field_flag(
+        "--resync-seconds",
+        ManagerOptions,
+        "resync_period",
+        "Seconds between full resyncs of the caches (0: off).",
+        type=float,
+        show_default="off",
+    ),
+    _field_flag(
+        "--full-pass-every",
+        ManagerOptions,
+        "full_pass_every",
+        "Seconds after which an employer's next pass rebuilds what the adapter keeps, whatever "
+        "changed (docs/concepts.md); 0: every pass.",
+        type=float,
+    ),
+    _field_flag(
+        "--pod-label-selector",
+        ManagerOptions,
+        "pod_label_selector",
+        "Cache only the pods this label selector selects (e.g. kusionstack.io/control=true), and "
+        "those carrying the frame's finalizers, entries or gates (docs/concepts.md, \"Pods the "
+        'caches keep"); default: every pod.',
+        type=_LabelSelector(),
+        show_default="every pod",
+    ),
+    _field_flag(
+        "--shutdown-timeout",
+        ManagerOptions,
+        "shutdown_timeout",
+        "Seconds in-flight reconciles get on shutdown.",
+    ),
+    _field_flag(
+        "--garbage-interval",
+        GarbageOptions,
+        "interval",
+        "Seconds between passes collecting provider items whose employer is gone "
+        "(docs/lifecycle-hooks.md); 0: at start-up only.",
+    ),
+    click.option("--no-garbage", is_flag=True, help="Never collect orphaned provider items."),
+    click.option("--garbage-dry-run", is_flag=True, help="Only report the orphans a pass would collect."),
+    _field_flag(
+        "--provider-rate",
+        ProviderBudgetOptions,
+        "rate",
+        "Provider API requests a second per account, shared by every controller; drains and "
+        'deregistrations go first (docs/concepts.md, "The provider budget"); 0: no limit.',
+        type=float,
+        show_default="no limit",
+    ),
+    _field_flag(
+        "--provider-burst",
+        ProviderBudgetOptions,
+        "burst",
+        "Provider API requests that may pass at once under --provider-rate.",
+        type=int,
+    ),
+)
+
+
+_FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
+
+
+def _namespaces(given: Sequence[str]) -> dict[str, Any]:
+    """``ManagerOptions``' ``namespace`` (one) or ``namespaces`` (several) of every
+    ``--namespace`` (each a name or a comma-separated list)."""
+    names = tuple(name.strip() for value in given for name in value.split(","))
+    if "" in names:
+        raise click.BadParameter(
+            f"{','.join(given)!r} holds an empty namespace name: give names separated by commas, "
+            "e.g. --namespace shop,payments",
+            param_hint="--namespace",
+        )
+    return {"namespace": names[0]} if len(names) == 1 else {"namespaces": names}
+
+
+def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """The ``ManagerOptions`` the parsed flags of ``run`` say (``_manager_flags``,
+    ``_leader_election_flags`` and ``_sharding_flags``)."""
+    if flags["garbage_interval"] < 0:
+        raise click.BadParameter("must be 0 (start-up only) or more seconds", param_hint="--garbage-interval")
+    # The Lease's namespace and timings: the leader's, or (with sharding) each shard's.
+    lease: dict[str, Any] = {
+        "namespace": flags["leader_election_namespace"],
+        "lease_duration": flags["lease_duration"],
+        "renew_deadline": flags["renew_deadline"],
+        "retry_period": flags["retry_period"],
+    }
+    election = None
+    if flags["leader_elect"]:
+        with _flags(LeaderElectionOptions):
+            election = LeaderElectionOptions(name=flags["leader_election_id"], **lease)
+    sharding = None
+    if flags["sharding"]:
+        if flags["leader_elect"]:
+            raise click.UsageError(
+                "--sharding and --leader-elect exclude each other: with sharding every replica "
+                "reconciles its share; drop one"
+            )
+        with _flags(ShardingOptions, LeaderElectionOptions):
+            sharding = ShardingOptions(
+                controller_ring=flags["controller_ring"],
+                **({"shard_name": flags["shard_name"]} if flags["shard_name"] else {}),
+                sharder=flags["sharder"],
+                **lease,
+            )
+    watched = _namespaces(flags["namespace"])
+    with _flags(ManagerOptions, GarbageOptions, ProviderBudgetOptions):
+        return dataclasses.replace(
+            _serving_options(flags),
+            **watched,
+            resync_period=flags["resync_seconds"] or None,
+            full_pass_every=flags["full_pass_every"],
+            pod_label_selector=flags["pod_label_selector"],
+            shutdown_timeout=flags["shutdown_timeout"],
+            leader_election=election,
+            sharding=sharding,
+            garbage=GarbageOptions(
+                enabled=not flags["no_garbage"],
+                interval=flags["garbage_interval"] or None,
+                dry_run=flags["garbage_dry_run"],
+            ),
+            provider_budget=ProviderBudgetOptions(
+                rate=flags["provider_rate"] or None,
+                burst=flags["provider_burst"],
+            ),
+        )
+
+
+#: ``run``'s settings of the ``alibabacloudslb`` adapter. Adapters read their settings from the
+#: environment (registry.py); these flags set the adapter's variables for the adapters this
+#: command builds (docs/alibabacloudslb.md, "Tags and the garbage search").
+_SLB_ADAPTER = "alibabacloudslb"
+_slb_flags = _flag_group(
+    click.option(
+        "--slb-cluster-name",
+        default=None,
+        metavar="NAME",
+        help="alibabacloudslb: this cluster's name, tagged on every VServer group it creates "
+        "(sets ALIYUN_SLB_CLUSTER_NAME; required for manage mode).",
+    ),
+    click.option(
+        "--slb-load-balancer",
+        "slb_load_balancers",
+        multiple=True,
+        metavar="ID",
+        help="alibabacloudslb: look for orphaned VServer groups only on this load balancer (and those "
+        "live Services name) instead of the whole region (repeatable; sets ALIYUN_SLB_LOAD_BALANCERS).",
+    ),
+)
+
+
+def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> Mapping[str, str]:
+    """The environment the adapters are built from: the process's, with the adapter flags' variables."""
+    cluster, lbs = flags["slb_cluster_name"], flags["slb_load_balancers"]
+    if cluster is None and not lbs:
+        return os.environ
+    if _SLB_ADAPTER not in adapter_names:
+        flag = "--slb-cluster-name" if cluster is not None else "--slb-load-balancer"
+        raise click.UsageError(
+            f"{flag} is a setting of the {_SLB_ADAPTER} adapter; add --adapter {_SLB_ADAPTER}"
+        )
+    from resourceconsist.adapters.alibabacloudslb.settings import CLUSTER_NAME_ENV, LOAD_BALANCERS_ENV
+
+    environ = dict(os.environ)
+    if cluster is not None:
+        environ[CLUSTER_NAME_ENV] = cluster
+    if lbs:
+        environ[LOAD_BALANCERS_ENV] = ",".join(lbs)
+    return environ
+
+
+@main.command()
+@click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@click.option(
+    "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
+)
+@_manager_flags
+@_serving_flags
+@_leader_election_flags
+@_sharding_flags
+@_webhook_flags
+@_slb_flags
+def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
+    """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
+    import asyncio
+
+    manager_options = _manager_options(flags)
+    if with_webhook and manager_options.sharding is not None:
+        # A shard caches only its own employers; the webhook must see every one of a new pod's.
+        raise click.UsageError(
+            "--webhook cannot ride on a sharded replica (its cache holds only its share of the "
+            "employers); serve it with `resourceconsist webhook` (docs/scaling.md)"
+        )
+    webhook_options = _webhook_options(flags)
+    registry = _all_adapters()
+    environ = _adapter_environ(adapter_names, flags)
+    adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
+    webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
+    asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
+
+
+def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
+    """The ``ManagerOptions`` of the manager without controllers the ``webhook`` command serves
+    on: the namespaces its caches hold, and where metrics and probes are served."""
+    watched = _namespaces(flags["namespace"])
+    with _flags(ManagerOptions):
+        return dataclasses.replace(_serving_options(flags), **watched)
+
+
+@main.command()
+@click.option(
+    "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
+)
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_namespace_flag
+@_serving_flags
+@_webhook_flags
+def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
+    """Serve the named adapters' admission webhooks (no controllers).
+
+    Kubeconfig: --kubeconfig, else $KUBECONFIG, else the in-cluster config when running in a
+    pod, else ~/.kube/config.
+    """
+    import asyncio
+
+    options = _webhook_options(flags)
+    manager_options = _webhook_manager_options(flags)
+    webhooks = _build(_all_adapters().webhook, adapter_names)
+    # The webhook rides on a manager without controllers: its informers, metrics, probes and
+    # graceful stop.
+    asyncio.run(_run(kubeconfig, [], webhooks, manager_options, options))
+
+
+@main.command()
+@click.option(
+    "--adapter",
+    "adapter_names",
+    multiple=True,
+    required=True,
+    help="Adapter the controller ran (repeatable).",
+)
+@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_namespace_flag
+@click.option("--dry-run", is_flag=True, help="Only report what the hand-over would do.")
+@_field_flag(
+    "--leader-election-namespace",
+    LeaderElectionOptions,
+    "namespace",
+    "Namespace of the controller's Lease (default: $POD_NAMESPACE or resourceconsist).",
+)
+@_field_flag("--leader-election-id", LeaderElectionOptions, "name", "Name of the controller's Lease.")
+def handover(
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    namespace: Sequence[str],
+    dry_run: bool,
+    leader_election_namespace: str | None,
+    leader_election_id: str,
+) -> None:
+    """Hand the pods over to the Go original: the guard becomes the lifecycle finalizer where
+    the provider holds the pod, and goes where it holds nothing (docs/wire-contract.md,
+    "Switching back to the Go original"). Stop the controller first: this holds its Lease.
+
+    Exit status: 0 every pod handed over, 3 some pods keep the guard (listed; run again once
+    their cause is fixed), 1 nothing done (the controller still runs, an API error).
+    """
+    import asyncio
+
+    from resourceconsist.cluster.kube import ApiError, is_unreachable
+    from resourceconsist.commands.handover import HandoverError, hand_over
+
+    with _flags(LeaderElectionOptions):
+        lease = LeaderElectionOptions(name=leader_election_id, namespace=leader_election_namespace)
+    # The namespaces as ``run`` takes and checks them (``ManagerOptions``).
+    with _flags(ManagerOptions):
+        namespaces = ManagerOptions(**_namespaces(namespace)).watched_namespaces if namespace else None
+    adapters = _build(_all_adapters().controller, adapter_names)
+    client = _kube_client(kubeconfig)
+    try:
+        report = asyncio.run(hand_over(client, adapters, lease, namespaces=namespaces, dry_run=dry_run))
+    except (HandoverError, ApiError) as err:
+        raise click.ClickException(str(err)) from err
+    except Exception as err:
+        if not is_unreachable(err):
+            raise
+        raise click.ClickException(f"cannot reach the API server ({err}); check --kubeconfig") from err
+    finally:
+        client.close()
+    for line in report.lines():
+        click.echo(line)
+    sys.exit(0 if report.complete else 3)
+
+
+def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
+    """Build every named adapter before starting anything; bad names or settings exit with a message."""
+    from resourceconsist.registry import UnknownAdapterError
+
+    try:
+        return [factory(name) for name in names]
+    except UnknownAdapterError as err:
+        raise click.UsageError(str(err)) from err
+    except Exception as err:
+        # Factories fail at start-up on bad settings (e.g. missing credentials); say which.
+        raise click.ClickException(f"cannot start adapter: {err}") from err
+
+
+async def _run(
+    kubeconfig: str | None,
+    adapters: Sequence[ReconcileAdapter],
+    webhooks: Sequence[WebhookAdapter],
+    manager_options: ManagerOptions,
+    webhook_options: WebhookOptions,
+) -> None:
+    import asyncio
+
+    from resourceconsist.runtime.manager import Manager
+
+    client = _kube_client(kubeconfig)
+    if webhooks:
+        _check_webhook_prerequisites(client, webhook_options)
+    manager = Manager(client, manager_options)
+    for adapter in adapters:
+        await manager.add(adapter)
+    if webhooks:
+        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await manager.run(stop)
+    finally:
+        client.close()
+
+
+def _webhook_runnable(
+    manager: Manager, webhooks: Sequence[WebhookAdapter], options: WebhookOptions
+) -> Runnable:
+    """The webhook server as a manager runnable sharing the manager's informer caches."""
+    from resourceconsist.runtime.manager import Runnable
+    from resourceconsist.webhook import WebhookServer, serve
+
+    server: list[WebhookServer] = []
+
+    async def start() -> None:
+        server.append(
+            await serve(
+                webhooks, options, client=manager.client, informers=manager.informers, metrics=manager.metrics
+            )
+        )
+
+    async def stop() -> None:
+        if server:
+            await server.pop().stop()
+
+    return Runnable("webhook", start, stop)

@@ -1,0 +1,232 @@
+"""What lets a reconcile pass be abandoned: its cancellation signal, and the threads it runs in.
+
+``Cancellation`` is the signal of one pass: the frame cancels it when the controller stops (or
+its deadline passes), and an adapter sees it as ``ctx.cancellation`` or, from any code running
+for the pass (worker threads included: ``asyncio.to_thread`` copies context variables),
+``current_cancellation()``. Blocking adapter code checks it between steps, sleeps with
+``wait()`` so that a stop wakes it, and caps its own timeouts by ``remaining()``.
+
+``DaemonThreadExecutor`` runs blocking adapter calls in daemon threads. A request already sent
+cannot be taken back, but the thread waiting for its answer must not keep the process alive
+after a stop: the frame abandons it (docs/concepts.md, "Stopping within the shutdown timeout").
+
+One rule for sync and async (docs/concepts.md, "The runtime"):
+
+- Every blocking operation has one, synchronous, form: the kube client, the provider clients,
+  a plain adapter method. No module keeps an ``a*`` twin of it.
+- Async code that needs one calls it through ``call_adapter``, the one "call this whether it is
+  sync or async" helper: a coroutine function is awaited on the loop, a plain function runs in
+  an ``ADAPTER_THREADS`` daemon thread in a copy of the caller's context (so it sees
+  ``current_cancellation()``), and an awaitable it returns is awaited. Adapter methods, provider
+  clients and the testing kit go through it.
+- The frame's own API-server calls (Events, leader election, the webhook's certificate bootstrap,
+  stopping informers) use ``asyncio.to_thread``: the loop's default executor, which the manager
+  makes a daemon pool of its own. A provider that hangs fills ``ADAPTER_THREADS`` only, never
+  the pool that renews the leader lease.
+- The hot path is the one exception: a pass's pod writes, the employer's finalizers and record
+  annotations and the readiness gates go out on the event loop through
+  ``resourceconsist.cluster.aiokube``, which sends ``KubeClient``'s own requests (its counters, errors
+  and conflict loop) without a thread per request, and falls back to ``asyncio.to_thread``
+  where it cannot serve the client (docs/concepts.md, "The runtime").
+- Nothing that runs on the event loop waits on a threading primitive (``Event.wait``, a lock,
+  ``time.sleep``); where such a wait is the only way, it raises instead of blocking the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import functools
+import inspect
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Final, TypeVar
+
+from resourceconsist.errors import ResourceConsistError
+
+T = TypeVar("T")
+
+
+class PassCancelled(ResourceConsistError):
+    """The pass was cancelled (the controller is stopping) or its deadline has passed."""
+
+
+class Cancellation:
+    """A cancellation signal with an optional deadline (a ``time.monotonic()`` value); thread-safe."""
+
+    def __init__(self, deadline: float | None = None) -> None:
+        self.deadline = deadline
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        """``cancel()`` was called, or the deadline has passed."""
+        if self._event.is_set():
+            return True
+        return self.deadline is not None and time.monotonic() >= self.deadline
+
+    def remaining(self) -> float | None:
+        """Seconds left before the deadline (0 once cancelled); ``None``: no deadline."""
+        if self._event.is_set():
+            return 0.0
+        if self.deadline is None:
+            return None
+        return max(0.0, self.deadline - time.monotonic())
+
+    def check(self) -> None:
+        """Raise ``PassCancelled`` when cancelled or past the deadline."""
+        if self._event.is_set():
+            raise PassCancelled("the reconcile pass was cancelled: the controller is stopping")
+        if self.cancelled:
+            raise PassCancelled("the reconcile pass ran past its deadline")
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` (less when the deadline comes first); wake at once on ``cancel()``.
+
+        Returns whether the pass is cancelled by then.
+        """
+        left = self.remaining()
+        timeout = max(0.0, seconds if left is None else min(seconds, left))
+        self._event.wait(timeout)
+        return self.cancelled
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled else "live"
+        return f"Cancellation({state}, remaining={self.remaining()})"
+
+
+_CURRENT: contextvars.ContextVar[Cancellation | None] = contextvars.ContextVar(
+    "resourceconsist_pass_cancellation", default=None
+)
+
+
+def current_cancellation() -> Cancellation:
+    """The running pass's cancellation; outside a pass, a fresh one that is never cancelled."""
+    found = _CURRENT.get()
+    return Cancellation() if found is None else found
+
+
+@contextmanager
+def running_pass(cancellation: Cancellation) -> Iterator[Cancellation]:
+    """Make ``cancellation`` the current one for the code run inside (and the threads it starts)."""
+    token = _CURRENT.set(cancellation)
+    try:
+        yield cancellation
+    finally:
+        _CURRENT.reset(token)
+
+
+class DaemonThreadExecutor(ThreadPoolExecutor):
+    """An executor whose worker threads are daemons and whose ``shutdown`` never waits on a call.
+
+    ``ThreadPoolExecutor`` joins its workers at interpreter exit, so one call stuck in a hung
+    provider request holds a stopped process open. Here, calls still running at shutdown are
+    abandoned; queued ones are cancelled. Idle workers exit after ``idle_seconds``. It is a
+    ``ThreadPoolExecutor`` by type only (none of its machinery runs), because asyncio accepts
+    nothing else as a loop's default executor, the one ``asyncio.to_thread`` uses.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(
+        self, max_workers: int = 32, *, name: str = "resourceconsist", idle_seconds: float = 60.0
+    ) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        super().__init__(max_workers=1, thread_name_prefix=name)
+        self._max_workers = max_workers
+        self._name = name
+        self._idle_seconds = idle_seconds
+        # Everything below is guarded by one condition: the queued calls, the workers, and how
+        # many of them wait for a call right now (so a submit knows whether one will take it).
+        self._cond = threading.Condition()
+        self._calls: collections.deque[tuple[Future[Any], Callable[[], Any]]] = collections.deque()
+        self._workers: set[threading.Thread] = set()
+        self._waiting = 0
+        self._closed = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        future: Future[T] = Future()
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            self._calls.append((future, lambda: fn(*args, **kwargs)))
+            if self._waiting >= len(self._calls):
+                self._cond.notify()
+            elif len(self._workers) < self._max_workers:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self._name}-{next(self._ids)}", daemon=True
+                )
+                self._workers.add(thread)
+                thread.start()
+            # else: every worker is busy; the first one to finish takes it.
+        return future
+
+    def _next(self) -> tuple[Future[Any], Callable[[], Any]] | None:
+        """The next call to run; None when this worker should leave (idle too long, or closed)."""
+        me = threading.current_thread()
+        with self._cond:
+            while not self._calls:
+                if self._closed:
+                    self._workers.discard(me)
+                    return None
+                self._waiting += 1
+                woken = self._cond.wait(self._idle_seconds)
+                self._waiting -= 1
+                if not woken and not self._calls:
+                    self._workers.discard(me)
+                    return None
+            return self._calls.popleft()
+
+    def _work(self) -> None:
+        while (item := self._next()) is not None:
+            future, call = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = call()
+                except BaseException as err:
+                    future.set_exception(err)
+                else:
+                    future.set_result(result)
+            del item, future, call  # drop the result before waiting for the next call
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop taking calls and cancel queued ones; running calls are abandoned, never awaited."""
+        with self._cond:
+            self._closed = True
+            queued = list(self._calls)
+            self._calls.clear()
+            self._cond.notify_all()
+        for future, _ in queued:
+            future.cancel()
+
+
+#: Where plain (blocking) calls run: daemon threads, so that a call stuck in a hung provider is
+#: abandoned on stop instead of holding the process open (docs/concepts.md, "Stopping within the
+#: shutdown timeout").
+ADAPTER_THREADS: Final = DaemonThreadExecutor(name="resourceconsist-adapter")
+
+
+async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
+    """Await a coroutine function on the loop; run a plain one in a worker thread, never on the loop.
+
+    The thread runs in a copy of the caller's context, so it sees the pass's
+    ``current_cancellation()``; cancelling the awaiting task abandons the thread's call. An
+    awaitable that a plain function returns is awaited too.
+    """
+    if inspect.iscoroutinefunction(fn):
+        return await fn(*args)
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, fn, *args))
+    if inspect.isawaitable(result):
+        return await result
+    return result

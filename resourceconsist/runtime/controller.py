@@ -1,0 +1,578 @@
+"""A controller: one adapter's watches, workqueue, workers and reconciler.
+
+Employer and employee informer events pass the adapter's predicates, its handlers map them to
+employer keys, the workqueue coalesces and rate-limits them, and up to ``max_concurrent``
+workers run ``Reconciler.reconcile`` (never two on one key). A failed reconcile is retried with
+the rate limiter's backoff, a success forgets the key's failures, ``requeue_after`` is honoured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from resourceconsist import errors, wire
+from resourceconsist.adapter import (
+    EventHandler,
+    Predicate,
+    RateLimiter,
+    ReconcileAdapter,
+    ReconcileContext,
+)
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
+from resourceconsist.cluster.events import EventRecorder
+from resourceconsist.cluster.interfaces import EventSink
+from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.flow.cancellation import Cancellation, PassCancelled, running_pass
+from resourceconsist.hooks.handle import ControllerHandle
+from resourceconsist.hooks.orphans import GarbageCollector
+from resourceconsist.hooks.subresources import sync_sub_resources
+from resourceconsist.hooks.subscribers import LifecycleSubscriber, SubscriberBus
+from resourceconsist.options import DEFAULT_FULL_PASS_EVERY, GarbageOptions
+from resourceconsist.reconcile import ReconcileError, Reconciler, Result, SyncFailedExist
+from resourceconsist.reconcile.profile import AdapterProfile
+from resourceconsist.runtime import logs
+from resourceconsist.runtime.metrics import Metrics
+from resourceconsist.runtime.parking import ParkedEvents
+from resourceconsist.runtime.sharding.shard import ShardGate
+from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
+
+log = logging.getLogger(__name__)
+
+#: Seconds a controller starting to lead waits for its caches before giving up (and stepping down).
+CACHE_SYNC_TIMEOUT = 600.0
+
+
+class Controller:
+    """Runs one adapter; started and stopped by the manager without touching other controllers."""
+
+    def __init__(
+        self,
+        adapter: ReconcileAdapter,
+        client: KubeClient,
+        informers: InformerFactory,
+        *,
+        member_clusters: dict[str, tuple[KubeClient, InformerFactory]] | None = None,
+        metrics: Metrics | None = None,
+        garbage: GarbageOptions | None = None,
+        full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
+        peers: Callable[[], list[str]] = list,
+    ) -> None:
+        """``peers``: the names of the other controllers of the same manager that employ the
+        same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers")."""
+        #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
+        self.profile = profile = AdapterProfile.of(adapter)
+        self.adapter = profile.adapter
+        self.name = profile.name
+        self.client = client
+        self.informers = informers
+        self.metrics = metrics or Metrics()
+        self.spec = profile.watch
+        self.max_concurrent = profile.max_concurrent
+        self.rate_limiter: RateLimiter = profile.rate_limiter or default_controller_rate_limiter()
+        #: controller-runtime's series of this controller and its queue (docs/observability.md).
+        self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
+        self.queue = WorkQueue(self.rate_limiter, name=self.name, metrics=self.series.queue)
+        #: The pod fields the adapter reads beyond the frame's own: every cache it reads keeps them.
+        self.pod_fields = profile.pod_fields
+        self.member_clusters = member_clusters if member_clusters is not None else {}
+        try:
+            for factory in (informers, *(f for _, f in self.member_clusters.values())):
+                factory.keep_pod_fields(self.pod_fields)
+        except ValueError as err:
+            raise ValueError(f"adapter {self.name}: get_cached_pod_fields: {err}") from err
+        self.reader: CacheReader = informers.reader()
+        self._clusters: dict[str, tuple[KubeClient, CacheReader]] = {
+            name: (c, f.reader()) for name, (c, f) in self.member_clusters.items()
+        }
+        self.subscribers = SubscriberBus(
+            self.name, on_drop=self.metrics.subscriber_drops.labels(self.name).inc
+        )
+        retried = self.metrics.retried_failures
+        self.reconciler = Reconciler(
+            profile,
+            client,
+            self.reader,
+            EventRecorder(client, self.name),
+            self._clusters,
+            api_down=lambda: client.reachability.down,
+            report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
+            report_retried=lambda reason: retried.labels(self.name, reason).inc(),
+            notify=self.subscribers.publish,
+            full_pass_every=full_pass_every,
+        )
+        self.peers = peers
+        #: What the garbage pass and the sub-resources step see of this controller.
+        self.handle: ControllerHandle = _Handle(self)
+        self.garbage = GarbageCollector(self.handle, garbage or GarbageOptions())
+        self._garbage_task: asyncio.Task[None] | None = None
+        self._workers: list[asyncio.Task[None]] = []
+        #: The cancellations of the passes running now; ``stop`` cancels them.
+        self._in_flight: set[Cancellation] = set()
+        self._unsubscribe: list[Callable[[], None]] = []
+        #: The events of each subscription waiting for a cache to sync (``ParkedEvents``).
+        self._parked: list[ParkedEvents] = []
+        #: The employer subscription's event function, fed every employer when an employee event
+        #: could not be mapped; and whether that full pass is already on its way.
+        self._employer_events: Callable[[WatchEvent], None] | None = None
+        self._requeue_pending = False
+        self.reconciles = 0
+        self.failures = 0
+        #: With sharding, this replica's shard: which employers it acts on (set by the manager
+        #: before the controller starts; docs/scaling.md).
+        self.shard: ShardGate | None = None
+        #: With sharding: waits until the shard's pod cache holds an employer's pods (the manager's).
+        self.shard_pods_ready: Callable[[str], Awaitable[None]] = _nothing_to_wait_for
+
+    def subscribe(self, subscriber: LifecycleSubscriber) -> None:
+        """Tell ``subscriber`` what happens to this controller's pods and employers."""
+        self.subscribers.add(subscriber)
+
+    @property
+    def employees_in_members(self) -> bool:
+        return self.profile.employees_in_members()
+
+    # -- watches ------------------------------------------------------------------------------------
+
+    def _subscribe(
+        self,
+        informers: InformerFactory,
+        resource: Resource,
+        predicate: Predicate,
+        to_keys: EventHandler,
+        *,
+        employees_of: str | None = None,
+    ) -> None:
+        """Queue the keys ``to_keys`` maps each event to. ``employees_of``: these are employee
+        events of that cluster ("" for the main one), named to the reconciler so the next pass
+        of each key knows what changed; otherwise employer events, which ask for a full pass
+        (``ReconcileContext.changed``)."""
+        # Handlers map events to employer keys, and employers live in the main cluster, so they
+        # look up through the main cache even for events from a member cluster.
+        reader = self.reader
+        reconciler = self.reconciler
+        suffix = f"{wire.MULTI_CLUSTER_SEPARATOR}{employees_of}" if employees_of else ""
+        # The cache this cluster's pod writes are checked against (podwriter.RecentWrites).
+        written_in = self._clusters[employees_of][1] if employees_of else self.reader
+        side = "employer" if employees_of is None else "employee"
+
+        def on_event(event: WatchEvent, again: bool = False) -> None:
+            if self.queue.shutting_down:
+                return
+            accepted = False
+            shard = self.shard if employees_of is None else None
+            try:
+                if shard is not None and shard.left(event):
+                    # Moved to another shard, not deleted: nothing of it is released here.
+                    reconciler.let_go(kube.object_key(event.obj))
+                    return
+                # A drain is acted on whatever the adapter's predicate says (docs/scaling.md).
+                if not (shard is not None and shard.draining(event.obj)) and not predicate(event):
+                    return
+                accepted = True
+                keys = to_keys(event, reader)
+            except CacheNotSynced as err:
+                # A cache the handler reads has not synced (a pod event before the Service
+                # list): the event waits for it, then is mapped again (docs/concepts.md, "Events
+                # before the caches sync").
+                if not parked.park(event, err, again=again):
+                    self._unmapped(side, resource, event, accepted)
+                return
+            except Exception:
+                self._unmapped(side, resource, event, accepted)
+                return
+            meta = event.obj.get("metadata", {})
+            # What changed is noted before the keys are queued: a pass that starts at once sees it.
+            if employees_of is None:
+                for key in keys:
+                    reconciler.employer_changed(key)
+            elif keys:
+                name = f"{meta.get('name', '')}{suffix}"
+                for key in keys:
+                    reconciler.employee_changed(key, name)
+            for key in keys:
+                self.queue.add(key)
+            if employees_of is not None and resource == kube.POD:
+                try:
+                    reconciler.recent.settle(
+                        written_in, str(meta.get("namespace") or ""), meta.get("name", "")
+                    )
+                except Exception:  # only a shortcut: the next pass reads the cache regardless
+                    log.debug("%s: settling %s failed", self.name, kube.object_key(event.obj), exc_info=True)
+
+        cluster = f" of cluster {employees_of}" if employees_of else ""
+        parked = ParkedEvents(
+            f"{self.name} ({side} {resource.plural}{cluster})",
+            self.informers,
+            lambda event: on_event(event, again=True),
+        )
+        if employees_of is None:
+            self._employer_events = on_event
+        self._unsubscribe.append(parked.clear)
+        self._parked.append(parked)
+        self._unsubscribe.append(informers.informer(resource).add_handler(on_event))
+
+    def _unmapped(self, side: str, resource: Resource, event: WatchEvent, accepted: bool) -> None:
+        """An event the adapter's predicate or handler failed on (called from the ``except``):
+        logged once with the object's key, and made up for, since the employers it meant are
+        unknown: an employee event gives every employer a full pass; an employer event that
+        passed the predicate gives that employer one. An employer whose predicate failed is not
+        queued: whether it is this controller's is unknown, and a pass writes to its pods."""
+        key = kube.object_key(event.obj)
+        if side == "employee":
+            log.error(
+                "%s: the employee %s failed on %s %s; queued every %s for a full pass",
+                self.name,
+                "handler" if accepted else "predicate",
+                resource.kind,
+                key,
+                self.spec.employer.kind,
+                exc_info=True,
+            )
+            self._requeue_every_employer()
+        elif accepted:
+            log.error(
+                "%s: the employer handler failed on %s %s; queued it for a full pass",
+                self.name,
+                resource.kind,
+                key,
+                exc_info=True,
+            )
+            self.reconciler.employer_changed(key)
+            self.queue.add(key)
+        else:
+            log.error(
+                "%s: the employer predicate failed on %s %s; not queued (its next event asks again)",
+                self.name,
+                resource.kind,
+                key,
+                exc_info=True,
+            )
+
+    def _requeue_every_employer(self) -> None:
+        """Feed every employer in the cache to the employer subscription (as the informer's
+        periodic resync does), once the employer cache has synced; coalesced while pending."""
+        if self._requeue_pending:
+            return
+        self._requeue_pending = True
+        informer = self.informers.informer(self.spec.employer)
+
+        def requeue() -> None:
+            self._requeue_pending = False
+            on_employer = self._employer_events
+            if on_employer is None or self.queue.shutting_down:
+                return
+            for obj in informer.store.list():
+                on_employer(WatchEvent("MODIFIED", obj, obj))
+
+        informer.when_synced(requeue)
+
+    def events_waiting(self) -> dict[str, int]:
+        """The objects whose events wait for a cache to sync, by cache (for tests and debugging)."""
+        waiting: dict[str, int] = {}
+        for parked in self._parked:
+            for plural, count in parked.waiting_for().items():
+                waiting[plural] = waiting.get(plural, 0) + count
+        return waiting
+
+    def add_member_cluster(self, name: str, client: KubeClient, informers: InformerFactory) -> None:
+        """Start watching employees in a new member cluster (multi-cluster adapters)."""
+        informers.keep_pod_fields(self.pod_fields)
+        self.member_clusters[name] = (client, informers)
+        self._clusters[name] = (client, informers.reader())
+        if self.employees_in_members and self._workers:
+            self._subscribe(
+                informers,
+                self.spec.employee,
+                self.spec.employee_predicate,
+                self.spec.employee_handler,
+                employees_of=name,
+            )
+
+    def remove_member_cluster(self, name: str) -> None:
+        self.member_clusters.pop(name, None)
+        self._clusters.pop(name, None)
+
+    # -- life cycle ---------------------------------------------------------------------------------
+
+    def warm_caches(self) -> None:
+        """Create (and so start) the informers this controller reads, before it runs."""
+        self.informers.informer(self.spec.employer)
+        if self.employees_in_members:
+            for _, informers in self.member_clusters.values():
+                informers.informer(self.spec.employee)
+        else:
+            self.informers.informer(self.spec.employee)
+
+    async def start(self) -> None:
+        """Subscribe to the caches and start the workers (again, after a ``stop``)."""
+        if self.queue.shutting_down:
+            self.queue = WorkQueue(self.rate_limiter, name=self.name, metrics=self.series.queue)
+        self._subscribe(
+            self.informers, self.spec.employer, self.spec.employer_predicate, self.spec.employer_handler
+        )
+        if self.employees_in_members:
+            for cluster, (_, informers) in self.member_clusters.items():
+                self._subscribe(
+                    informers,
+                    self.spec.employee,
+                    self.spec.employee_predicate,
+                    self.spec.employee_handler,
+                    employees_of=cluster,
+                )
+        else:
+            self._subscribe(
+                self.informers,
+                self.spec.employee,
+                self.spec.employee_predicate,
+                self.spec.employee_handler,
+                employees_of="",
+            )
+        # Long, as controller-runtime's cache sync timeout is for a reason: the Lease is renewed
+        # meanwhile, and a first list of 100k pods on a busy API server takes minutes; one that
+        # does not come steps this replica down (docs/concepts.md, "Leader election timings").
+        await self.informers.wait_synced(CACHE_SYNC_TIMEOUT)
+        self.subscribers.start()
+        if self.garbage.wanted:
+            self._garbage_task = asyncio.create_task(self.garbage.run(), name=f"{self.name}-garbage")
+        self._workers = [
+            asyncio.create_task(self._worker(i), name=f"{self.name}-worker-{i}")
+            for i in range(self.max_concurrent)
+        ]
+        log.info(
+            "controller %s started: %d workers, employer %s, employee %s",
+            self.name,
+            self.max_concurrent,
+            self.spec.employer.kind,
+            self.spec.employee.kind,
+        )
+
+    async def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking keys; tell in-flight passes at once that they are cancelled (adapters see
+        ``ctx.cancellation``), give them ``timeout`` to end, then cancel their tasks (a blocking
+        adapter call still running is abandoned in its daemon thread)."""
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        self._parked.clear()
+        self._employer_events = None
+        self._requeue_pending = False
+        if self._garbage_task is not None:
+            self._garbage_task.cancel()
+            await asyncio.gather(self._garbage_task, return_exceptions=True)
+            self._garbage_task = None
+        await self.queue.shutdown()
+        for cancellation in list(self._in_flight):
+            cancellation.cancel()
+        if self._workers:
+            _, pending = await asyncio.wait(self._workers, timeout=timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            if pending:
+                log.warning(
+                    "controller %s: %d pass(es) still running after the %.1fs shutdown timeout abandoned",
+                    self.name,
+                    len(pending),
+                    timeout,
+                )
+        self._workers = []
+        await self.subscribers.stop()
+        log.info("controller %s stopped", self.name)
+
+    def abandon_passes(self, why: str) -> None:
+        """End the passes still running at once, without waiting for them (their tasks are
+        cancelled; a blocking adapter call still running is abandoned in its daemon thread), as
+        ``stop`` does once its timeout is over."""
+        running = self.queue.processing()
+        for task in self._workers:
+            task.cancel()
+        if running:
+            log.warning("controller %s: abandoned %d running pass(es): %s", self.name, len(running), why)
+
+    # -- workers --------------------------------------------------------------------------------------
+
+    async def _worker(self, index: int) -> None:
+        while True:
+            key = await self.queue.get()
+            if key is None:
+                return
+            try:
+                # Every line logged for this pass carries the controller and the employer.
+                with logs.employer_fields(self.name, key):
+                    await self._process(key)
+            finally:
+                self.queue.done(key)
+
+    async def _process(self, key: str) -> None:
+        started = time.monotonic()
+        outcome = "success"
+        # One cancellation per pass, current for everything the pass runs (adapter threads too).
+        cancellation = Cancellation()
+        self._in_flight.add(cancellation)
+        self.series.active.inc()
+        try:
+            with running_pass(cancellation), self.metrics.bound(self.name):
+                if self.shard is not None and not await self._shard_may_act(key):
+                    self.reconciler.let_go(key)
+                    self.queue.forget(key)
+                    return
+                result = await self.reconciler.reconcile(key)
+                await sync_sub_resources(self.handle, key)
+        except asyncio.CancelledError:
+            raise
+        except PassCancelled as err:
+            outcome = "cancelled"
+            self.failures += 1
+            delay = self.queue.add_rate_limited(key)
+            log.info("%s %s: pass abandoned (%s)", self.name, key, err)
+        except Exception as err:
+            outcome = "error"
+            self.failures += 1
+            steer = errors.steering(err)
+            if isinstance(steer, errors.PermanentError):
+                # Retrying cannot help: wait for the employer's next change (docs/concepts.md).
+                self.queue.forget(key)
+                log.warning("%s %s: permanent failure, not retried until it changes: %s", self.name, key, err)
+            elif isinstance(steer, errors.RetryAfter):
+                self.queue.forget(key)
+                self.queue.add_after(key, steer.seconds)
+                # Asked by the adapter, or by the frame for a conflict (docs/concepts.md).
+                log.info("%s %s: retry in %.3gs as asked: %s", self.name, key, steer.seconds, err)
+            elif isinstance(err, ReconcileError | SyncFailedExist):
+                delay = self.queue.add_rate_limited(key)
+                log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
+            elif kube.is_unreachable(err) or self.client.reachability.down:
+                delay = self.queue.add_rate_limited(key)
+                # The client logs the outage once (kube.Reachability); a traceback per retry
+                # would say nothing more.
+                log.debug("%s %s: API server unreachable (%s); retry in %.3fs", self.name, key, err, delay)
+            else:
+                delay = self.queue.add_rate_limited(key)
+                log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
+        else:
+            if result.requeue_after is not None:
+                outcome = "requeue_after"
+                self.queue.forget(key)
+                self.queue.add_after(key, result.requeue_after)
+            else:
+                self.queue.forget(key)
+        finally:
+            self._in_flight.discard(cancellation)
+            self.reconciles += 1
+            seconds = time.monotonic() - started
+            self.series.active.dec()
+            self.series.reconciled(outcome, seconds)
+            self.metrics.observe_reconcile(self.name, outcome, seconds)
+            self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+
+    async def _shard_may_act(self, key: str) -> bool:
+        """With sharding: the employer is this shard's (a draining one is let go of here, in the
+        worker that holds its key, so no pass of it runs meanwhile)."""
+        assert self.shard is not None
+        namespace, _, name = key.rpartition("/")
+        cached = self.reader.get(self.spec.employer, namespace or None, name)
+        if not await self.shard.may_act(self.spec.employer, key, cached):
+            return False
+        # The shard's pod cache holds this employer's pods before its pass (docs/scaling.md).
+        await self.shard_pods_ready(key)
+        if cached is None:
+            return True  # gone, as the API server said: nothing can have moved it meanwhile
+        # A drain that arrived during the wait is acknowledged now, not after one more pass.
+        return await self.shard.may_act(
+            self.spec.employer, key, self.reader.get(self.spec.employer, namespace or None, name)
+        )
+
+
+async def _nothing_to_wait_for(key: str) -> None:
+    del key
+
+
+class _Handle:
+    """``ControllerHandle`` over one controller: what runs beside it reads and does this, no more."""
+
+    def __init__(self, controller: Controller) -> None:
+        self._controller = controller
+
+    @property
+    def name(self) -> str:
+        return self._controller.name
+
+    @property
+    def adapter(self) -> ReconcileAdapter:
+        return self._controller.adapter
+
+    @property
+    def profile(self) -> AdapterProfile:
+        return self._controller.profile
+
+    @property
+    def employer(self) -> Resource:
+        return self._controller.spec.employer
+
+    @property
+    def client(self) -> KubeClient:
+        return self._controller.client
+
+    @property
+    def reader(self) -> CacheReader:
+        return self._controller.reader
+
+    @property
+    def recorder(self) -> EventSink:
+        return self._controller.reconciler.recorder
+
+    @property
+    def synced(self) -> bool:
+        return self._controller.informers.has_synced
+
+    @property
+    def namespaces(self) -> tuple[str, ...] | None:
+        return self._controller.informers.namespaces
+
+    @property
+    def follows_lifecycle(self) -> bool:
+        return self._controller.reconciler.follows_lifecycle
+
+    @property
+    def employees_in_members(self) -> bool:
+        return self._controller.employees_in_members
+
+    def watches(self, key: str) -> bool:
+        if self.employer.namespaced and not self._controller.informers.watches(key.rpartition("/")[0]):
+            return False
+        # With sharding, a gone employer is the business of the one shard its key hashes to.
+        shard = self._controller.shard
+        return shard is None or shard.ring_owns(self.employer, key)
+
+    def peers(self) -> list[str]:
+        return self._controller.peers()
+
+    def claim(self, key: str) -> bool:
+        return self._controller.queue.claim(key)
+
+    def done(self, key: str) -> None:
+        self._controller.queue.done(key)
+
+    def context(self, key: str) -> ReconcileContext:
+        return self._controller.reconciler.context(key)
+
+    async def run_pass(self, key: str, *, stand_in: KubeObject | None = None) -> Result:
+        controller = self._controller
+        cancellation = Cancellation()
+        # Registered like a worker's pass, so that ``Controller.stop`` cancels it too.
+        controller._in_flight.add(cancellation)
+        try:
+            with running_pass(cancellation), controller.metrics.bound(controller.name):
+                return await controller.reconciler.reconcile(key, stand_in=stand_in)
+        finally:
+            controller._in_flight.discard(cancellation)
+
+    def count_collected(self) -> None:
+        self._controller.metrics.orphans_collected.labels(self.name).inc()
+
+    def report_held(self, pods: int) -> None:
+        self._controller.metrics.pods_held_by_gone_employers.labels(self.name).set(pods)

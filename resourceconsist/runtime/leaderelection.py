@@ -1,0 +1,279 @@
+"""Leader election on a ``coordination.k8s.io/v1`` Lease, as client-go's leaderelection does.
+
+Replicas of a manager compete for one Lease; the holder renews it every ``retry_period`` and
+runs the controllers, the others keep their caches warm and retry. A holder that cannot renew
+within ``renew_deadline`` steps down (its controllers stop) before the lease can expire for
+the others, so two replicas never reconcile at once. Stepping down gracefully releases the
+lease so a standby takes over at once instead of after ``lease_duration``.
+Every update carries the Lease's resourceVersion: two candidates never both win.
+Which Lease and the timings: ``LeaderElectionOptions`` (in ``resourceconsist.options``), part of
+``ManagerOptions``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound
+from resourceconsist.flow.cancellation import DaemonThreadExecutor
+from resourceconsist.options import LeaderElectionOptions
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+def lease_time(moment: datetime.datetime) -> str:
+    """A Lease's time field (``MicroTime``) for ``moment``."""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_lease_time(value: str | None) -> datetime.datetime | None:
+    """A Lease's time field as a datetime; None when unset."""
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+#: Seconds a stopping leader spends at most on releasing its Lease.
+RELEASE_TIMEOUT = 1.0
+
+
+class LeaderElector:
+    """Campaigns for the Lease and calls back when leadership starts and stops."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        options: LeaderElectionOptions,
+        *,
+        labels: Mapping[str, str] | None = None,
+        release_on_cancel: bool = True,
+    ) -> None:
+        self.client = client
+        self.options = options
+        #: Labels the Lease carries (a shard Lease names its ring; docs/scaling.md).
+        self.labels = dict(labels or {})
+        #: Release the Lease when the campaign stops (False: it is left to expire).
+        self.release_on_cancel = release_on_cancel
+        #: The Lease's namespace, resolved once (``LeaderElectionOptions.namespace``).
+        self.namespace = kube.pod_namespace(options.namespace)
+        self.leading = False
+        #: Campaign rounds so far (acquire or renew attempts).
+        self.attempts = 0
+        #: ``time.monotonic()`` until which no one else can hold the Lease: the start of the last
+        #: successful renewal plus the lease duration (the renew time written is later).
+        self.held_until = 0.0
+        # The Lease's own threads: a renewal never queues behind the frame's calls on the loop's
+        # executor (a pass waiting for a cache, a burst of writes at a cold start), or it could
+        # miss the renew deadline while the process is busy, not cut off (docs/concepts.md,
+        # "Leader election timings"). Two: one call abandoned to a hung API server leaves one.
+        self._threads = DaemonThreadExecutor(2, name=f"lease-{options.name}")
+
+    def _try_acquire_or_renew(self) -> bool:
+        c = self.options
+        now = _now()
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, c.name)
+        spec: dict[str, Any] = {
+            "holderIdentity": c.identity,
+            "leaseDurationSeconds": max(1, round(c.lease_duration)),
+            "renewTime": lease_time(now),
+        }
+        if lease is None:
+            spec["acquireTime"] = lease_time(now)
+            spec["leaseTransitions"] = 0
+            meta: dict[str, Any] = {"name": c.name, "namespace": self.namespace}
+            if self.labels:
+                meta["labels"] = self.labels
+            body = {"metadata": meta, "spec": spec}
+            try:
+                self.client.create(kube.LEASE, self.namespace, body)
+                return True
+            except Conflict:  # AlreadyExists: somebody else was quicker
+                return False
+        current = lease.get("spec", {})
+        holder = current.get("holderIdentity") or ""
+        if holder and holder != c.identity and not self._expired(current, now):
+            return False
+        if holder != c.identity:
+            spec["acquireTime"] = lease_time(now)
+            spec["leaseTransitions"] = int(current.get("leaseTransitions") or 0) + 1
+        return self._update(lease, spec)
+
+    def holder(self) -> str | None:
+        """Who holds the Lease now: its holder while renewed in time, None when nobody does
+        (no Lease, released, or expired)."""
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
+        spec = (lease or {}).get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        if not holder or self._expired(spec, _now()):
+            return None
+        return str(holder)
+
+    @staticmethod
+    def _expired(spec: dict[str, Any], now: datetime.datetime) -> bool:
+        renewed = parse_lease_time(spec.get("renewTime")) or parse_lease_time(spec.get("acquireTime"))
+        if renewed is None:
+            return True
+        return now > renewed + datetime.timedelta(seconds=float(spec.get("leaseDurationSeconds") or 0))
+
+    def _update(self, lease: KubeObject, spec: dict[str, Any]) -> bool:
+        meta: dict[str, Any] = {"resourceVersion": lease["metadata"]["resourceVersion"]}
+        held = lease["metadata"].get("labels") or {}
+        if any(held.get(k) != v for k, v in self.labels.items()):
+            meta["labels"] = self.labels
+        body = {"metadata": meta, "spec": spec}
+        try:
+            self.client.patch(kube.LEASE, self.namespace, self.options.name, body)
+            return True
+        except (Conflict, NotFound):
+            return False
+
+    async def _call(self, fn: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._threads, fn)
+
+    def lease_left(self) -> float:
+        """Seconds until another candidate could hold the Lease (0 or less: it may already)."""
+        return self.held_until - time.monotonic()
+
+    def _renew(self) -> bool:
+        """Renew the Lease if this candidate still holds it (never acquires it)."""
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
+        if lease is None or lease.get("spec", {}).get("holderIdentity") != self.options.identity:
+            return False
+        return self._try_acquire_or_renew()
+
+    async def _keep_renewing(self) -> None:
+        """Renew every retry period until cancelled (while a stopping leader's passes end)."""
+        c = self.options
+        while True:
+            await asyncio.sleep(c.retry_period)
+            try:
+                began = time.monotonic()
+                if await asyncio.wait_for(self._call(self._renew), timeout=c.renew_deadline):
+                    self.held_until = began + c.lease_duration
+            except TimeoutError:
+                log.debug(
+                    "lease %s/%s: no answer within %gs while stopping",
+                    self.namespace,
+                    c.name,
+                    c.renew_deadline,
+                )
+            except Exception as err:
+                log.debug("lease %s/%s: renewal while stopping: %s", self.namespace, c.name, err)
+
+    def _release(self) -> None:
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, self.options.name)
+        if lease is None or lease.get("spec", {}).get("holderIdentity") != self.options.identity:
+            return
+        released = {"holderIdentity": "", "leaseDurationSeconds": 1, "renewTime": lease_time(_now())}
+        self._update(lease, released)
+
+    async def run(
+        self,
+        on_started_leading: Callable[[], Awaitable[None]],
+        on_stopped_leading: Callable[[], Awaitable[None]],
+        stop: asyncio.Event,
+    ) -> None:
+        """Campaign until ``stop`` is set; lead while renewals succeed; release on the way out."""
+        c = self.options
+        last_renew = 0.0
+        #: ``on_started_leading`` runs beside the campaign: the Lease is renewed while the
+        #: controllers wait for their caches (a first list of 100k pods can take minutes).
+        starting: asyncio.Future[None] | None = None
+        try:
+            while not stop.is_set():
+                self.attempts += 1
+                if starting is not None and starting.done() and not starting.cancelled():
+                    failed = starting.exception()
+                    starting = None
+                    if failed is not None and self.leading:
+                        # Never a replica that holds its Lease and runs nothing: step down and
+                        # let another one, or this one again, try (docs/concepts.md).
+                        log.error(
+                            "lease %s/%s: starting to lead failed (%s); stepping down and releasing it",
+                            self.namespace,
+                            c.name,
+                            failed,
+                        )
+                        self.leading = False
+                        await on_stopped_leading()
+                        with contextlib.suppress(Exception):
+                            await asyncio.wait_for(self._call(self._release), timeout=RELEASE_TIMEOUT)
+                # The renew time written is taken after this moment: the renew deadline counts
+                # from here, so a slow attempt cannot stretch the time the Lease is believed held.
+                began = time.monotonic()
+                try:
+                    # An attempt that outlives the renew deadline counts as failed (its thread is
+                    # abandoned), so a hung API server cannot keep a leader from stepping down.
+                    won = await asyncio.wait_for(
+                        self._call(self._try_acquire_or_renew), timeout=c.renew_deadline
+                    )
+                except TimeoutError:
+                    log.warning("lease %s/%s: no answer within %gs", self.namespace, c.name, c.renew_deadline)
+                    won = False
+                except Exception as err:
+                    # An unreachable API server is logged once per outage by the client.
+                    quiet = kube.is_unreachable(err) or self.client.reachability.down
+                    log.log(
+                        logging.DEBUG if quiet else logging.WARNING,
+                        "lease %s/%s: %s",
+                        self.namespace,
+                        c.name,
+                        err,
+                    )
+                    won = False
+                now = time.monotonic()
+                if won:
+                    last_renew = began
+                    self.held_until = began + c.lease_duration
+                    if not self.leading:
+                        self.leading = True
+                        log.info("became leader of lease %s/%s as %s", self.namespace, c.name, c.identity)
+                        starting = asyncio.ensure_future(on_started_leading())
+                elif self.leading and now - last_renew > c.renew_deadline:
+                    self.leading = False
+                    log.warning("lost lease %s/%s: stepping down", self.namespace, c.name)
+                    await _cancelled(starting)
+                    starting = None
+                    await on_stopped_leading()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=c.retry_period)
+        finally:
+            await _cancelled(starting)
+            was_leading = self.leading
+            if was_leading:
+                self.leading = False
+                # The Lease stays renewed while the controllers end their passes in flight, so
+                # nobody can take it over while one still runs (docs/scaling.md, "Stopping").
+                keeping = asyncio.create_task(self._keep_renewing())
+                try:
+                    await on_stopped_leading()
+                finally:
+                    keeping.cancel()
+                    await asyncio.gather(keeping, return_exceptions=True)
+            if was_leading and self.release_on_cancel:
+                try:
+                    # Bounded: a stop must not wait on an API server that does not answer; an
+                    # unreleased lease only makes the standby wait for it to expire.
+                    await asyncio.wait_for(self._call(self._release), timeout=RELEASE_TIMEOUT)
+                except Exception as err:
+                    log.warning("could not release lease %s/%s: %r", self.namespace, c.name, err)
+
+
+async def _cancelled(task: asyncio.Future[None] | None) -> None:
+    """Cancel ``task`` (a start still under way) and wait until it has ended."""
+    if task is not None and not task.done():
+        task.cancel()
+    if task is not None:
+        await asyncio.gather(task, return_exceptions=True)

@@ -1,0 +1,280 @@
+"""The sharder: the smallest coordinator that assigns employers to shards (docs/scaling.md).
+
+One replica at a time runs it (elected on its own Lease, ``ShardingOptions.sharder_lease``). It
+watches the ring's shard Leases and every employer its controllers' predicates accept, and on
+each change (and every ``resync`` seconds) it makes the labels agree with the ring:
+
+- an unassigned employer, or one on a shard that is no longer available (dead: released, or
+  taken over here), gets the shard label of the shard the ring places it on: one write;
+- an employer on an available shard that the ring now places elsewhere gets the drain label:
+  one write; its shard lets go (``resourceconsist.runtime.sharding.shard``) and takes both labels off,
+  and the now unassigned employer gets its new shard: one write.
+
+It keeps the shard Leases' states as kubernetes-controller-sharding's sharder does: a Lease
+expired for a lease duration more is taken over (held by ``shardlease-controller``: the shard is
+dead and its employers move without a drain), and a dead one is deleted a minute later. Every
+write carries the object's resourceVersion; a conflict is left to the next round, which the
+write's own watch event brings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import functools
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import Informer, InformerFactory, WatchEvent
+from resourceconsist.cluster.kube import Conflict, KubeClient, KubeObject, NotFound, Resource
+from resourceconsist.runtime.leaderelection import lease_time
+from resourceconsist.runtime.sharding.ring import (
+    Shard,
+    ShardState,
+    hash_key,
+    label_patch,
+    placement,
+    ring_of,
+    shard_of_lease,
+)
+
+log = logging.getLogger(__name__)
+
+#: Whether an employer event concerns a controller of this ring (the adapters' employer predicates).
+EmployerFilter = Callable[[WatchEvent], bool]
+
+
+@dataclass
+class SharderRound:
+    """What one round of the sharder found and wrote."""
+
+    shards: dict[str, ShardState] = field(default_factory=dict)
+    assigned: int = 0
+    drained: int = 0
+    #: Leases of silent shards taken over (their shards are dead now), and dead Leases deleted.
+    taken_over: list[str] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    #: Writes refused for a newer resourceVersion (the next round sees it).
+    conflicts: int = 0
+    #: When the next round is due by the clock (a shard's state changes), in seconds.
+    next_in: float | None = None
+
+
+class Sharder:
+    """Assigns the employers of ``employers`` to the shards of ``ring`` through their labels."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        ring: str,
+        leases: Informer,
+        employers: Sequence[tuple[Resource, EmployerFilter]],
+        *,
+        namespaces: Sequence[str] = (),
+        resync: float = 60.0,
+        report: Callable[[SharderRound], None] = lambda done: None,
+    ) -> None:
+        self.client = client
+        self.ring = ring
+        self.leases = leases
+        self.employers = list(employers)
+        #: The namespaces whose employers it places (the manager's; empty: all).
+        self.namespaces = tuple(namespaces)
+        self.resync = resync
+        #: Told each round (the manager's metrics).
+        self.report = report
+        self.rounds = 0
+        self.last_round: SharderRound | None = None
+        self._informers: InformerFactory | None = None
+        self._wake = asyncio.Event()
+        #: Employers changed since the last round; whether the next round looks at every employer
+        #: (at start, after a failure, every ``resync``); the shards' states the last round saw
+        #: (when they change, the ring may have: every employer is looked at).
+        self._pending: set[tuple[Resource, str]] = set()
+        self._full = True
+        self._last_full = 0.0
+        self._seen: dict[str, ShardState] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._unsubscribe: list[Callable[[], None]] = []
+
+    async def start(self) -> None:
+        """Watch the employers (all of them: the sharder sees every shard's) and run rounds."""
+        loop = asyncio.get_running_loop()
+        self._informers = InformerFactory(self.client, namespaces=self.namespaces)
+        self._informers.start(loop)
+        for resource, _ in self.employers:
+            self._unsubscribe.append(
+                self._informers.informer(resource).add_handler(
+                    functools.partial(self._employer_changed, resource)
+                )
+            )
+        self._unsubscribe.append(self.leases.add_handler(self._lease_changed))
+        await self._informers.wait_synced()
+        await self.leases.wait_synced()
+        self._task = asyncio.create_task(self._run(), name=f"sharder-{self.ring}")
+        log.info("sharder of ring %s started", self.ring)
+
+    async def stop(self) -> None:
+        for unsubscribe in self._unsubscribe:
+            unsubscribe()
+        self._unsubscribe.clear()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        if self._informers is not None:
+            await asyncio.to_thread(self._informers.stop)
+            self._informers = None
+        log.info("sharder of ring %s stopped", self.ring)
+
+    def _employer_changed(self, resource: Resource, event: WatchEvent) -> None:
+        if event.type != "DELETED":
+            self._pending.add((resource, kube.object_key(event.obj)))
+            self._wake.set()
+
+    def _lease_changed(self, event: WatchEvent) -> None:
+        # A renewal changes no state: the round sees whether anything did.
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            delay = self.resync
+            # The resync: every employer; else the employers that changed (a new Service costs one
+            # placement, not N), or every one when a shard's state changed (``round``).
+            if time.monotonic() - self._last_full >= self.resync:
+                self._full = True
+            only = None if self._full else self._pending
+            self._full, self._pending = False, set()
+            try:
+                now = datetime.datetime.now(datetime.UTC)
+                done = await asyncio.to_thread(self.round, now, only)
+                if done.next_in is not None:
+                    delay = min(delay, done.next_in)
+            except Exception as err:
+                quiet = kube.is_unreachable(err) or self.client.reachability.down
+                log.log(logging.DEBUG if quiet else logging.WARNING, "sharder of ring %s: %s", self.ring, err)
+                delay = min(delay, 1.0)
+                self._full = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=max(delay, 0.05))
+
+    # -- one round (in a worker thread: it writes) -------------------------------------------------
+
+    def round(self, now: datetime.datetime, only: set[tuple[Resource, str]] | None = None) -> SharderRound:
+        """Bring the Leases' states and the employers' labels (those of ``only``, when given) in
+        line with the ring, once."""
+        done = SharderRound()
+        shards: dict[str, Shard] = {}
+        for lease in self.leases.store.list():
+            shard = shard_of_lease(lease, now)
+            if shard.state == ShardState.UNCERTAIN and self._take_over(lease, shard, now):
+                done.taken_over.append(shard.name)
+                duration = shard.lease_duration
+                shard = Shard(shard.name, ShardState.DEAD, now + 2 * duration, duration)
+            elif shard.state == ShardState.ORPHANED:
+                self._delete(lease)
+                done.deleted.append(shard.name)
+                continue
+            shards[shard.name] = shard
+        done.shards = {name: s.state for name, s in shards.items()}
+        if done.shards != self._seen:
+            only = None
+        self._seen = done.shards
+        if only is None:
+            self._last_full = time.monotonic()
+        waits = [w for w in (s.next_change(now) for s in shards.values()) if w is not None]
+        done.next_in = min(waits).total_seconds() + 0.05 if waits else None
+        ring = ring_of(shards.values())
+        if ring and self._informers is not None:
+            for resource, accepts in self.employers:
+                store = self._informers.informer(resource).store
+                if only is None:
+                    objs = store.list()
+                else:
+                    keys = sorted(key for r, key in only if r == resource)
+                    objs = [o for o in map(store.get, keys) if o is not None]
+                for obj in objs:
+                    self._place(resource, accepts, obj, ring.shard_of, shards, done)
+        self.rounds += 1
+        self.last_round = done
+        self.report(done)
+        if done.taken_over or done.deleted or (only is None and (done.assigned or done.drained)):
+            log.info(
+                "sharder of ring %s: assigned %d, draining %d, shards %s%s%s",
+                self.ring,
+                done.assigned,
+                done.drained,
+                ", ".join(f"{n}={s}" for n, s in sorted(done.shards.items())) or "none",
+                f"; took over the Leases of silent {', '.join(done.taken_over)}" if done.taken_over else "",
+                f"; deleted the Leases of dead {', '.join(done.deleted)}" if done.deleted else "",
+            )
+        return done
+
+    def _place(
+        self,
+        resource: Resource,
+        accepts: EmployerFilter,
+        obj: KubeObject,
+        shard_of: Callable[[str], str | None],
+        shards: dict[str, Shard],
+        done: SharderRound,
+    ) -> None:
+        meta = obj.get("metadata") or {}
+        try:
+            if not accepts(WatchEvent("MODIFIED", obj, obj)):
+                return
+        except Exception:
+            log.warning("sharder: the employer predicate failed on %s; not assigned", kube.object_key(obj))
+            return
+        key = hash_key(resource.api_version, resource.kind, str(meta.get("namespace") or ""), meta["name"])
+        move = placement(meta.get("labels") or {}, shard_of(key), shards, self.ring)
+        if move is None:
+            return
+        try:
+            self.client.patch(
+                resource,
+                meta.get("namespace") or None,
+                meta["name"],
+                label_patch(move, self.ring, str(meta.get("resourceVersion") or "")),
+            )
+        except (Conflict, NotFound):
+            done.conflicts += 1
+            return
+        if move.drain:
+            done.drained += 1
+            log.info("sharder: draining %s %s from shard %s", resource.kind, kube.object_key(obj), move.shard)
+        else:
+            done.assigned += 1
+            log.info("sharder: assigned %s %s to shard %s", resource.kind, kube.object_key(obj), move.shard)
+
+    def _take_over(self, lease: KubeObject, shard: Shard, now: datetime.datetime) -> bool:
+        """Hold the Lease of a shard silent for two lease durations: it is dead from now on."""
+        spec = lease.get("spec") or {}
+        body = {
+            "metadata": {"resourceVersion": lease["metadata"]["resourceVersion"]},
+            "spec": {
+                "holderIdentity": wire.SHARD_LEASE_TAKEN_BY_SHARDER,
+                "leaseDurationSeconds": max(1, round(2 * shard.lease_duration.total_seconds())),
+                "acquireTime": lease_time(now),
+                "renewTime": lease_time(now),
+                "leaseTransitions": int(spec.get("leaseTransitions") or 0) + 1,
+            },
+        }
+        meta = lease["metadata"]
+        try:
+            self.client.patch(kube.LEASE, meta.get("namespace"), meta["name"], body)
+        except (Conflict, NotFound):
+            return False
+        log.warning("sharder: shard %s silent for two lease durations; its Lease taken over", shard.name)
+        return True
+
+    def _delete(self, lease: KubeObject) -> None:
+        meta = lease["metadata"]
+        with contextlib.suppress(NotFound):
+            self.client.delete(kube.LEASE, meta.get("namespace"), meta["name"])
