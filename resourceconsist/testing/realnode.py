@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from resourceconsist import certs
+from resourceconsist.cluster import certs
 from resourceconsist.testing import hoststate
 from resourceconsist.testing.controlplane import (
     CONTROL_PLANE_BINARIES,

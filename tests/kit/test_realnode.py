@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient, KubeObject
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.testing import (
     KUBERNETES_VERSION,
     Cluster,

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from resourceconsist import kube
-from resourceconsist.kube import KubeClient
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.testing import RealNodeCluster, condition, default_assets_dir, find_image, wait_for
 from resourceconsist.testing.hoststate import HostState, mount_points
 from resourceconsist.testing.realnode import (
@@ -85,8 +85,8 @@ def test_two_starts_and_stops_leave_the_host_as_it_was(testserver: Path) -> None
 _KILLED_RUN = textwrap.dedent(
     """
     import sys
-    from resourceconsist import kube
-    from resourceconsist.kube import KubeClient
+    from resourceconsist.cluster import kube
+    from resourceconsist.cluster.kube import KubeClient
     from resourceconsist.testing import RealNodeCluster, wait_for
     from resourceconsist.testing.realnode import http_server_pod_spec
 
