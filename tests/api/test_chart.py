@@ -345,14 +345,28 @@ def test_sharding_runs_the_shards_and_the_webhook_in_deployments_of_their_own(tm
     assert hook_args[0] == "webhook"
     assert "--webhook-service=resourceconsist-manager" in hook_args
     assert not [a for a in hook_args if a.startswith(("--shard", "--lease", "--slb-", "--shutdown"))]
-    # Two Deployments, two selectors that never select each other's pods.
+    # Two Deployments, two selectors that never select each other's pods; the manager's is the
+    # one it has unsharded (its selector is immutable: an upgrade into sharding keeps it).
     manager_selector = manager["spec"]["selector"]["matchLabels"]
     webhook_selector = webhook["spec"]["selector"]["matchLabels"]
-    assert manager_selector["app.kubernetes.io/component"] == "manager"
-    assert webhook_selector["app.kubernetes.io/component"] == "webhook"
-    for deployment in (manager, webhook):
+    assert manager_selector == {"control-plane": "resourceconsist-manager"}
+    assert webhook_selector == {"control-plane": "resourceconsist-webhook"}
+    for deployment, other in ((manager, webhook), (webhook, manager)):
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert labels.items() >= deployment["spec"]["selector"]["matchLabels"].items()
+        assert not labels.items() >= other["spec"]["selector"]["matchLabels"].items()
+    assert manager["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "manager"
+    assert webhook["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+    # One disruption budget per Deployment.
+    budgets = {
+        name: d["spec"]["selector"]["matchLabels"]
+        for (kind, name), d in found.items()
+        if kind == "PodDisruptionBudget"
+    }
+    assert budgets == {
+        "resourceconsist-manager": manager_selector,
+        "resourceconsist-webhook": webhook_selector,
+    }
     assert found[("Service", "resourceconsist-manager")]["spec"]["selector"] == webhook_selector
     role = found[("Role", "resourceconsist-sharding")]
     assert role["metadata"]["namespace"] == "leases"
