@@ -41,7 +41,7 @@ from resourceconsist.testing.controlplane import (
     find_binaries,
     free_port,
 )
-from resourceconsist.testing.localcluster import LocalCluster
+from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
 
 #: The binaries a RealNodeCluster needs beside those of the control plane.
 REAL_NODE_BINARIES = ("kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy")
@@ -166,6 +166,9 @@ class RealNodeCluster(LocalCluster):
     """
 
     binaries = CONTROL_PLANE_BINARIES + REAL_NODE_BINARIES
+    #: LocalCluster's controllers, and those of what charts install beside Deployments: Jobs
+    #: (a chart's hooks) and DaemonSets.
+    controllers = (*CONTROLLERS, "job-controller", "daemonset-controller")
 
     def __init__(
         self,
