@@ -6,7 +6,7 @@
 #                                                                 busybox-static, from scratch
 #   testserver.tar       localhost/resourceconsist/testserver:1   resourceconsist/testing/testserver.py
 #                                                                 on the Debian python3 base
-#   resourceconsist.tar  localhost/resourceconsist:<version>      the Containerfile (hack/build-image.sh)
+#   manager.tar          localhost/resourceconsist:<version>      the Containerfile (hack/build-image.sh)
 #
 # Each image is made again only when its inputs changed: a digest of them is kept beside the
 # archive (<name>.inputs), so a second run with nothing changed takes seconds. Reproducible
@@ -122,11 +122,11 @@ image=localhost/resourceconsist:${version}
 mapfile -t sources < <(find resourceconsist adapters experimental webhook -type f \
   ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
 digest=$(inputs "$work/base-id" pyproject.toml README.md Containerfile hack/image-constraints.txt hack/build-image.sh "${sources[@]}")
-if stale resourceconsist "$digest"; then
-  rm -f "$dest/resourceconsist.inputs"
-  IMAGE=$image ARCHIVE="$dest/resourceconsist.tar" hack/build-image.sh
-  echo "$digest" >"$dest/resourceconsist.inputs"
+if stale manager "$digest"; then
+  rm -f "$dest/manager.inputs"
+  IMAGE=$image ARCHIVE="$dest/manager.tar" hack/build-image.sh
+  echo "$digest" >"$dest/manager.inputs"
 else
-  echo "== resourceconsist.tar: up to date"
+  echo "== manager.tar: up to date"
 fi
 echo "== images in $dest, made in $((SECONDS - started)) s"
