@@ -10,6 +10,7 @@ runs one at a time; tests/conftest.py orders them first).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -23,34 +24,49 @@ import pytest
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient
-from resourceconsist.testing import RealNodeCluster, condition, default_assets_dir, find_image, wait_for
+from resourceconsist.testing import RealNodeCluster, condition, default_assets_dir, wait_for
 from resourceconsist.testing.hoststate import HostState, mount_points
 from resourceconsist.testing.realnode import (
     BRIDGE,
     NODE_NAME,
     NODE_ROOT,
     NODE_STATE,
-    http_server_pod_spec,
+    PAUSE_IMAGE,
 )
 
 pytestmark = [pytest.mark.realnode, pytest.mark.controlplane]
 
 
 @pytest.fixture
-def testserver(real_node_images: list[Path]) -> Path:
-    """The test server's archive (made by the suite's ``real_node_images``)."""
-    return find_image("testserver")
+def images(real_node_images: list[Path]) -> list[Path]:
+    """The node's images made (the suite's ``real_node_images``); these tests import none beyond
+    the pause image, whose busybox serves their Pods."""
+    return real_node_images
+
+
+#: A Pod that runs on the pause image alone: its busybox serves HTTP (nothing to import).
+_BUSYBOX_POD = {
+    "containers": [
+        {
+            "name": "httpd",
+            "image": PAUSE_IMAGE,
+            "imagePullPolicy": "Never",
+            "command": ["/bin/busybox", "httpd", "-f", "-p", "8080", "-h", "/"],
+        }
+    ],
+    "terminationGracePeriodSeconds": 1,
+}
 
 
 def _serve(cluster: RealNodeCluster, name: str) -> None:
-    """A Pod of the test server behind a Service (kube-proxy's rules for it), running."""
+    """A Pod behind a Service (kube-proxy's rules for it), running."""
     client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
     try:
         wait_for(
             lambda: client.get_or_none(client.resource("v1", "ServiceAccount"), "default", "default"),
             timeout=30,
         )
-        pod = {"metadata": {"name": name, "labels": {"app": name}}, "spec": http_server_pod_spec()}
+        pod = {"metadata": {"name": name, "labels": {"app": name}}, "spec": _BUSYBOX_POD}
         client.create(kube.POD, "default", pod)
         ports = [{"port": 80, "targetPort": 8080}]
         service = {"metadata": {"name": name}, "spec": {"selector": {"app": name}, "ports": ports}}
@@ -65,10 +81,10 @@ def _serve(cluster: RealNodeCluster, name: str) -> None:
         client.close()
 
 
-def test_two_starts_and_stops_leave_the_host_as_it_was(testserver: Path) -> None:
+def test_two_starts_and_stops_leave_the_host_as_it_was(images: list[Path]) -> None:
     before = HostState.capture()
     for round_ in range(2):
-        with RealNodeCluster(images=[testserver]) as cluster:
+        with RealNodeCluster() as cluster:
             _serve(cluster, f"web-{round_}")
             during = HostState.capture()
             # The snapshot sees the node: its bridge, a Pod's veth, kube-proxy's rules, the
@@ -84,18 +100,17 @@ def test_two_starts_and_stops_leave_the_host_as_it_was(testserver: Path) -> None
 #: A node started in its own process, with a Pod running, until it is killed.
 _KILLED_RUN = textwrap.dedent(
     """
-    import sys
+    import json, sys
     from resourceconsist.cluster import kube
     from resourceconsist.cluster.kube import KubeClient
     from resourceconsist.testing import RealNodeCluster, wait_for
-    from resourceconsist.testing.realnode import http_server_pod_spec
 
-    cluster = RealNodeCluster(images=[sys.argv[1]])
+    cluster = RealNodeCluster()
     cluster.start()
     client = KubeClient.from_kubeconfig(str(cluster.kubeconfig))
     account = client.resource("v1", "ServiceAccount")
     wait_for(lambda: client.get_or_none(account, "default", "default"), timeout=30)
-    client.create(kube.POD, "default", {"metadata": {"name": "left"}, "spec": http_server_pod_spec()})
+    client.create(kube.POD, "default", {"metadata": {"name": "left"}, "spec": json.loads(sys.argv[1])})
     wait_for(lambda: client.get(kube.POD, "default", "left").get("status", {}).get("podIP"), timeout=60)
     print("running", flush=True)
     sys.stdin.read()
@@ -103,10 +118,10 @@ _KILLED_RUN = textwrap.dedent(
 )
 
 
-def test_a_start_after_a_killed_run_removes_what_it_left(testserver: Path) -> None:
+def test_a_start_after_a_killed_run_removes_what_it_left(images: list[Path]) -> None:
     before = HostState.capture()
     run = subprocess.Popen(
-        [sys.executable, "-c", _KILLED_RUN, str(testserver)],
+        [sys.executable, "-c", _KILLED_RUN, json.dumps(_BUSYBOX_POD)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
