@@ -23,35 +23,20 @@
 # (apt-get install mmdebstrap buildah).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=hack/image-common.sh
+source hack/image-common.sh
 
-version=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
 IMAGE=${IMAGE:-localhost/resourceconsist:${version}}
 SUITE=${SUITE:-bookworm}
 BASE=localhost/resourceconsist-base:${SUITE}
 ARCHIVE=${ARCHIVE:-}
 REBUILD_BASE=${REBUILD_BASE:-0}
 BASE_ONLY=${BASE_ONLY:-0}
-# vfs and chroot isolation: no overlay mounts, no user namespaces needed, works in a container.
-BUILDAH=(buildah --storage-driver vfs)
 
 for tool in buildah mmdebstrap; do
   command -v "$tool" >/dev/null || { echo "error: $tool not found; install it: apt-get install mmdebstrap buildah" >&2; exit 1; }
 done
 [[ $(id -u) == 0 ]] || { echo "error: run as root (mmdebstrap and buildah with vfs storage need it)" >&2; exit 1; }
-
-revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-if [[ $revision != unknown && -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-  revision="${revision}-dirty"
-fi
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
-
-work=$(mktemp -d)
-containers=()
-cleanup() {
-  for c in "${containers[@]}"; do "${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 start=$SECONDS
 base_packages=$("${BUILDAH[@]}" inspect --type image \

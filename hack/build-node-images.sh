@@ -18,8 +18,9 @@
 # buildah, mmdebstrap and busybox-static (apt-get install buildah mmdebstrap busybox-static).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=hack/image-common.sh
+source hack/image-common.sh
 dest="${1:-${RESOURCECONSIST_IMAGES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/resourceconsist/images}}"
-BUILDAH=(buildah --storage-driver vfs)
 SUITE=bookworm
 BASE=localhost/resourceconsist-base:${SUITE}
 BUSYBOX=/bin/busybox
@@ -34,21 +35,6 @@ if [[ $(ldd "$BUSYBOX" 2>&1 || true) != *"not a dynamic"* ]]; then
 fi
 [[ $(id -u) == 0 ]] || { echo "error: run as root (buildah with vfs storage needs it)" >&2; exit 1; }
 mkdir -p "$dest"
-
-revision=$(git rev-parse HEAD 2>/dev/null || echo unknown)
-if [[ $revision != unknown && -n $(git status --porcelain --untracked-files=no 2>/dev/null) ]]; then
-  revision="${revision}-dirty"
-fi
-export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
-version=$(python3 -c 'import tomllib; print(tomllib.load(open("pyproject.toml", "rb"))["project"]["version"])')
-
-work=$(mktemp -d)
-containers=()
-cleanup() {
-  for c in "${containers[@]}"; do "${BUILDAH[@]}" rm "$c" >/dev/null 2>&1 || true; done
-  rm -rf "$work"
-}
-trap cleanup EXIT
 
 # inputs FILE...: one digest of the files' names (those in the work directory without it) and
 # contents, and of this script.
@@ -76,7 +62,7 @@ started=$SECONDS
 
 # -- pause ---------------------------------------------------------------------------------------
 image=localhost/resourceconsist/pause:1
-digest=$(inputs "$BUSYBOX")
+digest=$(inputs "$BUSYBOX" hack/image-common.sh)
 if stale pause "$digest"; then
   mkdir -p "$work/pause/bin"
   cp "$BUSYBOX" "$work/pause/bin/busybox"
@@ -121,7 +107,7 @@ fi
 image=localhost/resourceconsist:${version}
 mapfile -t sources < <(find resourceconsist adapters experimental webhook -type f \
   ! -name '*.pyc' ! -path '*/__pycache__/*' | LC_ALL=C sort)
-digest=$(inputs "$work/base-id" pyproject.toml README.md Containerfile hack/image-constraints.txt hack/build-image.sh "${sources[@]}")
+digest=$(inputs "$work/base-id" pyproject.toml README.md Containerfile hack/image-constraints.txt hack/build-image.sh hack/image-common.sh "${sources[@]}")
 if stale manager "$digest"; then
   rm -f "$dest/manager.inputs"
   IMAGE=$image ARCHIVE="$dest/manager.tar" hack/build-image.sh

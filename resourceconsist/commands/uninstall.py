@@ -49,7 +49,8 @@ def find_blockers(client: KubeClient, namespaces: Sequence[str]) -> Blockers:
     namespace when empty), as ``namespace/name``."""
     selector = f"{wire.CONTROL_LABEL}={wire.CONTROL_LABEL_VALUE}"
     services, pods = [], []
-    for namespace in namespaces or [None]:
+    scopes: list[str | None] = list(namespaces) or [None]
+    for namespace in scopes:
         for svc in client.list(kube.SERVICE, namespace, label_selector=selector).get("items") or []:
             meta = svc["metadata"]
             services.append(f"{meta['namespace']}/{meta['name']}")

@@ -133,23 +133,33 @@ def links() -> set[str]:
     return set(os.listdir("/sys/class/net"))
 
 
-def _listeners() -> set[str]:
-    """TCP sockets listening and UDP sockets bound, on an address other than loopback's (other
-    processes come and go on loopback; a node's listeners there die with it)."""
-    found = set()
-    for proto, listening in (("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")):
+#: A socket's state in /proc/net: a TCP socket listening, a UDP socket bound (unconnected).
+_LISTENING = {"tcp": "0A", "tcp6": "0A", "udp": "07", "udp6": "07"}
+
+
+def _open_sockets() -> Iterator[tuple[str, str, int, str]]:
+    """(protocol, address, port, inode) of every TCP socket listening and UDP socket bound, from
+    /proc/net (this network namespace's)."""
+    for proto, listening in _LISTENING.items():
         try:
             lines = Path(f"/proc/net/{proto}").read_text().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
             fields = line.split()
-            if fields[3] != listening:
-                continue
-            address, port = _decode_address(fields[1])
-            if address not in ("127.0.0.1", "::1") and not address.startswith("127."):
-                found.add(f"{proto} {address}:{port}")
-    return found
+            if fields[3] == listening:
+                address, port = _decode_address(fields[1])
+                yield proto, address, port, fields[9]
+
+
+def _listeners() -> set[str]:
+    """Sockets listening (or bound, UDP) on an address other than loopback's (other processes
+    come and go on loopback; a node's listeners there die with it)."""
+    return {
+        f"{proto} {address}:{port}"
+        for proto, address, port, _inode in _open_sockets()
+        if address != "::1" and not address.startswith("127.")
+    }
 
 
 def _decode_address(hexed: str) -> tuple[str, int]:
@@ -173,18 +183,11 @@ def listeners_of(pids: Iterable[int]) -> set[str]:
                     inodes.add(target[8:-1])
         except OSError:
             continue
-    found = set()
-    for proto in ("tcp", "tcp6"):
-        try:
-            lines = Path(f"/proc/net/{proto}").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] == "0A" and fields[9] in inodes:
-                address, port = _decode_address(fields[1])
-                found.add(f"{address}:{port}")
-    return found
+    return {
+        f"{address}:{port}"
+        for proto, address, port, inode in _open_sockets()
+        if proto.startswith("tcp") and inode in inodes
+    }
 
 
 def iptables_rules() -> list[str]:
