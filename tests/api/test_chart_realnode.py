@@ -276,7 +276,7 @@ def _served_by_slb(release: Release, admin: EmulatorAdmin, namespace: str, name:
     )
 
 
-def test_the_default_install_serves_through_slb_moves_to_sharding_and_back_and_uninstalls_leaving_no_pod(
+def test_the_default_install_serves_through_slb_moves_to_sharding_and_uninstalls_leaving_no_pod(
     release: Release, real_node_namespace: str, emulator: tuple[dict[str, str], EmulatorAdmin]
 ) -> None:
     info, admin = emulator
@@ -348,29 +348,6 @@ def test_the_default_install_serves_through_slb_moves_to_sharding_and_back_and_u
         message="the old pods drained and gone",
     )
 
-    # And back: one leader again, the webhook Deployment gone.
-    done = release.upgrade(values)
-    assert done.returncode == 0, done.stdout + done.stderr + release.diagnose()
-    assert (
-        release.client.get(DEPLOYMENT, RELEASE_NS, "resourceconsist-manager")["spec"]["strategy"]["type"]
-        == "Recreate"
-    )
-    _manager_pods_ready(release, "control-plane=resourceconsist-manager", 2)
-    assert release.client.get_or_none(DEPLOYMENT, RELEASE_NS, "resourceconsist-webhook") is None
-    # A second upgrade in the same mode rolls again, one pod at a time.
-    done = release.upgrade(_merge(values, {"podAnnotations": {"rev": "3"}}))
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert (
-        release.client.get(DEPLOYMENT, RELEASE_NS, "resourceconsist-manager")["spec"]["strategy"]["type"]
-        == "RollingUpdate"
-    )
-    wait_for(
-        lambda: _served_by_slb(release, admin, ns, "web", 3),
-        timeout=120,
-        interval=0.5,
-        message="web still served",
-    )
-
     # Uninstall is refused while the controlled Service exists: the manager stays, and says why.
     refused = release.uninstall()
     assert refused.returncode != 0
@@ -401,6 +378,78 @@ def test_the_default_install_serves_through_slb_moves_to_sharding_and_back_and_u
         timeout=120,
         message="the release's pods gone",
     )
+
+
+def _guarded(release: Release, namespace: str, name: str, replicas: int) -> bool:
+    """The Deployment rolled out, each live pod admitted (entry) and held by the lifecycle finalizer."""
+    pods = [p for p in release.pods(namespace, f"app={name}") if not p["metadata"].get("deletionTimestamp")]
+    flz = lifecycle.lifecycle_finalizer(name)
+    return (
+        len(pods) == replicas
+        and rolled_out(release.client.get(DEPLOYMENT, namespace, name))
+        and all(flz in finalizers(p) and lifecycle.expected_finalizers(p) for p in pods)
+    )
+
+
+def _strategy(release: Release) -> str:
+    return str(
+        release.client.get(DEPLOYMENT, RELEASE_NS, "resourceconsist-manager")["spec"]["strategy"]["type"]
+    )
+
+
+def test_helm_upgrade_moves_an_install_into_sharding_and_back(
+    release: Release, real_node_namespace: str
+) -> None:
+    """Leader election, then three shards and the webhook's own Deployment, then one leader again,
+    each by `helm upgrade`: the manager's selector never changes (the earlier chart's upgrade into
+    sharding failed on it and left a half-applied release), a change of mode replaces every
+    replica before one of the other mode starts, and a controlled Deployment rolls under each.
+    (No credentials Secret is named, so that this runs the same on the earlier chart.)"""
+    ns = real_node_namespace
+    values: dict[str, Any] = {"adapters": ["demo"], "credentials": {"secretName": ""}}
+    release.install(values)
+    _manager_pods_ready(release, "control-plane=resourceconsist-manager", 2)
+    _workload(release, ns, "web", 2, {})
+    wait_for(lambda: _guarded(release, ns, "web", 2), timeout=180, interval=0.5, message="web guarded")
+
+    done = release.upgrade(_merge(values, {"sharding": {"enabled": True}, "replicaCount": 3}))
+    assert done.returncode == 0, done.stdout + done.stderr + release.diagnose()
+    assert _strategy(release) == "Recreate"
+    manager = release.client.get(DEPLOYMENT, RELEASE_NS, "resourceconsist-manager")
+    assert manager["spec"]["selector"]["matchLabels"] == {"control-plane": "resourceconsist-manager"}
+    for pod in _manager_pods_ready(release, "control-plane=resourceconsist-manager", 3):
+        assert "--sharding" in pod["spec"]["containers"][0]["args"]
+    _manager_pods_ready(release, "control-plane=resourceconsist-webhook", 2)
+    release.client.patch(
+        DEPLOYMENT, ns, "web", {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}
+    )
+    wait_for(
+        lambda: _guarded(release, ns, "web", 2), timeout=180, interval=0.5, message="web rolled under shards"
+    )
+
+    done = release.upgrade(values)
+    assert done.returncode == 0, done.stdout + done.stderr + release.diagnose()
+    assert _strategy(release) == "Recreate"
+    _manager_pods_ready(release, "control-plane=resourceconsist-manager", 2)
+    assert release.client.get_or_none(DEPLOYMENT, RELEASE_NS, "resourceconsist-webhook") is None
+    # The next upgrade in the same mode rolls, one replica at a time.
+    done = release.upgrade(_merge(values, {"podAnnotations": {"rev": "3"}}))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _strategy(release) == "RollingUpdate"
+    release.client.patch(
+        DEPLOYMENT, ns, "web", {"spec": {"template": {"metadata": {"annotations": {"rev": "3"}}}}}
+    )
+    wait_for(
+        lambda: _guarded(release, ns, "web", 2),
+        timeout=180,
+        interval=0.5,
+        message="web rolled under a leader",
+    )
+    release.client.delete(kube.SERVICE, ns, "web")
+    done = release.uninstall()
+    assert done.returncode == 0, done.stdout + done.stderr + release.diagnose()
+    release.client.delete(DEPLOYMENT, ns, "web")
+    wait_for(lambda: not release.pods(ns, "app=web"), timeout=120, message="web's pods gone")
 
 
 def test_an_install_with_the_demo_adapter_starts_and_guards_its_pods(
