@@ -8,11 +8,13 @@ BIN := $(VENV)/bin
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# Python packages (editable) and the kube-apiserver + etcd the tests run, built from Go modules.
+# Python packages (editable) and the kube-apiserver + etcd the tests run, built from Go modules;
+# promtool, for the chart's alert rules, from Debian's prometheus package (hack/install-promtool.sh).
 setup: $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	hack/build-controlplane.sh >/dev/null
+	hack/install-promtool.sh
 
 # The real-node tier (docs/testing.md, "A real node"): its Debian packages (root), then its
 # images (pause, the HTTP test server, the manager's), made again only when their inputs changed.

@@ -266,6 +266,10 @@ class ManagerOptions:
     #: ``kusionstack.io/control=true``), and those carrying the frame's marks whatever their labels
     #: (docs/concepts.md, "Pods the caches keep"); None: every pod of the watched namespaces.
     pod_label_selector: str | None = None
+    #: Passes each controller runs at once (controller-runtime's ``MaxConcurrentReconciles``;
+    #: ``resourceconsist run --max-concurrent-reconciles``); None: what the adapter asks for
+    #: (``ReconcileOptions.get_max_concurrent``), else 5. Set, it wins over the adapter's.
+    max_concurrent_reconciles: int | None = None
 
     def __post_init__(self) -> None:
         # A list is taken too; the options stay frozen and hashable.
@@ -288,6 +292,15 @@ class ManagerOptions:
         repeated = sorted({name for name in self.namespaces if self.namespaces.count(name) > 1})
         if repeated:
             raise InvalidOptions(f"namespaces lists {', '.join(repeated)} more than once", "namespaces")
+        concurrency = self.max_concurrent_reconciles
+        if concurrency is not None and (
+            isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1
+        ):
+            raise InvalidOptions(
+                f"max concurrent reconciles {concurrency!r} must be a whole number >= 1 (passes each "
+                "controller runs at once), or unset for the adapter's own",
+                "max_concurrent_reconciles",
+            )
         check_seconds("resync_period", self.resync_period)
         check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
@@ -340,3 +353,4 @@ class ManagerKeywords(TypedDict, total=False):
     provider_budget: ProviderBudgetOptions
     sharding: ShardingOptions | None
     pod_label_selector: str | None
+    max_concurrent_reconciles: int | None

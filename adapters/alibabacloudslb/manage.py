@@ -217,6 +217,19 @@ class ManageStrategy(ModeStrategy):
                 or not status.vserver_group_id
             ):
                 raise self.not_ours("delete", item)
+            members = await self._members()
+            if members:
+                # The group goes only once its backends are drained (weight 0 for the drain
+                # seconds) and removed, which the employee side of this pass starts: a listener
+                # still attached to it routes to them until then (docs/alibabacloudslb.md, "Tags
+                # and the garbage search"). Not done yet, not a failure: a later pass deletes it.
+                self.log(
+                    logging.INFO,
+                    "deleting VServer group %s waits for its %d backends to be drained and removed",
+                    item.id,
+                    len(members),
+                )
+                return done, [i for i in to_delete if i not in done]
             try:
                 await call_adapter(
                     functools.partial(

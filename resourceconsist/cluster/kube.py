@@ -298,6 +298,40 @@ def object_key(obj: Mapping[str, Any]) -> str:
     return f"{namespace}/{meta['name']}" if namespace else str(meta["name"])
 
 
+class EmployerKey(str):
+    """The key of one employer, parsed once: ``namespace/name``, or ``name`` for a cluster-scoped
+    kind (client-go's cache key; controller-runtime's ``client.ObjectKey``). It is a ``str``, so
+    the workqueue, the metrics and the adapter API (``ReconcileContext.employer_key``, the keys
+    event handlers return) take it as one; the frame reads ``namespace`` and ``name`` from it
+    instead of splitting the string at each use. ``EmployerKey(key)`` of one is that one."""
+
+    #: "" for a cluster-scoped employer.
+    namespace: str
+    name: str
+
+    def __new__(cls, key: str) -> EmployerKey:
+        if type(key) is cls:
+            return key
+        made = super().__new__(cls, key)
+        made.namespace, _, made.name = key.rpartition("/")
+        return made
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any]) -> EmployerKey:
+        """The key of the employer object ``obj``."""
+        return cls(object_key(obj))
+
+    @classmethod
+    def named(cls, namespace: str | None, name: str) -> EmployerKey:
+        """The key of the employer ``name`` in ``namespace`` (None or "": cluster-scoped)."""
+        return cls(f"{namespace}/{name}" if namespace else name)
+
+    @property
+    def namespace_or_none(self) -> str | None:
+        """The namespace as the client's calls take it: None for a cluster-scoped employer."""
+        return self.namespace or None
+
+
 def pod_namespace(namespace: str | None = None) -> str:
     """``namespace`` if given, else the pod's own (``$POD_NAMESPACE``), else ``resourceconsist``:
     where the webhook's certificate Secret and the leader-election Lease live by default."""

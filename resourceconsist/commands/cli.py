@@ -645,6 +645,15 @@ _manager_flags = _flag_group(
         "Seconds in-flight reconciles get on shutdown.",
     ),
     _field_flag(
+        "--max-concurrent-reconciles",
+        ManagerOptions,
+        "max_concurrent_reconciles",
+        "Passes each controller runs at once (controller-runtime's MaxConcurrentReconciles); "
+        "default: the adapter's own, else 5.",
+        type=int,
+        show_default="the adapter's, else 5",
+    ),
+    _field_flag(
         "--garbage-interval",
         GarbageOptions,
         "interval",
@@ -727,6 +736,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
             full_pass_every=flags["full_pass_every"],
             pod_label_selector=flags["pod_label_selector"],
             shutdown_timeout=flags["shutdown_timeout"],
+            max_concurrent_reconciles=flags["max_concurrent_reconciles"],
             leader_election=election,
             sharding=sharding,
             garbage=GarbageOptions(

@@ -90,6 +90,8 @@ class GateAnswer(BaseModel):
     #: What the provider holds for this pod for that employer (None: nothing, or not consulted).
     provider: ProviderBackend | None = None
     provider_consulted: bool = False
+    #: In words: what the gate waits for (the kubelet, the registration, the provider serving).
+    pending: str = ""
 
 
 class FinalizerAnswer(BaseModel):
@@ -398,6 +400,7 @@ class Explainer:
                 for view in await views(*owner):
                     item.provider_consulted = item.provider_consulted or view.view is not None
                     item.provider = item.provider or view.backend(name)
+                item.pending = _gate_pending(item, containers_ready=answer.containers_ready)
             answer.not_ready.append(item)
         for finalizer in lifecycle.get_finalizers(pod):
             prefix, _, digest = finalizer.rpartition("/")
@@ -789,6 +792,25 @@ def _yes_no(value: bool | None) -> str:
     return "unknown" if value is None else str(value)
 
 
+def _gate_pending(gate: GateAnswer, *, containers_ready: bool | None) -> str:
+    """What one of the frame's gates that is not True waits for, in words."""
+    if containers_ready is not True:
+        return "the kubelet: the pod's containers are not ready; the provider is not asked to serve it before"
+    if gate.provider is None:
+        if not gate.provider_consulted:
+            return "the provider (not consulted: pass --adapter NAME to see whether it holds the pod)"
+        return (
+            "the registration: the provider holds no backend of the pod yet; the controller registers "
+            "it, and the gate opens once the provider serves it"
+        )
+    if gate.provider.serving:
+        return "the controller's next pass: the provider serves the pod, so the gate opens"
+    return (
+        f"the provider to serve the pod: it holds {_backend_words(gate.provider)} but does not route "
+        "to it yet (its health check, or its weight)"
+    )
+
+
 def _backend_words(backend: ProviderBackend) -> str:
     state = backend.state
     if backend.serving is not None and state not in ("serving", "not serving"):
@@ -841,6 +863,8 @@ def pod_lines(answer: PodExplanation) -> list[str]:
                 else:
                     line += "; provider: not consulted (pass --adapter NAME)"
             lines.append(line)
+            if gate.pending:
+                lines.append(f"    waits for {gate.pending}")
     if answer.deleting:
         lines.append(
             f"  deleting (grace period ends {answer.deletion_timestamp}); "

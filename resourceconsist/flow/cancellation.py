@@ -67,6 +67,11 @@ class Cancellation:
         self._event.set()
 
     @property
+    def stopped(self) -> bool:
+        """``cancel()`` was called: the controller is stopping (not: the deadline passed)."""
+        return self._event.is_set()
+
+    @property
     def cancelled(self) -> bool:
         """``cancel()`` was called, or the deadline has passed."""
         if self._event.is_set():

@@ -40,7 +40,7 @@ from resourceconsist.adapter import OwnedItem
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheNotSynced
 from resourceconsist.cluster.events import MAX_MESSAGE
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.hooks.subresources import (
@@ -102,11 +102,11 @@ class GarbageReport:
     unknown: dict[str, str] = field(default_factory=dict)
 
 
-def stand_in(resource: kube.Resource, key: str, item: OwnedItem) -> KubeObject:
+def stand_in(resource: kube.Resource, key: EmployerKey, item: OwnedItem) -> KubeObject:
     """A deleting copy of the gone employer ``key``, carrying what ``item`` says it had."""
-    namespace, _, name = key.rpartition("/")
+    namespace = key.namespace
     meta: dict[str, object] = {
-        "name": name,
+        "name": key.name,
         "labels": dict(item.labels),
         "annotations": dict(item.annotations),
         "deletionTimestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -187,7 +187,8 @@ class GarbageCollector:
         # Off the event loop: a scan of the cached pods (about 0.15 s at 10k served pods) and,
         # for a hash no known name explains, a list of the namespace's Events.
         held = await asyncio.to_thread(self.gone_holds)
-        for key in sorted(set(by_owner or {}) | set(held)):
+        for owner in sorted(set(by_owner or {}) | set(held)):
+            key = EmployerKey(owner)
             if not controller.watches(key):
                 continue
             holds = held.get(key, [])
@@ -224,14 +225,15 @@ class GarbageCollector:
             )
         return report
 
-    async def owner_exists(self, key: str) -> bool:
+    async def owner_exists(self, key: EmployerKey) -> bool:
         """The employer ``key`` is in the cache or, asked live, in the API server."""
         controller = self.controller
-        namespace, _, name = key.rpartition("/")
         resource = controller.employer
-        if controller.reader.get(resource, namespace or None, name) is not None:
+        if controller.reader.get(resource, key.namespace_or_none, key.name) is not None:
             return True
-        live = await asyncio.to_thread(controller.client.get_or_none, resource, namespace or None, name)
+        live = await asyncio.to_thread(
+            controller.client.get_or_none, resource, key.namespace_or_none, key.name
+        )
         return live is not None
 
     def gone_holds(self) -> dict[str, list[tuple[KubeObject, Hold]]]:
@@ -294,21 +296,21 @@ class GarbageCollector:
         return marks.event_names(events.get("items") or [], kind)
 
     async def _unknown_employer(
-        self, key: str, holds: list[tuple[KubeObject, Hold]], report: GarbageReport
+        self, key: EmployerKey, holds: list[tuple[KubeObject, Hold]], report: GarbageReport
     ) -> None:
         """Pods held by an employer of which only the hash is left: never released, reported."""
         report.held[key] = sorted({hold.pod for _, hold in holds})
         report.uncollectable[key] = NAME_UNKNOWN
         await self._tell_operator(key, holds, NAME_UNKNOWN)
 
-    async def _tell_operator(self, key: str, holds: list[tuple[KubeObject, Hold]], why: str) -> None:
+    async def _tell_operator(self, key: EmployerKey, holds: list[tuple[KubeObject, Hold]], why: str) -> None:
         """A Warning Event on each held pod and one on the Namespace: which employer is gone, why
         the controller cannot collect it, and the command that releases a pod by hand. Each pod
         and employer once per controller lifetime (the log line too)."""
         controller = self.controller
         kind = controller.employer.kind
         recorder = controller.recorder
-        namespace = key.rpartition("/")[0]
+        namespace = key.namespace
         fresh = [(pod, hold) for pod, hold in holds if (f"{namespace}/{hold.pod}", key) not in self._told]
         for pod, hold in fresh:
             self._told.add((f"{namespace}/{hold.pod}", key))
@@ -346,7 +348,7 @@ class GarbageCollector:
             "balancer routes to it any more.",
         )
 
-    async def _open_gates(self, key: str) -> None:
+    async def _open_gates(self, key: EmployerKey) -> None:
         """The pass of a deleted employer, which its delete event would have brought: its readiness
         gate goes True on the pods still waiting on it (docs/zero-downtime.md), so a gone employer
         that cannot be collected keeps no pod un-Ready. Its finalizers stay."""
@@ -358,7 +360,7 @@ class GarbageCollector:
         except Exception as err:
             log.warning("%s: opening the readiness gates of gone %s failed: %s", controller.name, key, err)
 
-    def _unlisted_why_not(self, key: str) -> str | None:
+    def _unlisted_why_not(self, key: EmployerKey) -> str | None:
         """Why the pods of gone ``key``, which the adapter's list does not name, cannot be released
         (None: they can, once the bare stand-in's pass confirms the provider holds nothing)."""
         if not self.controller.profile.lists_everything_owned:
@@ -374,7 +376,7 @@ class GarbageCollector:
 
     async def _one_owner(
         self,
-        key: str,
+        key: EmployerKey,
         items: list[OwnedItem],
         holds: list[tuple[KubeObject, Hold]],
         report: GarbageReport,
@@ -384,8 +386,7 @@ class GarbageCollector:
         its marks still hold; with ``why_not`` (nothing can be collected), tell the operator."""
         controller = self.controller
         resource = controller.employer
-        namespace, _, name = key.rpartition("/")
-        if controller.reader.get(resource, namespace or None, name) is not None:
+        if controller.reader.get(resource, key.namespace_or_none, key.name) is not None:
             return  # alive: not an orphan
         if not controller.claim(key):
             report.skipped[key] = BUSY
@@ -454,7 +455,7 @@ class GarbageCollector:
                 done.append(f"released pods {', '.join(pods)}")
                 log.info("%s: released %s from gone %s", controller.name, ", ".join(pods), key)
             await controller.recorder.event(
-                _namespace_object(namespace),
+                _namespace_object(key.namespace),
                 "Normal",
                 COLLECTED_REASON,
                 f"{controller.name}: {' and '.join(done)} left by gone {key}",
@@ -462,7 +463,7 @@ class GarbageCollector:
         finally:
             controller.done(key)
 
-    async def _refused_lookup(self, key: str, err: kube.Forbidden, report: GarbageReport) -> None:
+    async def _refused_lookup(self, key: EmployerKey, err: kube.Forbidden, report: GarbageReport) -> None:
         """The live lookup of ``key`` was refused (403): whether it is gone is unknown, so
         nothing of it is touched. The operator is told which permission is missing (a log line
         and a Warning Event on the Namespace), once until the refusal changes."""
@@ -481,9 +482,8 @@ class GarbageCollector:
             key,
             refusal,
         )
-        namespace = key.rpartition("/")[0]
         await controller.recorder.event(
-            _namespace_object(namespace),
+            _namespace_object(key.namespace),
             "Warning",
             LOOKUP_REFUSED_REASON,
             f"{controller.name}: {kind} {key} is not in its cache and looking it up was refused "
@@ -510,18 +510,23 @@ class GarbageCollector:
                 continue
             for obj in listing.get("items") or []:
                 meta = obj["metadata"]
-                key = str((meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""))
+                owner = str((meta.get("annotations") or {}).get(OWNER_ANNOTATION, ""))
                 uid = str((meta.get("labels") or {}).get(OWNER_UID_LABEL, ""))
-                if not key or not controller.watches(key):
+                key = EmployerKey(owner)
+                if not owner or not controller.watches(key):
                     continue  # not written by the frame, or for a namespace this manager does not watch
-                if _owner_alive(controller.reader.get(controller.employer, *_split(key)), uid):
+                if _owner_alive(
+                    controller.reader.get(controller.employer, key.namespace_or_none, key.name), uid
+                ):
                     continue
                 if not controller.claim(key):
                     report.skipped[f"{kind}/{meta['name']}"] = BUSY
                     continue
                 try:
                     try:
-                        live = await asyncio.to_thread(client.get_or_none, controller.employer, *_split(key))
+                        live = await asyncio.to_thread(
+                            client.get_or_none, controller.employer, key.namespace_or_none, key.name
+                        )
                     except kube.Forbidden as err:
                         await self._refused_lookup(key, err, report)
                         continue
@@ -545,11 +550,6 @@ class GarbageCollector:
                     log.info("%s: deleted %s %s of gone %s", controller.name, kind, meta["name"], key)
                 finally:
                     controller.done(key)
-
-
-def _split(key: str) -> tuple[str | None, str]:
-    namespace, _, name = key.rpartition("/")
-    return namespace or None, name
 
 
 def _owner_alive(employer: KubeObject | None, uid: str) -> bool:

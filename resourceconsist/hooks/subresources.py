@@ -18,7 +18,7 @@ import re
 from typing import Any, Final
 
 from resourceconsist.cluster import kube
-from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.cluster.kube import EmployerKey, KubeClient, KubeObject, Resource
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.hooks.handle import ControllerHandle
@@ -55,13 +55,12 @@ def cluster_scoped_kinds(profile: AdapterProfile) -> list[tuple[str, str]]:
     return list(profile.sub_resources.sub_resource_kinds()) if profile.sub_resources is not None else []
 
 
-async def sync_sub_resources(controller: ControllerHandle, key: str) -> int:
+async def sync_sub_resources(controller: ControllerHandle, key: EmployerKey) -> int:
     """Create or update the sub-resources of the live employer ``key``; how many were written."""
     adapter = controller.profile.sub_resources
     if adapter is None:
         return 0
-    namespace, _, name = key.rpartition("/")
-    employer = controller.reader.get(controller.employer, namespace or None, name)
+    employer = controller.reader.get(controller.employer, key.namespace_or_none, key.name)
     if employer is None or lifecycle.is_deleting(employer):
         return 0  # namespaced ones go with it (owner references), cluster-scoped ones are collected
     ctx = controller.context(key)

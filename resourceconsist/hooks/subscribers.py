@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from resourceconsist.adapter import MaybeAwaitable
+from resourceconsist.cluster.kube import EmployerKey
 from resourceconsist.flow.cancellation import call_adapter
 
 log = logging.getLogger(__name__)
@@ -103,11 +104,12 @@ class SubscriberBus:
         self.subscribers.append(subscriber)
 
     def publish(self, what: str, employer: str, pod: str = "") -> None:
-        """Queue a notification (``pod`` is a pod name in the employer's namespace); never waits."""
+        """Queue a notification about the employer ``employer`` (its key; ``pod`` is a pod name in
+        its namespace); never waits."""
         if not self.subscribers:
             return
-        namespace = employer.rpartition("/")[0]
-        event = LifecycleEvent(self.controller, what, employer, f"{namespace}/{pod}" if pod else "")
+        key = EmployerKey(employer)
+        event = LifecycleEvent(self.controller, what, key, f"{key.namespace}/{pod}" if pod else "")
         try:
             self._queue.put_nowait(event)
         except asyncio.QueueFull:

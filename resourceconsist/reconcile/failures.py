@@ -21,6 +21,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventSink
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import RetryAfter
+from resourceconsist.flow.cancellation import current_cancellation
 from resourceconsist.reconcile.memory import Streak
 from resourceconsist.reconcile.outcome import MAX_CONFLICT_RETRY_SECONDS, MAX_ITEM_WARNINGS, ReconcileError
 from resourceconsist.wire import EventReason
@@ -100,7 +101,13 @@ class PassFailures:
     async def fail(
         self, reason: EventReason, message: str, annotations: Mapping[str, str] | None = None
     ) -> ReconcileError:
-        """A Warning Event on the employer and a log line; the error the pass raises."""
+        """A Warning Event on the employer and a log line; the error the pass raises. A pass the
+        controller's stop cancelled records none: what failed failed because it was told to
+        stop, and a stop is not a failure (docs/concepts.md, "When a failure becomes a Warning";
+        the next start runs the pass again)."""
+        if current_cancellation().stopped:
+            log.info("%s %s: pass stopped: %s", self.controller, self.key, message)
+            return ReconcileError(reason, message)
         # While the API server is down the client has said so once; a line per failed pass
         # would repeat it (docs/concepts.md, "What an operator sees under faults").
         level = logging.DEBUG if self._api_down() else logging.WARNING

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from resourceconsist.adapter import ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.flow import budget
 from resourceconsist.flow.budget import Priority
 from resourceconsist.flow.cancellation import current_cancellation
@@ -80,7 +80,7 @@ class PassFactory:
 
     def begin(
         self,
-        key: str,
+        key: EmployerKey,
         employer: KubeObject,
         *,
         stand_in: bool,
@@ -92,7 +92,7 @@ class PassFactory:
         (docs/concepts.md, "When a failure becomes a Warning")."""
         follows = self.profile.follows_lifecycle
         entry = employer_entry(employer) if follows else None
-        namespace = key.rpartition("/")[0]
+        namespace = key.namespace
         p = PassState(
             employer=employer,
             ctx=self.context(key),

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from resourceconsist import wire
@@ -24,6 +24,11 @@ log = logging.getLogger(__package__)
 
 #: (employee name, pod, the condition it should carry).
 Change = tuple[str, KubeObject, gates.GateState]
+
+#: Seconds the provider's calls of a pass may take before the gates of the pods they register or
+#: change say so (``Gatekeeper.in_flight``): a call that answers sooner leaves one gate write per
+#: pod (the one after the calls), a slow one shows its pods waiting for the provider meanwhile.
+IN_FLIGHT_AFTER = 1.0
 
 
 @dataclass
@@ -259,6 +264,36 @@ class Gatekeeper:
         plan = plan_gates(pods, gate, employer=who, facts=facts, timeout=timeout, now=now)
         failures = await self.write(namespace, gate, plan.changes, now)
         return GateOutcome(plan.recheck, failures)
+
+    async def in_flight(
+        self, employer: KubeObject, created: Collection[str], changed: Collection[str]
+    ) -> dict[str, BaseException]:
+        """The provider is being asked to serve these pods, and its calls are still running:
+        a registration (``created``) or a change of a backend it holds (``changed``, e.g. traffic
+        turned on). A live gated pod whose containers are ready says so, ``ProviderNotServing``
+        (waiting for the registration, or not served yet), instead of the ``ContainersNotReady``
+        it may carry from before (docs/zero-downtime.md). One write per pod and change: a
+        condition that says it already is left alone, and the gates after the calls write only
+        what changed."""
+        meta = employer["metadata"]
+        namespace = str(meta.get("namespace") or "")
+        gate = lifecycle.readiness_gate(meta["name"])
+        who = f"{employer.get('kind') or self.employer_kind} {kube.object_key(employer)}"
+        wants = {True: gates.registering(who), False: gates.not_serving_yet(who)}
+        changes: list[Change] = []
+        for name, pod in self.gated(namespace, gate):
+            if name not in created and name not in changed:
+                continue
+            if lifecycle.is_deleting(pod) or not lifecycle.is_lifecycle_ready(pod):
+                continue
+            want = wants[name in created]
+            condition = lifecycle.pod_condition(pod, gate)
+            if (condition or {}).get("status") == "True" or want.matches(condition):
+                continue
+            changes.append((name, pod, want))
+        if not changes:
+            return {}
+        return await self.write(namespace, gate, changes, datetime.datetime.now(datetime.UTC))
 
     async def write(
         self, namespace: str, gate: str, changes: Sequence[Change], now: datetime.datetime

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
 from resourceconsist.adapter import Employee, ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.flow.budget import spending_for
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile import finalizers, guard, readiness, statuses, sync
@@ -46,6 +47,8 @@ from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
 from resourceconsist.rules.diff import Diff
+
+log = logging.getLogger(__package__)
 
 
 class Reconciler:
@@ -62,7 +65,7 @@ class Reconciler:
         api_down: Callable[[], bool] = lambda: False,
         report_unguarded: Callable[[int], None] = lambda total: None,
         report_retried: Callable[[str], None] = lambda reason: None,
-        notify: Callable[[str, str, str], None] = lambda what, key, pod: None,
+        notify: Callable[[str, EmployerKey, str], None] = lambda what, key, pod: None,
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
     ) -> None:
         """The hooks (the controller's): ``api_down`` says whether the main cluster's API server
@@ -148,14 +151,15 @@ class Reconciler:
     # -- 1. the whole pass ----------------------------------------------------------------------------
 
     async def reconcile(self, key: str, *, stand_in: KubeObject | None = None) -> Result:
-        """One pass; with ``stand_in`` (a deleting copy of a gone employer), a pass that removes
-        what the provider still holds for it (docs/lifecycle-hooks.md, "Orphans")."""
-        namespace, _, name = key.rpartition("/")
-        employer = stand_in or self.reader.get(self.employer_resource, namespace or None, name)
+        """One pass of the employer ``key`` (``namespace/name``, or ``name`` when cluster-scoped);
+        with ``stand_in`` (a deleting copy of a gone employer), a pass that removes what the
+        provider still holds for it (docs/lifecycle-hooks.md, "Orphans")."""
+        key = EmployerKey(key)
+        employer = stand_in or self.reader.get(self.employer_resource, key.namespace_or_none, key.name)
         if employer is None:
             self._memory.forget(key)
             if self.employees_are_pods:
-                await self.gates.release_gone(namespace, name)
+                await self.gates.release_gone(key.namespace, key.name)
             if "" in self.telling.told(key):
                 self.telling.tell(key, "", "employer_deleted")
             return Result()
@@ -237,29 +241,49 @@ class Reconciler:
         return result
 
     async def _sync_employees(self, p: PassState) -> None:
-        """5. The employee sync under the guard: before the calls, after them."""
+        """5. The employee sync under the guard: before the calls, after them. Calls that are
+        slow to answer have their pods' gates say they wait for the registration meanwhile
+        (``readiness.Gatekeeper.in_flight``)."""
+        registering: asyncio.Task[None] | None = None
+        writing = asyncio.Event()
 
         async def before_calls(planned: Diff[Employee], current: Sequence[Employee]) -> set[str]:
-            p.carriers = self.passes.carriers(p)
-            guarding = await guard.before_calls(
-                planned,
-                current,
-                entry=p.entry,
-                pod_of=p.pod_of,
-                writer=p.writer,
-                written=p.written,
-                report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
-                controller=self.name,
-                key=p.key,
-            )
-            p.carriers |= guarding.carrying
-            self.telling.guarded(p.key, guarding.guarding)
-            return guarding.blocked
+            nonlocal registering
+            blocked: set[str] = set()
+            if p.follows_lifecycle:
+                p.carriers = self.passes.carriers(p)
+                guarding = await guard.before_calls(
+                    planned,
+                    current,
+                    entry=p.entry,
+                    pod_of=p.pod_of,
+                    writer=p.writer,
+                    written=p.written,
+                    report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
+                    controller=self.name,
+                    key=p.key,
+                )
+                p.carriers |= guarding.carrying
+                self.telling.guarded(p.key, guarding.guarding)
+                blocked = guarding.blocked
+            created = {e.name for e in planned.to_create if e.name} - blocked
+            changed = {e.name for e in planned.to_update if e.name} - blocked
+            if (created or changed) and not p.deleting:
+                registering = asyncio.create_task(self._gates_in_flight(p, created, changed, writing))
+            return blocked
 
-        guarded = before_calls if p.follows_lifecycle else None
-        p.employee_results, current_by_id, refused = await sync.sync_employees(
-            self.adapter, p.ctx, p.employer, p.failures, guarded
-        )
+        hook = before_calls if self.employees_are_pods else None
+        try:
+            p.employee_results, current_by_id, refused = await sync.sync_employees(
+                self.adapter, p.ctx, p.employer, p.failures, hook
+            )
+        finally:
+            if registering is not None:
+                if not writing.is_set():
+                    # The calls answered in time: the gates after them say it all.
+                    registering.cancel()
+                # Writes under way land before the gates after the calls are decided.
+                await asyncio.gather(registering, return_exceptions=True)
         p.refused.update(refused)
         if not self.employees_are_pods:  # (following PodOpsLifecycle implies pod employees)
             return
@@ -292,6 +316,19 @@ class Reconciler:
         if records is not None:
             p.expected_clean, p.employer = records.clean, records.employer
             await finalizers.raise_write_failures(p.written, p.entries.adds | p.entries.removes, p.failures)
+
+    async def _gates_in_flight(
+        self, p: PassState, created: set[str], changed: set[str], writing: asyncio.Event
+    ) -> None:
+        """Once the calls have run for ``readiness.IN_FLIGHT_AFTER`` seconds: the gates of the
+        pods they register or change say so (``writing`` set from then: the writes are waited
+        for, not cancelled). Best effort: a failed write is logged, the gates after the calls
+        write again."""
+        await asyncio.sleep(readiness.IN_FLIGHT_AFTER)
+        writing.set()
+        failed = await self.gates.in_flight(p.employer, created, changed)
+        for name, err in sorted(failed.items()):
+            log.info("%s %s: pod %s: gate of a call in flight not written: %s", self.name, p.key, name, err)
 
     async def _gates(self, p: PassState) -> None:
         """This employer's readiness gates, from what the pass confirmed (docs/zero-downtime.md)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileContext
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.finalizers import EntryPlan, PodOf
 from resourceconsist.reconcile.guard import AfterCalls
@@ -41,7 +41,7 @@ class PassState:
     employer: KubeObject
     ctx: ReconcileContext
     writer: PodWriter
-    key: str
+    key: EmployerKey
     deleting: bool
     follows_lifecycle: bool
     #: A pod employee's freshest copy in the employer's namespace (``PodPlaces.get``).

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
+from resourceconsist.cluster.kube import EmployerKey
 from resourceconsist.reconcile.guard import Verdict, announcements
 from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.podwriter import EmployerEntry
@@ -19,16 +20,18 @@ class Telling:
     """Tells one reconciler's subscribers (``notify``: what happened, employer key, pod name or
     "") what its passes decide, each once per change; ``notify`` must not block."""
 
-    def __init__(self, memory: Memories, notify: Callable[[str, str, str], None], controller: str) -> None:
+    def __init__(
+        self, memory: Memories, notify: Callable[[str, EmployerKey, str], None], controller: str
+    ) -> None:
         self._memory = memory
         self._notify = notify
         self._controller = controller
 
-    def told(self, key: str) -> Mapping[str, str]:
+    def told(self, key: EmployerKey) -> Mapping[str, str]:
         """What the subscribers were last told of the employer ``key``, by pod ("": itself)."""
         return self._memory.told(key)
 
-    def tell(self, key: str, pod: str, what: str) -> None:
+    def tell(self, key: EmployerKey, pod: str, what: str) -> None:
         """Notify subscribers of a change of state of an employer (pod "") or pod, once."""
         told = self._memory.of(key).told
         if told.get(pod) == what:
@@ -44,7 +47,7 @@ class Telling:
         except Exception:
             log.exception("%s %s: notifying subscribers of %s failed", self._controller, key, what)
 
-    def guarded(self, key: str, pods: Iterable[str]) -> None:
+    def guarded(self, key: EmployerKey, pods: Iterable[str]) -> None:
         """The guard went on these pods before the calls: news for pods nothing was told of yet."""
         for name in pods:
             if name not in self._memory.told(key):
@@ -52,7 +55,7 @@ class Telling:
 
     def announce(
         self,
-        key: str,
+        key: EmployerKey,
         verdicts: Mapping[str, Verdict],
         finalizers_of: Callable[[str], Sequence[str]],
         entry: EmployerEntry,

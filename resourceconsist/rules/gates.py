@@ -186,6 +186,18 @@ def decide(
     return Decision(not_serving, recheck_after=left)
 
 
+def registering(employer: str) -> GateState:
+    """A ready pod the provider has not registered yet, or whose registration is in flight."""
+    return GateState(
+        False, GateReason.NOT_SERVING, f"waiting for the provider of {employer} to register the pod"
+    )
+
+
+def not_serving_yet(employer: str) -> GateState:
+    """A ready pod the provider holds and does not serve (yet), or whose change is in flight."""
+    return GateState(False, GateReason.NOT_SERVING, f"the provider of {employer} does not serve the pod yet")
+
+
 def _not_serving(employer: str, *, ready: bool, serving: bool | None, refused: str | None) -> GateState:
     """Why a gate is False: the pod is not ready, the provider refused it, or it has not (yet)
     registered and served it."""
@@ -203,10 +215,8 @@ def _not_serving(employer: str, *, ready: bool, serving: bool | None, refused: s
             f"the provider of {employer} refused the change that would serve the pod: {refused}",
         )
     if serving is None:
-        return GateState(
-            False, GateReason.NOT_SERVING, f"waiting for the provider of {employer} to register the pod"
-        )
-    return GateState(False, GateReason.NOT_SERVING, f"the provider of {employer} does not serve the pod yet")
+        return registering(employer)
+    return not_serving_yet(employer)
 
 
 def condition_patch(pod: Pod, gate: str, want: GateState, now: datetime.datetime) -> dict[str, Any]:

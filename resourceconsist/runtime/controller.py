@@ -11,7 +11,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
+from typing import Protocol
 
 from resourceconsist import errors, wire
 from resourceconsist.adapter import (
@@ -25,7 +26,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheNotSynced, CacheReader, InformerFactory, WatchEvent
 from resourceconsist.cluster.events import EventRecorder
 from resourceconsist.cluster.interfaces import EventSink
-from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.cluster.kube import EmployerKey, KubeClient, KubeObject, Resource
 from resourceconsist.flow.cancellation import Cancellation, PassCancelled, running_pass
 from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.hooks.orphans import GarbageCollector
@@ -37,10 +38,30 @@ from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.runtime import logs
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.parking import ParkedEvents
-from resourceconsist.runtime.sharding.shard import ShardGate
 from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
 
 log = logging.getLogger(__name__)
+
+
+class EmployerScope(Protocol):
+    """Which employers a controller may act on, when another piece decides it: with sharding,
+    this replica's share (resourceconsist/runtime/sharding/replica.py; docs/scaling.md). A
+    controller built with none acts on every employer it watches."""
+
+    def left(self, event: WatchEvent) -> bool:
+        """A DELETED event of an employer that was not deleted but left the scope: nothing of it
+        is released here."""
+
+    def draining(self, obj: KubeObject | None) -> bool:
+        """The employer is in scope and asked to be let go: acted on whatever the predicate says."""
+
+    async def may_act(self, resource: Resource, key: EmployerKey, reader: CacheReader) -> bool:
+        """Before each pass: whether a pass of ``key`` may run now (a draining employer is let
+        go of here, in the worker that holds its key)."""
+
+    def owns(self, resource: Resource, key: EmployerKey) -> bool:
+        """A gone employer's key is in scope (its garbage pass runs here)."""
+
 
 #: Seconds a controller starting to lead waits for its caches before giving up (and stepping down).
 CACHE_SYNC_TIMEOUT = 600.0
@@ -60,9 +81,13 @@ class Controller:
         garbage: GarbageOptions | None = None,
         full_pass_every: float = DEFAULT_FULL_PASS_EVERY,
         peers: Callable[[], list[str]] = list,
+        scope: EmployerScope | None = None,
+        max_concurrent_reconciles: int | None = None,
     ) -> None:
         """``peers``: the names of the other controllers of the same manager that employ the
-        same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers")."""
+        same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers"); ``scope``:
+        which employers it may act on (None: every one it watches); ``max_concurrent_reconciles``:
+        the manager's number of workers, over the adapter's own (None: the adapter's)."""
         #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
         self.profile = profile = AdapterProfile.of(adapter)
         self.adapter = profile.adapter
@@ -71,7 +96,8 @@ class Controller:
         self.informers = informers
         self.metrics = metrics or Metrics()
         self.spec = profile.watch
-        self.max_concurrent = profile.max_concurrent
+        # The manager's setting (an operator's --max-concurrent-reconciles) wins over the adapter's.
+        self.max_concurrent = max(1, max_concurrent_reconciles or profile.max_concurrent)
         self.rate_limiter: RateLimiter = profile.rate_limiter or default_controller_rate_limiter()
         #: controller-runtime's series of this controller and its queue (docs/observability.md).
         self.series = self.metrics.standard.controller(self.name, self.max_concurrent)
@@ -121,11 +147,8 @@ class Controller:
         self._requeue_pending = False
         self.reconciles = 0
         self.failures = 0
-        #: With sharding, this replica's shard: which employers it acts on (set by the manager
-        #: before the controller starts; docs/scaling.md).
-        self.shard: ShardGate | None = None
-        #: With sharding: waits until the shard's pod cache holds an employer's pods (the manager's).
-        self.shard_pods_ready: Callable[[str], Awaitable[None]] = _nothing_to_wait_for
+        #: Which employers it may act on (with sharding, this replica's share); None: all.
+        self.scope = scope
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
         """Tell ``subscriber`` what happens to this controller's pods and employers."""
@@ -163,14 +186,14 @@ class Controller:
             if self.queue.shutting_down:
                 return
             accepted = False
-            shard = self.shard if employees_of is None else None
+            scope = self.scope if employees_of is None else None
             try:
-                if shard is not None and shard.left(event):
+                if scope is not None and scope.left(event):
                     # Moved to another shard, not deleted: nothing of it is released here.
                     reconciler.let_go(kube.object_key(event.obj))
                     return
                 # A drain is acted on whatever the adapter's predicate says (docs/scaling.md).
-                if not (shard is not None and shard.draining(event.obj)) and not predicate(event):
+                if not (scope is not None and scope.draining(event.obj)) and not predicate(event):
                     return
                 accepted = True
                 keys = to_keys(event, reader)
@@ -397,9 +420,11 @@ class Controller:
 
     async def _worker(self, index: int) -> None:
         while True:
-            key = await self.queue.get()
-            if key is None:
+            queued = await self.queue.get()
+            if queued is None:
                 return
+            # Parsed once per pass: every step reads the namespace and name from it.
+            key = EmployerKey(queued)
             try:
                 # Every line logged for this pass carries the controller and the employer.
                 with logs.employer_fields(self.name, key):
@@ -407,7 +432,7 @@ class Controller:
             finally:
                 self.queue.done(key)
 
-    async def _process(self, key: str) -> None:
+    async def _process(self, key: EmployerKey) -> None:
         started = time.monotonic()
         outcome = "success"
         # One cancellation per pass, current for everything the pass runs (adapter threads too).
@@ -416,7 +441,9 @@ class Controller:
         self.series.active.inc()
         try:
             with running_pass(cancellation), self.metrics.bound(self.name):
-                if self.shard is not None and not await self._shard_may_act(key):
+                if self.scope is not None and not await self.scope.may_act(
+                    self.spec.employer, key, self.reader
+                ):
                     self.reconciler.let_go(key)
                     self.queue.forget(key)
                     return
@@ -468,27 +495,6 @@ class Controller:
             self.series.reconciled(outcome, seconds)
             self.metrics.observe_reconcile(self.name, outcome, seconds)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))
-
-    async def _shard_may_act(self, key: str) -> bool:
-        """With sharding: the employer is this shard's (a draining one is let go of here, in the
-        worker that holds its key, so no pass of it runs meanwhile)."""
-        assert self.shard is not None
-        namespace, _, name = key.rpartition("/")
-        cached = self.reader.get(self.spec.employer, namespace or None, name)
-        if not await self.shard.may_act(self.spec.employer, key, cached):
-            return False
-        # The shard's pod cache holds this employer's pods before its pass (docs/scaling.md).
-        await self.shard_pods_ready(key)
-        if cached is None:
-            return True  # gone, as the API server said: nothing can have moved it meanwhile
-        # A drain that arrived during the wait is acknowledged now, not after one more pass.
-        return await self.shard.may_act(
-            self.spec.employer, key, self.reader.get(self.spec.employer, namespace or None, name)
-        )
-
-
-async def _nothing_to_wait_for(key: str) -> None:
-    del key
 
 
 class _Handle:
@@ -542,11 +548,12 @@ class _Handle:
         return self._controller.employees_in_members
 
     def watches(self, key: str) -> bool:
-        if self.employer.namespaced and not self._controller.informers.watches(key.rpartition("/")[0]):
+        key = EmployerKey(key)
+        if self.employer.namespaced and not self._controller.informers.watches(key.namespace):
             return False
         # With sharding, a gone employer is the business of the one shard its key hashes to.
-        shard = self._controller.shard
-        return shard is None or shard.ring_owns(self.employer, key)
+        scope = self._controller.scope
+        return scope is None or scope.owns(self.employer, key)
 
     def peers(self) -> list[str]:
         return self._controller.peers()

@@ -54,12 +54,15 @@ def log_fields(**fields: str) -> Iterator[None]:
 
 
 def employer_fields(controller: str, key: str) -> AbstractContextManager[None]:
-    """``log_fields`` of one pass: the controller, and the employer of ``key`` (``namespace/name``,
-    or ``name`` for a cluster-scoped employer)."""
-    namespace, _, name = key.rpartition("/")
-    if namespace:
-        return log_fields(controller=controller, namespace=namespace, name=name)
-    return log_fields(controller=controller, name=name)
+    """``log_fields`` of one pass: the controller, and the employer of ``key`` (no namespace for
+    a cluster-scoped employer)."""
+    # Here, not at the top: the command line sets up logging before it loads the cluster I/O.
+    from resourceconsist.cluster.kube import EmployerKey
+
+    key = EmployerKey(key)
+    if key.namespace:
+        return log_fields(controller=controller, namespace=key.namespace, name=key.name)
+    return log_fields(controller=controller, name=key.name)
 
 
 class JSONFormatter(logging.Formatter):

@@ -7,7 +7,9 @@ stops taking work and waits for in-flight reconciles up to a timeout.
 (Go: ``AddToMgr`` is ``add_to_manager`` here.)
 
 With sharding (``ShardingOptions``; docs/scaling.md) every replica runs its controllers on its
-share of the employers, held by its own shard Lease, and one of them runs the sharder.
+share of the employers, held by its own shard Lease, and one of them runs the sharder: all of it
+is one runnable (resourceconsist/runtime/sharding/replica.py) that the manager wires in, never
+logic of the manager's own.
 
 Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
 ``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
@@ -18,20 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import datetime
 import logging
-import threading
-import time
 import warnings
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Unpack
 
-from resourceconsist import wire
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import Informer, InformerFactory, WatchEvent
-from resourceconsist.cluster.kube import KubeClient, Resource
+from resourceconsist.cluster.cache import InformerFactory
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow import budget
 from resourceconsist.flow.cancellation import DaemonThreadExecutor
@@ -41,10 +38,7 @@ from resourceconsist.runtime.controller import Controller
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics, health_app
 from resourceconsist.runtime.multicluster import ClusterRegistry, MemberCluster
-from resourceconsist.runtime.sharding.pods import ShardPods, changes_share
-from resourceconsist.runtime.sharding.ring import ShardState, budget_share, shard_of_lease
-from resourceconsist.runtime.sharding.shard import ShardGate
-from resourceconsist.runtime.sharding.sharder import Sharder, SharderRound
+from resourceconsist.runtime.sharding.replica import ShardedReplica
 
 if TYPE_CHECKING:
     # Imported where the health endpoints start: a run without them never loads aiohttp.
@@ -52,23 +46,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Seconds a shard's pod cache waits for its Service cache before its first list
-#: (``Manager._wait_for_services``).
-SERVICES_WAIT = 60.0
-#: A shard's pods are listed again once its Services have stopped arriving for this many
-#: seconds, and at most ``RELIST_AT_MOST`` seconds after the first: a wave of Services moving
-#: to it costs one list of every pod, not one per Service (``Manager._relist_pods_on_new_share``).
-RELIST_QUIET = 1.0
-RELIST_AT_MOST = 5.0
-
 
 @dataclass
 class Runnable:
-    """Something started and stopped with the manager (e.g. the webhook server)."""
+    """Something started and stopped with the manager (e.g. the webhook server): started after
+    the caches, stopped after the controllers, in reverse order. ``stopping``, when given, is
+    called at once when the manager begins to stop, before anything stops (e.g. to let no new
+    work begin)."""
 
     name: str
     start: Callable[[], Awaitable[None]]
     stop: Callable[[], Awaitable[None]]
+    stopping: Callable[[], None] | None = None
 
 
 class DuplicateControllerError(ResourceConsistError, ValueError):
@@ -135,55 +124,23 @@ class Manager:
         self._started = False
         election = self.options.leader_election
         self._elector = LeaderElector(client, election) if election is not None else None
-        sharding = self.options.sharding
-        #: With sharding: the ring's shard Leases, this replica's shard, the sharder's election
-        #: and, while this replica runs it, the sharder (docs/scaling.md).
-        self.shard: ShardGate | None = None
-        self.sharder: Sharder | None = None
-        self._shard_leases: InformerFactory | None = None
-        self._sharder_elector: LeaderElector | None = None
-        self._sharder_task: asyncio.Task[None] | None = None
-        self._unsubscribe_share: Callable[[], None] | None = None
-        self._shard_pods: ShardPods | None = None
-        if sharding is not None:
-            election = sharding.lease_options()
-            self._elector = LeaderElector(
-                client,
-                election,
-                labels={wire.SHARD_RING_LABEL: sharding.controller_ring},
-                release_on_cancel=sharding.release_on_cancel,
-            )
-            self._shard_leases = InformerFactory(client, namespace=self._elector.namespace)
-            self._shard_leases.select(kube.LEASE, f"{wire.SHARD_RING_LABEL}={sharding.controller_ring}")
-            self.shard = ShardGate(
-                client,
-                sharding.controller_ring,
-                sharding.shard_name,
-                self._leases_informer(),
-                on_drained=self.metrics.shard_drains.inc,
-            )
-            # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
-            # need of pods"); every pod while a controller of another kind runs.
-            shard_pods = ShardPods(self.shard, self.informers.reader(), self._services_synced)
-            self._shard_pods = shard_pods
-            self.informers.restrict_pods(
-                lambda pod: not self._pods_divide() or shard_pods.keeps(pod), wait=self._wait_for_services
-            )
-            if sharding.sharder:
-                self._sharder_elector = LeaderElector(
-                    client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel
-                )
-        #: Ends the pod re-lists on this shard's Service changes (``_relist_pods_on_new_share``).
-        self._unrelist: Callable[[], None] = lambda: None
-        #: The Services whose pods a pod list was asked for since they came to this shard.
-        self._pods_listed_for: set[str] = set()
+        #: With sharding, this replica's part in it (docs/scaling.md): its controllers run under
+        #: its shard Lease and act on its share of the employers.
+        self.sharding: ShardedReplica | None = None
+        if self.options.sharding is not None:
+            self.sharding = ShardedReplica(client, self.options, self.informers, self.metrics)
+            self._elector = self.sharding.elector
+            sharding = self.sharding
+            self.add_runnable(Runnable("sharding", sharding.start, sharding.stop, stopping=sharding.stopping))
         self._elector_stop = asyncio.Event()
         self._elector_task: asyncio.Task[None] | None = None
-        #: Controllers run only while this is True: always without leader election.
-        self.leading = election is None
-        #: client-go's ``leader_election_master_status{name}`` of the Lease, with leader election.
+        #: Controllers run only while this is True: always without a Lease to hold.
+        self.leading = self._elector is None
+        #: client-go's ``leader_election_master_status{name}`` of the Lease, with one.
         self._lease_status = (
-            self.metrics.standard.leader_status.labels(election.name) if election is not None else None
+            self.metrics.standard.leader_status.labels(self._elector.options.name)
+            if self._elector is not None
+            else None
         )
         self._report_leading()
         self._servers: list[web.AppRunner] = []
@@ -228,25 +185,17 @@ class Manager:
             garbage=self.options.garbage,
             full_pass_every=self.options.full_pass_every,
             peers=peers,
+            scope=self.sharding.scope if self.sharding is not None else None,
+            max_concurrent_reconciles=self.options.max_concurrent_reconciles,
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
-        if self.shard is not None:
-            # This replica caches and acts on its share of the employers only (docs/scaling.md).
-            self.informers.select(controller.spec.employer, self.shard.selector)
-            controller.shard = self.shard
-            controller.shard_pods_ready = self._shard_pods_ready
         self.controllers[name] = controller
-        if self.shard is not None and self._started:
-            # What this shard's pod cache keeps may have changed with the controllers' kinds.
-            self.informers.informer(kube.POD).relist()
+        if self.sharding is not None:
+            # This replica caches and acts on its share of the employers only (docs/scaling.md).
+            await self.sharding.add(controller.handle)
         if self._started and self.leading:
             await controller.start()
-        sharder = self.sharder
-        if sharder is not None and controller.spec.employer not in {r for r, _ in sharder.employers}:
-            # The running sharder watches the kinds of the controllers it started with.
-            await self._stop_sharder()
-            await self._start_sharder()
         return controller
 
     def subscribe(self, subscriber: LifecycleSubscriber) -> None:
@@ -263,6 +212,8 @@ class Manager:
             raise LookupError(
                 f"no controller named {name!r} (running: {', '.join(sorted(self.controllers)) or 'none'})"
             )
+        if self.sharding is not None:
+            self.sharding.remove(controller.handle)
         await controller.stop(self.options.shutdown_timeout if timeout is None else timeout)
 
     def add_runnable(self, runnable: Runnable) -> None:
@@ -290,13 +241,9 @@ class Manager:
         # threads: one stuck in a hung provider is abandoned on stop instead of keeping the
         # process alive (docs/concepts.md, "Stopping within the shutdown timeout").
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
-        if self.shard is not None:
-            self.shard.open = True
-        if self.shard is not None and self._pods_divide():
-            # Subscribed before the caches start, so the Services' events are the list's, made
-            # before the pods' list started: a replay to a later subscriber carries the replay's
-            # moment and would ask for a needless second list of every pod.
-            self._unrelist = self._relist_pods_on_new_share()
+        if self.sharding is not None:
+            # Before the caches start (ShardedReplica.prepare says why).
+            self.sharding.prepare()
         self.informers.start(loop)
         self.clusters.bind(loop)
         await self._serve_endpoints()
@@ -313,16 +260,6 @@ class Manager:
             self._elector_stop.clear()
             self._elector_task = asyncio.create_task(
                 self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
-            )
-        if self._shard_leases is not None:
-            # Made again after a stop (stopping a factory drops its informers).
-            assert self.shard is not None
-            self.shard.leases = self._leases_informer()
-            self._unsubscribe_share = self.shard.leases.add_handler(self._share_budget)
-            self._shard_leases.start(loop)
-        if self._sharder_elector is not None:
-            self._sharder_task = asyncio.create_task(
-                self._sharder_elector.run(self._start_sharder, self._stop_sharder, self._elector_stop)
             )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
 
@@ -372,136 +309,6 @@ class Manager:
             self._servers.clear()
             raise
 
-    def _share_budget(self, event: WatchEvent) -> None:
-        """Take this replica's share of the provider budget: the configured share over the ring's
-        ready shards, looked at again on every Lease event (each renewal is one, so a shard gone
-        silent is noticed within a retry period of the others'; docs/scaling.md)."""
-        assert self.shard is not None and self.shard.leases is not None
-        now = datetime.datetime.now(datetime.UTC)
-        ring_share = budget_share(shard_of_lease(lease, now) for lease in self.shard.leases.store.list())
-        configured = self.options.provider_budget
-        wanted = dataclasses.replace(configured, share=configured.share * ring_share)
-        if budget.settings() != wanted:
-            budget.configure(wanted)
-            if configured.rate is None:
-                return  # no rate to divide: nothing an operator needs to hear
-            log.info(
-                "shard %s takes 1/%d of the provider budget (ready shards of the ring %s)",
-                self.shard.shard,
-                round(1 / ring_share),
-                self.shard.ring,
-            )
-
-    def _pods_divide(self) -> bool:
-        """Every controller employs pods for Services: a shard's pods are its Services' (with
-        sharding; resourceconsist/runtime/sharding/pods.py)."""
-        specs = [c.spec for c in list(self.controllers.values())]
-        return bool(specs) and all(s.employer == kube.SERVICE and s.employee == kube.POD for s in specs)
-
-    def _services_synced(self) -> bool:
-        """This shard's Service cache is made and has its first list."""
-        return any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers())
-
-    def _wait_for_services(self, stop: threading.Event) -> None:
-        """Before the pod cache's first list (in its informer thread): this shard's Service
-        cache, so that the list keeps the shard's share, not every pod of the watched namespaces
-        to be listed again (docs/scaling.md, "What a shard's employers need of pods"). At most
-        ``SERVICES_WAIT`` seconds: then the pods are listed, kept whole until it has synced."""
-        deadline = time.monotonic() + SERVICES_WAIT
-        while not stop.is_set() and time.monotonic() < deadline:
-            if not self._pods_divide():
-                return
-            services = next((i for i in self.informers.informers() if i.resource == kube.SERVICE), None)
-            if services is None:
-                stop.wait(0.05)  # the controller's caches are being made
-            elif services.synced_within(0.5):
-                return
-
-    def _relist_pods_on_new_share(self) -> Callable[[], None]:
-        """List the pods again whenever this shard's Services change what it must keep (one
-        arrived, a selector changed), once such changes have gone quiet for ``RELIST_QUIET``
-        seconds (at most ``RELIST_AT_MOST`` after the first): the pod cache is not current from
-        the first change on, so the pass such an event queues waits for the list (``Controller``).
-        Re-lists asked for while one runs make one more, not one each (``Informer.relist``); none
-        is asked for when a list that started after the change is in (``Informer.listed_since``:
-        the Services a shard starts with). Returns the unsubscribe."""
-        pods = self.informers.informer(kube.POD)
-        services = self.informers.informer(kube.SERVICE)
-        shard_pods = self._shard_pods
-
-        def on_service(event: WatchEvent) -> None:
-            key = kube.object_key(event.obj)
-            if event.type == "DELETED":
-                self._pods_listed_for.discard(key)
-            elif changes_share(event):
-                self._pods_listed_for.add(key)
-                if not pods.listed_since(event.at):
-                    pods.relist(quiet=RELIST_QUIET, at_most=RELIST_AT_MOST)
-
-        def on_services_synced() -> None:
-            # Pods kept before the Service cache was in (every one) are let go by a new list.
-            if shard_pods is None or shard_pods.kept_unjudged():
-                pods.relist()
-
-        withdraw = services.when_synced(on_services_synced)
-        remove = services.add_handler(on_service)
-
-        def unsubscribe() -> None:
-            withdraw()
-            remove()
-
-        return unsubscribe
-
-    async def _shard_pods_ready(self, key: str) -> None:
-        """Before a pass of the Service ``key`` on this shard: its pods are in the pod cache. A
-        Service the cache already holds but whose ADDED event has not been handed out yet (a pod
-        event found it first) asks for the list here."""
-        if not self._pods_divide():
-            return
-        pods = self.informers.informer(kube.POD)
-        if key not in self._pods_listed_for:
-            self._pods_listed_for.add(key)
-            pods.relist()
-        if not pods.current:
-            await pods.wait_synced()
-
-    def _leases_informer(self) -> Informer:
-        assert self._shard_leases is not None
-        return self._shard_leases.informer(kube.LEASE)
-
-    async def _start_sharder(self) -> None:
-        sharding = self.options.sharding
-        assert sharding is not None
-        by_kind: dict[Resource, list[Controller]] = {}
-        for controller in self.controllers.values():
-            by_kind.setdefault(controller.spec.employer, []).append(controller)
-        self.sharder = Sharder(
-            self.client,
-            sharding.controller_ring,
-            self._leases_informer(),
-            [(resource, _any_accepts(controllers)) for resource, controllers in by_kind.items()],
-            namespaces=self.options.watched_namespaces or (),
-            resync=sharding.sharder_resync,
-            report=self._report_round,
-        )
-        await self.sharder.start()
-
-    def _report_round(self, done: SharderRound) -> None:
-        metrics = self.metrics
-        metrics.sharder_moves.labels("assign").inc(done.assigned)
-        metrics.sharder_moves.labels("drain").inc(done.drained)
-        for state in (ShardState.READY, ShardState.EXPIRED, ShardState.UNCERTAIN, ShardState.DEAD):
-            metrics.sharder_shards.labels(str(state)).set(sum(1 for s in done.shards.values() if s == state))
-
-    async def _stop_sharder(self) -> None:
-        if self.sharder is not None:
-            await self.sharder.stop()
-            self.sharder = None
-            # Only the replica running the sharder reports the ring: a replica that stopped
-            # running it (stepped down, stopping) would show a ring no one watches any more
-            # (docs/observability.md, "A sample dashboard": "Shards by state").
-            self.metrics.sharder_shards.clear()
-
     async def _start_controllers(self) -> None:
         self.leading = True
         self._report_leading()
@@ -538,23 +345,14 @@ class Manager:
         """Graceful shutdown: controllers finish in-flight work within ``timeout``, then all stops."""
         timeout = self.options.shutdown_timeout if timeout is None else timeout
         self._stop_timeout = timeout
-        if self.shard is not None:
-            # No pass starts from now on, even while the elector finishes a renewal in flight
-            # (docs/scaling.md, "Stopping").
-            self.shard.open = False
+        for runnable in self.runnables:
+            if runnable.stopping is not None:
+                runnable.stopping()
         if self._elector_task is not None:
             # The elector stops the controllers and releases the lease on its way out.
             self._elector_stop.set()
             await self._elector_task
             self._elector_task = None
-        if self._sharder_task is not None:
-            await self._sharder_task
-            self._sharder_task = None
-        if self._unsubscribe_share is not None:
-            self._unsubscribe_share()
-            self._unsubscribe_share = None
-        if self._shard_leases is not None:
-            await asyncio.to_thread(self._shard_leases.stop)
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
         for runnable in reversed(self.runnables):
             try:
@@ -565,8 +363,6 @@ class Manager:
             await server.cleanup()
         self._servers.clear()
         self.clusters.stop_all()
-        self._unrelist()
-        self._pods_listed_for.clear()
         await asyncio.to_thread(self.informers.stop)
         self._started = False
         log.info("manager stopped")
@@ -583,12 +379,6 @@ class Manager:
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
     """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
     return await manager.add(adapter)
-
-
-def _any_accepts(controllers: list[Controller]) -> Callable[[WatchEvent], bool]:
-    """An employer is the ring's when a controller of its kind would reconcile it."""
-    predicates = [c.spec.employer_predicate for c in controllers]
-    return lambda event: any(predicate(event) for predicate in predicates)
 
 
 def _one_port(metrics: tuple[str, int], probes: tuple[str, int] | None) -> bool:

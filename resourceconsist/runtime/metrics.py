@@ -17,8 +17,10 @@ What each series means for an operator: docs/concepts.md, "What an operator sees
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import (
@@ -35,6 +37,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from resourceconsist import wire
 from resourceconsist.flow import budget
 
 if TYPE_CHECKING:
@@ -207,7 +210,8 @@ class Metrics:
 
 
 class _KubeCollector(Collector):
-    """409 conflicts and informer re-lists, read from the clients and caches when scraped."""
+    """409 conflicts, informer re-lists and the longest a guard has held a pod's deletion, read
+    from the clients and caches when scraped."""
 
     def __init__(self) -> None:
         self.sources: list[tuple[str, KubeClient, InformerFactory]] = []
@@ -223,13 +227,42 @@ class _KubeCollector(Collector):
             "Full re-lists by the informer caches after the first list (a broken watch, 410 Gone).",
             labels=["cluster", "resource"],
         )
+        held = GaugeMetricFamily(
+            "resourceconsist_guard_held_deletion_seconds",
+            "Seconds the oldest pod still carrying a guard finalizer has waited past its deletion "
+            "time (its grace period over), among the pods the caches hold; 0: none waits.",
+            labels=["cluster"],
+        )
+        now = time.time()
         for cluster, client, informers in self.sources:
             for resource, count in sorted(client.conflicts.items()):
                 conflicts.add_metric([cluster, resource], count)
             for informer in informers.informers():
                 relists.add_metric([cluster, informer.resource.plural], max(0, informer.relists - 1))
+            pods = [
+                i for i in informers.informers() if i.resource.group == "" and i.resource.plural == "pods"
+            ]
+            if pods:
+                held.add_metric(
+                    [cluster], max((_held_past_deletion(p, now) for p in pods[0].store.list()), default=0)
+                )
         yield conflicts
         yield relists
+        yield held
+
+
+_GUARD = wire.GUARD_FINALIZER_PREFIX + "/"
+
+
+def _held_past_deletion(pod: Mapping[str, Any], now: float) -> float:
+    """Seconds ``pod`` has waited past its deletion time on a guard finalizer; 0 when it does not.
+    (The deletion time is the delete request's plus the grace period: a drain within the grace
+    period is not a wait.)"""
+    meta = pod.get("metadata") or {}
+    deleting = meta.get("deletionTimestamp")
+    if not deleting or not any(str(f).startswith(_GUARD) for f in meta.get("finalizers") or ()):
+        return 0.0
+    return max(0.0, now - datetime.fromisoformat(str(deleting)).timestamp())
 
 
 class _BudgetCollector(Collector):

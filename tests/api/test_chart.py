@@ -20,7 +20,14 @@ from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject
-from resourceconsist.testing import HELM_VERSION, LocalControlPlane, find_helm, schemaless_crd, wait_for
+from resourceconsist.testing import (
+    HELM_VERSION,
+    LocalControlPlane,
+    find_helm,
+    run_cli,
+    schemaless_crd,
+    wait_for,
+)
 
 # helm lives beside the control plane's binaries (find_helm): CI's run without them skips this
 # module by the marker, never by a missing binary.
@@ -615,6 +622,8 @@ SWITCHES_OFF: dict[str, Any] = {
     "topologySpreadConstraints": [],
     "resources": None,
     "leastPrivilegePolicy": {"enabled": False},
+    "rbac": {"create": False},
+    "serviceAccount": {"create": False},
 }
 
 
@@ -626,8 +635,9 @@ def test_helm_install_with_every_switch_off_on_a_real_api_server(
     kinds = {kind for kind, _ in stored}
     assert "MutatingWebhookConfiguration" not in kinds and "PodDisruptionBudget" not in kinds
     assert not [name for kind, name in stored if kind == "Service"]  # neither webhook nor metrics
-    assert not [name for kind, name in stored if kind in {"Role", "RoleBinding"}]  # no Lease, no cert Secret
-    assert ("ClusterRole", "resourceconsist-webhook") not in stored
+    # rbac.create off: no grant at all (leader election is off too: no Lease); serviceAccount.create
+    # off: the ServiceAccount is yours.
+    assert not kinds & {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding", "ServiceAccount"}
     assert not [key for key in stored if key[0].startswith("ValidatingAdmissionPolicy")]
     deployment = stored[("Deployment", "resourceconsist-manager")]
     pod = deployment["spec"]["template"]["spec"]
@@ -646,3 +656,168 @@ def test_helm_install_with_every_switch_off_on_a_real_api_server(
         assert absent not in pod, absent
     assert "envFrom" not in container and "volumeMounts" not in container
     assert container["resources"] == {}
+
+
+@pytest.mark.parametrize(
+    ("setting", "key"),
+    [
+        ("replicacount=3", "'': additional properties 'replicacount'"),
+        ("nameOverride=lb", "'': additional properties 'nameOverride'"),
+        ("resources.limit.cpu=1", "'/resources': additional properties 'limit'"),
+        ("webhook.certmanager.enabled=true", "'/webhook': additional properties 'certmanager'"),
+        ("serviceAccount.automount=false", "'/serviceAccount': additional properties 'automount'"),
+    ],
+)
+def test_a_misspelled_key_fails_helm_lint_and_helm_template(setting: str, key: str) -> None:
+    """The values schema is closed wherever the chart owns the tree: a misspelled or unknown key
+    is refused by both, naming it, instead of rendering as if it were not there."""
+    templated = _helm("template", "x", str(CHART), "--set", setting)
+    assert templated.returncode != 0
+    assert f"at {key} not allowed" in templated.stderr, templated.stderr
+    linted = _helm("lint", "--strict", str(CHART), "--set", setting)
+    assert linted.returncode != 0
+    assert f"at {key} not allowed" in linted.stdout + linted.stderr
+
+
+def test_global_values_of_a_parent_chart_are_accepted() -> None:
+    templated = _helm("template", "x", str(CHART), "--set", "global.imageRegistry=registry.example.com")
+    assert templated.returncode == 0, templated.stderr
+    linted = _helm("lint", "--strict", str(CHART), "--set", "global.imageRegistry=registry.example.com")
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+#: The values a platform team expects (docs/install.md, "Values"), each set.
+FIELD_VALUES: dict[str, Any] = {
+    "serviceAccount": {"name": "lb-controller", "automountServiceAccountToken": False},
+    "hostNetwork": True,
+    "webhook": {"port": 19443, "tls": {"secretName": "lb-webhook-tls", "caBundle": "Q0EgYnVuZGxl"}},
+    "metrics": {"port": 18080},
+    "healthProbe": {"port": 18081},
+    "livenessProbe": {"initialDelaySeconds": 5, "periodSeconds": 20, "failureThreshold": 6},
+    "readinessProbe": {"periodSeconds": 5, "timeoutSeconds": 3},
+    "maxConcurrentReconciles": 10,
+    "extraEnv": [{"name": "ALIBABA_CLOUD_CREDENTIALS_FILE", "value": "/etc/slb/credentials"}],
+    "extraVolumes": [
+        {"name": "slb-credentials", "secret": {"secretName": "slb-credentials-file"}},
+        {
+            "name": "api-token",
+            "projected": {"sources": [{"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}]},
+        },
+    ],
+    "extraVolumeMounts": [
+        {"name": "slb-credentials", "mountPath": "/etc/slb", "readOnly": True},
+        {"name": "api-token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True},
+    ],
+    "networkPolicy": {
+        "enabled": True,
+        "metricsFrom": [
+            {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+        ],
+        "webhookFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+    },
+    "prometheusRule": {"enabled": True, "additionalLabels": {"release": "prometheus"}},
+}
+
+
+def test_helm_install_with_the_field_s_values_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
+    """Each value of the field's list (issue 37) set, installed on a real API server: the objects
+    read back as the values say, and the Deployment's pod is admitted as a Pod."""
+    chart_cluster.create(schemaless_crd("monitoring.coreos.com", "PrometheusRule", "prometheusrules"))
+    namespace = "platform-lb"
+    stored = chart_cluster.install(namespace, FIELD_VALUES, tmp_path)
+
+    # The ServiceAccount: its name everywhere the manager's identity is named, no token mounted
+    # by the kubelet (one is mounted through extraVolumes instead).
+    account = stored[("ServiceAccount", "lb-controller")]
+    assert account["automountServiceAccountToken"] is False
+    assert ("ServiceAccount", "resourceconsist-manager") not in stored
+    bindings = [o for (kind, _), o in stored.items() if kind in {"RoleBinding", "ClusterRoleBinding"}]
+    assert bindings and all(b["subjects"][0]["name"] == "lb-controller" for b in bindings)
+    policy = stored[("ValidatingAdmissionPolicy", "resourceconsist-manager-least-privilege")]
+    (match,) = policy["spec"]["matchConditions"]
+    assert (
+        match["expression"]
+        == f"request.userInfo.username == 'system:serviceaccount:{namespace}:lb-controller'"
+    )
+
+    deployment = stored[("Deployment", "resourceconsist-manager")]
+    pod = deployment["spec"]["template"]["spec"]
+    container = _container(deployment)
+    assert pod["serviceAccountName"] == "lb-controller"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["hostNetwork"] is True and pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"webhook": 19443, "health": 18081, "metrics": 18080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health", "scheme": "HTTP"}
+    assert (
+        container["livenessProbe"]["initialDelaySeconds"],
+        container["livenessProbe"]["periodSeconds"],
+    ) == (5, 20)
+    assert container["livenessProbe"]["failureThreshold"] == 6
+    assert (container["readinessProbe"]["periodSeconds"], container["readinessProbe"]["timeoutSeconds"]) == (
+        5,
+        3,
+    )
+    args = container["args"]
+    assert "--max-concurrent-reconciles=10" in args
+    # Every flag the values pass is one `resourceconsist run` knows.
+    done = run_cli("run", "--help")
+    assert done.returncode == 0, done.stderr
+    unknown = {arg.split("=", 1)[0] for arg in args[1:]} - set(re.findall(r"(--[a-z][a-z-]+)", done.stdout))
+    assert not unknown, unknown
+    assert "--no-bootstrap-certs" in args and "--webhook-port=19443" in args
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["certs"]["secret"]["secretName"] == "lb-webhook-tls"
+    assert volumes["slb-credentials"]["secret"]["secretName"] == "slb-credentials-file"
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["slb-credentials"]["mountPath"] == "/etc/slb"
+    assert mounts["api-token"]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
+    assert mounts["certs"]["readOnly"] is True
+    # No ServiceMonitor: the pods say where to scrape them.
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "18080",
+        "prometheus.io/path": "/metrics",
+    }
+
+    # The certificate brought: its CA in the configuration, none of the bootstrap's RBAC.
+    webhook = stored[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]
+    (hook,) = webhook["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == "Q0EgYnVuZGxl"
+    assert ("Role", "resourceconsist-webhook-certs") not in stored
+
+    # Ingress: the webhook from its block, metrics from the monitoring namespace, the probes.
+    policy_net = stored[("NetworkPolicy", "resourceconsist-manager")]
+    assert policy_net["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(deployment).items()
+    rules = {rule["ports"][0]["port"]: rule.get("from") for rule in policy_net["spec"]["ingress"]}
+    assert rules == {
+        19443: FIELD_VALUES["networkPolicy"]["webhookFrom"],
+        18080: FIELD_VALUES["networkPolicy"]["metricsFrom"],
+        18081: None,
+    }
+    rule = stored[("PrometheusRule", "resourceconsist-manager")]
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    assert {r["alert"] for r in rule["spec"]["groups"][0]["rules"]} >= {"ResourceconsistUnguardedRoutingPods"}
+
+    # The pod of the template, as the API server admits it (the Deployment controller does not
+    # run here).
+    template = deployment["spec"]["template"]
+    pod_doc = {"metadata": {**template["metadata"], "name": "manager-0"}, "spec": template["spec"]}
+    created = chart_cluster.client.create(kube.POD, namespace, pod_doc, dry_run=True)
+    assert created["spec"]["hostNetwork"] is True
+
+
+def test_a_certificate_brought_needs_its_ca_and_excludes_cert_manager() -> None:
+    alone = _helm("template", "x", str(CHART), "--set", "webhook.tls.secretName=mine")
+    assert alone.returncode != 0 and "webhook.tls.secretName needs webhook.tls.caBundle" in alone.stderr
+    both = _helm(
+        "template",
+        "x",
+        str(CHART),
+        *("--set", "webhook.tls.secretName=mine", "--set", "webhook.tls.caBundle=Q0E="),
+        *("--set", "webhook.certManager.enabled=true"),
+    )
+    assert both.returncode != 0 and "set one" in both.stderr

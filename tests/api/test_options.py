@@ -83,6 +83,11 @@ BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
     ),
     (ManagerOptions, {"namespaces": ("shop", "Shop")}, "namespace 'Shop' is not a namespace name"),
     (ManagerOptions, {"namespaces": ("shop", "web", "shop")}, "namespaces lists shop more than once"),
+    (
+        ManagerOptions,
+        {"max_concurrent_reconciles": 0},
+        "max concurrent reconciles 0 must be a whole number >= 1",
+    ),
     (ConnectionLimits, {"idle_timeout": 0}, "idle timeout must be more than 0 seconds (got 0)"),
     (ConnectionLimits, {"max_connections": 0}, "max connections must be at least 1 (got 0)"),
 ]
@@ -329,6 +334,11 @@ def test_help_shows_the_defaults_of_the_options() -> None:
         (("--webhook-url", "http://127.0.0.1:9443"), "--webhook-url", "is not an https:// URL"),
         (("--provider-rate", "-2"), "--provider-rate", "provider rate -2.0 is not a positive number"),
         (("--provider-burst", "0"), "--provider-burst", "provider burst 0 must be a whole number >= 1"),
+        (
+            ("--max-concurrent-reconciles", "0"),
+            "--max-concurrent-reconciles",
+            "max concurrent reconciles 0 must be a whole number >= 1",
+        ),
     ],
 )
 def test_a_bad_flag_is_a_usage_error_naming_the_flag(argv: tuple[str, ...], flag: str, message: str) -> None:
@@ -384,5 +394,45 @@ async def test_the_full_pass_interval_reaches_every_controllers_reconciler() -> 
         manager = Manager(client, options)
         controller = await manager.add(DemoAdapter())
         assert controller.reconciler.full_pass_every == 0
+    finally:
+        client.close()
+
+
+class _AskingDemo(DemoAdapter):
+    """The demo adapter asking for its own number of workers (``ReconcileOptions``)."""
+
+    def get_max_concurrent(self) -> int:
+        return 2
+
+    def get_rate_limiter(self) -> Any:
+        from resourceconsist.runtime.workqueue import default_controller_rate_limiter
+
+        return default_controller_rate_limiter()
+
+
+async def test_max_concurrent_reconciles_sets_every_controllers_workers() -> None:
+    """`--max-concurrent-reconciles` (controller-runtime's MaxConcurrentReconciles, the chart's
+    `controller.maxConcurrentReconciles`): unset, each controller runs what its adapter asks for,
+    else 5; set, every controller runs that many, the adapter's ask overridden."""
+    assert cli._manager_options(_flags(cli.run)).max_concurrent_reconciles is None
+    options = cli._manager_options(_flags(cli.run, "--max-concurrent-reconciles", "12"))
+    assert options.max_concurrent_reconciles == 12
+    configuration = k8s.Configuration()
+    configuration.host = f"http://127.0.0.1:{free_port()}"  # never asked: the managers are not started
+    client = KubeClient(k8s.ApiClient(configuration))
+    try:
+        default = Manager(client, ManagerOptions())
+        assert (await default.add(DemoAdapter())).max_concurrent == 5
+        assert (await default.add(_AskingDemo(name="asking"))).max_concurrent == 2
+        set_ = Manager(client, options)
+        for adapter in (DemoAdapter(), _AskingDemo(name="asking")):
+            controller = await set_.add(adapter)
+            assert controller.max_concurrent == 12
+            # What controller-runtime's gauge reports.
+            series = {"controller": controller.name}
+            gauge = set_.metrics.registry.get_sample_value(
+                "controller_runtime_max_concurrent_reconciles", series
+            )
+            assert gauge == 12
     finally:
         client.close()

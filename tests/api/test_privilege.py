@@ -30,6 +30,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ from resourceconsist.adapters.alibabacloudslb import (
 from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin, served_emulator
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import ApiError, KubeClient
+from resourceconsist.experimental.demo import DEMO_CONDITION_ANNOTATION
 from resourceconsist.hooks.orphans import LOOKUP_REFUSED_REASON
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import (
@@ -264,7 +266,8 @@ def _chart_process(
     install: Install, info: dict[str, str], args: list[str], env: dict[str, str] | None = None
 ) -> CommandProcess:
     """`resourceconsist` with ``args`` (a Deployment's, then this test's), as the ServiceAccount:
-    the token's kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter."""
+    the token's kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter
+    (``info``; empty for an adapter without a provider outside the process, the demo's)."""
     health_port = free_port()
     args = [
         *args,
@@ -280,11 +283,17 @@ def _chart_process(
             if not k.startswith(("ALIYUN_", "ALIBABA_CLOUD_")) and k != "KUBECONFIG"
         },
         wire.POD_NAMESPACE_ENV: RELEASE_NAMESPACE,
-        "ALIYUN_SLB_AK_KEY": info["access_key_id"],
-        "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
-        "ALIYUN_SLB_ENDPOINT": info["endpoint"],
-        "ALIBABA_CLOUD_REGION_ID": info["region_id"],
-        "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+        **(
+            {
+                "ALIYUN_SLB_AK_KEY": info["access_key_id"],
+                "ALIYUN_SLB_AK_SECRET": info["access_key_secret"],
+                "ALIYUN_SLB_ENDPOINT": info["endpoint"],
+                "ALIBABA_CLOUD_REGION_ID": info["region_id"],
+                "ALIBABA_CLOUD_CA_BUNDLE": info["ca_bundle"],
+            }
+            if info
+            else {}
+        ),
         **(env or {}),
     }
     return CommandProcess(args, env, health_port)
@@ -489,6 +498,7 @@ class Attempt:
     resource: kube.Resource
     namespace: str | None
     name: str
+    #: The patch (or object), or a function of the stored object that makes it.
     body: Any
     patch_type: str = "merge"
     subresource: str | None = None
@@ -535,12 +545,59 @@ def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
             subresource="status",
         ),
         Attempt(
-            "change a pod's IP",
+            "give a pod another IP",
             kube.POD,
             APP,
             victim_pod,
-            {"status": {"podIP": "192.0.2.66", "podIPs": [{"ip": "192.0.2.66"}]}},
+            {"status": {"podIPs": [{"ip": "10.9.0.1"}, {"ip": "fd00::66"}]}},
             subresource="status",
+        ),
+        Attempt(
+            "rewrite a pod's observedGeneration",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"observedGeneration": 7}},
+            subresource="status",
+        ),
+        Attempt(
+            "point a pod's claim at another ResourceClaim",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "stolen-gpu"}]}},
+            subresource="status",
+        ),
+        Attempt(
+            "report a pod's resize as infeasible",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"status": {"resize": "Infeasible"}},
+            subresource="status",
+        ),
+        Attempt(
+            "change a pod's generateName",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"generateName": "evil-"}},
+        ),
+        Attempt(
+            "give another field manager's entry a field it never wrote",
+            kube.POD,
+            APP,
+            victim_pod,
+            lambda pod: {
+                "metadata": {"managedFields": _claimed_for(pod, ARGO, {"f:spec": {"f:nodeName": {}}})}
+            },
+        ),
+        Attempt(
+            "drop every field manager's entry",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"managedFields": [{}]}},
         ),
         Attempt(
             "put sharding's shard label on a pod",
@@ -571,6 +628,13 @@ def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
             {"metadata": {"annotations": {MODE_ANNOTATION: "manage"}}},
         ),
         Attempt(
+            "rename the field manager that owns a Service's selector",
+            kube.SERVICE,
+            APP,
+            victim_service,
+            lambda service: {"metadata": {"managedFields": _renamed(service, HELM, "evil")}},
+        ),
+        Attempt(
             "loosen the webhook's failurePolicy",
             kube.MUTATING_WEBHOOK_CONFIGURATION,
             None,
@@ -586,25 +650,70 @@ def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
             {"metadata": {"name": "stolen"}, "stringData": {"x": "y"}},
             patch_type="create",
         ),
+        Attempt(
+            "make its certificate Secret a ServiceAccount token",
+            kube.SECRET,
+            RELEASE_NAMESPACE,
+            wire.WEBHOOK_CERT_SECRET,
+            {
+                "metadata": {
+                    "name": wire.WEBHOOK_CERT_SECRET,
+                    "annotations": {"kubernetes.io/service-account.name": MANAGER},
+                },
+                "type": "kubernetes.io/service-account-token",
+            },
+            patch_type="create",
+        ),
     ]
+
+
+#: Field managers other than the manager that write the victims of the denied-write test.
+ARGO, HELM, KUBELET, CONTROLLER_MANAGER = "argocd-controller", "helm", "kubelet", "kube-controller-manager"
+
+
+def _entries(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return [dict(entry) for entry in obj["metadata"].get("managedFields") or []]
+
+
+def _claimed_for(obj: dict[str, Any], manager: str, fields: dict[str, Any]) -> list[dict[str, Any]]:
+    """``obj``'s managedFields with ``manager``'s entry owning ``fields`` too."""
+    entries = _entries(obj)
+    (entry,) = [e for e in entries if e["manager"] == manager]
+    entry["fieldsV1"] = {**entry["fieldsV1"], **fields}
+    return entries
+
+
+def _renamed(obj: dict[str, Any], manager: str, new_name: str) -> list[dict[str, Any]]:
+    """``obj``'s managedFields with ``manager``'s entries renamed ``new_name``."""
+    return [{**e, "manager": new_name} if e["manager"] == manager else e for e in _entries(obj)]
+
+
+def _write_as(client: KubeClient, manager: str, method: str, path: str, body: Any, content_type: str) -> Any:
+    """A request under field manager ``manager`` (``?fieldManager=``), as that tool sends it: the
+    kube client has no such option, the project's code never names itself another manager."""
+    query = {"fieldManager": manager, **({"force": "true"} if "apply-patch" in content_type else {})}
+    return client._send(method, path, query=query, body=body, content_type=content_type)
 
 
 def _try(client: KubeClient, attempt: Attempt) -> str:
     """The API server's answer to ``attempt``: its message when refused, "allowed" otherwise."""
+    body = attempt.body
+    if callable(body):
+        body = body(client.get(attempt.resource, attempt.namespace, attempt.name))
     try:
         if attempt.patch_type == "create":
-            client.create(attempt.resource, attempt.namespace, attempt.body)
+            client.create(attempt.resource, attempt.namespace, body)
         elif attempt.patch_type == "replace-webhooks":
             config = client.get(attempt.resource, attempt.namespace, attempt.name)
             for hook in config["webhooks"]:
-                hook.update(attempt.body)
+                hook.update(body)
             client.replace(attempt.resource, attempt.namespace, attempt.name, config)
         else:
             client.patch(
                 attempt.resource,
                 attempt.namespace,
                 attempt.name,
-                attempt.body,
+                body,
                 patch_type=attempt.patch_type,  # type: ignore[arg-type]
                 subresource=attempt.subresource,
             )
@@ -626,42 +735,85 @@ def _doc_section(begin: str, end: str) -> str:
 
 def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install) -> None:
     admin = installed.admin
+    # The victims are written by the tools that write such objects (each its own field manager,
+    # read by server-side apply and GitOps tools): the manager's allowed writes move only the
+    # ownership of what they write, and no write may rewrite the ownership of the rest.
     victim_service = "checkout"
-    admin.create(
-        kube.SERVICE,
-        APP,
+    json_type, apply_type = "application/json", "application/apply-patch+yaml"
+    _write_as(
+        admin,
+        HELM,
+        "POST",
+        kube.SERVICE.path(APP),
         {
             "metadata": {"name": victim_service},
             "spec": {"selector": {"app": "checkout"}, "ports": [{"port": 80}]},
         },
+        json_type,
     )
     victim_pod = "checkout-0"
-    admin.create(
-        kube.POD,
-        APP,
+    _write_as(
+        admin,
+        CONTROLLER_MANAGER,
+        "POST",
+        kube.POD.path(APP),
         {
             "metadata": {
                 "name": victim_pod,
                 "labels": {"app": "checkout"},
                 "finalizers": ["example.com/keep"],
             },
-            "spec": {"containers": [{"name": "app", "image": "registry.example/checkout:1"}]},
+            "spec": {
+                "containers": [{"name": "app", "image": "registry.example/checkout:1"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+            },
         },
+        json_type,
     )
-    admin.patch(
-        kube.POD,
-        APP,
-        victim_pod,
-        {"status": {"podIP": "10.9.0.1", "conditions": [{"type": "Ready", "status": "True"}]}},
-        subresource="status",
+    # A GitOps tool applies the available-conditions annotation (the manager takes it over) and
+    # one of its own.
+    _write_as(
+        admin,
+        ARGO,
+        "PATCH",
+        kube.POD.path(APP, victim_pod),
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": victim_pod,
+                "annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: "{}", "example.com/team": "shop"},
+            },
+        },
+        apply_type,
     )
+    _write_as(
+        admin,
+        KUBELET,
+        "PATCH",
+        kube.POD.path(APP, victim_pod, "status"),
+        {
+            "status": {
+                "podIP": "10.9.0.1",
+                "conditions": [{"type": "Ready", "status": "True"}],
+                "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "checkout-0-gpu"}],
+            }
+        },
+        "application/strategic-merge-patch+json",
+    )
+    owners_before = {e["manager"] for e in _entries(admin.get(kube.POD, APP, victim_pod))}
+    assert {ARGO, KUBELET, CONTROLLER_MANAGER} <= owners_before
     manager = installed.as_manager()
     try:
         # What the promise needs is allowed on this very pod: its own finalizer, its annotation,
         # its readiness gate's condition (the policy is no blanket refusal).
         for allowed in (
             {"metadata": {"finalizers": ["example.com/keep", FLZ]}},
-            {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: "{}"}}},
+            {
+                "metadata": {
+                    "annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: '{"Service/shop/web": "x"}'}
+                }
+            },
         ):
             manager.patch(kube.POD, APP, victim_pod, allowed)
         manager.patch(
@@ -685,7 +837,17 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
     pod = admin.get(kube.POD, APP, victim_pod)
     assert pod["metadata"]["labels"] == {"app": "checkout"} and finalizers(pod) == ["example.com/keep"]
     assert pod["spec"]["containers"][0]["image"] == "registry.example/checkout:1"
-    assert condition(pod, "Ready") == "True" and pod["status"]["podIP"] == "10.9.0.1"
+    assert condition(pod, "Ready") == "True" and pod["status"]["podIPs"] == [{"ip": "10.9.0.1"}]
+    assert pod["status"]["resourceClaimStatuses"] == [{"name": "gpu", "resourceClaimName": "checkout-0-gpu"}]
+    assert "observedGeneration" not in pod["status"] and "resize" not in pod["status"]
+    assert "generateName" not in pod["metadata"]
+    # The ownership the manager's allowed writes moved: the annotation it wrote is its own now,
+    # the kubelet's and the controller manager's entries are as they were.
+    owners = {e["manager"]: e for e in _entries(pod)}
+    assert owners_before <= set(owners), owners
+    assert wire.AVAILABLE_CONDITIONS_ANNOTATION not in json.dumps(owners.get(ARGO, {}))
+    secret = admin.get_or_none(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
+    assert secret is None or secret["type"] == "Opaque"
     service_now = admin.get(kube.SERVICE, APP, victim_service)
     assert service_now["spec"]["selector"] == {"app": "checkout"}
     assert not (service_now["metadata"].get("labels") or {}), "the Service kept a label"
@@ -703,7 +865,24 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
         "strip a foreign finalizer from a pod": f"may not add or remove finalizer example.com/keep of {pod}",
         "add an annotation of someone else to a pod": f"may not change annotation example.com/owner of {pod}",
         "set a pod's Ready condition": f"may not change condition Ready of {status}",
-        "change a pod's IP": f"may change only its readiness gates in the status of {status}",
+        "give a pod another IP": f"may change only its readiness gates in the status of {status}, not podIPs",
+        "rewrite a pod's observedGeneration": f"in the status of {status}, not observedGeneration",
+        "point a pod's claim at another ResourceClaim": (
+            f"in the status of {status}, not resourceClaimStatuses"
+        ),
+        "report a pod's resize as infeasible": f"in the status of {status}, not resize",
+        "change a pod's generateName": f"may not change metadata generateName of {pod}",
+        "give another field manager's entry a field it never wrote": (
+            f"may not change the managedFields of {pod}"
+        ),
+        "drop every field manager's entry": f"may not change the managedFields of {pod}",
+        "rename the field manager that owns a Service's selector": (
+            f"may not change the managedFields of {service}{victim_service}"
+        ),
+        "make its certificate Secret a ServiceAccount token": (
+            f"may not write secrets {RELEASE_NAMESPACE}/{wire.WEBHOOK_CERT_SECRET} of type "
+            "kubernetes.io/service-account-token"
+        ),
         "put sharding's shard label on a pod": f"may not change the labels of {pod}",
         "relabel a Service with anything but sharding's labels": (
             f"may not change the labels of {service}{victim_service}"
@@ -721,6 +900,151 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
         + [f"| {what} | {_policy_message(answer)} |" for what, answer in rows]
     )
     assert _doc_section(TABLE_BEGIN, TABLE_END) == table, f"docs/security.md's table is not:\n{table}"
+
+
+def test_the_ownership_rule_lets_the_api_server_merge_old_entries(installed: Install) -> None:
+    """Past 10 entries of Update operations the API server merges the oldest into one entry,
+    ancient-changes, on the next write: the manager's own writes to a pod many tools have written
+    must still pass (they were refused before the policy knew it), while an applier's entry still
+    may not be dropped."""
+    admin = installed.admin
+    victim = "crowded-0"
+    _write_as(
+        admin,
+        CONTROLLER_MANAGER,
+        "POST",
+        kube.POD.path(APP),
+        {"metadata": {"name": victim}, "spec": {"containers": [{"name": "app", "image": "app:1"}]}},
+        "application/json",
+    )
+    _write_as(
+        admin,
+        ARGO,
+        "PATCH",
+        kube.POD.path(APP, victim),
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": victim, "labels": {"team": "shop"}}},
+        "application/apply-patch+yaml",
+    )
+    for tool in range(12):
+        body = {"metadata": {"annotations": {f"tool-{tool}.example.com/seen": "yes"}}}
+        _write_as(
+            admin, f"tool-{tool}", "PATCH", kube.POD.path(APP, victim), body, "application/merge-patch+json"
+        )
+    entries = _entries(admin.get(kube.POD, APP, victim))
+    assert "ancient-changes" in {e["manager"] for e in entries}
+    # The API server merges the oldest entries by their time (whole seconds): the manager's write
+    # must come in a later second than the tools', or its own new entry is the one merged.
+    latest = max(datetime.fromisoformat(e["time"]).timestamp() for e in entries)
+    wait_for(
+        lambda: time.time() >= latest + 1.1, timeout=5, interval=0.05, message="a second after the tools"
+    )
+    manager = installed.as_manager()
+    try:
+        for step in range(3):
+            manager.patch(kube.POD, APP, victim, {"metadata": {"finalizers": [f"{GUARD}-{step}"[:63]]}})
+        manager.patch(
+            kube.POD,
+            APP,
+            victim,
+            {"status": {"conditions": [{"type": GATE, "status": "True"}]}},
+            patch_type="strategic",
+            subresource="status",
+        )
+        dropped = [e for e in _entries(admin.get(kube.POD, APP, victim)) if e["manager"] != ARGO]
+        refused = _try(
+            manager,
+            Attempt(
+                "drop the applier's entry", kube.POD, APP, victim, {"metadata": {"managedFields": dropped}}
+            ),
+        )
+        manager.patch(kube.POD, APP, victim, {"metadata": {"finalizers": None}})
+    finally:
+        manager.close()
+    assert "may not change the managedFields" in refused, refused
+    assert ARGO in {e["manager"] for e in _entries(admin.get(kube.POD, APP, victim))}
+
+
+#: A change of each field of a pod's status (PodStatus, as the API server serves it), for the test
+#: below: its new value, or the whole status patch where the field is valid only beside another;
+#: a field Kubernetes adds fails that test until it has a line here.
+STATUS_CHANGES: dict[str, Any] = {
+    "containerStatuses": [{"name": "app", "image": "evil", "imageID": "", "ready": True, "restartCount": 0}],
+    "ephemeralContainerStatuses": [
+        {"name": "debug", "image": "evil", "imageID": "", "ready": False, "restartCount": 0}
+    ],
+    "extendedResourceClaimStatus": {
+        "resourceClaimName": "evil",
+        "requestMappings": [{"containerName": "app", "resourceName": "example.com/gpu", "requestName": "r"}],
+    },
+    "hostIP": "192.0.2.7",
+    # Valid only beside the hostIP it starts with.
+    "hostIPs": {"hostIP": "192.0.2.7", "hostIPs": [{"ip": "192.0.2.7"}]},
+    "initContainerStatuses": [
+        {"name": "init", "image": "evil", "imageID": "", "ready": False, "restartCount": 0}
+    ],
+    "message": "evil",
+    "nominatedNodeName": "node-evil",
+    "observedGeneration": 7,
+    "phase": "Failed",
+    "podIP": "192.0.2.8",
+    "podIPs": [{"ip": "192.0.2.8"}],
+    "qosClass": "Guaranteed",
+    "reason": "Evicted",
+    "resize": "Infeasible",
+    "resourceClaimStatuses": [{"name": "gpu", "resourceClaimName": "stolen-gpu"}],
+    "startTime": "2020-01-01T00:00:00Z",
+}
+#: Fields the API server itself refuses to change (422), whoever writes.
+IMMUTABLE_STATUS = {"qosClass"}
+
+
+def test_no_pod_status_field_but_its_readiness_gates_is_writable(installed: Install) -> None:
+    """The policy compares a pod's status whole but for the conditions (its own readiness gates'
+    only): every field of PodStatus that the API server serves (its OpenAPI, not a list here) is
+    tried with the manager's token and refused, the stored pod unchanged."""
+    served = json.loads(installed.cp.raw_get("/openapi/v3/api/v1"))
+    fields = set(served["components"]["schemas"]["io.k8s.api.core.v1.PodStatus"]["properties"]) - {
+        "conditions"
+    }
+    assert fields - set(STATUS_CHANGES) == set(), "PodStatus has fields this test does not try: add them"
+    victim = "status-victim"
+    installed.admin.create(
+        kube.POD,
+        APP,
+        {
+            "metadata": {"name": victim},
+            "spec": {
+                "containers": [{"name": "app", "image": "registry.example/app:1"}],
+                "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+            },
+        },
+    )
+    manager = installed.as_manager()
+    answers: dict[str, str] = {}
+    try:
+        for field in sorted(fields):
+            before = installed.admin.get(kube.POD, APP, victim)["status"]
+            try:
+                change = STATUS_CHANGES[field]
+                patch = change if isinstance(change, dict) and field in change else {field: change}
+                manager.patch(kube.POD, APP, victim, {"status": patch}, subresource="status")
+            except ApiError as err:
+                answers[field] = f"{err.status} {err.message}"
+            else:
+                answers[field] = "allowed"
+            assert installed.admin.get(kube.POD, APP, victim)["status"] == before, f"{field} was changed"
+    finally:
+        manager.close()
+    for field, answer in answers.items():
+        if field in IMMUTABLE_STATUS:
+            assert answer.startswith("422") and "field is immutable" in answer, f"{field}: {answer}"
+            continue
+        assert answer.startswith("403") and "(docs/security.md)" in answer, f"{field}: {answer}"
+        # Refused by the status rule, naming the field; or, for a field the API server drops (a
+        # feature gate off), by the ownership rule: the field's ownership would still have moved.
+        named = re.search(r", not (.*) \(docs/security.md\)", answer)
+        refused = (named is not None and field in named.group(1).split(", ")) or "the managedFields" in answer
+        assert refused, f"{field}: {answer}"
 
 
 def _policy_message(answer: str) -> str:
@@ -955,6 +1279,170 @@ async def test_a_refused_lookup_of_a_gone_employer_is_unknown_never_gone(
             return not set(held) & set(finalizers(await cluster.get(kube.POD, "hidden-0")))
 
         await async_wait_for(released, timeout=90, message="the lookup answered 404: collected and released")
+
+
+async def test_a_gone_employer_named_only_by_its_events_is_collected_as_the_service_account(
+    installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    """A pod whose only mark of its gone Service is the lifecycle finalizer (its entry erased, no
+    readiness gate names the Service): the garbage pass asks the namespace's Events about it
+    (docs/lifecycle-hooks.md, "Gone employers"), which the chart's grants let it list, and the
+    group is collected and the pod released, as the ServiceAccount, nothing refused. (The SLB
+    adapter's listing names the group too; where no listing does, the Events are all that name
+    the Service: the demo's test below.)"""
+    info, slb = emulator
+    cluster = Cluster(installed.admin, APP)
+    name, pod = "evented", "evented-0"
+    held = (lifecycle.lifecycle_finalizer(name), lifecycle.guard_finalizer(name))
+    group_name = f"resourceconsist/{APP}/{name}"
+    before = len(installed.cp.audit_events())
+    await cluster.service(
+        name, labels={LOAD_BALANCER_ID_LABEL: LOAD_BALANCER}, annotations={MODE_ANNOTATION: "manage"}
+    )
+    async with _manager(installed, info, tmp_path / "certs") as first:
+        await cluster.pod(
+            pod,
+            {"app": name, wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE},
+            readiness_gate=True,
+            annotations={SERVER_ID_ANNOTATION: "eni-40"},
+        )
+        await cluster.set_status(pod, ready=True, service_ready=True)
+
+        async def served() -> bool:
+            groups = [g for g in slb.state()["groups"] if g["name"] == group_name]
+            marked = await cluster.get(kube.POD, pod)
+            return bool(groups and groups[0]["backends"]) and held[0] in finalizers(marked)
+
+        await async_wait_for(served, timeout=90, message=f"{pod} served and marked")
+    assert await cluster.events(name), "the Service has Events that name it"
+    # While the manager is down: the Service is force-deleted and the pod's entry erased; its
+    # finalizer's hash is all that names the Service on the pod.
+    await cluster.patch(kube.SERVICE, name, {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, name)
+    await cluster.patch(
+        kube.POD, pod, {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
+    )
+    async with _manager(installed, info, tmp_path / "certs-again") as restarted:
+
+        async def collected_and_released() -> bool:
+            if [g for g in slb.state()["groups"] if g["name"] == group_name]:
+                return False
+            return not set(held) & set(finalizers(await cluster.get(kube.POD, pod)))
+
+        await async_wait_for(
+            collected_and_released, timeout=90, message="the group collected, the pod released, by its Events"
+        )
+    events = installed.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), first.output + restarted.output
+    listed = [
+        e
+        for e in events
+        if e["user"]["username"] == USER
+        and e["verb"] == "list"
+        and e.get("objectRef", {}).get("resource") == "events"
+        and e.get("objectRef", {}).get("namespace") == APP
+    ]
+    assert listed and all(e["responseStatus"]["code"] == 200 for e in listed), listed
+    assert "listing Events of" not in restarted.output
+    await cluster.delete(kube.POD, pod)
+
+
+#: The chart running the demo adapter (its webhook and controller), as the ServiceAccount.
+DEMO_VALUES = {"adapters": ["demo"]}
+
+
+@pytest.fixture
+def installed_demo(tmp_path: Path) -> Iterator[Install]:
+    """The chart with `adapters: [demo]` on a control plane of its own."""
+    yield from _install(DEMO_VALUES, tmp_path)
+
+
+async def test_the_demo_adapter_runs_as_the_service_account(installed_demo: Install, tmp_path: Path) -> None:
+    """`adapters: [demo]`, run as the ServiceAccount with the chart's arguments. The demo records
+    its last error on its Service (`demo-condition`) and erases it after a clean pass: the chart's
+    policy lets it (the chart adds the annotations of the adapters it runs, and only those: the
+    default install refuses the same write). And its garbage pass releases a pod held by a
+    Service force-deleted while the manager was down, of which only the finalizer's hash is left
+    on the pod: the Service is named by the namespace's Events about it, which the chart lets the
+    manager list (docs/lifecycle-hooks.md, "Gone employers"); the demo's listing is complete, so
+    a bare stand-in pass confirms the provider holds nothing and the pod goes. Nothing is refused."""
+    install = installed_demo
+    (policy,) = [d for d in install.docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert DEMO_CONDITION_ANNOTATION in json.dumps(policy["spec"])
+    (default_policy,) = [d for d in _render({}, tmp_path) if d["kind"] == "ValidatingAdmissionPolicy"]
+    assert DEMO_CONDITION_ANNOTATION not in json.dumps(default_policy["spec"])
+    args = [*_manager_args(install.docs), "--garbage-interval=1"]
+    assert "--adapter=demo" in args
+    cluster = Cluster(install.admin, APP)
+    before = len(install.cp.audit_events())
+    # The condition a failed pass of an earlier run left (the demo's provider is in memory: a
+    # new process's first pass is clean, and erases it).
+    stale = {DEMO_CONDITION_ANNOTATION: "create_rs: injected failure", wire.READINESS_GATE_ANNOTATION: "true"}
+    await cluster.service("web", annotations=stale)
+    # No readiness gate names this one on its pod.
+    await cluster.service("evented")
+    held = (lifecycle.lifecycle_finalizer("evented"), lifecycle.guard_finalizer("evented"))
+    outputs: list[str] = []
+
+    @asynccontextmanager
+    async def demo_manager(cert_dir: Path) -> AsyncIterator[None]:
+        manager = _chart_process(install, {}, [*args, *_webhook_args(install, cert_dir)])
+        try:
+            await async_wait_for(manager.ready, timeout=90, message="the demo manager ready")
+            await _ca_bundle_filled(install)
+            yield
+        except BaseException:
+            print(manager.output[-20000:])
+            raise
+        finally:
+            manager.stop()
+            outputs.append(manager.output)
+
+    async with demo_manager(tmp_path / "certs"):
+        created = await cluster.pod("web-0", {"app": "web", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE})
+        assert GATE in [g["conditionType"] for g in created["spec"].get("readinessGates", [])]
+        await cluster.set_status("web-0", ready=False)
+        await cluster.set_condition("web-0", "ContainersReady", True)
+        await cluster.pod(
+            "evented-0", {"app": "evented", wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}, readiness_gate=True
+        )
+        await cluster.set_status("evented-0", ready=True, service_ready=True)
+
+        async def served_and_erased() -> bool:
+            service = await cluster.get(kube.SERVICE, "web")
+            annotations = (service or {}).get("metadata", {}).get("annotations") or {}
+            gate_true = condition(await cluster.get(kube.POD, "web-0"), GATE) == "True"
+            marked = held[0] in finalizers(await cluster.get(kube.POD, "evented-0"))
+            return DEMO_CONDITION_ANNOTATION not in annotations and gate_true and marked
+
+        await async_wait_for(served_and_erased, timeout=90, message="pods served, the stale condition erased")
+        # Setting it is the same grant: the manager's token may record an error too.
+        as_manager = install.as_manager()
+        try:
+            body = {"metadata": {"annotations": {DEMO_CONDITION_ANNOTATION: "x"}}}
+            as_manager.patch(kube.SERVICE, APP, "web", body)
+        finally:
+            as_manager.close()
+    assert await cluster.events("evented"), "the Service has Events that name it"
+    # While the manager is down: the Service is force-deleted and the pod's entry erased; its
+    # finalizer's hash is all that names the Service on the pod.
+    await cluster.patch(kube.SERVICE, "evented", {"metadata": {"finalizers": None}})
+    await cluster.delete(kube.SERVICE, "evented")
+    erase = {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
+    await cluster.patch(kube.POD, "evented-0", erase)
+    async with demo_manager(tmp_path / "certs-again"):
+
+        async def released() -> bool:
+            return not set(held) & set(finalizers(await cluster.get(kube.POD, "evented-0")))
+
+        await async_wait_for(
+            released, timeout=60, message="evented-0 released, its Service named by its Events"
+        )
+    events = install.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), "\n".join(outputs)
+    assert _used(events) <= _granted(install.docs)
+    assert ("", "events", "list") in _used(events)
+    await cluster.delete(kube.POD, "evented-0")
 
 
 PDB = kube.Resource("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets")

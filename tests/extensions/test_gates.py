@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import logging
 import re
 import shutil
 import threading
@@ -27,6 +28,7 @@ from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import InformerFactory
 from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.commands.explain import Explainer, pod_lines
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions
 from resourceconsist.rules import gates, lifecycle
@@ -580,6 +582,116 @@ async def test_the_fail_safe_lets_a_pod_become_ready_after_its_timeout_with_an_e
 
         await async_wait_for(warned, timeout=20, message="the Warning Event on the pod")
         await async_wait_for(lambda: _ready_pod(lc, name), timeout=20, message="the pod Ready")
+
+
+async def test_slow_provider_calls_show_on_the_gate_with_one_write_each_and_explain_names_them(
+    control_plane: LocalControlPlane, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 33: a gated pod's containers turn ready while the provider's calls are slow. The
+    gate said ContainersNotReady; within the call that turns its traffic on it says
+    ProviderNotServing, with one status write (not one per pass), then ProviderServing with one
+    more; while the registration of a new ready pod is in flight its gate says it waits for the
+    registration, and explain names the registration as what the gate waits for."""
+    provider = FakeProvider(latency=4.0)  # each real-server call takes 4 s to answer
+    adapter = DemoAdapter(provider)
+    gate = lifecycle.readiness_gate("web")
+    client = KubeClient.from_kubeconfig(str(control_plane.kubeconfig))
+    lc = Cluster(client, namespace)
+    caplog.set_level(logging.INFO, logger="resourceconsist.reconcile")
+
+    def gate_writes(pod: str) -> list[str]:
+        """The gate conditions the manager wrote on ``pod`` (readiness logs each write)."""
+        return [
+            r.getMessage().rsplit("(", 1)[1].rstrip(")")
+            for r in caplog.records
+            if f"pod {pod}: readiness gate {gate}" in r.getMessage()
+        ]
+
+    await lc.service("web", {"app": "web"})
+
+    async def gated_pod(name: str) -> None:
+        spec = {
+            "containers": [{"name": "app", "image": "nginx"}],
+            "readinessGates": [{"conditionType": gate}],
+        }
+        body = {"metadata": {"name": name, "labels": {"app": "web"}}, "spec": spec}
+        await lc.call(client.create, kube.POD, namespace, body)
+
+    async def kubelet(name: str, containers_ready: bool) -> None:
+        """Set the pod's IP and ContainersReady as a kubelet would (Ready follows the gate)."""
+        ip = lc.ip_of(name)
+        conditions = [{"type": "ContainersReady", "status": str(containers_ready)}]
+        body = {"status": {"podIP": ip, "podIPs": [{"ip": ip}], "conditions": conditions}}
+        await lc.call(
+            client.patch, kube.POD, namespace, name, body, patch_type="strategic", subresource="status"
+        )
+
+    async def gate_of(name: str) -> tuple[str, str]:
+        condition = lifecycle.pod_condition(await lc.get(kube.POD, name) or {}, gate) or {}
+        return str(condition.get("reason", "")), str(condition.get("message", ""))
+
+    async def reason_is(name: str, want: str, seen: list[str]) -> bool:
+        reason, _ = await gate_of(name)
+        if reason and (not seen or seen[-1] != reason):
+            seen.append(reason)
+        return reason == want
+
+    manager = Manager(client, ManagerOptions(namespace=namespace))
+    await manager.add(adapter)
+    await manager.start()
+    try:
+        # 1. A pod whose containers are not ready: registered with traffic off, gate closed.
+        seen: list[str] = []
+        await gated_pod("web-0")
+        await kubelet("web-0", containers_ready=False)
+        await async_wait_for(
+            lambda: reason_is("web-0", GateReason.CONTAINERS_NOT_READY, seen), timeout=60, message="not ready"
+        )
+        await async_wait_for(
+            lambda: "web-0" in provider.snapshot().get(f"{namespace}/web", {}),
+            timeout=60,
+            message="registered",
+        )
+        writes = len(gate_writes("web-0"))
+        # 2. Its containers turn ready: the call that turns traffic on takes 4 s.
+        await kubelet("web-0", containers_ready=True)
+        await async_wait_for(
+            lambda: reason_is("web-0", GateReason.NOT_SERVING, seen),
+            timeout=30,
+            interval=0.1,
+            message="pending",
+        )
+        assert provider.serving(f"{namespace}/web") == set()  # the change is still in flight
+        assert (await gate_of("web-0"))[1].endswith("does not serve the pod yet")
+        await async_wait_for(
+            lambda: reason_is("web-0", GateReason.SERVING, seen), timeout=30, interval=0.1, message="served"
+        )
+        assert seen == [GateReason.CONTAINERS_NOT_READY, GateReason.NOT_SERVING, GateReason.SERVING]
+        # One write to say it waits for the provider, one to open the gate: none per pass.
+        assert gate_writes("web-0")[writes:] == [GateReason.NOT_SERVING, GateReason.SERVING]
+
+        # 3. A new pod ready at once: while its registration is in flight, the gate and explain say so.
+        await gated_pod("web-1")
+        await kubelet("web-1", containers_ready=True)
+
+        async def registering() -> bool:
+            reason, message = await gate_of("web-1")
+            return reason == GateReason.NOT_SERVING and message.endswith("to register the pod")
+
+        await async_wait_for(
+            registering, timeout=30, interval=0.1, message="web-1 waiting for its registration"
+        )
+        assert "web-1" not in provider.snapshot().get(f"{namespace}/web", {})
+        explained = await Explainer(client, [adapter]).pod(namespace, "web-1")
+        (waiting,) = [g for g in explained.not_ready if g.gate == gate]
+        assert waiting.pending.startswith("the registration"), waiting.pending
+        assert any("waits for the registration" in line for line in pod_lines(explained))
+        await async_wait_for(
+            lambda: reason_is("web-1", GateReason.SERVING, []), timeout=30, message="web-1 served"
+        )
+    finally:
+        await manager.stop(timeout=5)
+        client.close()
 
 
 async def _ready_pod(lc: Cluster, name: str) -> bool:

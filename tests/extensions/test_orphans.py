@@ -90,6 +90,13 @@ async def _report(controller: Controller) -> GarbageReport:
     return await async_wait_for(ready, timeout=30, message="the start-up garbage pass")
 
 
+def _collected_report(manager: Manager, key: str) -> GarbageReport | None:
+    """The garbage pass's latest report once it says ``key`` was collected (a group waits for
+    its backends to be drained first: a later pass collects it)."""
+    report = _controller(manager).garbage.last_report
+    return report if report is not None and report.collected == [key] else None
+
+
 def _collected(manager: Manager, controller: str) -> float:
     value = manager.metrics.registry.get_sample_value(
         "resourceconsist_orphans_collected_total", {"controller": controller}
@@ -161,10 +168,19 @@ async def test_a_group_left_by_a_service_deleted_while_down_is_reported_then_col
     ) in lifecycle.expected_finalizers(pod)
 
     async with run_manager(adapter, garbage=START_ONLY) as manager:
-        report = await _report(_controller(manager))
-        assert report.collected == [key]
+        # The first garbage pass drains the group's backend (weight 0), so the group waits:
+        # pending, tried again after the retry interval, collected once the backend is removed.
+        first = await _report(_controller(manager))
+        assert first.pending == [key] and first.collected == []
+        assert _group(slb, lb, group.name) is not None
+
+        await async_wait_for(
+            lambda: _collected_report(manager, key), timeout=30, message="the group collected by a later pass"
+        )
         assert _group(slb, lb, group.name) is None
         assert _collected(manager, adapter.name) == 1
+        changes = [c for c in slb.backend_changes() if c.vserver_group_id == group.id]
+        assert [(c.change, c.backend.weight) for c in changes[-2:]] == [("weight", 0), ("removed", 0)]
 
         async def released() -> bool:
             held = finalizers(await cluster.get(kube.POD, "web-0"))
@@ -568,9 +584,15 @@ async def test_the_issue_s_slb_service_force_deleted_is_never_released_while_its
     group = await _served_web(cluster, run_manager, slb, adapter, lb)
     await _delete_stripped(cluster)
     async with run_manager(adapter, garbage=START_ONLY) as manager:
-        report = await _report(_controller(manager))
-        assert report.held == {key: ["web-0"]}
-        assert report.collected == [key] and report.uncollectable == {}
+        first = await _report(_controller(manager))
+        assert first.held == {key: ["web-0"]}
+        # Its backend drained first: the group waits for a later garbage pass.
+        assert first.pending == [key] and first.uncollectable == {}
+
+        report = await async_wait_for(
+            lambda: _collected_report(manager, key), timeout=30, message="the group collected"
+        )
+        assert report.uncollectable == {}
         assert _held_gauge(manager, adapter.name) == 0
     held = finalizers(await cluster.get(kube.POD, "web-0"))
     assert _group(slb, lb, group.name) is None, "the group is collected"
@@ -662,7 +684,7 @@ async def test_a_garbage_pass_before_the_caches_sync_says_so_and_collects_nothin
 MANAGER_RULES = [
     {"apiGroups": [""], "resources": ["services", "pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "list"]},
 ]
 #: The same, but a Service may not be looked up by name (a narrowed or half-applied Role).
 NO_SERVICE_GET = [

@@ -78,9 +78,10 @@ class Replica:
     def acting_on(self) -> set[str]:
         """The Services this replica may act on now: those its gate lets a pass run on, and those
         a worker holds (a pass, or the let-go write itself, counted as acting to be strict)."""
-        gate = self.manager.shard
-        if not self.running or gate is None:
+        sharding = self.manager.sharding
+        if not self.running or sharding is None:
             return set()
+        gate = sharding.gate
         # A worker still holding a key whose let-go write has landed runs no pass of it: the
         # write itself counts, not the moments until the worker gives the key back.
         held = {
@@ -243,7 +244,8 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             # The replica running the sharder reports the dead shard (docs/observability.md).
             await async_wait_for(
                 lambda: any(
-                    r.manager.sharder is not None
+                    r.manager.sharding is not None
+                    and r.manager.sharding.sharder is not None
                     and r.manager.metrics.registry.get_sample_value(
                         "resourceconsist_sharder_shards", {"state": "dead"}
                     )
@@ -255,7 +257,9 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             )
 
             # 3. shard-3 joins: its share moves to it through the drain handshake.
-            drained_before = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
+            drained_before = sum(
+                r.manager.sharding.gate.drained for r in replicas[:2] if r.manager.sharding is not None
+            )
             await joiner.start()
             with_joiner = placed(cluster, {"shard-0", "shard-1", "shard-3"}, names)
             to_joiner = {n for n, s in with_joiner.items() if s == "shard-3"}
@@ -270,7 +274,9 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
                 timeout=60,
                 message="the new shard serving its share",
             )
-            drained = sum(r.manager.shard.drained for r in replicas[:2] if r.manager.shard is not None)
+            drained = sum(
+                r.manager.sharding.gate.drained for r in replicas[:2] if r.manager.sharding is not None
+            )
             # Each Service that moved to a live shard's successor was let go of by that shard.
             assert drained - drained_before == len(to_joiner)
             reported = sum(
@@ -616,7 +622,7 @@ async def test_shards_follow_another_sharder_speaking_the_protocol(cluster: Clus
         assert untouched is not None
         assert shard_label(RING) not in (untouched["metadata"].get("labels") or {})
         assert all(f"{cluster.namespace}/untouched" not in r.provider.vips for r in replicas)
-        assert all(r.manager.sharder is None for r in replicas)
+        assert all(r.manager.sharding is not None and r.manager.sharding.sharder is None for r in replicas)
     finally:
         for replica in replicas:
             if replica.running:

@@ -105,6 +105,9 @@ async def test_stop_cancels_a_running_pass_at_once_and_the_adapter_sees_it(
         await asyncio.wait_for(manager.stop(timeout=300), timeout=20)
     assert adapter.same_signal_in_thread is True
     assert adapter.woken_by_cancel is True
+    # The adapter's call failed because it was told to stop: a stop is not a failure, and no
+    # Warning is left on the Service (issue 33).
+    assert [(t, r) for t, r, _ in await cluster.events("svc") if t == "Warning"] == []
 
 
 async def test_a_pass_blocked_in_an_adapter_thread_is_abandoned_within_the_timeout(

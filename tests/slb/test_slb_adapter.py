@@ -491,8 +491,16 @@ async def test_manage_mode_errors_become_warning_events_then_the_service_is_clea
             "Warning SyncEmployerFailed sync employer failed: syncDelete failed, err: SLB DeleteVServerGroup"
             in (await _events_text(cluster, "web"))
         )
-        assert await _guarded(cluster, names)
-        assert len(slb.backends(group)) == 3
+        # The group was asked to go only once its backends were drained and removed, so the
+        # listener routes to none of them, and the pods are released meanwhile (issue 33).
+        assert slb.backends(group) == []
+        for name in names:
+            assert FLZ not in (await _pod_finalizers(cluster, name) or [])
+        changes = [c for c in slb.backend_changes() if c.vserver_group_id == group]
+        assert {c.backend.server_ip for c in changes if c.change == "removed"} == {
+            c.backend.server_ip for c in changes if c.change == "weight" and c.backend.weight == 0
+        }
+        assert all(c.old_weight == 0 for c in changes if c.change == "removed")
 
         # Detached again: the group goes, the pods are released, the Service is gone.
         slb.add_vserver_group(

@@ -180,6 +180,15 @@ async def test_a_force_deleted_services_group_on_a_load_balancer_no_one_names_is
         await async_wait_for(
             collected_and_released, timeout=90, message="the orphaned group collected and its pods released"
         )
+        # Drained before the group went: each backend set to weight 0, then removed from it at
+        # weight 0; none went with the group at full weight (issue 33).
+        history, _ = admin.history()
+        mine = [c for c in history if c["vserver_group_id"] == group["id"]]
+        drained = [c for c in mine if c["change"] == "weight" and c["Weight"] == 0]
+        removed = [c for c in mine if c["change"] == "removed"]
+        assert len(drained) == len(removed) == len(PODS), mine
+        assert all(c["old_weight"] == 0 for c in removed), removed
+        assert max(c["seq"] for c in drained) < min(c["seq"] for c in removed)
         await cluster.delete(kube.POD, "web-0")
 
         async def deleted() -> bool:

@@ -81,10 +81,11 @@ The image: the tag defaults to the chart's appVersion, the package version.
 {{- end }}
 
 {{/*
-Whether the manager makes its own webhook certificates (no cert-manager).
+Whether the manager makes its own webhook certificates (neither cert-manager nor a certificate
+you bring, webhook.tls).
 */}}
 {{- define "resourceconsist.bootstrapCerts" -}}
-{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) }}true{{ end }}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) (not .Values.webhook.tls.secretName) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -97,10 +98,17 @@ watchNamespace (the one-namespace value of earlier charts), each once, sorted.
 {{- end }}
 
 {{/*
+The manager's ServiceAccount: serviceAccount.name, else resourceconsist-manager.
+*/}}
+{{- define "resourceconsist.serviceAccountName" -}}
+{{- .Values.serviceAccount.name | default (include "resourceconsist.manager" .) }}
+{{- end }}
+
+{{/*
 The manager's identity, as the API server names it in request.userInfo.username.
 */}}
 {{- define "resourceconsist.managerUser" -}}
-system:serviceaccount:{{ .Release.Namespace }}:{{ include "resourceconsist.manager" . }}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "resourceconsist.serviceAccountName" . }}
 {{- end }}
 
 {{/*
@@ -109,4 +117,96 @@ least-privilege policy (templates/manager/policy.yaml).
 */}}
 {{- define "resourceconsist.celSame" -}}
 (has({{ .new }}.{{ .field }}) == has({{ .old }}.{{ .field }}) && (!has({{ .new }}.{{ .field }}) || {{ .new }}.{{ .field }} == {{ .old }}.{{ .field }}))
+{{- end }}
+
+{{/*
+CEL: two managedFields ownership trees (`fieldsV1`: "f:<field>", "k:<key>", "v:<value>", "."
+nested maps) `.a` and `.b` own the same fields but for the paths the manager may write, given by
+`.spec` (built in templates/manager/policy.yaml):
+  allowed   a CEL predicate on the key "KEY" (the key and everything under it may differ);
+  children  key -> spec of that key's subtree, compared the same way;
+  each      the spec of every other key's subtree (absent: it must be equal).
+A key present on one side only must own only allowed paths. `.depth` names the loop variable of
+each level (CEL has no functions of our own, so the comparison is written out level by level).
+*/}}
+{{- define "resourceconsist.celFieldsSame" -}}
+{{- $k := printf "k%d" (int .depth) }}
+{{- $allowed := .spec.allowed | default "false" | replace "KEY" $k }}
+{{- $same := include "resourceconsist.celFieldsChild" (dict "mode" "same" "a" (printf "%s[%s]" .a $k) "b" (printf "%s[%s]" .b $k) "k" $k "spec" .spec "depth" .depth) }}
+{{- $emptyA := include "resourceconsist.celFieldsChild" (dict "mode" "empty" "a" (printf "%s[%s]" .a $k) "k" $k "spec" .spec "depth" .depth) }}
+{{- $emptyB := include "resourceconsist.celFieldsChild" (dict "mode" "empty" "a" (printf "%s[%s]" .b $k) "k" $k "spec" .spec "depth" .depth) }}
+{{- printf "(%s.all(%s, %s || (%s in %s ? %s : %s)) && %s.all(%s, %s || %s in %s || %s))" .a $k $allowed $k .b $same $emptyA .b $k $allowed $k .a $emptyB }}
+{{- end }}
+
+{{/*
+CEL: the ownership tree `.a` owns only paths `.spec` allows (see celFieldsSame).
+*/}}
+{{- define "resourceconsist.celFieldsEmpty" -}}
+{{- $k := printf "k%d" (int .depth) }}
+{{- $allowed := .spec.allowed | default "false" | replace "KEY" $k }}
+{{- .a }}.all({{ $k }}, {{ $allowed }} || {{ include "resourceconsist.celFieldsChild" (dict "mode" "empty" "a" (printf "%s[%s]" .a $k) "k" $k "spec" .spec "depth" .depth) }})
+{{- end }}
+
+{{/*
+CEL, for celFieldsSame and celFieldsEmpty: the subtree `.a` (and `.b`) under key `.k`, by the
+spec of its key (`.mode` same: equal outside allowed paths; empty: owning only allowed paths).
+*/}}
+{{- define "resourceconsist.celFieldsChild" -}}
+{{- $next := add .depth 1 }}
+{{- $out := ternary "false" (printf "%s == %s" .a (.b | default "")) (eq .mode "empty") }}
+{{- if .spec.each }}
+{{- $out = ternary (include "resourceconsist.celFieldsEmpty" (dict "a" .a "spec" .spec.each "depth" $next)) (include "resourceconsist.celFieldsSame" (dict "a" .a "b" .b "spec" .spec.each "depth" $next)) (eq .mode "empty") }}
+{{- end }}
+{{- range $key, $spec := .spec.children | default dict }}
+{{- $child := ternary (include "resourceconsist.celFieldsEmpty" (dict "a" $.a "spec" $spec "depth" $next)) (include "resourceconsist.celFieldsSame" (dict "a" $.a "b" $.b "spec" $spec "depth" $next)) (eq $.mode "empty") }}
+{{- $out = printf "(%s == %s ? %s : %s)" $.k (squote $key) $child $out }}
+{{- end }}
+{{- $out }}
+{{- end }}
+
+{{/*
+Annotation keys the adapters of this install record on their employers (Services) beyond the
+frame's: the built-in ones' (the demo adapter's last error, experimental/demo.py)
+and leastPrivilegePolicy.serviceAnnotations for adapters of your own. A JSON list.
+*/}}
+{{- define "resourceconsist.employerAnnotations" -}}
+{{- $keys := list }}
+{{- if has "demo" .Values.adapters }}
+{{- $keys = append $keys "resource-consist.kusionstack.io/demo-condition" }}
+{{- end }}
+{{- concat $keys (.Values.leastPrivilegePolicy.serviceAnnotations | default list) | uniq | toJson }}
+{{- end }}
+
+{{/*
+CEL list: the metadata fields the least-privilege policy has a rule of its own for, or leaves to
+the API server (resourceVersion, generation).
+*/}}
+{{- define "resourceconsist.ruledMetadata" -}}
+['labels', 'annotations', 'finalizers', 'ownerReferences', 'managedFields', 'resourceVersion', 'generation']
+{{- end }}
+
+{{/*
+The ownership paths (celFieldsSame's spec, JSON) the manager may take from others, or give up,
+on pods and Services: the ones it may write.
+*/}}
+{{- define "resourceconsist.workloadOwnership" -}}
+{{- $finalizers := list "resource-consist.kusionstack.io/clean-" "prot.podopslifecycle.kusionstack.io/" "guard.resource-consist.kusionstack.io/" }}
+{{- $finalizerTests := list }}
+{{- range $finalizers }}
+{{- $finalizerTests = append $finalizerTests (printf "KEY.startsWith('v:\"%s')" .) }}
+{{- end }}
+{{- $metadata := dict
+  "f:annotations" (dict "allowed" "KEY == '.' || KEY in variables.ourAnnotations.map(a, 'f:' + a)")
+  "f:finalizers" (dict "allowed" (printf "KEY == '.' || %s" (join " || " $finalizerTests)))
+  "f:labels" (dict "allowed" "KEY == '.' || (request.resource.resource == 'services' && (KEY.startsWith('f:shard.alpha.sharding.timebertt.dev/') || KEY.startsWith('f:drain.alpha.sharding.timebertt.dev/')))") }}
+{{- $status := dict "f:conditions" (dict "allowed" "KEY == '.' || KEY.startsWith('k:{\"type\":\"readiness.resource-consist.kusionstack.io/')") }}
+{{- dict "children" (dict "f:metadata" (dict "children" $metadata) "f:status" (dict "children" $status)) | toJson }}
+{{- end }}
+
+{{/*
+The same for the webhook configurations: each entry's caBundle.
+*/}}
+{{- define "resourceconsist.webhookOwnership" -}}
+{{- $entry := dict "children" (dict "f:clientConfig" (dict "allowed" "KEY == 'f:caBundle'")) }}
+{{- dict "children" (dict "f:webhooks" (dict "each" $entry)) | toJson }}
 {{- end }}

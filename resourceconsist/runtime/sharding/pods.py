@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import CacheReader, WatchEvent
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.rules import lifecycle, marks
 from resourceconsist.runtime.sharding.shard import ShardGate
 
@@ -61,7 +61,7 @@ class ShardPods:
         for name in names:
             if self.reader.get(kube.SERVICE, namespace, name) is not None:
                 return True
-            if self.gate.ring_owns(kube.SERVICE, f"{namespace}/{name}"):
+            if self.gate.ring_owns(kube.SERVICE, EmployerKey.named(namespace, name)):
                 return True  # a gone Service's garbage pass runs here (docs/scaling.md)
         # Marks whose employer nothing above names keep the pod.
         named = {marks.digest_of(v) for v in marks.entries_of(pod).values()}

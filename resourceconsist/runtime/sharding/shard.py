@@ -24,7 +24,7 @@ from typing import Any
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import Informer, WatchEvent
-from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
+from resourceconsist.cluster.kube import EmployerKey, KubeClient, KubeObject, Resource
 from resourceconsist.runtime.sharding.ring import (
     HashRing,
     drain_label,
@@ -94,11 +94,13 @@ class ShardGate:
         selected watch drops it): not a gone employer, and no pass of it is due here."""
         return event.type == "DELETED" and _labels(event.obj).get(self.shard_label) != self.shard
 
-    def ring_owns(self, resource: Resource, key: str) -> bool:
-        """The ring places ``key`` (``namespace/name`` of ``resource``) on this shard."""
+    def ring_owns(self, resource: Resource, key: EmployerKey) -> bool:
+        """The ring places ``key`` (of ``resource``) on this shard."""
         ring = self._ring()
-        namespace, _, name = key.rpartition("/")
-        return ring.shard_of(hash_key(resource.api_version, resource.kind, namespace, name)) == self.shard
+        return (
+            ring.shard_of(hash_key(resource.api_version, resource.kind, key.namespace, key.name))
+            == self.shard
+        )
 
     def _ring(self) -> HashRing:
         """The ring as the Leases say now; built again at most once a second (a garbage pass asks
@@ -112,7 +114,7 @@ class ShardGate:
         self._ring_cache = (now, ring)
         return ring
 
-    async def may_act(self, resource: Resource, key: str, cached: KubeObject | None) -> bool:
+    async def may_act(self, resource: Resource, key: EmployerKey, cached: KubeObject | None) -> bool:
         """Whether a pass of ``key`` may run on this shard now; lets go of a draining employer.
 
         In the cache: only when it is this shard's and not draining. Not in the cache: a pass
@@ -129,8 +131,7 @@ class ShardGate:
         if cached is not None:
             acts = self.assigned(cached)
         else:
-            namespace, _, name = key.rpartition("/")
-            live = await asyncio.to_thread(self.client.get_or_none, resource, namespace or None, name)
+            live = await asyncio.to_thread(self.client.get_or_none, resource, key.namespace_or_none, key.name)
             acts = live is None
         if acts:
             self.let_go_of.discard(key)
