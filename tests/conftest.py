@@ -56,8 +56,8 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     config.addinivalue_line(
         "markers",
-        "realnode: needs a real node (root, containerd, runc, the kubelet); set on every test using "
-        "a real_node_* fixture, by hand on a test that starts its own RealNodeCluster",
+        "realnode: needs a real node (root, containerd, runc, the kubelet) or its images; set on every "
+        "test using a real_node_* fixture, by hand on the others; such a test is controlplane too",
     )
 
 
@@ -68,10 +68,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     start their own run first, before the session's node starts (and holds the host)."""
     for item in items:
         names = set(getattr(item, "fixturenames", ()))
-        if CONTROL_PLANE_FIXTURES & names:
-            item.add_marker(pytest.mark.controlplane)
         if REAL_NODE_FIXTURES & names:
             item.add_marker(pytest.mark.realnode)
+        # A real node's test needs the whole set-up (root, its packages, its images): never a unit test.
+        if CONTROL_PLANE_FIXTURES & names or item.get_closest_marker("realnode") is not None:
+            item.add_marker(pytest.mark.controlplane)
 
     def own_node(item: pytest.Item) -> bool:
         names = set(getattr(item, "fixturenames", ()))

@@ -269,6 +269,7 @@ def _served_by_slb(release: Release, admin: EmulatorAdmin, namespace: str, name:
     flz = lifecycle.lifecycle_finalizer(name)
     return all(
         backends.get(p["status"].get("podIP")) == 100
+        and p["spec"]["nodeName"] == NODE_NAME
         and flz in finalizers(p)
         and lifecycle.expected_finalizers(p)
         and condition(p, "Ready") == "True"
@@ -387,7 +388,10 @@ def _guarded(release: Release, namespace: str, name: str, replicas: int) -> bool
     return (
         len(pods) == replicas
         and rolled_out(release.client.get(DEPLOYMENT, namespace, name))
-        and all(flz in finalizers(p) and lifecycle.expected_finalizers(p) for p in pods)
+        and all(
+            flz in finalizers(p) and lifecycle.expected_finalizers(p) and p["spec"]["nodeName"] == NODE_NAME
+            for p in pods
+        )
     )
 
 
@@ -467,7 +471,10 @@ def test_an_install_with_the_demo_adapter_starts_and_guards_its_pods(
     def guarded() -> bool:
         pods = [p for p in release.pods(ns, "app=shop") if condition(p, "Ready") == "True"]
         flz = lifecycle.lifecycle_finalizer("shop")
-        return len(pods) == 2 and all(flz in finalizers(p) and lifecycle.expected_finalizers(p) for p in pods)
+        return len(pods) == 2 and all(
+            flz in finalizers(p) and lifecycle.expected_finalizers(p) and p["spec"]["nodeName"] == NODE_NAME
+            for p in pods
+        )
 
     wait_for(guarded, timeout=180, interval=0.5, message="shop's pods admitted and guarded")
     release.client.delete(kube.SERVICE, ns, "shop")
@@ -496,7 +503,7 @@ def test_a_namespaced_install_controls_its_namespaces_only(release: Release, rea
 
         def shop_guarded() -> bool:
             pods = release.pods("rn-shop", "app=web")
-            return len(pods) == 1 and flz in finalizers(pods[0])
+            return len(pods) == 1 and flz in finalizers(pods[0]) and pods[0]["spec"]["nodeName"] == NODE_NAME
 
         wait_for(shop_guarded, timeout=180, interval=0.5, message="rn-shop's pod guarded")
         other = wait_for(

@@ -140,6 +140,7 @@ async def test_a_gated_rollout_on_real_containers_drops_no_request_and_stops_no_
                     }
 
                 await async_wait_for(rolled_and_served, timeout=180, interval=0.2, message="the rollout")
+                assert all(p["spec"]["nodeName"] == NODE_NAME for p in await rn.pods({"app": "web"}))
                 old = {p["metadata"]["name"] for p in first}
                 await async_wait_for(lambda: old <= watch.gone, timeout=30, message="the old pods gone")
                 sent_at_end = traffic.sent

@@ -9,6 +9,7 @@ second node on the host is refused in one line."""
 from __future__ import annotations
 
 import ipaddress
+import json
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -56,7 +57,7 @@ async def _running_pod(rn: Cluster, name: str, spec: dict[str, Any]) -> KubeObje
         return pod if condition(pod, "Ready") == "True" else None
 
     found = await async_wait_for(ready, timeout=60, interval=0.2, message=f"pod {name} Ready")
-    assert found is not None
+    assert found is not None and found["spec"]["nodeName"] == NODE_NAME
     return found
 
 
@@ -130,6 +131,16 @@ def test_the_node_is_the_only_node_and_its_images_are_imported(
     assert [n.metadata.name for n in nodes] == [NODE_NAME]
     present = real_node_cluster.images_present()
     assert PAUSE_IMAGE in present and TESTSERVER_IMAGE in present
+
+
+def test_the_kubelet_never_collects_images_nor_evicts_for_disk(real_node_cluster: RealNodeCluster) -> None:
+    """Imported images cannot be pulled again: the kubelet's own configuration (its configz,
+    through the API server's node proxy) has image garbage collection and disk eviction off."""
+    raw = real_node_cluster.raw_get(f"/api/v1/nodes/{NODE_NAME}/proxy/configz")
+    config = json.loads(raw)["kubeletconfig"]
+    assert config["imageGCHighThresholdPercent"] == 100
+    assert all(config["evictionHard"][signal] == "0%" for signal in ("nodefs.available", "imagefs.available"))
+    assert config["cgroupDriver"] == "cgroupfs" and config["failCgroupV1"] is False
 
 
 def test_every_listener_of_the_node_is_on_loopback_or_the_bridge(real_node_cluster: RealNodeCluster) -> None:

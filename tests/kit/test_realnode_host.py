@@ -74,7 +74,7 @@ def _serve(cluster: RealNodeCluster, name: str) -> None:
 
         def ready() -> bool:
             found = client.get(kube.POD, "default", name)
-            return condition(found, "Ready") == "True"
+            return condition(found, "Ready") == "True" and found["spec"]["nodeName"] == NODE_NAME
 
         wait_for(ready, timeout=60, message=f"pod {name} Ready")
     finally:
