@@ -821,3 +821,33 @@ def test_a_certificate_brought_needs_its_ca_and_excludes_cert_manager() -> None:
         *("--set", "webhook.certManager.enabled=true"),
     )
     assert both.returncode != 0 and "set one" in both.stderr
+
+
+def test_the_credentials_secret_is_named_only_where_an_adapter_reads_it(tmp_path: Path) -> None:
+    """adapters: [demo] runs without the SLB Secret (it started into CreateContainerConfigError
+    when the chart named it whatever the adapters); alibabacloudslb still reads it."""
+    demo = _by_kind(_template("resourceconsist", {"adapters": ["demo"]}, tmp_path))
+    assert "envFrom" not in _container(demo[("Deployment", "resourceconsist-manager")])
+    both = _by_kind(_template("resourceconsist", {"adapters": ["demo", "alibabacloudslb"]}, tmp_path))
+    assert _container(both[("Deployment", "resourceconsist-manager")])["envFrom"] == [
+        {"secretRef": {"name": "resourceconsist-slb-credentials"}}
+    ]
+
+
+def test_uninstall_waits_for_the_uninstall_check_hook(tmp_path: Path) -> None:
+    """A pre-delete hook Job runs `resourceconsist uninstall-check` as the manager, over the
+    watched namespaces (docs/install.md, "Uninstalling"); off, none is rendered."""
+    found = _by_kind(_template("resourceconsist", {"watchNamespaces": ["shop", "pay"]}, tmp_path))
+    job = found[("Job", "resourceconsist-uninstall-check")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "resourceconsist-manager"
+    assert spec["containers"][0]["args"][:3] == [
+        "uninstall-check",
+        "--wait-seconds=60",
+        "--namespace=pay,shop",
+    ]
+    # No Service of the release selects its pod (it carries no app.kubernetes.io/name).
+    assert "app.kubernetes.io/name" not in job["spec"]["template"]["metadata"]["labels"]
+    off = _by_kind(_template("resourceconsist", {"uninstallCheck": {"enabled": False}}, tmp_path))
+    assert ("Job", "resourceconsist-uninstall-check") not in off
