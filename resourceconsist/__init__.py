@@ -58,7 +58,6 @@ if TYPE_CHECKING:
     from resourceconsist.options import (
         GarbageOptions,
         LeaderElectionOptions,
-        ManagerKeywords,
         ManagerOptions,
         ProviderBudgetOptions,
         ShardingOptions,
@@ -89,7 +88,6 @@ __all__ = (
     "LifecycleEvent",
     "LifecycleSubscriber",
     "Manager",
-    "ManagerKeywords",
     "ManagerOptions",
     "MultiClusterOptions",
     "NotFound",

@@ -13,7 +13,7 @@ import re
 import socket
 import uuid
 from dataclasses import dataclass, field
-from typing import Final, TypedDict
+from typing import Final
 
 from resourceconsist.errors import InvalidOptions, check_seconds
 
@@ -247,12 +247,12 @@ class ManagerOptions:
     #: ``HealthProbeBindAddress``); None: not served. The CLI serves them on ``:8081``
     #: (``--health-probe-bind-address``). The same address and port as ``metrics_address``: one server.
     health_probe_address: tuple[str, int] | None = None
-    #: Deprecated (``--health-address``): ``(host, port)`` of ``/healthz``, ``/readyz`` and
-    #: ``/metrics`` together, as before ``metrics_address`` and ``health_probe_address``; it
-    #: excludes them.
-    health_address: tuple[str, int] | None = None
     #: Seconds in-flight reconciles get to finish when the manager stops.
     shutdown_timeout: float = 30.0
+    #: Seconds the caches get to fill (each its first list) once the manager starts, as
+    #: controller-runtime's ``CacheSyncTimeout``: a start that cannot fill one in time fails,
+    #: naming the resource, why and what to do (docs/observability.md, "When the start fails").
+    cache_sync_timeout: float = 120.0
     #: Reconcile only while holding a Lease; None: always (a single replica).
     leader_election: LeaderElectionOptions | None = None
     #: The orphan-collection pass of every controller (docs/lifecycle-hooks.md, "Orphans").
@@ -304,7 +304,8 @@ class ManagerOptions:
         check_seconds("resync_period", self.resync_period)
         check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
-        for name in ("metrics_address", "health_probe_address", "health_address"):
+        check_seconds("cache_sync_timeout", self.cache_sync_timeout)
+        for name in ("metrics_address", "health_probe_address"):
             address = getattr(self, name)
             if address is not None and not 0 <= address[1] <= 65535:
                 raise InvalidOptions(
@@ -318,14 +319,6 @@ class ManagerOptions:
                 "sharding",
                 "leader_election",
             )
-        beside = [n for n in ("metrics_address", "health_probe_address") if getattr(self, n) is not None]
-        if self.health_address is not None and beside:
-            raise InvalidOptions(
-                "health address (deprecated) serves /healthz, /readyz and /metrics together; give it "
-                "alone, or the metrics and health probe addresses without it",
-                "health_address",
-                *beside,
-            )
 
     @property
     def watched_namespaces(self) -> tuple[str, ...] | None:
@@ -333,24 +326,3 @@ class ManagerOptions:
         if self.namespace is not None:
             return (self.namespace,)
         return tuple(sorted(self.namespaces)) or None
-
-
-class ManagerKeywords(TypedDict, total=False):
-    """Deprecated: ``ManagerOptions``' fields as keywords of ``Manager(client, **keywords)``;
-    pass ``Manager(client, ManagerOptions(...))`` instead. Keywords still work, with a
-    ``DeprecationWarning``; this name stays importable for code that annotates with it."""
-
-    namespace: str | None
-    namespaces: tuple[str, ...]
-    resync_period: float | None
-    full_pass_every: float
-    metrics_address: tuple[str, int] | None
-    health_probe_address: tuple[str, int] | None
-    health_address: tuple[str, int] | None
-    shutdown_timeout: float
-    leader_election: LeaderElectionOptions | None
-    garbage: GarbageOptions
-    provider_budget: ProviderBudgetOptions
-    sharding: ShardingOptions | None
-    pod_label_selector: str | None
-    max_concurrent_reconciles: int | None

@@ -6,8 +6,11 @@ about as much CPU as the request itself (docs/benchmarks.md, "The API transport"
 ``AsyncTransport`` sends the same requests from the event loop over one aiohttp session per
 loop: the same host, CA, client certificate and bearer token (a token that can change, an exec
 plugin's or an in-cluster token file's, is asked for again every few seconds, in a thread), the
-same bookkeeping (``KubeClient``'s request counters, observers and ``Reachability``) and the same
-errors (``kube.ApiError`` and its subclasses; ``kube.is_unreachable`` knows aiohttp's).
+same bookkeeping (the client's ``RequestLedger``: counters, observers, ``Reachability``, and the
+send checks, asked as each request is handed to its connection) and the same errors
+(``kube.api_error``; ``kube.is_unreachable`` knows aiohttp's). It stands behind
+``transport.LoopTransport`` (resourceconsist.cluster.transport, the seam both transports share),
+and the client keeps it in its ``loop_transport`` slot, which only ``for_client`` fills.
 
 A configuration the session cannot honour (an official client's HTTP proxy or
 ``assert_hostname``: ``KubeClient.loop_refusal``) gets no transport: ``for_client`` answers None
@@ -31,6 +34,8 @@ import msgspec
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject, PatchType, Resource
+from resourceconsist.cluster.kubeconfig import Access
+from resourceconsist.cluster.transport import RequestLedger
 
 if TYPE_CHECKING:
     # aiohttp is imported when a transport is made: what only imports the reconcile steps (the
@@ -55,14 +60,13 @@ _CONNECT_TRIES = 3
 
 
 class AsyncTransport:
-    """One event loop's session to one client's API server; made by ``for_client``."""
+    """One event loop's session to one API server, reporting to ``ledger`` (its client's); made
+    by ``for_client``."""
 
-    def __init__(self, client: KubeClient, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, access: Access, ledger: RequestLedger, loop: asyncio.AbstractEventLoop) -> None:
         import aiohttp
 
-        access = client.access
-        assert access is not None  # for_client makes none for a client without one
-        self.client = client
+        self.ledger = ledger
         self.loop = loop
         self._access = access
         self._base = access.host
@@ -78,6 +82,7 @@ class AsyncTransport:
         )
         self.session = aiohttp.ClientSession(
             connector=connector,
+            request_class=_checked_request(ledger),
             # As the thread path, 60 s for an answer; no bound on waiting for one of the pool's
             # connections, which requests in flight free (urllib3 opened extra ones instead).
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=60.0, sock_read=60.0),
@@ -131,8 +136,8 @@ class AsyncTransport:
         subclass for its status, as ``KubeClient`` does."""
         import aiohttp
 
-        client = self.client
-        client._count(method.lower(), path)
+        ledger = self.ledger
+        ledger.sent(method.lower(), path)
         url = kube.request_url(self._base, path, query)
         data = None if body is None else msgspec.json.encode(body)
         headers = await self._headers(content_type)
@@ -155,7 +160,10 @@ class AsyncTransport:
             except (aiohttp.ClientConnectionError, TimeoutError) as err:
                 if _before_any_answer(err) and tries < _CONNECT_TRIES and method != "POST":
                     continue
-                client._unanswered(method, err, started)
+                ledger.unanswered(method, err, started)
+                raise
+            except Exception as err:  # a send check refused it, or the session failed otherwise
+                ledger.unanswered(method, err, started)
                 raise
             if status == 401 and not refreshed:
                 # A token that expired between two refreshes: ask the hook now, once.
@@ -163,9 +171,9 @@ class AsyncTransport:
                 headers = await self._headers(content_type, refresh=True)
                 continue
             break
-        client._answered(method, status, started)
+        ledger.answered(method, status, started)
         if status >= 400:
-            raise kube._api_error(status, reason, payload, method, path)
+            raise kube.api_error(status, reason, payload, method, path)
         return kube.decode_json(payload) if payload else {}
 
     # -- the API the hot path uses -------------------------------------------------------------
@@ -191,7 +199,7 @@ class AsyncTransport:
     ) -> KubeObject:
         path = res.path(namespace, name, subresource)
         answer = await self.request(
-            "PATCH", path, body=body, content_type=kube._PATCH_CONTENT_TYPES[patch_type]
+            "PATCH", path, body=body, content_type=kube.PATCH_CONTENT_TYPES[patch_type]
         )
         return cast(KubeObject, answer)
 
@@ -208,7 +216,13 @@ class AsyncTransport:
         """``KubeClient.patch_optimistic`` on the loop: the same loop (``kube.precondition_steps``),
         the same conflict count."""
         steps = kube.precondition_steps(
-            res, namespace, name, change, current, attempts, functools.partial(self.client._conflicted, res)
+            res,
+            namespace,
+            name,
+            change,
+            current,
+            attempts,
+            functools.partial(self.ledger.conflicted, res.plural),
         )
         try:
             step = next(steps)
@@ -232,9 +246,9 @@ class AsyncTransport:
         """A watch from ``resource_version`` with bookmarks: ``async with`` it for its events."""
         import aiohttp
 
-        client = self.client
+        ledger = self.ledger
         path = res.path(namespace)
-        client._count("watch", path)
+        ledger.sent("watch", path)
         query = kube.watch_query(resource_version, timeout_seconds)
         url = kube.request_url(self._base, path, query)
         headers = await self._headers("application/json")
@@ -244,13 +258,13 @@ class AsyncTransport:
             response = await self.session.get(
                 url, headers=headers, ssl=self._ssl, server_hostname=self._server_hostname, timeout=timeout
             )
-        except (aiohttp.ClientConnectionError, TimeoutError) as err:
-            client._unanswered("GET", err, started)
+        except Exception as err:
+            ledger.unanswered("GET", err, started)
             raise
-        client._answered("GET", response.status, started)
+        ledger.answered("GET", response.status, started)
         try:
             if response.status >= 400:
-                raise kube._api_error(
+                raise kube.api_error(
                     response.status, response.reason or "", await response.read(), "GET", path
                 )
             yield _events(response)
@@ -267,26 +281,26 @@ async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[KubeObject]
 
 
 def for_client(client: KubeClient) -> AsyncTransport | None:
-    """The running loop's transport to ``client``'s API server, made on first use; None when its
-    configuration needs the thread path (logged once per client)."""
+    """The running loop's transport to ``client``'s API server, made on first use and kept in
+    the client's ``loop_transport`` slot; None when its configuration needs the thread path
+    (logged once per client)."""
     loop = asyncio.get_running_loop()
-    transport = client._loop_transport
-    if isinstance(transport, AsyncTransport) and transport.loop is loop:
+    slot = client.loop_transport
+    transport = slot.serving(loop)
+    if isinstance(transport, AsyncTransport):
         return transport
-    if client._loop_transport_refused:
-        return None
     why = client.loop_refusal
-    if why:
-        client._loop_transport_refused = True
-        log.info("%s: API requests stay on threads: %s", client.reachability.name, why)
+    if why or client.access is None:
+        if not slot.refusal_logged:
+            slot.refusal_logged = True
+            log.info("%s: API requests stay on threads: %s", client.reachability.name, why)
         return None
-    transport = AsyncTransport(client, loop)
+    transport = AsyncTransport(client.access, client.ledger, loop)
     # Closed when its loop shuts its async generators down (asyncio.run and pytest's loops do,
     # last thing), so a session never outlives the loop it belongs to, whoever made the loop.
-    # The loop holds its generators weakly: the client keeps this one.
+    # The loop holds its generators weakly: the slot keeps this one.
     closer = _close_at_shutdown(transport)
-    client._loop_transport = transport
-    client._loop_transport_closer = (closer, loop.create_task(_start(closer)))
+    slot.keep(transport, (closer, loop.create_task(_start(closer))))
     return transport
 
 
@@ -348,6 +362,20 @@ def _serving(writer: Any) -> AsyncTransport | None:
     """The loop's transport for ``writer`` when it is a ``KubeClient`` the transport serves; None
     sends its calls to the frame's threads (an in-memory writer, an unsupported configuration)."""
     return for_client(writer) if isinstance(writer, KubeClient) else None
+
+
+def _checked_request(ledger: RequestLedger) -> type[aiohttp.ClientRequest]:
+    """aiohttp's request, asking ``ledger``'s send checks as it is handed its connection: its
+    ``send`` writes the request to that connection before it first yields, so no ``await`` lies
+    between the check and the send (resourceconsist.cluster.transport, "The send hook")."""
+    import aiohttp
+
+    class CheckedRequest(aiohttp.ClientRequest):
+        async def send(self, conn: Any) -> aiohttp.ClientResponse:
+            ledger.before_send(self.method, self.url.raw_path)
+            return await super().send(conn)
+
+    return CheckedRequest
 
 
 def _before_any_answer(err: BaseException) -> bool:

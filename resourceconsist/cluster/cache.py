@@ -27,10 +27,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
-from resourceconsist.cluster import kube
+from resourceconsist.cluster import diagnosis, kube
 from resourceconsist.cluster.kube import (
     ApiError,
-    Decode,
     Gone,
     KubeClient,
     KubeObject,
@@ -47,6 +46,7 @@ from resourceconsist.cluster.transform import (
     keeping_selected_or_marked,
     trim,
 )
+from resourceconsist.cluster.transport import Decode
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.rules.labels import label_selector_selects, map_selects, parse_selector
 
@@ -329,10 +329,32 @@ class Informer:
         #: Futures of ``wait_synced`` callers on the loop, woken when a list makes the store
         #: synced or current again (they look again: it may have changed since).
         self._loop_waiters: list[asyncio.Future[None]] = []
+        #: The error each scope's first list last failed with, until that list is in.
+        self._list_errors: dict[str | None, BaseException] = {}
+        #: The last failure logged as a WARNING: the same one again is logged at DEBUG only.
+        self._last_warned = ""
 
     @property
     def has_synced(self) -> bool:
         return self._synced.is_set()
+
+    @property
+    def list_error(self) -> BaseException | None:
+        """Why the first list is not in yet: the error its latest attempt failed with (of the
+        first scope still failing); None when it has no error (in, or still under way)."""
+        with self._sync_lock:
+            return next(iter(self._list_errors.values()), None)
+
+    def not_synced_because(self) -> str:
+        """Why the first list is not in, in one line that says what to do
+        (resourceconsist.cluster.diagnosis)."""
+        err = self.list_error
+        if err is None:
+            return (
+                "its first list has not completed (no request failed: a large list, or a slow API "
+                "server); give it more time (--cache-sync-timeout)"
+            )
+        return diagnosis.explain(err, self.client.url)
 
     def add_handler(self, handler: Callable[[WatchEvent], None]) -> Callable[[], None]:
         """Call ``handler`` on the event loop for every change, after the store's current content
@@ -413,9 +435,7 @@ class Informer:
                     raise TimeoutError
                 await asyncio.wait_for(waiter, left)
             except TimeoutError:
-                raise TimeoutError(
-                    f"informer for {self.resource.plural} did not sync within {timeout:.0f}s"
-                ) from None
+                raise CacheSyncTimeout(self, timeout) from None
             finally:
                 with self._sync_lock:
                     if waiter in self._loop_waiters:
@@ -597,6 +617,7 @@ class Informer:
                 self._emit(event)
         with self._sync_lock:
             self._list_started[scope] = started
+            self._list_errors.pop(scope, None)
             # A scope's first list counts once for the informer, not once per namespace.
             if scope in self._listed or not self._listed:
                 self.relists += 1
@@ -631,8 +652,9 @@ class Informer:
                     return
                 if self._relist[scope].is_set():
                     continue
+                self._failed(scope, err)
                 if not isinstance(err, Gone):
-                    log.warning("informer %s: %s; re-listing", self._where(scope), err)
+                    self._warn_once(f"informer {self._where(scope)}: {err}; re-listing")
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
             except Exception as err:
@@ -640,17 +662,33 @@ class Informer:
                     return
                 if self._relist[scope].is_set():
                     continue  # the watch was closed for a re-list (set_transform)
+                self._failed(scope, err)
                 # An unreachable API server is logged once per outage by the client
-                # (kube.Reachability), not once per informer and retry.
+                # (transport.Reachability), not once per informer and retry.
                 quiet = kube.is_unreachable(err) or self.client.reachability.down
-                log.log(
-                    logging.DEBUG if quiet else logging.WARNING,
-                    "informer %s: watch broke (%s); re-listing",
-                    self._where(scope),
-                    err,
-                )
+                message = f"informer {self._where(scope)}: watch broke ({err}); re-listing"
+                if quiet:
+                    log.debug("%s", message)
+                else:
+                    self._warn_once(message)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
+
+    def _failed(self, scope: str | None, err: BaseException) -> None:
+        """A list or watch of ``scope`` failed with ``err``: kept as the reason the cache is not
+        synced while that scope's first list is not in."""
+        with self._sync_lock:
+            if scope not in self._listed:
+                self._list_errors[scope] = err
+
+    def _warn_once(self, message: str) -> None:
+        """Log ``message`` as a WARNING, or at DEBUG when it repeats the last warning: a list
+        refused again and again (a missing grant) is one line, not one per retry."""
+        if message == self._last_warned:
+            log.debug("%s", message)
+            return
+        self._last_warned = message
+        log.warning("%s", message)
 
     def _watch_from(self, scope: str | None, rv: str) -> str:
         # One transform for the stream's life: a lean decoder (resourceconsist.cluster.transform) builds
@@ -904,6 +942,32 @@ class CacheNotSynced(ResourceConsistError, TimeoutError):
     def __init__(self, message: str, resource: Resource | None = None) -> None:
         super().__init__(message)
         self.resource = resource
+
+
+class CacheSyncTimeout(ResourceConsistError, TimeoutError):
+    """A cache whose first list did not come within a deadline (``Informer.wait_synced``); its
+    message names the resource and says why, in one line (``Informer.not_synced_because``)."""
+
+    def __init__(self, informer: Informer, seconds: float, others: int = 0) -> None:
+        #: The resource whose cache did not sync.
+        self.resource = informer.resource
+        #: The seconds it was given.
+        self.seconds = seconds
+        #: Why, and what to do (resourceconsist.cluster.diagnosis).
+        self.because = informer.not_synced_because()
+        #: How many other caches did not sync either.
+        self.others = others
+        also = f" (and {others} other{'s' if others > 1 else ''})" if others else ""
+        super().__init__(
+            f"the cache of {self.resource.plural}{also} did not sync within {seconds:g}s: {self.because}"
+        )
+
+    @classmethod
+    def of(cls, unsynced: Sequence[Informer], seconds: float) -> CacheSyncTimeout:
+        """The timeout of several caches, told by the first one whose list met an error (the
+        likeliest to say why), else the first."""
+        told = next((i for i in unsynced if i.list_error is not None), unsynced[0])
+        return cls(told, seconds, len(unsynced) - 1)
 
 
 def _on_event_loop() -> bool:

@@ -1,15 +1,16 @@
 """The Kubernetes client wrapper: typed, kind-agnostic, dict-based access to the API server.
 
 It reads its configuration with resourceconsist.cluster.kubeconfig (kubeconfig files, in-cluster, exec
-plugins) or from an official client's ``ApiClient``, sends requests through urllib3, and speaks
-plain JSON so any kind works the same, CRDs included; the official client's generated models are
-never loaded on the way (17 MB and a quarter second of start-up). Every call blocks: async code
-runs it in the frame's threads (``asyncio.to_thread``; the one rule for sync and async is
-resourceconsist.flow.cancellation's), except the hot path's writes, which
-resourceconsist.cluster.aiokube sends from the event loop through the same bookkeeping, errors and
-conflict loop. Every request is counted per verb so tests and metrics can prove steady state makes
-no writes, and handed with its answer code and duration to the observers (``observe_requests``:
-the manager's ``rest_client_*`` series, docs/observability.md).
+plugins) or from an official client's ``ApiClient``, sends requests through its ``ThreadTransport``
+(urllib3), and speaks plain JSON so any kind works the same, CRDs included; the official client's
+generated models are never loaded on the way (17 MB and a quarter second of start-up). Every call
+blocks: async code runs it in the frame's threads (``asyncio.to_thread``; the one rule for sync and
+async is resourceconsist.flow.cancellation's), except the hot path's writes, which
+resourceconsist.cluster.aiokube sends from the event loop. Both transports stand behind the seam of
+resourceconsist.cluster.transport: the client's ``Access``, its ``RequestLedger`` (every request
+counted per verb, so tests and metrics can prove steady state makes no writes, and handed with
+its answer code and duration to the observers: the manager's ``rest_client_*`` series,
+docs/observability.md), ``api_error`` and the one conflict loop (``precondition_steps``).
 """
 
 from __future__ import annotations
@@ -31,19 +32,24 @@ import msgspec
 
 from resourceconsist import wire
 from resourceconsist.cluster import kubeconfig
-from resourceconsist.cluster.kubeconfig import Access
+from resourceconsist.cluster.kubeconfig import Access, find_cluster
+from resourceconsist.cluster.transport import (
+    BlockingTransport,
+    Decode,
+    LoopTransportSlot,
+    Reachability,
+    RequestLedger,
+    RequestObserver,
+)
 from resourceconsist.errors import ResourceConsistError
 
 log = logging.getLogger(__name__)
 
 KubeObject = dict[str, Any]
-#: Turns an answer's JSON bytes (a whole body, or one line of a watch) into objects.
-Decode = Callable[[bytes], Any]
-#: Told of every request: its HTTP method, the answer's status (0: no answer), its seconds.
-RequestObserver = Callable[[str, int, float], None]
 PatchType = Literal["merge", "json", "strategic"]
 
-_PATCH_CONTENT_TYPES: dict[str, str] = {
+#: The content type of each kind of patch, whichever transport sends it.
+PATCH_CONTENT_TYPES: dict[str, str] = {
     "merge": "application/merge-patch+json",
     "json": "application/json-patch+json",
     "strategic": "application/strategic-merge-patch+json",
@@ -178,47 +184,6 @@ class _QuietRetries(logging.Filter):
 
 
 _QUIET_RETRIES = _QuietRetries()
-
-
-class Reachability:
-    """Whether the API server answers, logged once per change (down, back) rather than per call.
-
-    During an outage every reconcile and every watch fails the same way; one WARNING when the
-    first request fails and one INFO when a request is answered again say all there is to say
-    (docs/concepts.md, "What an operator sees under faults").
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._lock = threading.Lock()
-        self._down_since: float | None = None
-        #: Outages seen so far.
-        self.outages = 0
-
-    @property
-    def down(self) -> bool:
-        return self._down_since is not None
-
-    def failed(self, err: BaseException) -> None:
-        with self._lock:
-            if self._down_since is not None:
-                return
-            self._down_since = time.monotonic()
-            self.outages += 1
-        log.warning("%s unreachable: %s; retrying until it answers", self.name, _first_line(err))
-
-    def answered(self) -> None:
-        if self._down_since is None:  # the common case, without taking the lock
-            return
-        with self._lock:
-            since, self._down_since = self._down_since, None
-        if since is not None:
-            log.info("%s reachable again after %.1fs", self.name, time.monotonic() - since)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err) or type(err).__name__
-    return text.splitlines()[0][:300]
 
 
 #: What the optimistic-concurrency loop asks its driver for: the object read afresh (this
@@ -412,48 +377,203 @@ def _access_of_official(configuration: Any) -> tuple[Access, dict[str, Any], str
     return access, extras, "; ".join(refusals)
 
 
+class ThreadTransport:
+    """``KubeClient``'s own transport: its requests through one urllib3 pool, in the caller's
+    thread (up to 64 connections, as the frame's threads, informers, adapters' blocking calls
+    and the webhook, may all be in a request). It stands behind ``transport.BlockingTransport``
+    and reports to the client's ``RequestLedger`` (resourceconsist.cluster.transport); the
+    ledger's send checks run once the pool holds a connected socket, in the thread that then
+    writes the request to it."""
+
+    def __init__(
+        self, access: Access, ledger: RequestLedger, extras: Mapping[str, Any] | None = None
+    ) -> None:
+        self.access = access
+        self.ledger = ledger
+        #: What only an official client's configuration sets (a proxy, ``assert_hostname``).
+        self._extras = dict(extras or {})
+        self._pool: Any = None  # urllib3's PoolManager, made on the first request
+        self._pool_lock = threading.Lock()
+        #: The request this thread is sending, for the send check in the pool's send step.
+        self._sending = threading.local()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, Any] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] | None = 60.0,
+        stream: bool = False,
+        decode: Decode | None = None,
+    ) -> Any:
+        import urllib3
+
+        access = self.access
+        ledger = self.ledger
+        ledger.sent("watch" if stream else method.lower(), path)
+        url = request_url(access.host, path, query)
+        headers = request_headers(content_type, access.bearer())
+        if isinstance(timeout, tuple):
+            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        else:
+            limit = urllib3.Timeout(total=timeout)
+        data = None if body is None else msgspec.json.encode(body)
+        started = time.monotonic()
+        self._sending.request = (method, path)
+        try:
+            response = self._pool_manager().request(
+                method, url, body=data, headers=headers, timeout=limit, preload_content=not stream
+            )
+        except Exception as err:
+            ledger.unanswered(method, err, started)
+            raise
+        finally:
+            self._sending.request = None
+        ledger.answered(method, response.status, started)
+        if response.status >= 400:
+            payload = response.data  # read whole, a stream's too
+            if stream:
+                response.release_conn()
+            raise api_error(response.status, response.reason or "", payload, method, path)
+        if stream:
+            return response
+        data = response.data
+        return (decode or decode_json)(data) if data else {}
+
+    def _before_send(self) -> None:
+        """The pool holds a connected socket for this thread's request: the send hook."""
+        sending = getattr(self._sending, "request", None)
+        if sending is not None:
+            self.ledger.before_send(*sending)
+
+    def _pool_manager(self) -> Any:
+        """urllib3's pool to the API server, made once."""
+        pool = self._pool
+        if pool is not None:
+            return pool
+        with self._pool_lock:
+            if self._pool is None:
+                access = self.access
+                options: dict[str, Any] = {"num_pools": 4, "maxsize": 64, "block": False}
+                context = access.ssl_context()
+                if context is not None:
+                    options["ssl_context"] = context
+                    if not access.verify:
+                        options["cert_reqs"] = "CERT_NONE"
+                    if access.tls_server_name:
+                        options["server_hostname"] = access.tls_server_name
+                extras = dict(self._extras)
+                proxy = extras.pop("proxy_url", None)
+                options.update(extras)
+                self._pool = _checked_pool_manager(self._before_send, proxy, options)
+            return self._pool
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.clear()
+
+
+def _checked_pool_manager(before_send: Callable[[], None], proxy: str | None, options: dict[str, Any]) -> Any:
+    """A urllib3 ``PoolManager`` (a ``ProxyManager`` with ``proxy``) whose pools call
+    ``before_send`` in their send step: once a request's connection is connected, right before
+    the request is written to it (``HTTPConnectionPool._validate_conn``, urllib3's hook "called
+    right before a request is made, after the socket is created")."""
+    import urllib3
+    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+
+    class CheckedHTTPPool(HTTPConnectionPool):
+        def _validate_conn(self, conn: Any) -> None:
+            super()._validate_conn(conn)
+            if conn.is_closed:
+                conn.connect()  # as the HTTPS pool does: the check comes after the connect
+            before_send()
+
+    class CheckedHTTPSPool(HTTPSConnectionPool):
+        def _validate_conn(self, conn: Any) -> None:
+            super()._validate_conn(conn)  # connects
+            before_send()
+
+    manager = urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
+    manager.pool_classes_by_scheme = {"http": CheckedHTTPPool, "https": CheckedHTTPSPool}
+    return manager
+
+
 class KubeClient:
     """Kind-agnostic JSON access to one API server.
 
     Made from an ``Access`` (resourceconsist.cluster.kubeconfig: what ``from_kubeconfig``, ``in_cluster``
     and ``auto`` load without the official client), or from the official client's ``ApiClient``
     (``KubeClient(api_client)``, which tests and embedding programs already hold): its
-    configuration is read into the same ``Access``. Either way requests go through one urllib3
-    pool (threads) or the event loop's session (resourceconsist.cluster.aiokube)."""
+    configuration is read into the same ``Access``. Either way requests go through its
+    ``transport`` (threads) or, from async code, the event loop's (``loop_transport``;
+    resourceconsist.cluster.aiokube), both reporting to its ``ledger``
+    (resourceconsist.cluster.transport)."""
 
     def __init__(self, api_client: Any = None, *, name: str = "", access: Access | None = None) -> None:
         #: The official client's ``ApiClient`` this client was made from, if any (closed with it).
         self.api_client = api_client
         official = getattr(api_client, "configuration", None)
-        #: Where the API server is and how to authenticate; None: a client that never sends.
-        self.access: Access | None = access
         #: What only the official configuration sets (a proxy, ``assert_hostname``): urllib3
         #: honours it, the event loop's session does not (``loop_refusal``).
         self._pool_extras: dict[str, Any] = {}
         #: Why the event loop's session cannot speak for this client (empty: it can).
         self.loop_refusal = ""
         if access is None and official is not None:
-            self.access, self._pool_extras, self.loop_refusal = _access_of_official(official)
-        elif self.access is None:
+            access, self._pool_extras, self.loop_refusal = _access_of_official(official)
+        elif access is None:
             self.loop_refusal = "the client has no API server configuration"
         self.name = name
-        self.requests: Counter[str] = Counter()
-        #: Requests by ``"<verb> <resource>"`` (e.g. ``"patch pods"``), for tests and benchmarks.
-        self.requests_by_resource: Counter[str] = Counter()
-        #: 409 Conflicts met by ``patch_optimistic``, by resource (exported as a metric).
-        self.conflicts: Counter[str] = Counter()
-        self._counter_lock = threading.Lock()
+        #: Where every request of this client is counted and observed, whichever transport
+        #: sends it, and the send checks it passes (resourceconsist.cluster.transport).
+        self.ledger = RequestLedger(name, is_unreachable)
+        #: The blocking transport (None: a client without an API server configuration).
+        self.transport: BlockingTransport | None = None
+        self._access: Access | None = None
+        self.access = access
+        #: The event loop's transport to this API server, once ``aiokube.for_client`` made it.
+        self.loop_transport = LoopTransportSlot()
         self._resources: dict[tuple[str, str], Resource] = dict(_KNOWN)
-        self.reachability = Reachability(name or "API server")
-        self._observers: tuple[RequestObserver, ...] = ()
-        self._pool: Any = None  # urllib3's PoolManager, made on the first request
-        self._pool_lock = threading.Lock()
-        # The running loop's transport (resourceconsist.cluster.aiokube) once made, and whether this
-        # client's configuration refused one; kept here so the transport lives with its client.
-        self._loop_transport: object = None
-        self._loop_transport_closer: object = None
-        self._loop_transport_refused = False
         logging.getLogger("urllib3.connectionpool").addFilter(_QUIET_RETRIES)  # once: filters are a set
+
+    @property
+    def access(self) -> Access | None:
+        """Where the API server is and how to authenticate; None: a client that never sends.
+        Setting it sends the next requests with the new one."""
+        return self._access
+
+    @access.setter
+    def access(self, access: Access | None) -> None:
+        if self.transport is not None:
+            self.transport.close()
+        self._access = access
+        self.transport = (
+            ThreadTransport(access, self.ledger, self._pool_extras) if access is not None else None
+        )
+
+    @property
+    def requests(self) -> Counter[str]:
+        """Requests so far by verb (``get``, ``patch``, ``watch``, ...), both transports'."""
+        return self.ledger.requests
+
+    @property
+    def requests_by_resource(self) -> Counter[str]:
+        """Requests so far by ``"<verb> <resource>"`` (e.g. ``"patch pods"``)."""
+        return self.ledger.requests_by_resource
+
+    @property
+    def conflicts(self) -> Counter[str]:
+        """409 Conflicts met by ``patch_optimistic``, by resource (exported as a metric)."""
+        return self.ledger.conflicts
+
+    @property
+    def reachability(self) -> Reachability:
+        """Whether the API server answers (logged once per outage)."""
+        return self.ledger.reachability
 
     # -- construction ------------------------------------------------------------------
 
@@ -488,19 +608,26 @@ class KubeClient:
         return cls(access=kubeconfig.load_incluster(), name=name)
 
     @classmethod
-    def auto(cls, kubeconfig: str | None = None, name: str = "") -> KubeClient:
-        """In-cluster config when running in a pod and no kubeconfig is named, else the kubeconfig."""
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    def auto(cls, kubeconfig: str | None = None, context: str | None = None, name: str = "") -> KubeClient:
+        """The cluster the command line would use (``kubeconfig.find_cluster``, controller-runtime's
+        order): the ``kubeconfig`` given, else ``$KUBECONFIG``, else the in-cluster config in a
+        pod, else ``~/.kube/config``; ``context`` picks one of the kubeconfig's contexts (given
+        where the in-cluster config is chosen, it is an error: there is no context to pick)."""
+        source = find_cluster(kubeconfig, context)
+        if source.kubeconfig is None:
             return cls.in_cluster(name)
-        return cls.from_kubeconfig(kubeconfig, name=name)
+        return cls.from_kubeconfig(source.kubeconfig, context, name)
 
     def close(self) -> None:
-        with self._pool_lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.clear()
+        if self.transport is not None:
+            self.transport.close()
         if self.api_client is not None:
             self.api_client.close()
+
+    @property
+    def url(self) -> str:
+        """The API server's URL (``https://host:port``); empty for a client that never sends."""
+        return self.access.host if self.access is not None else ""
 
     @property
     def host(self) -> str:
@@ -509,109 +636,14 @@ class KubeClient:
 
     def observe_requests(self, observer: RequestObserver) -> Callable[[], None]:
         """Tell ``observer`` of every request from now on (watches when their answer starts);
-        returns what stops it."""
-        self._observers = (*self._observers, observer)
+        returns what stops it (``RequestLedger.observe``)."""
+        return self.ledger.observe(observer)
 
-        def stop() -> None:
-            self._observers = tuple(o for o in self._observers if o is not observer)
-
-        return stop
-
-    def _observed(self, method: str, status: int, started: float) -> None:
-        seconds = time.monotonic() - started
-        for observer in self._observers:
-            observer(method, status, seconds)
-
-    # -- the one request primitive --------------------------------------------------------
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, Any] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | tuple[float, float] | None = 60.0,
-        stream: bool = False,
-        decode: Decode | None = None,
-    ) -> Any:
-        import urllib3
-
-        access = self.access
-        if access is None:
+    def _send(self, method: str, path: str, **how: Any) -> Any:
+        transport = self.transport
+        if transport is None:
             raise RuntimeError(self.loop_refusal)
-        self._count("watch" if stream else method.lower(), path)
-        url = request_url(access.host, path, query)
-        headers = request_headers(content_type, access.bearer())
-        if isinstance(timeout, tuple):
-            limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
-        else:
-            limit = urllib3.Timeout(total=timeout)
-        data = None if body is None else msgspec.json.encode(body)
-        started = time.monotonic()
-        try:
-            response = self._pool_manager().request(
-                method, url, body=data, headers=headers, timeout=limit, preload_content=not stream
-            )
-        except Exception as err:
-            self._unanswered(method, err, started)
-            raise
-        self._answered(method, response.status, started)
-        if response.status >= 400:
-            payload = response.data  # read whole, a stream's too
-            if stream:
-                response.release_conn()
-            raise _api_error(response.status, response.reason or "", payload, method, path)
-        if stream:
-            return response
-        data = response.data
-        return (decode or decode_json)(data) if data else {}
-
-    def _pool_manager(self) -> Any:
-        """urllib3's pool to the API server, made once: up to 64 connections, as the frame's
-        threads (informers, adapters' blocking calls, the webhook) may all be in a request."""
-        pool = self._pool
-        if pool is not None:
-            return pool
-        import urllib3
-
-        with self._pool_lock:
-            if self._pool is None:
-                access = self.access
-                assert access is not None
-                options: dict[str, Any] = {"num_pools": 4, "maxsize": 64, "block": False}
-                context = access.ssl_context()
-                if context is not None:
-                    options["ssl_context"] = context
-                    if not access.verify:
-                        options["cert_reqs"] = "CERT_NONE"
-                    if access.tls_server_name:
-                        options["server_hostname"] = access.tls_server_name
-                extras = dict(self._pool_extras)
-                proxy = extras.pop("proxy_url", None)
-                options.update(extras)
-                self._pool = (
-                    urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
-                )
-            return self._pool
-
-    # The bookkeeping of every request, whichever transport sends it (this thread path, or the
-    # event loop's, resourceconsist.cluster.aiokube): counted when sent, observed when answered or not.
-
-    def _count(self, verb: str, path: str) -> None:
-        with self._counter_lock:
-            self.requests[verb] += 1
-            self.requests_by_resource[f"{verb} {_resource_of(path)}"] += 1
-
-    def _answered(self, method: str, status: int, started: float) -> None:
-        self._observed(method, status, started)
-        self.reachability.answered()
-
-    def _unanswered(self, method: str, err: BaseException, started: float) -> None:
-        self._observed(method, 0, started)
-        if is_unreachable(err):
-            self.reachability.failed(err)
+        return transport.request(method, path, **how)
 
     # -- blocking API ------------------------------------------------------------------------
 
@@ -688,7 +720,7 @@ class KubeClient:
                 "PATCH",
                 res.path(namespace, name, subresource),
                 body=body,
-                content_type=_PATCH_CONTENT_TYPES[patch_type],
+                content_type=PATCH_CONTENT_TYPES[patch_type],
             ),
         )
 
@@ -745,12 +777,8 @@ class KubeClient:
             change,
             current,
             attempts,
-            functools.partial(self._conflicted, res),
+            functools.partial(self.ledger.conflicted, res.plural),
         )
-
-    def _conflicted(self, res: Resource) -> None:
-        with self._counter_lock:
-            self.conflicts[res.plural] += 1
 
 
 class WatchStream:
@@ -828,17 +856,9 @@ def watch_query(
     return query
 
 
-def _resource_of(path: str) -> str:
-    """The resource (plural) a request path addresses: ``/api/v1/namespaces/n/pods/p`` -> ``pods``."""
-    # Counted for every request: no list built beyond the split.
-    parts = path.strip("/").split("/")
-    at = 2 if parts[0] == "api" else 3
-    if len(parts) > at + 2 and parts[at] == "namespaces":
-        at += 2
-    return parts[at] if len(parts) > at else ""
-
-
-def _api_error(status: int, reason: str, body: Any, method: str, path: str) -> ApiError:
+def api_error(status: int, reason: str, body: Any, method: str, path: str) -> ApiError:
+    """The error of a non-2xx answer, whichever transport got it: its status's ``ApiError``
+    subclass, with the reason and message of the Status object in ``body`` (bytes or text)."""
     message = ""
     if isinstance(body, bytes | bytearray):
         body = body.decode(errors="replace")

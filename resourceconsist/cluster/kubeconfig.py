@@ -1,5 +1,7 @@
 """Kubeconfig and in-cluster configuration, read without the official ``kubernetes`` package.
 
+``find_cluster`` says where a process finds its cluster, in controller-runtime's order (the one
+order of every command and of ``KubeClient.auto``; docs/index.md, "Which cluster").
 ``load_kubeconfig`` and ``load_incluster`` give an ``Access``: the API server's address, how to
 check it (CA, TLS server name, insecure) and how to authenticate (client certificate, a bearer
 ``TokenSource``: static, a token file re-read as it rotates, or an exec plugin). They cover the
@@ -41,6 +43,8 @@ EXEC_EXPIRY_MARGIN = 10.0
 #: How long an exec plugin may run; it cannot prompt (stdin is not a terminal), so it should be quick.
 EXEC_TIMEOUT = 60.0
 _EXEC_API_VERSIONS = ("client.authentication.k8s.io/v1", "client.authentication.k8s.io/v1beta1")
+#: The kubeconfig read when neither a path nor ``$KUBECONFIG`` names one (kubectl's).
+DEFAULT_KUBECONFIG = os.path.join("~", ".kube", "config")
 
 
 class KubeConfigError(ResourceConsistError, ValueError):
@@ -313,22 +317,70 @@ def _entry(label: str, named: _Named, kind: str, name: str, remedy: str) -> tupl
     return named[name]
 
 
+@dataclass(frozen=True)
+class ClusterSource:
+    """Where a process finds its cluster (``find_cluster``)."""
+
+    #: The kubeconfig to read, one path or several separated by ``os.pathsep``; None: the
+    #: in-cluster config.
+    kubeconfig: str | None
+    #: What chose it: ``--kubeconfig`` (a path given), ``$KUBECONFIG``, ``in-cluster`` or
+    #: ``~/.kube/config``; error messages name it.
+    origin: str
+
+
+def find_cluster(kubeconfig: str | None = None, context: str | None = None) -> ClusterSource:
+    """Where the cluster is, in controller-runtime's order: the ``kubeconfig`` given (a
+    command's ``--kubeconfig``); else ``$KUBECONFIG``; else the in-cluster config when this
+    process runs in a pod (``$KUBERNETES_SERVICE_HOST`` is set), so a pod's own ServiceAccount
+    wins over a stray file in its image; else ``~/.kube/config``. ``context`` (``--context``)
+    picks a kubeconfig's context; with the in-cluster config, which has none, it is an error
+    rather than ignored. Raises ``KubeConfigError`` when none applies. It reads no file: a
+    kubeconfig chosen may still be missing or unusable."""
+    if kubeconfig:
+        return ClusterSource(kubeconfig, "--kubeconfig")
+    if from_environment := os.environ.get("KUBECONFIG"):
+        return ClusterSource(from_environment, "$KUBECONFIG")
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if context:
+            raise KubeConfigError(
+                f"--context {context} names a kubeconfig's context, but in a pod without "
+                "--kubeconfig or $KUBECONFIG the in-cluster config is used, which has none; pass "
+                "--kubeconfig PATH with it, or drop --context"
+            )
+        return ClusterSource(None, "in-cluster")
+    default = os.path.expanduser(DEFAULT_KUBECONFIG)
+    if os.path.isfile(default):
+        return ClusterSource(default, DEFAULT_KUBECONFIG)
+    raise KubeConfigError(
+        f"no kubeconfig: $KUBECONFIG is not set, {default} does not exist and this is not a pod in "
+        "a cluster; pass --kubeconfig PATH or set $KUBECONFIG"
+    )
+
+
 def load_kubeconfig(path: str | None = None, context: str | None = None) -> Access:
     """The ``Access`` of ``context`` (default: current-context) in the kubeconfig at ``path``:
     ``$KUBECONFIG`` when None, else ~/.kube/config. ``path`` (like ``$KUBECONFIG``) may list
     several files separated by ``os.pathsep``, merged as kubectl does; missing ones are skipped."""
-    label = path or os.environ.get("KUBECONFIG") or os.path.join("~", ".kube", "config")
+    label = path or os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
     paths = [p for p in (os.path.expanduser(p) for p in label.split(os.pathsep) if p) if os.path.exists(p)]
     if not paths:
         raise KubeConfigError(f"no kubeconfig at {label}: pass --kubeconfig PATH or set $KUBECONFIG")
     current, named = _merge(paths)
+    contexts = sorted(named["context"])
+    if not contexts:
+        raise KubeConfigError(f"kubeconfig {label} has no contexts; add one (kubectl config set-context)")
     if not (name := context or current):
-        have = ", ".join(sorted(named["context"])) or "none"
         raise KubeConfigError(
-            f"kubeconfig {label} sets no current-context (it has: {have}); pass --context NAME "
-            "or run kubectl config use-context NAME"
+            f"kubeconfig {label} sets no current-context (it has: {', '.join(contexts)}); pass "
+            f"--context {contexts[0]} or run kubectl config use-context {contexts[0]}"
         )
-    ctx, _ = _entry(label, named["context"], "context", name, "pass --context or fix current-context")
+    remedy = (
+        "pass one of them with --context"
+        if context
+        else f"pass one of them with --context, or run kubectl config use-context {contexts[0]}"
+    )
+    ctx, _ = _entry(label, named["context"], "context", name, remedy)
     cname, uname = str(ctx.get("cluster") or ""), str(ctx.get("user") or "")
     if not cname:
         raise KubeConfigError(f'kubeconfig {label}: context "{name}" names no cluster; set its cluster')

@@ -20,7 +20,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -40,6 +40,8 @@ from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
 # Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
 if TYPE_CHECKING:
+    import asyncio
+
     from resourceconsist.adapter import ReconcileAdapter, WebhookAdapter
     from resourceconsist.cluster.kube import KubeClient
     from resourceconsist.registry import AdapterRegistry
@@ -167,10 +169,21 @@ def _flag_group(*flags: Callable[[F], F]) -> Callable[[F], F]:
     return decorate
 
 
-#: The one kubeconfig precedence of every command, controller-runtime's (docs/index.md).
-_KUBECONFIG_HELP = (
-    "Kubeconfig path; default: $KUBECONFIG, else the in-cluster config when running in a pod, "
-    "else ~/.kube/config."
+#: Where every command that talks to a cluster finds it: controller-runtime's order, the one of
+#: ``KubeClient.auto`` too (``kubeconfig.find_cluster``; docs/index.md, "Which cluster").
+_cluster_flags = _flag_group(
+    click.option(
+        "--kubeconfig",
+        default=None,
+        help="Kubeconfig path; default: $KUBECONFIG, else the in-cluster config when running in a "
+        "pod, else ~/.kube/config.",
+    ),
+    click.option(
+        "--context",
+        default=None,
+        metavar="NAME",
+        help="The kubeconfig's context to use (default: its current-context).",
+    ),
 )
 
 _explain_options = _flag_group(
@@ -180,13 +193,18 @@ _explain_options = _flag_group(
         multiple=True,
         help="Adapter whose provider to consult (repeatable); without one, Kubernetes only.",
     ),
-    click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP),
+    _cluster_flags,
     click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True),
 )
 
 
 def _explain(
-    kind: str | None, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+    kind: str | None,
+    ref: str,
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    output: str,
 ) -> None:
     import asyncio
 
@@ -198,7 +216,7 @@ def _explain(
     except ExplainError as err:
         raise click.UsageError(str(err)) from err
     adapters = _build(_all_adapters().controller, adapter_names)
-    client = _kube_client(kubeconfig)
+    client = _kube_client(kubeconfig, context)
     try:
         click.echo(asyncio.run(run_explain(client, adapters, kind, ref, output)))
     except NotFoundAnswer as missing:
@@ -223,9 +241,11 @@ def _explain(
 @explain.command("pod")
 @click.argument("ref", metavar="NS/NAME")
 @_explain_options
-def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str) -> None:
+def explain_pod(
+    ref: str, adapter_names: Sequence[str], kubeconfig: str | None, context: str | None, output: str
+) -> None:
     """Why pod NS/NAME is not Ready, and what holds it from deletion."""
-    _explain(None, ref, adapter_names, kubeconfig, output)
+    _explain(None, ref, adapter_names, kubeconfig, context, output)
 
 
 @explain.command("employer")
@@ -233,10 +253,15 @@ def explain_pod(ref: str, adapter_names: Sequence[str], kubeconfig: str | None, 
 @click.argument("ref", metavar="NS/NAME")
 @_explain_options
 def explain_employer(
-    kind: str, ref: str, adapter_names: Sequence[str], kubeconfig: str | None, output: str
+    kind: str,
+    ref: str,
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    output: str,
 ) -> None:
     """Why employer KIND NS/NAME (e.g. Service default/web) has not converged."""
-    _explain(kind, ref, adapter_names, kubeconfig, output)
+    _explain(kind, ref, adapter_names, kubeconfig, context, output)
 
 
 @main.command("adapters")
@@ -251,8 +276,6 @@ def list_adapters() -> None:
 
 
 # -- common mistakes: one line saying what is wrong and what to do, exit code 2 -------------------
-
-_DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
 class _HostPort(click.ParamType):  # type: ignore[type-arg]
@@ -328,34 +351,29 @@ def _flags(*options: type[Any]) -> Iterator[None]:
         raise click.UsageError(f"{err}; adjust {'/'.join(flags)}" if flags else str(err)) from err
 
 
-def _kube_client(kubeconfig: str | None) -> KubeClient:
-    """The client for --kubeconfig, else $KUBECONFIG, else in-cluster, else ~/.kube/config
-    (controller-runtime's order: a pod's own identity wins over a stray file in its image)."""
+def _kube_client(kubeconfig: str | None, context: str | None) -> KubeClient:
+    """The client of the cluster ``kubeconfig.find_cluster`` chooses (--kubeconfig, else
+    $KUBECONFIG, else in-cluster, else ~/.kube/config: controller-runtime's order, the one of
+    ``KubeClient.auto`` too), at ``context`` of its kubeconfig; a bad choice is one line."""
     import yaml
 
     from resourceconsist.cluster.kube import KubeClient
-    from resourceconsist.cluster.kubeconfig import KubeConfigError
+    from resourceconsist.cluster.kubeconfig import KubeConfigError, find_cluster
 
-    source = "--kubeconfig"
-    if kubeconfig is None:
-        default = Path(_DEFAULT_KUBECONFIG).expanduser()
-        if os.environ.get("KUBECONFIG"):
-            kubeconfig, source = os.environ["KUBECONFIG"], "$KUBECONFIG"
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            try:
-                return KubeClient.in_cluster()
-            except KubeConfigError as err:
-                raise click.UsageError(
-                    f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
-                    "pass --kubeconfig PATH or set $KUBECONFIG"
-                ) from err
-        elif default.is_file():
-            kubeconfig, source = str(default), _DEFAULT_KUBECONFIG
-        else:
+    try:
+        found = find_cluster(kubeconfig, context)
+    except KubeConfigError as err:
+        raise click.UsageError(str(err)) from err
+    source = found.origin
+    if found.kubeconfig is None:
+        try:
+            return KubeClient.in_cluster()
+        except KubeConfigError as err:
             raise click.UsageError(
-                f"no kubeconfig: $KUBECONFIG is not set, {default} does not exist and this is not a pod "
-                "in a cluster; pass --kubeconfig PATH or set $KUBECONFIG"
-            )
+                f"in-cluster config ($KUBERNETES_SERVICE_HOST is set) is not usable: {err}; "
+                "pass --kubeconfig PATH or set $KUBECONFIG"
+            ) from err
+    kubeconfig = found.kubeconfig
     paths = [path for path in kubeconfig.split(os.pathsep) if path]
     existing = [path for path in paths if Path(path).expanduser().is_file()]
     if not existing:
@@ -383,12 +401,9 @@ def _kube_client(kubeconfig: str | None) -> KubeClient:
                 "contexts); pass a kubeconfig file with --kubeconfig or set $KUBECONFIG"
             )
     try:
-        return KubeClient.from_kubeconfig(kubeconfig)
+        return KubeClient.from_kubeconfig(kubeconfig, context)
     except KubeConfigError as err:
-        raise click.UsageError(
-            f"kubeconfig {kubeconfig} (from {source}) is not usable: {err}; "
-            "pass a complete kubeconfig with --kubeconfig or set $KUBECONFIG"
-        ) from err
+        raise click.UsageError(f"{err} (kubeconfig from {source})") from err
 
 
 def _check_webhook_prerequisites(client: KubeClient, options: WebhookOptions) -> None:
@@ -543,7 +558,7 @@ _sharding_flags = _flag_group(
 _METRICS_ADDRESS, _PROBE_ADDRESS = ":8080", ":8081"
 
 #: Where ``run`` and ``webhook`` serve ``/metrics``, ``/healthz`` and ``/readyz``
-#: (controller-runtime's flags; docs/observability.md).
+#: (controller-runtime's flags; docs/observability.md), and how long their start waits for caches.
 _serving_flags = _flag_group(
     _field_flag(
         "--metrics-bind-address",
@@ -561,41 +576,28 @@ _serving_flags = _flag_group(
         default=_PROBE_ADDRESS,
         type=_HostPort(off=True),
     ),
+    # How long the start may wait for the caches (docs/observability.md, "When the start fails").
     _field_flag(
-        "--health-address",
+        "--cache-sync-timeout",
         ManagerOptions,
-        "health_address",
-        "Deprecated: host:port of /healthz, /readyz and /metrics on one port; use the two above.",
-        type=_HostPort(),
+        "cache_sync_timeout",
+        "Seconds the caches get to fill at start-up; a start that cannot fill one exits 1 with "
+        "one line saying which, why and what to do.",
+        type=float,
     ),
 )
 
 
 def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
-    """``ManagerOptions`` with the address fields the parsed ``_serving_flags`` say (the
-    others at their defaults)."""
-    legacy = flags["health_address"]
-    metrics, probes = flags["metrics_bind_address"], flags["health_probe_bind_address"]
-    if legacy is None:
-        with _flags(ManagerOptions):
-            return ManagerOptions(metrics_address=metrics, health_probe_address=probes)
-    defaults = (
-        _HostPort().convert(_METRICS_ADDRESS, None, None),
-        _HostPort().convert(_PROBE_ADDRESS, None, None),
-    )
-    if (metrics, probes) != defaults:
-        raise click.UsageError(
-            "--health-address (deprecated) serves /healthz, /readyz and /metrics on one port; drop it, "
-            "or drop --metrics-bind-address and --health-probe-bind-address"
-        )
-    # A log line, not a bare print: with --log-format json it is JSON like every other line.
-    log.warning(
-        "deprecated: --health-address; use --health-probe-bind-address and --metrics-bind-address "
-        "(serving /healthz, /readyz and /metrics on %s:%d as before)",
-        *legacy,
-    )
+    """``ManagerOptions`` with the fields the parsed ``_serving_flags`` say (where ``run`` and
+    ``webhook`` serve, and how long their start may wait for the caches; the others at their
+    defaults)."""
     with _flags(ManagerOptions):
-        return ManagerOptions(health_address=legacy)
+        return ManagerOptions(
+            metrics_address=flags["metrics_bind_address"],
+            health_probe_address=flags["health_probe_bind_address"],
+            cache_sync_timeout=flags["cache_sync_timeout"],
+        )
 
 
 #: The namespaces watched (``ManagerOptions.namespace`` or ``namespaces``), of ``run`` and ``webhook``.
@@ -796,7 +798,7 @@ def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> 
 
 @main.command()
 @click.option("--adapter", "adapter_names", multiple=True, required=True, help="Adapter to run (repeatable).")
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @click.option(
     "--webhook/--no-webhook", "with_webhook", default=False, help="Also serve the adapters' webhooks."
 )
@@ -806,10 +808,14 @@ def _adapter_environ(adapter_names: Sequence[str], flags: Mapping[str, Any]) -> 
 @_sharding_flags
 @_webhook_flags
 @_slb_flags
-def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool, **flags: Any) -> None:
+def run(
+    adapter_names: Sequence[str],
+    kubeconfig: str | None,
+    context: str | None,
+    with_webhook: bool,
+    **flags: Any,
+) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
-    import asyncio
-
     manager_options = _manager_options(flags)
     if with_webhook and manager_options.sharding is not None:
         # A shard caches only its own employers; the webhook must see every one of a new pod's.
@@ -822,7 +828,7 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     environ = _adapter_environ(adapter_names, flags)
     adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    asyncio.run(_run(kubeconfig, adapters, webhooks, manager_options, webhook_options))
+    _serve(_run((kubeconfig, context), adapters, webhooks, manager_options, webhook_options))
 
 
 def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -837,24 +843,22 @@ def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
 @click.option(
     "--adapter", "adapter_names", multiple=True, required=True, help="Adapter whose webhook to serve."
 )
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @_namespace_flag
 @_serving_flags
 @_webhook_flags
-def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) -> None:
+def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
 
     Kubeconfig: --kubeconfig, else $KUBECONFIG, else the in-cluster config when running in a
     pod, else ~/.kube/config.
     """
-    import asyncio
-
     options = _webhook_options(flags)
     manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.
-    asyncio.run(_run(kubeconfig, [], webhooks, manager_options, options))
+    _serve(_run((kubeconfig, context), [], webhooks, manager_options, options))
 
 
 @main.command()
@@ -865,7 +869,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     required=True,
     help="Adapter the controller ran (repeatable).",
 )
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @_namespace_flag
 @click.option("--dry-run", is_flag=True, help="Only report what the hand-over would do.")
 @_field_flag(
@@ -878,6 +882,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
 def handover(
     adapter_names: Sequence[str],
     kubeconfig: str | None,
+    context: str | None,
     namespace: Sequence[str],
     dry_run: bool,
     leader_election_namespace: str | None,
@@ -901,7 +906,7 @@ def handover(
     with _flags(ManagerOptions):
         namespaces = ManagerOptions(**_namespaces(namespace)).watched_namespaces if namespace else None
     adapters = _build(_all_adapters().controller, adapter_names)
-    client = _kube_client(kubeconfig)
+    client = _kube_client(kubeconfig, context)
     try:
         report = asyncio.run(hand_over(client, adapters, lease, namespaces=namespaces, dry_run=dry_run))
     except (HandoverError, ApiError) as err:
@@ -930,8 +935,30 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
         raise click.ClickException(f"cannot start adapter: {err}") from err
 
 
+def _serve(running: Coroutine[Any, Any, None]) -> None:
+    """Run ``running`` (``_run``: the manager until SIGTERM or SIGINT, exit 0, also while it still
+    starts); a start that fails is one line and exit 1 (docs/observability.md, "When the start
+    fails")."""
+    import asyncio
+
+    from resourceconsist.cluster.cache import CacheSyncTimeout
+    from resourceconsist.runtime.manager import CannotServe
+
+    try:
+        asyncio.run(running)
+    except CacheSyncTimeout as err:
+        also = f" (and {err.others} other{'s' if err.others > 1 else ''})" if err.others else ""
+        raise click.ClickException(
+            f"cannot start: the cache of {err.resource.plural}{also} did not sync within "
+            f"{err.seconds:g}s (--cache-sync-timeout): {err.because}"
+        ) from None
+    except CannotServe as err:
+        flags = " and ".join(_FLAG_OF[ManagerOptions, field] for field in err.fields)
+        raise click.ClickException(f"{err}; free the port or choose another with {flags}") from None
+
+
 async def _run(
-    kubeconfig: str | None,
+    cluster: tuple[str | None, str | None],
     adapters: Sequence[ReconcileAdapter],
     webhooks: Sequence[WebhookAdapter],
     manager_options: ManagerOptions,
@@ -939,24 +966,57 @@ async def _run(
 ) -> None:
     import asyncio
 
+    from resourceconsist.flow.cancellation import DaemonThreadExecutor
     from resourceconsist.runtime.manager import Manager
 
-    client = _kube_client(kubeconfig)
-    if webhooks:
-        _check_webhook_prerequisites(client, webhook_options)
-    manager = Manager(client, manager_options)
-    for adapter in adapters:
-        await manager.add(adapter)
-    if webhooks:
-        manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    # First of all: from here on a signal stops the process at once, whatever the start waits
+    # for, and no thread it leaves in a request holds the exit (the manager's own executor).
+    loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    client = _kube_client(*cluster)
     try:
+        if webhooks:
+            checking = asyncio.ensure_future(
+                asyncio.to_thread(_check_webhook_prerequisites, client, webhook_options)
+            )
+            if not await _unless_stopped(checking, stop):
+                return
+        manager = Manager(client, manager_options)
+        for adapter in adapters:
+            await manager.add(adapter)
+        if webhooks:
+            manager.add_runnable(_webhook_runnable(manager, webhooks, webhook_options))
         await manager.run(stop)
+    except Exception as err:
+        from resourceconsist.cluster import diagnosis
+        from resourceconsist.cluster.cache import CacheSyncTimeout
+        from resourceconsist.cluster.kube import ApiError, is_unreachable
+
+        if isinstance(err, CacheSyncTimeout) or not (isinstance(err, ApiError) or is_unreachable(err)):
+            raise
+        # A request of the start refused or unanswered: why, in one line.
+        raise click.ClickException(f"cannot start: {diagnosis.explain(err, client.url)}") from None
     finally:
         client.close()
+
+
+async def _unless_stopped(work: asyncio.Future[Any], stop: asyncio.Event) -> bool:
+    """Wait for ``work`` unless ``stop`` is set first (then ``work`` is abandoned); whether it ran."""
+    import asyncio
+
+    stopped: asyncio.Future[Any] = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not work.done():
+        work.cancel()
+        return False
+    work.result()
+    return True
 
 
 def _webhook_runnable(
@@ -969,11 +1029,30 @@ def _webhook_runnable(
     server: list[WebhookServer] = []
 
     async def start() -> None:
-        server.append(
-            await serve(
-                webhooks, options, client=manager.client, informers=manager.informers, metrics=manager.metrics
+        import errno
+
+        from resourceconsist.cluster import diagnosis
+        from resourceconsist.cluster.kube import ApiError, is_unreachable
+
+        client = manager.client
+        try:
+            server.append(
+                await serve(
+                    webhooks, options, client=client, informers=manager.informers, metrics=manager.metrics
+                )
             )
-        )
+        except (ApiError, OSError) as err:
+            if isinstance(err, ApiError) or is_unreachable(err):
+                raise click.ClickException(
+                    f"cannot start the webhook's certificate bootstrap: {diagnosis.explain(err, client.url)}"
+                ) from None
+            if err.errno not in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES):
+                raise
+            where = f"{options.host or '*'}:{options.port}"
+            raise click.ClickException(
+                f"cannot serve the webhook on {where}: {os.strerror(err.errno).lower()}; free the "
+                "port or choose another with --webhook-port (or --webhook-host)"
+            ) from None
 
     async def stop() -> None:
         if server:

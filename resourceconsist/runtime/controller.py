@@ -474,7 +474,7 @@ class Controller:
                 log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
             elif kube.is_unreachable(err) or self.client.reachability.down:
                 delay = self.queue.add_rate_limited(key)
-                # The client logs the outage once (kube.Reachability); a traceback per retry
+                # The client logs the outage once (transport.Reachability); a traceback per retry
                 # would say nothing more.
                 log.debug("%s %s: API server unreachable (%s); retry in %.3fs", self.name, key, err, delay)
             else:

@@ -14,6 +14,12 @@ logic of the manager's own.
 Its settings are one frozen ``ManagerOptions`` (controller-runtime's ``manager.Options``), with
 ``LeaderElectionOptions`` and ``GarbageOptions`` inside, all in ``resourceconsist.options``;
 ``resourceconsist run`` builds it from its flags (docs/reference/options.md).
+
+A start that cannot finish fails cleanly: a stop asked for while it is under way (caches filling,
+a Lease awaited, the webhook's certificate bootstrapped) ends it at once, and caches that do not
+fill within ``cache_sync_timeout`` fail it with ``CacheSyncTimeout``, one line naming the
+resource, why and what to do; ``/readyz`` says why meanwhile (docs/observability.md, "When the
+start fails").
 """
 
 from __future__ import annotations
@@ -21,19 +27,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import warnings
+import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Unpack
+from typing import TYPE_CHECKING
 
 from resourceconsist.adapter import ReconcileAdapter
-from resourceconsist.cluster.cache import InformerFactory
+from resourceconsist.cluster.cache import CacheSyncTimeout, InformerFactory
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow import budget
 from resourceconsist.flow.cancellation import DaemonThreadExecutor
 from resourceconsist.hooks.subscribers import LifecycleSubscriber
-from resourceconsist.options import ManagerKeywords, ManagerOptions, ProviderBudgetOptions
+from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
 from resourceconsist.runtime.controller import Controller
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics, health_app
@@ -64,33 +71,27 @@ class DuplicateControllerError(ResourceConsistError, ValueError):
     """Two adapters with the same controller name."""
 
 
+class CannotServe(ResourceConsistError):
+    """An endpoint of the manager could not listen on its address (in use, or not one of this
+    host's); ``fields`` name the ``ManagerOptions`` fields that set it."""
+
+    def __init__(self, paths: str, address: tuple[str, int], fields: tuple[str, ...], err: OSError) -> None:
+        host, port = address
+        why = (os.strerror(err.errno) if err.errno else str(err)).lower()
+        super().__init__(f"cannot serve {paths} on {host or '*'}:{port}: {why}")
+        self.fields = fields
+
+
 class Manager:
     """Runs controllers and runnables against one main cluster.
 
-    Its settings are ``options``: ``Manager(client, ManagerOptions(namespace="shop"))``. The
-    fields as keywords (``Manager(client, namespace="shop")``, ``ManagerKeywords``) are
-    deprecated: they still override the options' fields, with a ``DeprecationWarning``
+    Its settings are one options object: ``Manager(client, ManagerOptions(namespace="shop"))``
     (docs/reference/options.md, "Manager").
     """
 
-    def __init__(
-        self,
-        client: KubeClient,
-        options: ManagerOptions | None = None,
-        **keywords: Unpack[ManagerKeywords],
-    ) -> None:
-        options = options if options is not None else ManagerOptions()
-        if keywords:
-            fields = ", ".join(f"{name}=..." for name in keywords)
-            warnings.warn(
-                f"Manager(client, {fields}) is deprecated: pass the settings as one options object, "
-                f"Manager(client, ManagerOptions({fields}))",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            options = dataclasses.replace(options, **keywords)
+    def __init__(self, client: KubeClient, options: ManagerOptions | None = None) -> None:
         #: The settings this manager runs with.
-        self.options = options
+        self.options = options if options is not None else ManagerOptions()
         self.client = client
         # One API budget per provider account, process-wide: this manager's settings apply to
         # every adapter it runs (docs/concepts.md, "The provider budget").
@@ -143,6 +144,14 @@ class Manager:
             else None
         )
         self._report_leading()
+        #: When the caches must have filled (``cache_sync_timeout`` after ``start`` began), and
+        #: what waits for that (``start`` without a Lease to win; ``run`` beside the stop).
+        self._sync_deadline = float("inf")
+        self._caches_filled: asyncio.Task[None] | None = None
+        #: Set when a start was abandoned for a stop: nothing waits for the informers then.
+        self._abandoned = False
+        #: ``run`` runs: it raises a start's failure, nothing else need tell it.
+        self._running = False
         self._servers: list[web.AppRunner] = []
         #: The port ``/healthz`` and ``/readyz`` are served on, once started (None: not served).
         self.health_port: int | None = None
@@ -156,7 +165,17 @@ class Manager:
 
     def ready(self) -> bool:
         """Started and every informer cache synced (what ``/readyz`` answers)."""
-        return self._started and self.informers.has_synced
+        return not self.not_ready_reasons()
+
+    def not_ready_reasons(self) -> list[str]:
+        """Why the manager is not ready, one line each (``/readyz``'s body); empty when it is."""
+        if not self._started:
+            return ["starting"]
+        return [
+            f"cache of {informer.resource.plural} not synced: {informer.not_synced_because()}"
+            for informer in self.informers.informers()
+            if not informer.has_synced
+        ]
 
     # -- controllers --------------------------------------------------------------------------------
 
@@ -241,6 +260,7 @@ class Manager:
         # threads: one stuck in a hung provider is abandoned on stop instead of keeping the
         # process alive (docs/concepts.md, "Stopping within the shutdown timeout").
         loop.set_default_executor(DaemonThreadExecutor(name="resourceconsist-io"))
+        self._sync_deadline = time.monotonic() + self.options.cache_sync_timeout
         if self.sharding is not None:
             # Before the caches start (ShardedReplica.prepare says why).
             self.sharding.prepare()
@@ -254,14 +274,44 @@ class Manager:
         # standby's webhook can answer from them).
         for controller in self.controllers.values():
             controller.warm_caches()
+        self._caches_filled = asyncio.create_task(self._fill_caches(), name="manager-caches")
         if self._elector is None:
-            await self._start_controllers()
+            # The controllers subscribe now (events before a cache syncs wait for it) and wait for
+            # their caches; the deadline ends their start if those never fill.
+            controllers = asyncio.ensure_future(self._start_controllers())
+            try:
+                await asyncio.wait({controllers, self._caches_filled}, return_when=asyncio.FIRST_COMPLETED)
+                if self._caches_filled.done() and not self._caches_filled.cancelled():
+                    self._caches_filled.result()  # raises CacheSyncTimeout
+                await controllers
+            finally:
+                if not controllers.done():
+                    controllers.cancel()
+                    await asyncio.gather(controllers, return_exceptions=True)
         else:
+            # Nobody may wait for it (a manager started without ``run``): its failure is told.
+            self._caches_filled.add_done_callback(self._tell_failure)
             self._elector_stop.clear()
             self._elector_task = asyncio.create_task(
                 self._elector.run(self._start_controllers, self._stop_controllers, self._elector_stop)
             )
         log.info("manager started: %s", ", ".join(sorted(self.controllers)) or "no controllers")
+
+    async def _fill_caches(self) -> None:
+        """Wait for every cache made so far to have its first list, until ``cache_sync_timeout``
+        after the start (controller-runtime's ``CacheSyncTimeout``); ``CacheSyncTimeout`` names
+        the first one that did not, and why."""
+        try:
+            await self.informers.wait_synced(max(0.0, self._sync_deadline - time.monotonic()))
+        except CacheSyncTimeout:
+            unsynced = [i for i in self.informers.informers() if not i.has_synced]
+            if unsynced:  # else they only wait for a re-list, after their first list
+                raise CacheSyncTimeout.of(unsynced, self.options.cache_sync_timeout) from None
+
+    def _tell_failure(self, filled: asyncio.Task[None]) -> None:
+        """Log why the caches did not fill, for a manager started without ``run`` (which raises it)."""
+        if not filled.cancelled() and (err := filled.exception()) is not None and not self._running:
+            log.error("%s", err)
 
     def _report_leading(self) -> None:
         self.metrics.leader.set(1 if self.leading else 0)
@@ -270,12 +320,10 @@ class Manager:
 
     async def _serve_endpoints(self) -> None:
         """``/healthz`` and ``/readyz`` on the health probe address, ``/metrics`` on the metrics
-        address: one server when both name the same port (or the deprecated ``health_address``)."""
+        address: one server when both name the same port."""
         options = self.options
         endpoints: list[tuple[tuple[str, int], bool, bool]] = []  # (address, probes, metrics)
-        if options.health_address is not None:
-            endpoints.append((options.health_address, True, True))
-        elif options.metrics_address is not None and _one_port(
+        if options.metrics_address is not None and _one_port(
             options.metrics_address, options.health_probe_address
         ):
             endpoints.append((options.metrics_address, True, True))
@@ -291,12 +339,22 @@ class Manager:
         try:
             for address, probes, exposition in endpoints:
                 runner = web.AppRunner(
-                    health_app(self.metrics, self.ready, probes=probes, exposition=exposition),
+                    health_app(self.metrics, self.not_ready_reasons, probes=probes, exposition=exposition),
                     access_log=None,
                 )
                 await runner.setup()
                 self._servers.append(runner)
-                await web.TCPSite(runner, *address).start()
+                try:
+                    await web.TCPSite(runner, *address).start()
+                except OSError as err:
+                    paths = {
+                        (True, True): "/healthz, /readyz and /metrics",
+                        (True, False): "/healthz and /readyz",
+                    }
+                    fields = ("health_probe_address",) * probes + ("metrics_address",) * exposition
+                    raise CannotServe(
+                        paths.get((probes, exposition), "/metrics"), address, fields, err
+                    ) from err
                 port = _bound_port(runner, address[1])
                 if probes:
                     self.health_port = port
@@ -348,11 +406,20 @@ class Manager:
         for runnable in self.runnables:
             if runnable.stopping is not None:
                 runnable.stopping()
+        filling, self._caches_filled = self._caches_filled, None
+        if filling is not None and not filling.done():
+            filling.cancel()
+            await asyncio.gather(filling, return_exceptions=True)
         if self._elector_task is not None:
-            # The elector stops the controllers and releases the lease on its way out.
+            # The elector stops the controllers and releases the lease on its way out; one still
+            # waiting for it has nothing to hand back, and its request in flight is abandoned.
             self._elector_stop.set()
-            await self._elector_task
-            self._elector_task = None
+            task, self._elector_task = self._elector_task, None
+            if self._elector is not None and not self._elector.leading:
+                task.cancel()
+            (ended,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(ended, Exception):
+                raise ended
         await asyncio.gather(*(c.stop(timeout) for c in self.controllers.values()))
         for runnable in reversed(self.runnables):
             try:
@@ -363,17 +430,43 @@ class Manager:
             await server.cleanup()
         self._servers.clear()
         self.clusters.stop_all()
-        await asyncio.to_thread(self.informers.stop)
+        # Informer threads still in a first list (an API server that does not answer) are
+        # daemons: a stop does not wait for them.
+        join = 2.0 if self.informers.has_synced and not self._abandoned else 0.1
+        await asyncio.to_thread(self.informers.stop, join)
         self._started = False
         log.info("manager stopped")
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Start, run until ``stop`` is set, then shut down gracefully."""
-        await self.start()
+        """Start, run until ``stop`` is set, then shut down gracefully. A stop while the start is
+        under way ends it at once; caches that do not fill within ``cache_sync_timeout`` raise
+        ``CacheSyncTimeout`` (after the manager stopped)."""
+        self._running = True
+        stopped = asyncio.create_task(stop.wait(), name="manager-stop")
+        starting = asyncio.create_task(self.start(), name="manager-start")
         try:
-            await stop.wait()
+            await asyncio.wait({starting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            if not starting.done():
+                self._abandoned = True
+                log.info("stop asked for while starting: stopping")
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+                return
+            starting.result()
+            filling = self._caches_filled
+            if filling is not None and not filling.done():
+                # Started, the caches still filling (a standby, or a shard): a stop, or the
+                # deadline that fails the run.
+                await asyncio.wait({stopped, filling}, return_when=asyncio.FIRST_COMPLETED)
+                if filling.done() and not filling.cancelled():
+                    filling.result()
+            await stopped
         finally:
-            await self.stop()
+            stopped.cancel()
+            try:
+                await self.stop()
+            finally:
+                self._running = False
 
 
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:

@@ -347,17 +347,23 @@ def observe_provider_failure(provider: str, operation: str, code: str) -> None:
 
 
 def health_app(
-    metrics: Metrics, ready: Callable[[], bool], *, probes: bool = True, exposition: bool = True
+    metrics: Metrics,
+    not_ready: Callable[[], list[str]],
+    *,
+    probes: bool = True,
+    exposition: bool = True,
 ) -> web.Application:
     """``/healthz`` and ``/readyz`` (``probes``) and ``/metrics`` (``exposition``) for a manager:
-    on one port, or each on its own (``ManagerOptions``, docs/observability.md)."""
+    on one port, or each on its own (``ManagerOptions``, docs/observability.md). ``/readyz``
+    answers 503 with ``not_ready()``'s reasons, one a line, while there are any."""
     from aiohttp import web  # here: a run without health endpoints never loads aiohttp
 
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(text="ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        return web.Response(text="ok") if ready() else web.Response(status=503, text="caches not synced")
+        reasons = not_ready()
+        return web.Response(status=503, text="\n".join(reasons)) if reasons else web.Response(text="ok")
 
     async def serve_metrics(_: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})

@@ -647,6 +647,7 @@ def test_helm_install_with_every_switch_off_on_a_real_api_server(
         "--adapter=alibabacloudslb",
         "--metrics-bind-address=0",
         "--health-probe-bind-address=:8081",
+        "--cache-sync-timeout=120",
         "--log-format=json",
         "--no-leader-elect",
         "--shutdown-timeout=30",

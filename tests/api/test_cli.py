@@ -73,7 +73,9 @@ def test_run_serves_controllers_webhook_and_health_then_stops_on_sigterm(
             str(control_plane.kubeconfig),
             "--namespace",
             cluster.namespace,
-            "--health-address",
+            "--health-probe-bind-address",
+            f"127.0.0.1:{health}",
+            "--metrics-bind-address",
             f"127.0.0.1:{health}",
             "--webhook",
             "--webhook-port",
@@ -220,6 +222,58 @@ def test_in_a_pod_the_in_cluster_config_wins_over_a_home_kubeconfig(tmp_path: Pa
     assert "--kubeconfig" in line and "$KUBECONFIG" in line
 
 
+def _commands(group: Any, prefix: str = "") -> dict[str, Any]:
+    """Every command under ``group`` by its full name (``explain pod``)."""
+    import click
+
+    found: dict[str, Any] = {}
+    for name, command in group.commands.items():
+        full = f"{prefix}{name}"
+        if isinstance(command, click.Group):
+            found.update(_commands(command, f"{full} "))
+        else:
+            found[full] = command
+    return found
+
+
+def test_every_command_that_reads_a_kubeconfig_takes_a_context() -> None:
+    from resourceconsist.commands.cli import main
+
+    reading = {
+        name
+        for name, command in _commands(main).items()
+        if any(param.name == "kubeconfig" for param in command.params)
+    }
+    assert {"run", "webhook", "explain pod", "explain employer", "handover"} <= reading
+    for name in reading:
+        params = {param.name for param in _commands(main)[name].params}
+        assert "context" in params, f"{name} reads a kubeconfig but takes no --context"
+
+
+def test_a_kubeconfig_without_a_current_context_gives_advice_that_works(
+    control_plane: Any, tmp_path: Path
+) -> None:
+    import yaml
+
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    del config["current-context"]
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    explain = ["explain", "pod", "default/no-such-pod", "--kubeconfig", str(kubeconfig)]
+    line = _error_line(run_cli(*explain, timeout=60, env=_env()))
+    assert "sets no current-context (it has: local); pass --context local" in line, line
+    # What it advises, done: the command reads the cluster (and says the pod does not exist).
+    done = run_cli(*explain, "--context", "local", timeout=60, env=_env())
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "no-such-pod" in done.stdout
+
+
+def test_a_context_in_a_pod_without_a_kubeconfig_is_refused_rather_than_ignored(tmp_path: Path) -> None:
+    env = _env(HOME=str(tmp_path), KUBERNETES_SERVICE_HOST="127.0.0.1", KUBERNETES_SERVICE_PORT="1")
+    line = _error_line(run_cli("run", "--adapter", "demo", "--context", "prod", env=env))
+    assert "--context prod names a kubeconfig's context" in line and "--kubeconfig PATH" in line
+
+
 def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Path) -> None:
     garbage = tmp_path / "config"
     garbage.write_text("apiVersion: v1\nclusters: [\n  {name: : :\n")
@@ -233,9 +287,10 @@ def test_a_garbage_kubeconfig_is_one_line_without_a_yaml_traceback(tmp_path: Pat
     assert "is YAML but not a kubeconfig" in line
 
 
-def test_a_health_address_that_is_not_host_port_is_refused(tmp_path: Path) -> None:
-    line = _error_line(run_cli("run", "--adapter", "demo", "--health-address", "not-an-address", env=_env()))
-    assert "--health-address" in line
+def test_a_health_probe_address_that_is_not_host_port_is_refused(tmp_path: Path) -> None:
+    args = ("run", "--adapter", "demo", "--health-probe-bind-address", "not-an-address")
+    line = _error_line(run_cli(*args, env=_env()))
+    assert "--health-probe-bind-address" in line
     assert "'not-an-address' is not HOST:PORT" in line and "127.0.0.1:8081" in line
 
 
@@ -248,7 +303,8 @@ def test_run_webhook_in_a_namespace_that_does_not_exist_hints_pod_namespace(
     control_plane: Any, tmp_path: Path
 ) -> None:
     args = ["run", "--adapter", "demo", "--webhook", "--kubeconfig", str(control_plane.kubeconfig)]
-    args += ["--cert-dir", str(tmp_path), "--health-address", "127.0.0.1:0", "--webhook-port", "0"]
+    args += ["--cert-dir", str(tmp_path), "--health-probe-bind-address", "127.0.0.1:0"]
+    args += ["--metrics-bind-address", "0", "--webhook-port", "0"]
     line = _error_line(run_cli(*args, timeout=60, env=_env(POD_NAMESPACE="no-such-namespace-rc")))
     assert "namespace no-such-namespace-rc does not exist" in line
     assert "POD_NAMESPACE" in line

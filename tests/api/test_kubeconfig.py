@@ -22,10 +22,13 @@ import pytest
 import yaml
 
 from resourceconsist.cluster import certs, kubeconfig
+from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.cluster.kubeconfig import (
     Access,
+    ClusterSource,
     KubeConfigError,
     Unsupported,
+    find_cluster,
     load_incluster,
     load_kubeconfig,
 )
@@ -476,6 +479,63 @@ def test_incluster_without_files(pod: Path, name: str) -> None:
         load_incluster()
 
 
+# -- which cluster: one order for the command line and KubeClient.auto ------------------------
+
+
+def test_the_cluster_is_found_in_controller_runtimes_order(
+    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # In a pod ($KUBERNETES_SERVICE_HOST, from the fixture), with $KUBECONFIG and a home kubeconfig.
+    home = tmp_path / "home"
+    kubeconfig_file(home / ".kube" / "config", user={"token": "home"})
+    from_env = kubeconfig_file(tmp_path / "env-config", user={"token": "env"})
+    given = kubeconfig_file(tmp_path / "given-config", user={"token": "given"})
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("KUBECONFIG", from_env)
+    assert find_cluster(given) == ClusterSource(given, "--kubeconfig")
+    assert find_cluster() == ClusterSource(from_env, "$KUBECONFIG")
+    monkeypatch.delenv("KUBECONFIG")
+    assert find_cluster() == ClusterSource(None, "in-cluster")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")
+    assert find_cluster() == ClusterSource(str(home / ".kube" / "config"), "~/.kube/config")
+    (home / ".kube" / "config").unlink()
+    with pytest.raises(
+        KubeConfigError, match=r"^no kubeconfig: \$KUBECONFIG is not set, .* pass --kubeconfig"
+    ):
+        find_cluster()
+
+
+def test_kube_client_auto_takes_the_same_order_as_the_command_line(
+    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # $KUBECONFIG wins over the in-cluster config, as on the command line (it used to be the
+    # other way round for KubeClient.auto).
+    monkeypatch.setenv("KUBECONFIG", kubeconfig_file(tmp_path / "config", user={"token": "env"}))
+    client = KubeClient.auto()
+    assert client.access is not None and client.access.host == SERVER and client.access.bearer() == "env"
+    client.close()
+    monkeypatch.delenv("KUBECONFIG")
+    in_pod = KubeClient.auto()
+    assert in_pod.access is not None and in_pod.access.host == "https://10.96.0.1:443"
+    in_pod.close()
+
+
+def test_a_context_is_honoured_and_is_an_error_where_no_kubeconfig_is_read(
+    pod: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = {"name": "other", "context": {"cluster": "c", "user": "o"}}
+    extra = {
+        "contexts": [{"name": "main", "context": {"cluster": "c", "user": "u"}}, other],
+        "users": [{"name": "u", "user": {"token": "main"}}, {"name": "o", "user": {"token": "other"}}],
+    }
+    path = kubeconfig_file(tmp_path / "config", extra=extra)
+    client = KubeClient.auto(path, context="other")
+    assert client.access is not None and client.access.bearer() == "other"
+    client.close()
+    with pytest.raises(KubeConfigError, match="--context other names a kubeconfig's context, but in a pod"):
+        KubeClient.auto(context="other")
+
+
 # -- what only the official loader reads -----------------------------------------------------
 
 
@@ -556,10 +616,13 @@ def test_invalid_yaml(tmp_path: Path) -> None:
 
 def test_no_current_context(tmp_path: Path) -> None:
     path = kubeconfig_file(tmp_path / "config", current=None)
-    with pytest.raises(
-        KubeConfigError, match=r"sets no current-context \(it has: main\); pass --context NAME"
-    ):
+    with pytest.raises(KubeConfigError) as caught:
         load_kubeconfig(path)
+    assert str(caught.value) == (
+        f"kubeconfig {path} sets no current-context (it has: main); pass --context main "
+        "or run kubectl config use-context main"
+    )
+    assert load_kubeconfig(path, context="main").host  # the advice works
 
 
 def test_unknown_context(tmp_path: Path) -> None:
@@ -567,7 +630,7 @@ def test_unknown_context(tmp_path: Path) -> None:
     with pytest.raises(KubeConfigError) as caught:
         load_kubeconfig(path, context="foo")
     assert str(caught.value) == (
-        f'kubeconfig {path} has no context "foo" (it has: main); pass --context or fix current-context'
+        f'kubeconfig {path} has no context "foo" (it has: main); pass one of them with --context'
     )
 
 

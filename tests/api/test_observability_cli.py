@@ -31,7 +31,7 @@ def test_every_serving_command_shows_the_standard_flags(command: str) -> None:
     assert "[default: :8081]" in text
     assert "--log-level [debug|info|warning|error]" in text
     assert "--log-format [text|json]" in text
-    assert "--health-address HOST:PORT Deprecated" in text
+    assert "--health-address" not in text  # the deprecated one-port flag of before 0.1.0 is gone
 
 
 @pytest.mark.parametrize(
@@ -46,26 +46,6 @@ def test_the_log_flags_work_before_and_after_the_subcommand(argv: tuple[str, ...
     done = run_cli(*argv, columns=200)
     assert done.returncode == 0, done.stderr
     assert "demo\t" in done.stdout
-
-
-def test_the_deprecated_health_address_says_so_in_one_log_line(tmp_path: Any) -> None:
-    missing = str(tmp_path / "kubeconfig")
-    done = run_cli(
-        "run",
-        "--adapter",
-        "demo",
-        "--health-address",
-        ":0",
-        "--log-format",
-        "json",
-        "--kubeconfig",
-        missing,
-        columns=200,
-    )
-    assert done.returncode == 2  # the missing kubeconfig, after the flags were read
-    (deprecation,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
-    assert deprecation["level"] == "warn"
-    assert deprecation["msg"].startswith("deprecated: --health-address; use --health-probe-bind-address")
 
 
 def _free_port() -> int:

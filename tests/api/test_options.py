@@ -1,6 +1,6 @@
 """The options objects (docs/reference/options.md): each refuses a value it cannot work with in a
-message that names it, none can be changed once built, ``Manager`` takes its options whole or as
-keywords, and the command line builds them from its flags, with their defaults."""
+message that names it, none can be changed once built, ``Manager`` takes its options whole, and
+the command line builds them from its flags, with their defaults."""
 
 from __future__ import annotations
 
@@ -15,8 +15,6 @@ import click
 import pytest
 from kubernetes import client as k8s
 
-import resourceconsist
-import resourceconsist.options
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.commands import cli
 from resourceconsist.errors import InvalidOptions
@@ -53,13 +51,8 @@ BAD_VALUES: list[tuple[type[Any], dict[str, Any], str]] = [
     (ManagerOptions, {"shutdown_timeout": -1}, "shutdown timeout must be 0 or more seconds (got -1)"),
     (ManagerOptions, {"resync_period": 0}, "resync period must be more than 0 seconds (got 0)"),
     (ManagerOptions, {"full_pass_every": -1}, "full pass every must be 0 or more seconds (got -1)"),
-    (ManagerOptions, {"health_address": ("127.0.0.1", 70000)}, "has no valid port (0 to 65535)"),
+    (ManagerOptions, {"health_probe_address": ("127.0.0.1", 70000)}, "has no valid port (0 to 65535)"),
     (ManagerOptions, {"metrics_address": ("", -1)}, "metrics address :-1 has no valid port"),
-    (
-        ManagerOptions,
-        {"health_address": ("", 8081), "metrics_address": ("", 8080)},
-        "health address (deprecated) serves /healthz, /readyz and /metrics together",
-    ),
     (GarbageOptions, {"interval": -5}, "interval must be more than 0 seconds (got -5)"),
     (GarbageOptions, {"retry": 0}, "retry must be more than 0 seconds (got 0)"),
     (WebhookOptions, {"port": -1}, "port must be 0 to 65535 (got -1)"),
@@ -159,29 +152,6 @@ def _client() -> KubeClient:
     return KubeClient(api_client=None)  # never used: nothing starts
 
 
-def test_manager_keywords_still_work_but_are_deprecated_for_its_options() -> None:
-    """``ManagerKeywords`` is deprecated (docs/reference/options.md, "Manager"): keywords still
-    set the fields, with a DeprecationWarning that names them and says what to write instead."""
-    client = _client()
-    garbage = GarbageOptions(interval=None)
-    deprecated = r"deprecated: .* Manager\(client, ManagerOptions\("
-    with pytest.warns(DeprecationWarning, match=deprecated + r"namespace=\.\.\., shutdown_timeout") as told:
-        by_keywords = Manager(client, namespace="shop", shutdown_timeout=5, garbage=garbage)
-    assert [w.filename for w in told] == [__file__], "the warning points at the caller"
-    by_options = Manager(client, ManagerOptions(namespace="shop", shutdown_timeout=5, garbage=garbage))
-    assert by_keywords.options == by_options.options
-    assert by_keywords.informers.namespace == "shop"
-    # Keywords beside options override those fields, and are checked like them.
-    with pytest.warns(DeprecationWarning, match=deprecated + r"namespace=\.\.\.\)\)"):
-        assert Manager(client, by_options.options, namespace="other").options.namespace == "other"
-    with (
-        pytest.warns(DeprecationWarning, match=deprecated),
-        pytest.raises(InvalidOptions, match="shutdown timeout"),
-    ):
-        Manager(client, by_options.options, shutdown_timeout=-1)
-    assert resourceconsist.ManagerKeywords is resourceconsist.options.ManagerKeywords  # still importable
-
-
 def test_a_manager_built_from_options_alone_warns_of_nothing() -> None:
     client = _client()
     with warnings.catch_warnings():
@@ -212,8 +182,9 @@ def test_without_flags_the_cli_builds_the_options_defaults() -> None:
 def test_the_cli_builds_each_option_from_its_flag() -> None:
     flags = _flags(
         cli.run,
-        *("--namespace", "shop", "--health-address", "127.0.0.1:9090", "--resync-seconds", "60"),
+        *("--namespace", "shop", "--health-probe-bind-address", "127.0.0.1:9090", "--resync-seconds", "60"),
         *("--shutdown-timeout", "12", "--garbage-interval", "0", "--garbage-dry-run"),
+        *("--cache-sync-timeout", "30"),
         *("--leader-elect", "--leader-election-namespace", "ops", "--leader-election-id", "shop-lease"),
         *("--lease-duration", "30", "--renew-deadline", "20", "--retry-period", "4"),
         *("--webhook-host", "127.0.0.1", "--webhook-port", "8443", "--cert-dir", "/certs"),
@@ -226,8 +197,10 @@ def test_the_cli_builds_each_option_from_its_flag() -> None:
     assert manager == ManagerOptions(
         namespace="shop",
         resync_period=60,
-        health_address=("127.0.0.1", 9090),
+        metrics_address=("", 8080),
+        health_probe_address=("127.0.0.1", 9090),
         shutdown_timeout=12,
+        cache_sync_timeout=30,
         leader_election=LeaderElectionOptions(
             name="shop-lease",
             namespace="ops",
@@ -328,6 +301,11 @@ def test_help_shows_the_defaults_of_the_options() -> None:
             "lease duration (5s)",
         ),
         (("--shutdown-timeout", "-1"), "--shutdown-timeout", "shutdown timeout must be 0 or more seconds"),
+        (
+            ("--cache-sync-timeout", "0"),
+            "--cache-sync-timeout",
+            "cache sync timeout must be more than 0 seconds",
+        ),
         (("--resync-seconds", "-3"), "--resync-seconds", "resync period must be more than 0 seconds"),
         (("--full-pass-every", "-1"), "--full-pass-every", "full pass every must be 0 or more seconds"),
         (("--webhook-port", "70000"), "--webhook-port", "port must be 0 to 65535"),
@@ -359,7 +337,6 @@ def test_the_standard_bind_flags_set_the_metrics_and_probe_addresses() -> None:
     )
     options = cli._manager_options(flags)
     assert (options.metrics_address, options.health_probe_address) == (("127.0.0.1", 9090), ("", 9091))
-    assert options.health_address is None
     # "0" turns an endpoint off, as controller-runtime's "0" does; a v6 host keeps its colons.
     off = cli._manager_options(_flags(cli.run, "--metrics-bind-address", "0"))
     assert (off.metrics_address, off.health_probe_address) == (None, ("", 8081))
@@ -370,16 +347,6 @@ def test_the_standard_bind_flags_set_the_metrics_and_probe_addresses() -> None:
     assert cli._serving_options(webhook) == ManagerOptions(
         metrics_address=("", 7070), health_probe_address=None
     )
-
-
-def test_the_deprecated_health_address_serves_all_three_alone(caplog: pytest.LogCaptureFixture) -> None:
-    options = cli._manager_options(_flags(cli.run, "--health-address", "127.0.0.1:9090"))
-    assert options == ManagerOptions(health_address=("127.0.0.1", 9090))
-    (record,) = [r for r in caplog.records if r.name == "resourceconsist.commands.cli"]
-    assert record.levelname == "WARNING"
-    assert record.getMessage().startswith("deprecated: --health-address; use --health-probe-bind-address")
-    with pytest.raises(click.UsageError, match="drop it, or drop --metrics-bind-address"):
-        cli._manager_options(_flags(cli.run, "--health-address", ":9090", "--metrics-bind-address", ":1"))
 
 
 async def test_the_full_pass_interval_reaches_every_controllers_reconciler() -> None:

@@ -305,3 +305,59 @@ def test_both_transports_build_a_url_the_same_way() -> None:
         kube.request_url(host, "/api/v1/pods", {"labelSelector": "app=a,b in (x)", "limit": 5, "x": None})
         == host + "/api/v1/pods?labelSelector=app%3Da%2Cb+in+%28x%29&limit=5"
     )
+
+
+class Refused(Exception):
+    """What the send check of the test below raises."""
+
+
+async def test_a_send_check_is_asked_in_each_transports_send_step_and_may_refuse_the_request(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    # The hook issue 33's fencing will use (resourceconsist.cluster.transport, "The send hook"):
+    # asked once the request has its connection, in the thread that writes it; raising sends
+    # nothing.
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    transport = _transport(kube_client)
+    loop_thread = threading.get_ident()
+    asked: list[tuple[str, str, bool, int]] = []
+
+    def refuse_patches(method: str, path: str) -> None:
+        on_loop = threading.get_ident() == loop_thread
+        asked.append((method, path, on_loop, transport.connections_opened))
+        if method == "PATCH":
+            raise Refused(f"{method} {path}")
+
+    seen = Seen(kube_client)
+    patches = kube_client.requests_by_resource["patch pods"]
+    remove = kube_client.ledger.add_send_check(refuse_patches)
+    try:
+        # The thread path: asked in the calling thread (a worker thread here).
+        with pytest.raises(Refused):
+            await asyncio.to_thread(
+                kube_client.patch, kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "1"}}}
+            )
+        # The loop path: asked on the loop, once the session holds a connection.
+        with pytest.raises(Refused):
+            await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "2"}}})
+        # A read passes the same check.
+        assert (await transport.get(kube.POD, ns, "web-0"))["metadata"]["name"] == "web-0"
+    finally:
+        remove()
+        seen.stop()
+    path = f"/api/v1/namespaces/{ns}/pods/web-0"
+    assert [(m, p, on_loop) for m, p, on_loop, _ in asked] == [
+        ("PATCH", path, False),
+        ("PATCH", path, True),
+        ("GET", path, True),
+    ]
+    assert all(opened >= 1 for _, _, on_loop, opened in asked if on_loop), "asked before a connection"
+    pod = await cluster.get(kube.POD, "web-0")
+    assert pod is not None and "x" not in (pod["metadata"].get("labels") or {}), "a refused patch went out"
+    # Counted as sent, recorded as unanswered (no code), as any request that got no answer.
+    assert kube_client.requests_by_resource["patch pods"] == patches + 2
+    assert [(m, s) for m, s, _ in seen.requests] == [("PATCH", 0), ("PATCH", 0), ("GET", 200)]
+    # Removed, it is asked no more.
+    await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "3"}}})
+    assert len(asked) == 3

@@ -42,7 +42,7 @@ SECRET = "Metrics/Secret+Value=3W"
 
 def _scrape(manager: Manager) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample on the manager's /metrics, by (name, sorted labels)."""
-    url = f"http://127.0.0.1:{manager.health_port}/metrics"
+    url = f"http://127.0.0.1:{manager.metrics_port}/metrics"
     with urllib.request.urlopen(url, timeout=5) as response:
         text = response.read().decode()
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -79,7 +79,7 @@ async def test_metrics_show_provider_calls_retries_errors_conflicts_and_leadersh
         cluster.client,
         ManagerOptions(
             namespace=cluster.namespace,
-            health_address=("127.0.0.1", 0),
+            metrics_address=("127.0.0.1", 0),
             garbage=GarbageOptions(enabled=False),
         ),
     )
@@ -287,7 +287,7 @@ async def test_an_api_server_outage_logs_once_when_it_starts_and_once_when_it_en
     # A short resync makes the controller reconcile the Service again and again, outage or not.
     manager = Manager(
         client,
-        ManagerOptions(namespace=cluster.namespace, resync_period=0.3, health_address=("127.0.0.1", 0)),
+        ManagerOptions(namespace=cluster.namespace, resync_period=0.3, metrics_address=("127.0.0.1", 0)),
     )
     controller = await manager.add(adapter)
     await cluster.pod("p", {"app": "svc"})
@@ -332,7 +332,7 @@ async def test_an_api_server_outage_logs_once_when_it_starts_and_once_when_it_en
     down = [m for m in messages if "unreachable" in m[2] and m[0] == "WARNING"]
     back = [m for m in messages if "reachable again" in m[2]]
     assert len(down) == 1, messages
-    assert down[0][1] == "resourceconsist.cluster.kube"
+    assert down[0][1] == "resourceconsist.cluster.transport"
     assert len(back) == 1, messages
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged during the outage"
     # Nothing else warns once per retry: not urllib3's retries, the informers, the controller,

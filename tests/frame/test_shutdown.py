@@ -254,8 +254,10 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
             str(control_plane.kubeconfig),
             "--namespace",
             cluster.namespace,
-            "--health-address",
+            "--health-probe-bind-address",
             f"127.0.0.1:{_free_port()}",
+            "--metrics-bind-address",
+            "0",
             "--shutdown-timeout",
             str(shutdown_timeout),
             # As the shipped Deployment runs it: the stop also steps down and releases the Lease.

@@ -66,7 +66,8 @@ def _controller_process(kubeconfig: Path, namespace: str, info: dict[str, str]) 
     args = [
         *("run", "--adapter", "alibabacloudslb", "--slb-cluster-name", CLUSTER),
         *("--kubeconfig", str(kubeconfig), "--namespace", namespace),
-        *("--health-address", f"127.0.0.1:{port}", "--garbage-interval", "1"),
+        *("--health-probe-bind-address", f"127.0.0.1:{port}", "--metrics-bind-address", "0"),
+        *("--garbage-interval", "1"),
     ]
     return CommandProcess(args, env, port)
 

@@ -198,9 +198,15 @@ class ShardedReplica:
     async def stop(self) -> None:
         self.gate.open = False
         self._stop.set()
-        if self._sharder_task is not None:
-            await self._sharder_task
-            self._sharder_task = None
+        task, self._sharder_task = self._sharder_task, None
+        if task is not None:
+            # Still campaigning, it has nothing to hand back: its request in flight is abandoned
+            # rather than waited for (an API server that does not answer must not hold a stop).
+            if self._sharder_elector is not None and not self._sharder_elector.leading:
+                task.cancel()
+            (ended,) = await asyncio.gather(task, return_exceptions=True)
+            if isinstance(ended, Exception):
+                raise ended
         if self._unsubscribe_share is not None:
             self._unsubscribe_share()
             self._unsubscribe_share = None
