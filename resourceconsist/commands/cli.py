@@ -1062,7 +1062,7 @@ def _webhook_runnable(
 
 
 @main.command("uninstall-check")
-@click.option("--kubeconfig", default=None, help=_KUBECONFIG_HELP)
+@_cluster_flags
 @click.option(
     "--namespace",
     multiple=True,
@@ -1075,7 +1075,9 @@ def _webhook_runnable(
     show_default=True,
     help="How long pods still carrying the manager's finalizers are given to be released.",
 )
-def uninstall_check(kubeconfig: str | None, namespace: Sequence[str], wait_seconds: float) -> None:
+def uninstall_check(
+    kubeconfig: str | None, context: str | None, namespace: Sequence[str], wait_seconds: float
+) -> None:
     """Exit 0 when the manager may be uninstalled: no controlled Service left, no pod held by its
     finalizers (the chart's pre-delete hook; docs/install.md, "Uninstalling"). Else exit 1 with
     one line naming what holds it. Only reads."""
@@ -1083,7 +1085,7 @@ def uninstall_check(kubeconfig: str | None, namespace: Sequence[str], wait_secon
     from resourceconsist.commands.uninstall import check
 
     namespaces = [n for value in namespace for n in value.split(",") if n.strip()]
-    client = _kube_client(kubeconfig)
+    client = _kube_client(kubeconfig, context)
     try:
         refused = check(client, [n.strip() for n in namespaces], wait_seconds=wait_seconds)
     except ApiError as err:
