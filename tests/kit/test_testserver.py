@@ -75,7 +75,7 @@ def test_on_sigterm_it_stops_accepting_at_once_and_finishes_what_is_in_flight(
     proc, lines = server
     port = wait_for(lambda: next((e for e in lines if e["event"] == "listening"), None), timeout=10)["port"]
     answers: list[str] = []
-    slow = threading.Thread(target=lambda: answers.append(_get(port, "/sleep?seconds=2")))
+    slow = threading.Thread(target=lambda: answers.append(_get(port, "/sleep?seconds=4")))
     slow.start()
     wait_for(lambda: any(e["event"] == "sleeping" for e in lines), timeout=5, message="the slow request")
     proc.send_signal(signal.SIGTERM)
@@ -90,14 +90,17 @@ def test_on_sigterm_it_stops_accepting_at_once_and_finishes_what_is_in_flight(
             return True
 
     # New connections are refused while the slow request is still being served ...
-    wait_for(refused, timeout=5, message="new connections refused")
-    assert proc.poll() is None and not answers
-    # ... which then gets its answer, and only then does the server exit, with 0.
-    slow.join(10)
+    wait_for(refused, timeout=10, message="new connections refused")
+    # ... which then gets its answer, and only then does the server exit, with 0. (The server's
+    # own log tells the order; the test's clock, on a loaded machine, might not.)
+    slow.join(15)
     assert answers == ["web-7d9f-x2\n"]
     assert proc.wait(10) == 0
     events = [e["event"] for e in lines if e["event"] != "served"]
     assert events == ["listening", "sleeping", "sigterm", "stopped-accepting", "drained", "exit"]
+    at = {e["event"]: e["t"] for e in lines if e["event"] != "served"}
+    slept = next(e for e in lines if e["event"] == "served" and e["path"] == "/sleep")
+    assert at["stopped-accepting"] < slept["t"] < at["drained"]
     drained = next(e for e in lines if e["event"] == "drained")
     assert drained["in_flight"] >= 1  # the slow request (and a probe accepted before the stop)
     times = [e["t"] for e in lines]
