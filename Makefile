@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test test-unit bench bench-shards chaos lint typecheck docs wheel-check config check clean
+.PHONY: setup node-setup demo test test-unit bench bench-shards chaos lint typecheck docs wheel-check config check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,13 @@ setup: $(BIN)/python
 	hack/build-controlplane.sh >/dev/null
 	hack/install-promtool.sh
 	hack/install-haproxy.sh
+
+# The real-node tier (docs/testing.md, "A real node"): its Debian packages (root), then its
+# images (pause, the HTTP test server, the manager's), made again only when their inputs changed.
+# setup has built the kubelet and kube-proxy beside the control plane.
+node-setup: setup
+	hack/install-node-packages.sh
+	hack/build-node-images.sh >/dev/null
 
 demo: setup
 	$(BIN)/resourceconsist demo

@@ -5,8 +5,9 @@
 #   kube-controller-manager, kube-scheduler      LocalCluster        (hack/controlplane/)
 #   kwok (simulated nodes and pods)              LocalCluster        (hack/kwok/)
 #   helm (renders and lints charts/resourceconsist)  tests, hack/generate-config.sh (hack/helm/)
+#   kubelet, kube-proxy                          RealNodeCluster     (hack/controlplane/)
 # Each binary is built once: one already in the cache is kept, so an older cache holding only
-# etcd and kube-apiserver gets the missing ones. Nothing is built when all six are there.
+# etcd and kube-apiserver gets the missing ones. Nothing is built when all eight are there.
 #
 #   hack/build-controlplane.sh [DEST]
 #
@@ -22,7 +23,7 @@ helm_module="$here/helm"
 k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$module/go.mod")"
 dest="${1:-${RESOURCECONSIST_ASSETS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/resourceconsist/k8s-${k8s_version#v}}}"
 
-binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok helm)
+binaries=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok helm kubelet kube-proxy)
 missing=()
 for name in "${binaries[@]}"; do
   [[ -x "$dest/$name" ]] || missing+=("$name")

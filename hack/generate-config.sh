@@ -28,7 +28,8 @@ app_version="$(awk '$1 == "appVersion:" {gsub(/"/, "", $2); print $2; exit}' "$c
 rendered="$(mktemp)"
 staging="$(mktemp -d)"
 trap 'rm -rf "$rendered" "$staging"' EXIT
-"$helm" template resourceconsist "$chart" --namespace resourceconsist --set createNamespace=true >"$rendered"
+# Without the chart's hooks: kustomize would run the uninstall check as soon as it is applied.
+"$helm" template resourceconsist "$chart" --namespace resourceconsist --set createNamespace=true --no-hooks >"$rendered"
 
 # One file per template, its documents in helm's order, each file opened by a line saying where
 # it comes from.

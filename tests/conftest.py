@@ -1,10 +1,13 @@
-"""Shared fixtures for frame tests (a manager running adapters on the test's namespace), and the
-``controlplane`` marker that tells the fast unit tests from those needing kube-apiserver + etcd.
+"""Shared fixtures for frame tests (a manager running adapters on the test's namespace), the
+``controlplane`` marker that tells the fast unit tests from those needing kube-apiserver + etcd,
+and the ``realnode`` marker of the tests that need a real node (root, containerd; docs/testing.md,
+"A real node"), whose images this suite makes first (``real_node_images``).
 """
 
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -34,8 +37,14 @@ CONTROL_PLANE_FIXTURES = frozenset(
         "local_cluster_api",
         "local_cluster_namespace",
         "late_service_lists",
+        "real_node_cluster",
+        "real_node_api",
+        "real_node_namespace",
     }
 )
+#: Fixtures that stand on the session's real node.
+REAL_NODE_FIXTURES = frozenset({"real_node_cluster", "real_node_api", "real_node_namespace"})
+REPO = Path(__file__).resolve().parent.parent
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,14 +54,45 @@ def pytest_configure(config: pytest.Config) -> None:
         "control_plane, kube_api or namespace fixture (directly or through another fixture), "
         "by hand on a test that starts its own LocalControlPlane",
     )
+    config.addinivalue_line(
+        "markers",
+        "realnode: needs a real node (root, containerd, runc, the kubelet) or its images; set on every "
+        "test using a real_node_* fixture, by hand on the others; such a test is controlplane too",
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test whose fixture closure reaches the control plane, so that
-    ``pytest -m "not controlplane"`` runs the unit tests alone (CI does, on each Python)."""
+    ``pytest -m "not controlplane"`` runs the unit tests alone (CI does, on each Python), and
+    every test on the real node ``realnode``. A host runs one real node at a time: the tests that
+    start their own run first, before the session's node starts (and holds the host)."""
     for item in items:
-        if CONTROL_PLANE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        names = set(getattr(item, "fixturenames", ()))
+        if REAL_NODE_FIXTURES & names:
+            item.add_marker(pytest.mark.realnode)
+        # A real node's test needs the whole set-up (root, its packages, its images): never a unit test.
+        if CONTROL_PLANE_FIXTURES & names or item.get_closest_marker("realnode") is not None:
             item.add_marker(pytest.mark.controlplane)
+
+    def own_node(item: pytest.Item) -> bool:
+        names = set(getattr(item, "fixturenames", ()))
+        return item.get_closest_marker("realnode") is not None and not REAL_NODE_FIXTURES & names
+
+    items.sort(key=lambda item: not own_node(item))
+
+
+@pytest.fixture(scope="session")
+def real_node_images() -> list[Path]:
+    """The real node's images, made (or found up to date) by hack/build-node-images.sh, so the
+    manager's image is this checkout's code; seconds when nothing changed."""
+    done = subprocess.run(
+        [str(REPO / "hack" / "build-node-images.sh")], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(f"hack/build-node-images.sh failed:\n{done.stdout}{done.stderr}")
+    from resourceconsist.testing.realnode import default_images_dir
+
+    return sorted(default_images_dir().glob("*.tar"))
 
 
 @pytest.fixture

@@ -503,11 +503,12 @@ class EmulatorAdmin:
 
 @contextlib.contextmanager
 def served_emulator(
-    workdir: Path, *load_balancers: str, start_timeout: float = 30.0
+    workdir: Path, *load_balancers: str, start_timeout: float = 30.0, host: str = "127.0.0.1"
 ) -> Iterator[tuple[dict[str, str], EmulatorAdmin]]:
     """The emulator served as its own process
     (``python -m resourceconsist.adapters.alibabacloudslb.emulator_server``) with state in
-    ``workdir`` and these load balancers: its start-up line (endpoint, admin URL, CA bundle, keys)
+    ``workdir`` and these load balancers, its SLB endpoint on ``host`` (e.g. a real node's bridge
+    address, where Pods reach it): its start-up line (endpoint, admin URL, CA bundle, keys)
     and a client of its admin API. Stopped with SIGTERM on exit."""
     argv = [
         sys.executable,
@@ -515,6 +516,8 @@ def served_emulator(
         "resourceconsist.adapters.alibabacloudslb.emulator_server",
         "--dir",
         str(workdir),
+        "--host",
+        host,
     ]
     for load_balancer in load_balancers:
         argv += ["--load-balancer", load_balancer]

@@ -1059,3 +1059,40 @@ def _webhook_runnable(
             await server.pop().stop()
 
     return Runnable("webhook", start, stop)
+
+
+@main.command("uninstall-check")
+@_cluster_flags
+@click.option(
+    "--namespace",
+    multiple=True,
+    help="Namespaces the manager watches (repeatable, or comma-separated); default: every namespace.",
+)
+@click.option(
+    "--wait-seconds",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="How long pods still carrying the manager's finalizers are given to be released.",
+)
+def uninstall_check(
+    kubeconfig: str | None, context: str | None, namespace: Sequence[str], wait_seconds: float
+) -> None:
+    """Exit 0 when the manager may be uninstalled: no controlled Service left, no pod held by its
+    finalizers (the chart's pre-delete hook; docs/install.md, "Uninstalling"). Else exit 1 with
+    one line naming what holds it. Only reads."""
+    from resourceconsist.cluster.kube import ApiError
+    from resourceconsist.commands.uninstall import check
+
+    namespaces = [n for value in namespace for n in value.split(",") if n.strip()]
+    client = _kube_client(kubeconfig, context)
+    try:
+        refused = check(client, [n.strip() for n in namespaces], wait_seconds=wait_seconds)
+    except ApiError as err:
+        raise click.ClickException(f"the API server refused a read: {err}") from err
+    finally:
+        client.close()
+    if refused is not None:
+        click.echo(refused, err=True)
+        sys.exit(1)
+    click.echo("no controlled Service and no pod held by the manager: it may be uninstalled")

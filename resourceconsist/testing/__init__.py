@@ -10,6 +10,8 @@ where Deployments roll out on simulated nodes::
         api = cp.api_client()
     with LocalCluster(nodes=3) as cluster:
         api = cluster.api_client()
+    with RealNodeCluster(images=[archive]) as cluster:  # root: a real kubelet and containerd
+        api = cluster.api_client()
 
 The kit is generic: it imports no adapter. A provider's emulator lives beside its adapter (the
 SLB one in ``resourceconsist.adapters.alibabacloudslb.emulator`` and ``.emulator_server``, which
@@ -31,6 +33,7 @@ from resourceconsist.testing.controlplane import (
 )
 from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
 from resourceconsist.testing.process import CLI, CommandProcess, run_cli
+from resourceconsist.testing.realnode import RealNodeCluster, RealNodeUnavailable, find_image
 from resourceconsist.testing.wait import WaitTimeout, async_wait_for, wait_for
 
 __all__ = [
@@ -46,6 +49,8 @@ __all__ = [
     "ControlPlaneError",
     "LocalCluster",
     "LocalControlPlane",
+    "RealNodeCluster",
+    "RealNodeUnavailable",
     "WaitTimeout",
     "annotation",
     "async_wait_for",
@@ -54,6 +59,7 @@ __all__ = [
     "finalizers",
     "find_binaries",
     "find_helm",
+    "find_image",
     "run_cli",
     "schemaless_crd",
     "wait_for",

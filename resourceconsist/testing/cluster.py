@@ -10,6 +10,7 @@ Every call runs in a worker thread, so a controller on the test's event loop kee
 
 from __future__ import annotations
 
+import copy
 import functools
 import itertools
 from collections.abc import Callable
@@ -126,18 +127,21 @@ class Cluster:
         pre_stop_seconds: int | None = None,
         termination_grace_seconds: int = 30,
         pod_finalizers: list[str] | None = None,
+        pod_spec: dict[str, Any] | None = None,
     ) -> KubeObject:
         """Create a Deployment whose pods carry ``labels`` (default ``app=<name>``), the given
         readiness gates and finalizers, and a preStop ``sleep`` (what kwok waits for on
-        deletion, docs/testing.md), rolling with ``maxSurge``/``maxUnavailable``."""
+        deletion, docs/testing.md), rolling with ``maxSurge``/``maxUnavailable``. ``pod_spec``
+        is the pods' spec to start from (on a real node: a real image, e.g.
+        ``realnode.http_server_pod_spec()``); by default one container whose image kwok never
+        pulls."""
         pod_labels = labels or {"app": name}
-        container: dict[str, Any] = {"name": "app", "image": "registry.example/app:1"}
+        default_spec: dict[str, Any] = {"containers": [{"name": "app", "image": "registry.example/app:1"}]}
+        pod_spec = copy.deepcopy(pod_spec or default_spec)
         if pre_stop_seconds is not None:
-            container["lifecycle"] = {"preStop": {"sleep": {"seconds": pre_stop_seconds}}}
-        pod_spec: dict[str, Any] = {
-            "containers": [container],
-            "terminationGracePeriodSeconds": termination_grace_seconds,
-        }
+            lifecycle = pod_spec["containers"][0].setdefault("lifecycle", {})
+            lifecycle["preStop"] = {"sleep": {"seconds": pre_stop_seconds}}
+        pod_spec["terminationGracePeriodSeconds"] = termination_grace_seconds
         if readiness_gates:
             pod_spec["readinessGates"] = [{"conditionType": t} for t in readiness_gates]
         body = {

@@ -316,7 +316,7 @@ class LocalControlPlane:
     def _write_certs(self) -> None:
         d = self.dir
         self.ca = certs.make_ca("resourceconsist-local-ca")
-        serving = certs.make_signed(self.ca, "kube-apiserver", hosts=("127.0.0.1", "localhost"))
+        serving = certs.make_signed(self.ca, "kube-apiserver", hosts=self._serving_hosts())
         admin = certs.make_signed(
             self.ca, "admin", organizations=("system:masters",), server=False, client=True
         )
@@ -335,6 +335,10 @@ class LocalControlPlane:
             path = d / name
             path.write_bytes(data)
             path.chmod(0o600)
+
+    def _serving_hosts(self) -> tuple[str, ...]:
+        """The names and addresses kube-apiserver's serving certificate carries."""
+        return (self.host, "localhost")
 
     def _spawn(
         self, name: str, argv: list[str], env: dict[str, str] | None = None
@@ -390,15 +394,15 @@ class LocalControlPlane:
         self.port = free_port()
         flags = {
             "etcd-servers": etcd_url,
-            "bind-address": "127.0.0.1",
-            "advertise-address": "127.0.0.1",
+            "bind-address": self.host,
+            "advertise-address": self.host,
             "secure-port": str(self.port),
             "cert-dir": str(d),
             "tls-cert-file": str(d / "apiserver.crt"),
             "tls-private-key-file": str(d / "apiserver.key"),
             "client-ca-file": str(d / "ca.crt"),
             "authorization-mode": "RBAC",
-            "service-account-issuer": f"https://127.0.0.1:{self.port}/",
+            "service-account-issuer": f"https://{self.host}:{self.port}/",
             "service-account-key-file": str(d / "sa.pub"),
             "service-account-signing-key-file": str(d / "sa.key"),
             "service-cluster-ip-range": SERVICE_CLUSTER_IP_RANGE,
@@ -417,29 +421,29 @@ class LocalControlPlane:
 
     def _write_kubeconfig(self) -> None:
         d = self.dir
+        user = {"client-certificate": str(d / "admin.crt"), "client-key": str(d / "admin.key")}
+        self.write_kubeconfig(self.kubeconfig, "admin", user)
+
+    def write_kubeconfig(self, path: Path, name: str, user: dict[str, str]) -> Path:
+        """Write a kubeconfig at ``path`` for this API server (trusting its CA) with the
+        credentials ``user`` (a kubeconfig user: ``token``, or ``client-certificate`` and
+        ``client-key``) called ``name``; returns ``path``."""
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
                 {
                     "name": "local",
-                    "cluster": {"server": self.url, "certificate-authority": str(d / "ca.crt")},
+                    "cluster": {"server": self.url, "certificate-authority": str(self.dir / "ca.crt")},
                 }
             ],
-            "users": [
-                {
-                    "name": "admin",
-                    "user": {
-                        "client-certificate": str(d / "admin.crt"),
-                        "client-key": str(d / "admin.key"),
-                    },
-                }
-            ],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "users": [{"name": name, "user": user}],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": name}}],
             "current-context": "local",
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        self.kubeconfig.chmod(0o600)
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
 
     def ssl_context(self) -> ssl.SSLContext:
         """A client TLS context that trusts the API server and presents the admin certificate."""
@@ -547,22 +551,7 @@ class LocalControlPlane:
     def token_kubeconfig(self, token: str, path: Path) -> Path:
         """Write a kubeconfig at ``path`` that authenticates with ``token`` (a ServiceAccount's,
         from ``service_account_token``) instead of the admin certificate; returns ``path``."""
-        config = {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "clusters": [
-                {
-                    "name": "local",
-                    "cluster": {"server": self.url, "certificate-authority": str(self.dir / "ca.crt")},
-                }
-            ],
-            "users": [{"name": "token", "user": {"token": token}}],
-            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "token"}}],
-            "current-context": "local",
-        }
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return path
+        return self.write_kubeconfig(path, "token", {"token": token})
 
     def webhook_certificate(self, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[Path, Path]:
         """Write a serving certificate signed by this control plane's CA; return (cert, key) paths.

@@ -59,7 +59,9 @@ class LocalCluster(LocalControlPlane):
     lists the simulated nodes. ``start_timeout`` bounds each component's start.
     """
 
-    binaries = CONTROL_PLANE_BINARIES + CLUSTER_BINARIES
+    binaries: tuple[str, ...] = CONTROL_PLANE_BINARIES + CLUSTER_BINARIES
+    #: What kube-controller-manager runs (``--controllers``).
+    controllers: tuple[str, ...] = CONTROLLERS
 
     def __init__(
         self,
@@ -112,7 +114,7 @@ class LocalCluster(LocalControlPlane):
             [
                 str(binary),
                 *self._common_flags("kube-controller-manager", port),
-                f"--controllers={','.join(CONTROLLERS)}",
+                f"--controllers={','.join(self.controllers)}",
                 f"--service-account-private-key-file={d / 'sa.key'}",
                 f"--root-ca-file={d / 'ca.crt'}",
                 # A namespace whose cleanup failed part-way (an API server restart) is

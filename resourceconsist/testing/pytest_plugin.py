@@ -7,7 +7,12 @@
 - ``local_cluster``: one ``LocalCluster`` (controllers, scheduler, kwok nodes) for the session,
   apart from ``control_plane`` so tests that need no controllers do not pay for them;
 - ``local_cluster_api`` / ``local_cluster_namespace``: an admin client for it and a fresh
-  namespace on it per test, deleted afterwards.
+  namespace on it per test, deleted afterwards;
+- ``real_node_cluster``: one ``RealNodeCluster`` (a real kubelet, containerd and kube-proxy) for
+  the session, the archives of ``real_node_images`` imported into it (default: every ``*.tar``
+  in ``default_images_dir()``; a suite overrides that fixture to make them first);
+- ``real_node_api`` / ``real_node_namespace``: an admin client for it and a fresh namespace on it
+  per test (its ``default`` ServiceAccount made), deleted afterwards.
 
 The fixtures only start a control plane or a cluster when a test asks for one.
 """
@@ -16,12 +21,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
 from resourceconsist.testing.controlplane import LocalControlPlane
 from resourceconsist.testing.localcluster import LocalCluster
+from resourceconsist.testing.realnode import RealNodeCluster, default_images_dir
 from resourceconsist.testing.wait import wait_for as _wait_for
 
 
@@ -76,6 +83,45 @@ def local_cluster_namespace(local_cluster_api: Any) -> Iterator[str]:
     """A fresh namespace on the session's ``LocalCluster``; deleted when the test ends, and
     there the namespace controller empties it and it goes away."""
     yield from _fresh_namespace(local_cluster_api)
+
+
+@pytest.fixture(scope="session")
+def real_node_images() -> list[Path]:
+    """The image archives the session's real node imports: every ``*.tar`` of the image cache."""
+    return sorted(default_images_dir().glob("*.tar"))
+
+
+@pytest.fixture(scope="session")
+def real_node_cluster(real_node_images: list[Path]) -> Iterator[RealNodeCluster]:
+    """A cluster with one real node (docs/testing.md, "A real node"), shared by the session."""
+    with RealNodeCluster(images=real_node_images) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def real_node_api(real_node_cluster: RealNodeCluster) -> Iterator[Any]:
+    """An official-client ``ApiClient`` bound to the session's ``RealNodeCluster``."""
+    with real_node_cluster.api_client() as api:
+        yield api
+
+
+@pytest.fixture
+def real_node_namespace(real_node_api: Any) -> Iterator[str]:
+    """A fresh namespace on the session's ``RealNodeCluster``, once its ``default``
+    ServiceAccount exists (Pods cannot be created before: ServiceAccount admission is on there);
+    deleted when the test ends, its Pods stopped by the kubelet."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(real_node_api)
+    namespaces = _fresh_namespace(real_node_api)
+    name = next(namespaces)
+    _wait_for(
+        lambda: core.list_namespaced_service_account(name, field_selector="metadata.name=default").items,
+        timeout=30,
+        message=f"the default ServiceAccount of {name}",
+    )
+    yield name
+    next(namespaces, None)
 
 
 @pytest.fixture

@@ -352,14 +352,28 @@ def test_sharding_runs_the_shards_and_the_webhook_in_deployments_of_their_own(tm
     assert hook_args[0] == "webhook"
     assert "--webhook-service=resourceconsist-manager" in hook_args
     assert not [a for a in hook_args if a.startswith(("--shard", "--lease", "--slb-", "--shutdown"))]
-    # Two Deployments, two selectors that never select each other's pods.
+    # Two Deployments, two selectors that never select each other's pods; the manager's is the
+    # one it has unsharded (its selector is immutable: an upgrade into sharding keeps it).
     manager_selector = manager["spec"]["selector"]["matchLabels"]
     webhook_selector = webhook["spec"]["selector"]["matchLabels"]
-    assert manager_selector["app.kubernetes.io/component"] == "manager"
-    assert webhook_selector["app.kubernetes.io/component"] == "webhook"
-    for deployment in (manager, webhook):
+    assert manager_selector == {"control-plane": "resourceconsist-manager"}
+    assert webhook_selector == {"control-plane": "resourceconsist-webhook"}
+    for deployment, other in ((manager, webhook), (webhook, manager)):
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert labels.items() >= deployment["spec"]["selector"]["matchLabels"].items()
+        assert not labels.items() >= other["spec"]["selector"]["matchLabels"].items()
+    assert manager["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "manager"
+    assert webhook["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"] == "webhook"
+    # One disruption budget per Deployment.
+    budgets = {
+        name: d["spec"]["selector"]["matchLabels"]
+        for (kind, name), d in found.items()
+        if kind == "PodDisruptionBudget"
+    }
+    assert budgets == {
+        "resourceconsist-manager": manager_selector,
+        "resourceconsist-webhook": webhook_selector,
+    }
     assert found[("Service", "resourceconsist-manager")]["spec"]["selector"] == webhook_selector
     role = found[("Role", "resourceconsist-sharding")]
     assert role["metadata"]["namespace"] == "leases"
@@ -808,3 +822,33 @@ def test_a_certificate_brought_needs_its_ca_and_excludes_cert_manager() -> None:
         *("--set", "webhook.certManager.enabled=true"),
     )
     assert both.returncode != 0 and "set one" in both.stderr
+
+
+def test_the_credentials_secret_is_named_only_where_an_adapter_reads_it(tmp_path: Path) -> None:
+    """adapters: [demo] runs without the SLB Secret (it started into CreateContainerConfigError
+    when the chart named it whatever the adapters); alibabacloudslb still reads it."""
+    demo = _by_kind(_template("resourceconsist", {"adapters": ["demo"]}, tmp_path))
+    assert "envFrom" not in _container(demo[("Deployment", "resourceconsist-manager")])
+    both = _by_kind(_template("resourceconsist", {"adapters": ["demo", "alibabacloudslb"]}, tmp_path))
+    assert _container(both[("Deployment", "resourceconsist-manager")])["envFrom"] == [
+        {"secretRef": {"name": "resourceconsist-slb-credentials"}}
+    ]
+
+
+def test_uninstall_waits_for_the_uninstall_check_hook(tmp_path: Path) -> None:
+    """A pre-delete hook Job runs `resourceconsist uninstall-check` as the manager, over the
+    watched namespaces (docs/install.md, "Uninstalling"); off, none is rendered."""
+    found = _by_kind(_template("resourceconsist", {"watchNamespaces": ["shop", "pay"]}, tmp_path))
+    job = found[("Job", "resourceconsist-uninstall-check")]
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    spec = job["spec"]["template"]["spec"]
+    assert spec["serviceAccountName"] == "resourceconsist-manager"
+    assert spec["containers"][0]["args"][:3] == [
+        "uninstall-check",
+        "--wait-seconds=60",
+        "--namespace=pay,shop",
+    ]
+    # No Service of the release selects its pod (it carries no app.kubernetes.io/name).
+    assert "app.kubernetes.io/name" not in job["spec"]["template"]["metadata"]["labels"]
+    off = _by_kind(_template("resourceconsist", {"uninstallCheck": {"enabled": False}}, tmp_path))
+    assert ("Job", "resourceconsist-uninstall-check") not in off

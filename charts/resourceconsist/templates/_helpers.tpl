@@ -25,6 +25,51 @@ control-plane: resourceconsist-manager
 {{- end }}
 
 {{/*
+The selector of a role's pods (the role as the context: "" or "manager", or "webhook"). The
+manager's is selectorLabels in every mode, so that moving an install into or out of sharding never
+changes its Deployment's immutable selector; the sharded webhook Deployment's pods carry
+`control-plane: resourceconsist-webhook` instead, so neither Deployment ever selects the other's.
+*/}}
+{{- define "resourceconsist.roleSelector" -}}
+{{- if eq . "webhook" -}}
+control-plane: resourceconsist-webhook
+{{- else -}}
+control-plane: resourceconsist-manager
+{{- end }}
+{{- end }}
+
+{{/*
+The selector a role's Deployment has (context: dict "root" $ "role" <role>): the one it already
+has in the cluster when it exists (a Deployment's selector is immutable: an install made by an
+earlier chart keeps its own, e.g. a sharded install's `app.kubernetes.io/component`), else
+roleSelector. Its pods carry it (podLabels), and the webhook Service and the disruption budgets
+select with it.
+*/}}
+{{- define "resourceconsist.podSelector" -}}
+{{- $name := ternary "resourceconsist-webhook" (include "resourceconsist.manager" .root) (eq .role "webhook") }}
+{{- $existing := lookup "apps/v1" "Deployment" .root.Release.Namespace $name }}
+{{- toYaml (dig "spec" "selector" "matchLabels" (include "resourceconsist.roleSelector" .role | fromYaml) $existing) }}
+{{- end }}
+
+{{/*
+The labels of a role's pods beyond the common ones (context as podSelector): its selector, its
+role's, and its component.
+*/}}
+{{- define "resourceconsist.podLabels" -}}
+{{- $labels := include "resourceconsist.podSelector" . | fromYaml }}
+{{- $labels = merge $labels (include "resourceconsist.roleSelector" .role | fromYaml) }}
+{{- with .role }}{{ $_ := set $labels "app.kubernetes.io/component" . }}{{ end }}
+{{- toYaml $labels }}
+{{- end }}
+
+{{/*
+Whether an adapter that reads the provider's credentials runs (the credentials Secret, RRSA).
+*/}}
+{{- define "resourceconsist.needsCredentials" -}}
+{{- if has "alibabacloudslb" .Values.adapters }}true{{ end }}
+{{- end }}
+
+{{/*
 The image: the tag defaults to the chart's appVersion, the package version.
 */}}
 {{- define "resourceconsist.image" -}}

@@ -1,0 +1,154 @@
+"""The HTTP test server of the real-node tier: it answers with its Pod's name and stops like a
+real server, logging each step with the time it happened (docs/testing.md, "A real node").
+
+It is the program of the ``testserver`` image (``hack/build-node-images.sh``), standard library
+only, so the image needs nothing but python3; it also runs on the host, for its own tests.
+
+- ``GET /`` answers ``200`` with the Pod's name (``$POD_NAME``, else the host name) and a
+  newline; ``GET /?id=N`` the same, logging the request's ``id`` (a load generator's count);
+  ``GET /sleep?seconds=S`` answers after ``S`` seconds (an in-flight request across a stop);
+  ``GET /healthz`` answers ``200`` (a readiness probe).
+- On SIGTERM (or SIGINT) it stops accepting at once (the listening socket closes: a new
+  connection is refused) and finishes the requests in flight, then exits 0, as a real server
+  does on the kubelet's SIGTERM.
+- It writes one JSON object a line to stdout, and, when ``$LOG_DIR`` is set, appends the same to
+  ``$LOG_DIR/<pod name>.log`` (a hostPath volume, so the log outlives the container):
+  ``{"t": <unix time, float>, "pod": ..., "event": ...}`` with events ``listening`` (``port``),
+  ``sleeping`` (a ``/sleep`` request began: ``seconds``, ``client``), ``served`` (``path``,
+  ``id``, ``client``), ``sigterm``, ``stopped-accepting``, ``drained``
+  (``in_flight``: how many were finished after the signal) and ``exit``.
+
+``$PORT`` is the port (default 8080), on every address of the Pod's own network namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+#: Seconds a ``/sleep`` request may ask for at most.
+MAX_SLEEP = 300.0
+
+
+class Log:
+    """JSON lines to stdout and, optionally, a file; one lock so lines never interleave."""
+
+    def __init__(self, pod: str, directory: str | None) -> None:
+        self.pod = pod
+        self._lock = threading.Lock()
+        self._file = None
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self._file = open(Path(directory) / f"{pod}.log", "a", buffering=1)  # noqa: SIM115
+
+    def __call__(self, event: str, **fields: Any) -> None:
+        line = json.dumps({"t": time.time(), "pod": self.pod, "event": event, **fields})
+        with self._lock:
+            print(line, flush=True)
+            if self._file is not None:
+                self._file.write(line + "\n")
+                self._file.flush()
+                os.fsync(self._file.fileno())
+
+
+class Server(ThreadingHTTPServer):
+    """Counts the requests in flight, so a stop can wait for them to finish."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], log: Log) -> None:
+        self.log = log
+        self.in_flight = 0
+        self.finished_after_stop = 0
+        self.stopping = False
+        self._idle = threading.Condition()
+        super().__init__(address, Handler)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        with self._idle:
+            self.in_flight += 1
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._idle:
+                self.in_flight -= 1
+                if self.stopping:
+                    self.finished_after_stop += 1
+                self._idle.notify_all()
+
+    def stop(self) -> None:
+        """Stop accepting (close the listening socket), then wait for the requests in flight."""
+        with self._idle:
+            self.stopping = True
+        self.shutdown()  # the accept loop ends ...
+        self.socket.close()  # ... and new connections are refused from here on
+        self.log("stopped-accepting", in_flight=self.in_flight)
+        with self._idle:
+            self._idle.wait_for(lambda: self.in_flight == 0)
+        self.log("drained", in_flight=self.finished_after_stop)
+
+
+class Handler(BaseHTTPRequestHandler):
+    server: Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+        """Requests are logged as JSON by ``do_GET``, not in the base class's format."""
+
+    def do_GET(self) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        if url.path == "/sleep":
+            seconds = min(float(query.get("seconds", ["1"])[0]), MAX_SLEEP)
+            self.server.log("sleeping", seconds=seconds, client=self.client_address[0])
+            time.sleep(seconds)
+        elif url.path not in ("/", "/healthz"):
+            self._answer(404, "not found\n")
+            return
+        self._answer(200, self.server.log.pod + "\n")
+        if url.path != "/healthz":
+            request_id = query.get("id", [None])[0]
+            self.server.log("served", path=url.path, id=request_id, client=self.client_address[0])
+
+    def _answer(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def main() -> None:
+    pod = os.environ.get("POD_NAME") or socket.gethostname()
+    port = int(os.environ.get("PORT", "8080"))
+    log = Log(pod, os.environ.get("LOG_DIR"))
+    server = Server(("", port), log)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    accepting = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
+    accepting.start()
+    log("listening", port=server.server_address[1])
+    stop.wait()
+    log("sigterm")
+    server.stop()
+    accepting.join()
+    log("exit")
+
+
+if __name__ == "__main__":
+    main()
