@@ -51,6 +51,7 @@ def test_registries_know_their_adapters_and_flag_experimental_ones() -> None:
     assert not adapters.registry.entry("alibabacloudslb").experimental
     assert experimental.registry.entry("demo").experimental
     merged = combined(adapters.registry, experimental.registry, include_entry_points=False)
-    assert merged.names() == ["alibabacloudslb", "demo"]
+    assert not adapters.registry.entry("haproxy").experimental
+    assert merged.names() == ["alibabacloudslb", "demo", "haproxy"]
     with pytest.raises(ValueError, match="already registered"):
         experimental.registry.register("demo", controller=lambda env: DemoAdapter())
