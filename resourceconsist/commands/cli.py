@@ -7,6 +7,8 @@
 - ``resourceconsist adapters``: list the adapters this installation knows.
 - ``resourceconsist handover --adapter NAME ...``: leave every pod in a state the Go original
   handles, before switching back to it (see ``handover``).
+- ``resourceconsist --version`` / ``resourceconsist version``: the version and the git revision
+  (resourceconsist/runtime/version.py).
 
 Bad input exits non-zero with a message that says what is wrong and what to do.
 """
@@ -32,6 +34,7 @@ from resourceconsist.options import (
     LeaderElectionOptions,
     ManagerOptions,
     ProviderBudgetOptions,
+    SecureMetricsOptions,
     ShardingOptions,
 )
 from resourceconsist.runtime import logs
@@ -116,9 +119,41 @@ def _logged(callback: F) -> F:
     return cast(F, run)
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from resourceconsist.runtime.version import build_info
+
+    click.echo(build_info().line())
+    ctx.exit()
+
+
 @click.group(cls=_LoggedGroup, params=_log_flags())
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the git revision, and exit.",
+)
 def main() -> None:
     """Keep external resources consistent with Kubernetes employers and employees."""
+
+
+@main.command("version")
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def version(output: str) -> None:
+    """The version, the git revision it was built from, and the Python it runs on."""
+    import json
+
+    from resourceconsist.runtime.version import build_info
+
+    info = build_info()
+    if output == "json":
+        click.echo(json.dumps(dataclasses.asdict(info), sort_keys=True))
+    else:
+        click.echo(info.line())
 
 
 @main.command()
@@ -553,6 +588,33 @@ _serving_flags = _flag_group(
         default=_METRICS_ADDRESS,
         type=_HostPort(off=True),
     ),
+    click.option(
+        "--metrics-secure/--no-metrics-secure",
+        default=False,
+        show_default=True,
+        help="Serve /metrics over HTTPS to callers whose bearer token the API server reviews "
+        "(TokenReview) and allows to get /metrics (SubjectAccessReview); docs/observability.md.",
+    ),
+    _field_flag(
+        "--metrics-cert-path",
+        SecureMetricsOptions,
+        "cert_path",
+        "Directory of the metrics serving certificate (read again when it changes); default: a "
+        "self-signed one made at start. With --metrics-secure.",
+        show_default="self-signed",
+    ),
+    _field_flag(
+        "--metrics-cert-name",
+        SecureMetricsOptions,
+        "cert_name",
+        "The certificate's file name in --metrics-cert-path.",
+    ),
+    _field_flag(
+        "--metrics-cert-key",
+        SecureMetricsOptions,
+        "key_name",
+        "The key's file name in --metrics-cert-path.",
+    ),
     _field_flag(
         "--health-probe-bind-address",
         ManagerOptions,
@@ -571,14 +633,39 @@ _serving_flags = _flag_group(
 )
 
 
+def _secure_metrics(flags: Mapping[str, Any]) -> SecureMetricsOptions | None:
+    """The ``SecureMetricsOptions`` of ``--metrics-secure`` and its certificate flags."""
+    given = {
+        "cert_path": flags["metrics_cert_path"],
+        "cert_name": flags["metrics_cert_name"],
+        "key_name": flags["metrics_cert_key"],
+    }
+    if not flags["metrics_secure"]:
+        changed = [
+            _FLAG_OF[SecureMetricsOptions, f]
+            for f, v in given.items()
+            if v != _default(SecureMetricsOptions, f)
+        ]
+        if changed:
+            raise click.UsageError(
+                f"{'/'.join(changed)} name the certificate of secure metrics; add --metrics-secure"
+            )
+        return None
+    with _flags(SecureMetricsOptions):
+        return SecureMetricsOptions(**given)
+
+
 def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
     """``ManagerOptions`` with the address fields the parsed ``_serving_flags`` say (the
     others at their defaults)."""
     legacy = flags["health_address"]
     metrics, probes = flags["metrics_bind_address"], flags["health_probe_bind_address"]
+    secure = _secure_metrics(flags)
+    if secure is not None and metrics is None:
+        raise click.UsageError("--metrics-secure serves /metrics: give --metrics-bind-address, not 0")
     if legacy is None:
         with _flags(ManagerOptions):
-            return ManagerOptions(metrics_address=metrics, health_probe_address=probes)
+            return ManagerOptions(metrics_address=metrics, health_probe_address=probes, secure_metrics=secure)
     defaults = (
         _HostPort().convert(_METRICS_ADDRESS, None, None),
         _HostPort().convert(_PROBE_ADDRESS, None, None),
@@ -587,6 +674,11 @@ def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
         raise click.UsageError(
             "--health-address (deprecated) serves /healthz, /readyz and /metrics on one port; drop it, "
             "or drop --metrics-bind-address and --health-probe-bind-address"
+        )
+    if secure is not None:
+        raise click.UsageError(
+            "--health-address (deprecated) serves the probes and /metrics on one plain HTTP port; "
+            "--metrics-secure needs --metrics-bind-address and --health-probe-bind-address instead"
         )
     # A log line, not a bare print: with --log-format json it is JSON like every other line.
     log.warning(
@@ -654,6 +746,15 @@ _manager_flags = _flag_group(
         show_default="the adapter's, else 5",
     ),
     _field_flag(
+        "--reconcile-timeout",
+        ManagerOptions,
+        "reconcile_timeout",
+        "Seconds a pass may run before it is cancelled and tried again "
+        "(controller-runtime's ReconciliationTimeout); 0: no limit.",
+        type=float,
+        show_default="no limit",
+    ),
+    _field_flag(
         "--garbage-interval",
         GarbageOptions,
         "interval",
@@ -682,6 +783,7 @@ _manager_flags = _flag_group(
 
 
 _FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
+_FLAG_OF[ManagerOptions, "secure_metrics"] = "--metrics-secure"
 
 
 def _namespaces(given: Sequence[str]) -> dict[str, Any]:
@@ -737,6 +839,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
             pod_label_selector=flags["pod_label_selector"],
             shutdown_timeout=flags["shutdown_timeout"],
             max_concurrent_reconciles=flags["max_concurrent_reconciles"],
+            reconcile_timeout=flags["reconcile_timeout"] or None,
             leader_election=election,
             sharding=sharding,
             garbage=GarbageOptions(

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from resourceconsist.cluster import certs
-from resourceconsist.webhook.tls import CertificateReloader
+from resourceconsist.cluster.certwatcher import CertificateReloader
 
 #: Audit events that create or write something on a filesystem.
 _WRITING_EVENTS = frozenset(
