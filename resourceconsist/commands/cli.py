@@ -913,6 +913,7 @@ def run(adapter_names: Sequence[str], kubeconfig: str | None, with_webhook: bool
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
     import asyncio
 
+    _log_start("run", adapter_names)
     manager_options = _manager_options(flags)
     if with_webhook and manager_options.sharding is not None:
         # A shard caches only its own employers; the webhook must see every one of a new pod's.
@@ -952,6 +953,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, **flags: Any) 
     """
     import asyncio
 
+    _log_start("webhook", adapter_names)
     options = _webhook_options(flags)
     manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
@@ -1018,6 +1020,21 @@ def handover(
     for line in report.lines():
         click.echo(line)
     sys.exit(0 if report.complete else 3)
+
+
+def _log_start(command: str, adapter_names: Sequence[str]) -> None:
+    """The first line a serving command logs: what runs (version, revision, Python), and which
+    adapters; the version and revision as fields of their own in JSON."""
+    from resourceconsist.runtime.version import build_info
+
+    info = build_info()
+    log.info(
+        "%s %s: adapters %s",
+        info.line(),
+        command,
+        ", ".join(adapter_names),
+        extra={"version": info.version, "revision": info.revision},
+    )
 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:

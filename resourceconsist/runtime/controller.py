@@ -493,6 +493,10 @@ class Controller:
             outcome = "error"
             self.failures += 1
             steer = errors.steering(err)
+            if errors.programming_error(err) is not None:
+                # A bug, the frame's or the adapter's, however the pass reported it: what
+                # controller-runtime counts as a recovered panic (docs/observability.md).
+                self.series.panicked()
             if isinstance(steer, errors.PermanentError):
                 # Retrying cannot help: wait for the employer's next change (docs/concepts.md).
                 self.series.terminal()
@@ -512,9 +516,6 @@ class Controller:
                 # would say nothing more.
                 log.debug("%s %s: API server unreachable (%s); retry in %.3fs", self.name, key, err, delay)
             else:
-                # Neither the frame's nor the adapter's way to fail: a bug (controller-runtime
-                # counts a recovered panic here).
-                self.series.panicked()
                 delay = self.queue.add_rate_limited(key, priority)
                 log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
         else:

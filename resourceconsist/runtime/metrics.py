@@ -655,8 +655,9 @@ class ControllerSeries:
         self._terminal.inc()
 
     def panicked(self) -> None:
-        """A pass raised what neither the frame nor its adapter meant to raise (a bug: a
-        ``KeyError``, a ``TypeError``; controller-runtime's recovered panic); also an error."""
+        """A pass failed on a bug, the frame's or its adapter's: a Python runtime error
+        (``errors.PROGRAMMING_ERRORS``: a ``KeyError``, a ``TypeError``, ...) behind its error,
+        what a Go program meets as a panic (controller-runtime's recovered panic); also an error."""
         self._panics.inc()
 
     def timed_out(self) -> None:

@@ -1,7 +1,8 @@
 """The command line as a platform team runs it (docs/observability.md): controller-runtime's
 ``--metrics-bind-address`` and ``--health-probe-bind-address`` on every command that serves, the
 log flags before or after the subcommand, and JSON log lines with zap's keys carrying the
-controller and the employer of the pass that wrote them."""
+controller, the employer and the reconcileID of the pass that wrote them, after a first line
+that says what runs; ``--version`` and ``version``."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from resourceconsist import wire
 from resourceconsist.cluster import kube
+from resourceconsist.runtime.version import build_info
 from resourceconsist.testing import CLI, Cluster, finalizers, run_cli, wait_for
 
 
@@ -63,7 +67,9 @@ def test_the_deprecated_health_address_says_so_in_one_log_line(tmp_path: Any) ->
         columns=200,
     )
     assert done.returncode == 2  # the missing kubeconfig, after the flags were read
-    (deprecation,) = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    # After the first line, which says what runs.
+    first, deprecation = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert first["msg"].startswith("resourceconsist ") and first["level"] == "info"
     assert deprecation["level"] == "warn"
     assert deprecation["msg"].startswith("deprecated: --health-address; use --health-probe-bind-address")
 
@@ -124,11 +130,40 @@ def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, c
     for entry in entries:
         assert {"level", "ts", "logger", "caller", "msg"} <= set(entry), entry
         assert isinstance(entry["ts"], float)
+    # The first line says what runs (resourceconsist/runtime/version.py).
+    info = build_info()
+    assert entries[0]["msg"].startswith(f"resourceconsist {info.version} (revision {info.revision}, Python ")
+    assert (entries[0]["version"], entries[0]["revision"]) == (info.version, info.revision)
+    assert info.version == metadata.version("resourceconsist") and info.revision != "unknown"
     assert any(entry["level"] == "debug" for entry in entries), "the subcommand's --log-level debug lost"
     (finalized,) = [e for e in entries if e["msg"].endswith(": added clean finalizer")]
     assert finalized["controller"] == "demo-controller"
     assert (finalized["namespace"], finalized["name"]) == (cluster.namespace, "svc")
+    assert (finalized["controllerKind"], finalized["controllerGroup"]) == ("Service", "")
+    assert finalized["reconcileID"]
     assert finalized["logger"] == "resourceconsist.reconcile"
     # zap's short caller: directory/file (the clean finalizer is the finalizers step's)
     assert finalized["caller"].startswith("reconcile/finalizers.py:")
     assert any(e["msg"] == "manager stopped" for e in entries)
+
+
+def test_version_says_the_version_and_the_revision() -> None:
+    """The version is the package metadata's; the revision the one baked at build time, or, in
+    a checkout (an editable install, as here), the checkout's commit."""
+    info = build_info()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    assert info.revision.removesuffix("-dirty") == head
+    flag = run_cli("--version")
+    assert flag.returncode == 0, flag.stderr
+    assert (
+        flag.stdout.strip()
+        == f"resourceconsist {info.version} (revision {info.revision}, Python {info.python_version})"
+    )
+    as_json = run_cli("version", "-o", "json")
+    assert json.loads(as_json.stdout) == {
+        "version": metadata.version("resourceconsist"),
+        "revision": info.revision,
+        "python_version": info.python_version,
+    }
