@@ -40,7 +40,12 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import ApiError
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.flow import budget
-from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, ShardingOptions
+from resourceconsist.options import (
+    LeaderElectionOptions,
+    ManagerOptions,
+    ProviderBudgetOptions,
+    ShardingOptions,
+)
 from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
@@ -72,6 +77,8 @@ LABELS: dict[str, set[str]] = {
     "controller_runtime_webhook_requests_total": {"webhook", "code"},
     "controller_runtime_webhook_latency_seconds_count": {"webhook"},
     "controller_runtime_webhook_requests_in_flight": {"webhook"},
+    "leader_election_master_status": {"name"},
+    "leader_election_slowpath_total": {"name"},
     "certwatcher_read_certificate_total": set(),
     "certwatcher_read_certificate_errors_total": set(),
     "resourceconsist_build_info": {"version", "revision", "python_version"},
@@ -80,10 +87,12 @@ LABELS: dict[str, set[str]] = {
     "python_gc_objects_collected_total": {"generation"},
 }
 
-#: What a reconcile that fails and succeeds, without a bug, a timeout or a terminal error, and
-#: the webhook's good certificate leave at 0 (each has a test that makes it move:
-#: tests/frame/test_reconcile_series.py).
+#: What a reconcile that fails and succeeds, without a bug, a timeout or a terminal error, a
+#: Lease nobody else writes and the webhook's good certificate leave at 0 (each has a test that
+#: makes it move: tests/frame/test_reconcile_series.py, test_leaderelection.py,
+#: tests/webhook/test_webhook_tls.py).
 STILL = {
+    "leader_election_slowpath_total",
     "controller_runtime_terminal_reconcile_errors_total",
     "controller_runtime_reconcile_panics_total",
     "controller_runtime_reconcile_timeouts_total",
@@ -225,6 +234,8 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
             namespace=cluster.namespace,
             metrics_address=("127.0.0.1", 0),
             health_probe_address=("127.0.0.1", 0),
+            # A Lease, as the chart runs it: client-go's leader-election series.
+            leader_election=LeaderElectionOptions(namespace=cluster.namespace, name="standard-series"),
         ),
     )
     await manager.add(adapter)
@@ -244,7 +255,9 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
         metrics=manager.metrics,
     )
     try:
-        await async_wait_for(lambda: manager.ready() and server.ready, timeout=60, message="ready")
+        await async_wait_for(
+            lambda: manager.ready() and server.ready and manager.leading, timeout=60, message="ready, leading"
+        )
         # Metrics and probes each on their own port, as controller-runtime serves them.
         assert manager.metrics_port != manager.health_port
         assert (await asyncio.to_thread(_get, manager.health_port, "/readyz"))[0] == 200
