@@ -1,18 +1,19 @@
 """The build's one addition to pyproject.toml: the git revision baked into the package.
 
 Everything else about the build is declared in pyproject.toml. ``build_py`` writes the file
-``resourceconsist/runtime/REVISION`` into the wheel and ``sdist`` into the source distribution (so a
-wheel built from it keeps the revision), from ``$RESOURCECONSIST_REVISION`` (the image build
-passes it), else the checkout's ``git rev-parse HEAD``, else a ``REVISION`` file already in the
-tree (an unpacked sdist); with none of them, nothing is written and the package says
-``unknown`` (resourceconsist/runtime/version.py). setuptools has no declarative way to write a file at
-build time, hence these two small commands.
+``resourceconsist/runtime/REVISION`` into the wheel and ``sdist`` into the source distribution
+(so a wheel built from it keeps the revision), from ``$RESOURCECONSIST_REVISION`` (the image
+build passes it), else a ``REVISION`` file already in the tree (an unpacked sdist), else the
+checkout's ``git rev-parse HEAD`` (``-dirty`` when tracked files changed); with none of them,
+nothing is written and the package says ``unknown`` (resourceconsist/runtime/version.py).
+setuptools has no declarative way to write a file at build time, hence these two small commands.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
-import subprocess
+import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -27,23 +28,20 @@ def _revision() -> str:
     given = os.environ.get("RESOURCECONSIST_REVISION", "").strip()
     if given:
         return given
-    if (HERE / ".git").exists():
-        try:
-            done = subprocess.run(
-                ["git", "-C", str(HERE), "rev-parse", "HEAD"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            )
-        except (OSError, subprocess.SubprocessError):
-            done = None
-        if done is not None and done.returncode == 0 and done.stdout.strip():
-            return done.stdout.strip()
-    try:
+    try:  # an unpacked sdist: its revision, whatever repository it was unpacked in
         return (HERE / REVISION).read_text().strip()
     except OSError:
-        return ""
+        pass
+    # The package's own reading of a checkout, loaded by its path: the package is not importable
+    # while it is being built.
+    spec = importlib.util.spec_from_file_location(
+        "_version", HERE / "resourceconsist" / "runtime" / "version.py"
+    )
+    assert spec is not None and spec.loader is not None
+    version = sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(version)
+    found: str = version.git_revision(HERE)
+    return found
 
 
 class BuildWithRevision(build_py):

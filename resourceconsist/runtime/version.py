@@ -61,11 +61,12 @@ def _revision() -> str:
         baked = REVISION_FILE.read_text().strip()
     except OSError:
         baked = ""
-    return baked or _git_revision(Path(__file__).parent) or UNKNOWN
+    return baked or git_revision(Path(__file__).parent) or UNKNOWN
 
 
-def _git_revision(where: Path) -> str:
-    """The commit a checkout is at (an editable install); empty when ``where`` is in none."""
+def git_revision(where: Path) -> str:
+    """The commit the checkout holding ``where`` is at, ``-dirty`` when files it tracks were
+    changed (an editable install; setup.py, building from a checkout); empty outside one."""
     if not any((folder / ".git").exists() for folder in (where, *where.parents)):
         return ""
     try:
