@@ -36,10 +36,15 @@ from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.certwatcher import CertificateReloader, self_signed_context
 from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.errors import ResourceConsistError
 from resourceconsist.options import SecureMetricsOptions
 
 if TYPE_CHECKING:
     from aiohttp import web
+
+    #: An aiohttp request handler, and a middleware around one.
+    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+    Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +98,7 @@ class User:
     extra: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-class ReviewFailed(Exception):
+class ReviewFailed(ResourceConsistError):
     """The API server did not answer a review (unreachable, refused, too slow)."""
 
 
@@ -185,18 +190,12 @@ class MetricsAuthorizer:
             return 403, f"Authorization denied for user {user.name}"
         return 200, ""
 
-    def middleware(
-        self,
-    ) -> Callable[
-        [web.Request, Callable[[web.Request], Awaitable[web.StreamResponse]]], Awaitable[web.StreamResponse]
-    ]:
+    def middleware(self) -> Middleware:
         """An aiohttp middleware that serves a request only when ``decide`` says 200."""
         from aiohttp import web
 
         @web.middleware
-        async def guard(
-            request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-        ) -> web.StreamResponse:
+        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             status, text = await self.decide(
                 request.headers.get("Authorization"), request.method, request.path
             )
