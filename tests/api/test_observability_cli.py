@@ -74,6 +74,12 @@ def test_the_deprecated_health_address_says_so_in_one_log_line(tmp_path: Any) ->
     assert deprecation["msg"].startswith("deprecated: --health-address; use --health-probe-bind-address")
 
 
+def _commit(revision: str) -> str:
+    """The commit of a revision: a checkout's may be ``-dirty`` in one process and not in the
+    next, while files are edited."""
+    return revision.removesuffix("-dirty")
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -136,12 +142,6 @@ def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, c
     assert entries[0]["msg"].startswith(f"resourceconsist {info.version} (revision {commit}")
     assert (entries[0]["version"], _commit(entries[0]["revision"])) == (info.version, commit)
     assert info.version == metadata.version("resourceconsist") and info.revision != "unknown"
-
-
-def _commit(revision: str) -> str:
-    """The commit of a revision: a checkout's may be ``-dirty`` in one process and not in the
-    next, while files are edited."""
-    return revision.removesuffix("-dirty")
     assert any(entry["level"] == "debug" for entry in entries), "the subcommand's --log-level debug lost"
     (finalized,) = [e for e in entries if e["msg"].endswith(": added clean finalizer")]
     assert finalized["controller"] == "demo-controller"
