@@ -61,23 +61,12 @@ def log_fields(**fields: str) -> Iterator[None]:
         _FIELDS.reset(token)
 
 
-def employer_fields(controller: str, key: str) -> AbstractContextManager[None]:
-    """``log_fields`` of the controller and the employer of ``key`` (no namespace for a
-    cluster-scoped employer), without a pass of its own (``pass_fields`` is a pass's)."""
-    # Here, not at the top: the command line sets up logging before it loads the cluster I/O.
-    from resourceconsist.cluster.kube import EmployerKey
-
-    key = EmployerKey(key)
-    if key.namespace:
-        return log_fields(controller=controller, namespace=key.namespace, name=key.name)
-    return log_fields(controller=controller, name=key.name)
-
-
 def pass_fields(controller: str, kind: str, group: str, key: str) -> AbstractContextManager[None]:
     """``log_fields`` of one reconcile pass, with controller-runtime's keys: ``controller``,
     ``controllerGroup`` and ``controllerKind`` (the employer's API group, ``""`` for the core
     group, and kind), the employer's ``namespace`` (none for a cluster-scoped one) and ``name``,
     and a fresh ``reconcileID``."""
+    # Here, not at the top: the command line sets up logging before it loads the cluster I/O.
     from resourceconsist.cluster.kube import EmployerKey
 
     key = EmployerKey(key)

@@ -36,10 +36,10 @@ def _entries(stream: io.StringIO) -> list[dict[str, object]]:
 def test_json_lines_carry_zaps_keys_and_the_fields_of_the_pass(stream: io.StringIO) -> None:
     logs.setup("debug", "json", stream)
     log = logging.getLogger("resourceconsist.reconcile")
-    with logs.employer_fields("demo-controller", "shop/web"):
+    with logs.pass_fields("demo-controller", "Service", "", "shop/web"):
         log.info("%s %s: added clean finalizer", "demo-controller", "shop/web")
         log.info("pod web-0: readiness gate True", extra={"pod": "web-0"})
-    with logs.employer_fields("nodes", "node-1"):  # a cluster-scoped employer has no namespace
+    with logs.pass_fields("nodes", "Node", "", "node-1"):  # a cluster-scoped employer has no namespace
         log.warning("drifted")
     log.debug("outside any pass")
     first, gate, cluster_scoped, outside = _entries(stream)
@@ -61,7 +61,7 @@ def test_a_thread_of_the_pass_carries_its_fields(stream: io.StringIO) -> None:
     logs.setup("info", "json", stream)
 
     async def pass_() -> None:
-        with logs.employer_fields("demo-controller", "shop/web"):
+        with logs.pass_fields("demo-controller", "Service", "", "shop/web"):
             # An adapter's blocking call runs in a worker thread (docs/concepts.md).
             await asyncio.to_thread(logging.getLogger("adapter").info, "provider call")
 
