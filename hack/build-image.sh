@@ -87,6 +87,8 @@ containers+=("$ctr")
 run() { "${BUILDAH[@]}" run --isolation chroot "$ctr" -- "$@"; }
 run sh -c 'echo "uid $(id -u), $(command -v resourceconsist), $(python3 --version)"'
 [[ $(run id -u) == 65532 ]] || { echo "error: the image does not run as uid 65532" >&2; exit 1; }
+run resourceconsist --version | tee "$work/version.txt"
+grep -q "revision $(git rev-parse HEAD)" "$work/version.txt" || { echo "error: the image does not say its revision" >&2; exit 1; }
 run resourceconsist --help >"$work/help.txt"
 grep -q "Usage: resourceconsist" "$work/help.txt" || { cat "$work/help.txt"; echo "error: resourceconsist --help printed no usage" >&2; exit 1; }
 run resourceconsist adapters | tee "$work/adapters.txt"

@@ -48,6 +48,7 @@ stray = sorted(t for t in tops if t != "resourceconsist" and not t.endswith(".di
 assert not stray, f"the wheel installs outside resourceconsist/: {stray}"
 for data in (
     "resourceconsist/py.typed",
+    "resourceconsist/runtime/REVISION",
     "resourceconsist/testing/kwok-stages.yaml",
     "resourceconsist/adapters/py.typed",
     "resourceconsist/webhook/py.typed",
@@ -87,7 +88,11 @@ PY
 "$venv/resourceconsist" --help >/dev/null
 "$venv/resourceconsist" demo --help | grep -q "Usage: resourceconsist demo"
 "$venv/resourceconsist" run --help | grep -q -- "--adapter"
-echo "command: resourceconsist --help, demo --help, run --help"
+# The revision the build baked in (setup.py: the sdist carries it, the wheel built from it too).
+revision="$(git -C "$repo" rev-parse HEAD)"
+"$venv/resourceconsist" --version | grep -q "^resourceconsist $version (revision $revision" \
+  || { echo "error: resourceconsist --version does not say $version and revision $revision: $("$venv/resourceconsist" --version)" >&2; exit 1; }
+echo "command: resourceconsist --help, demo --help, run --help, --version ($revision)"
 
 # The pytest plugin (an entry point of the wheel) gives a suite outside the checkout the real
 # control plane; the kit's Cluster and wait_for drive it.

@@ -5,8 +5,8 @@ The public API, importable from the package itself::
     from resourceconsist import Employee, KubeClient, Manager, ReconcileAdapter, add_to_manager
 
 A manager's settings are one ``ManagerOptions`` (with ``LeaderElectionOptions``,
-``GarbageOptions``, ``ProviderBudgetOptions`` and ``ShardingOptions``); the webhook's are
-``resourceconsist.webhook.WebhookOptions``.
+``GarbageOptions``, ``ProviderBudgetOptions``, ``ShardingOptions`` and
+``SecureMetricsOptions``); the webhook's are ``resourceconsist.webhook.WebhookOptions``.
 
 Names are loaded on first use (PEP 562), so ``import resourceconsist`` costs nothing a run does
 not use. Modules keep their own, fuller APIs (``resourceconsist.testing`` for the testing kit,
@@ -60,6 +60,7 @@ if TYPE_CHECKING:
         LeaderElectionOptions,
         ManagerOptions,
         ProviderBudgetOptions,
+        SecureMetricsOptions,
         ShardingOptions,
     )
     from resourceconsist.runtime.controller import Controller
@@ -107,6 +108,7 @@ __all__ = (
     "ResourceConsistError",
     "RetryAfter",
     "Runnable",
+    "SecureMetricsOptions",
     "ShardingOptions",
     "StatusRecordOptions",
     "SubResourceOptions",

@@ -58,6 +58,31 @@ class PassCancelled(ResourceConsistError):
     meeting it gives up: ``ctx.cancellation.check()`` raises it (resourceconsist.flow.cancellation)."""
 
 
+#: Python's own runtime errors: what a Go program would meet as a panic (a nil dereference, an
+#: index out of range, a failed type assertion), not a way an adapter reports a failure.
+PROGRAMMING_ERRORS: tuple[type[BaseException], ...] = (
+    TypeError,
+    AttributeError,
+    LookupError,
+    NameError,
+    ArithmeticError,
+    AssertionError,
+    RecursionError,
+)
+
+
+def programming_error(err: BaseException | None) -> BaseException | None:
+    """The programming error behind ``err`` (its cause chain), if any: a bug, which the
+    controller counts as controller-runtime counts a recovered panic (docs/observability.md)."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, PROGRAMMING_ERRORS):
+            return err
+        seen.add(id(err))
+        err = err.__cause__
+    return None
+
+
 class InvalidOptions(ResourceConsistError, ValueError):
     """An options object was given a value it cannot work with; ``fields`` names the fields at
     fault (e.g. ``("renew_deadline", "lease_duration")``)."""

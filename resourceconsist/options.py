@@ -1,5 +1,6 @@
 """The settings of a manager: ``ManagerOptions``, with ``LeaderElectionOptions``,
-``GarbageOptions`` and ``ProviderBudgetOptions`` inside (docs/reference/options.md).
+``GarbageOptions``, ``ProviderBudgetOptions``, ``ShardingOptions`` and ``SecureMetricsOptions``
+inside (docs/reference/options.md).
 
 They live apart from what they configure and import only the standard library and the error
 tree, so the command line takes its flags' defaults from them without importing the manager,
@@ -222,6 +223,54 @@ class ProviderBudgetOptions:
         return None if self.rate is None else self.rate * self.share
 
 
+#: The file names of a serving certificate and its key in a cert dir (controller-runtime's).
+DEFAULT_CERT_NAME: Final = "tls.crt"
+DEFAULT_KEY_NAME: Final = "tls.key"
+
+
+@dataclass(frozen=True)
+class SecureMetricsOptions:
+    """``/metrics`` over HTTPS, for callers the API server vouches for (controller-runtime's
+    ``SecureServing`` with its ``WithAuthenticationAndAuthorization`` filter; docs/observability.md,
+    "Secure metrics"): each request's bearer token is checked with a TokenReview, and the user it
+    names with a SubjectAccessReview for ``get`` on the non-resource URL ``/metrics``. No token:
+    401; a token that may not: 403. The answers are kept for a while, so a scrape is not two API
+    requests each time. The manager's ServiceAccount needs ``create`` on ``tokenreviews`` and
+    ``subjectaccessreviews`` (docs/security.md); part of ``ManagerOptions``."""
+
+    #: A directory holding the serving certificate (``cert_name``, ``key_name``), read again when
+    #: it changes (``--metrics-cert-path``); None: a certificate made in memory at start,
+    #: self-signed (scrapers skip verifying it, as kubebuilder's ServiceMonitor does).
+    cert_path: str | None = None
+    #: The certificate's file name in ``cert_path`` (``--metrics-cert-name``).
+    cert_name: str = DEFAULT_CERT_NAME
+    #: The key's file name in ``cert_path`` (``--metrics-cert-key``).
+    key_name: str = DEFAULT_KEY_NAME
+    #: Seconds a TokenReview's answer (who the token is, or that it is no one) is kept:
+    #: controller-runtime's 1 minute.
+    authentication_ttl: float = 60.0
+    #: Seconds an allowing SubjectAccessReview is kept: controller-runtime's 5 minutes.
+    allowed_ttl: float = 300.0
+    #: Seconds a denying SubjectAccessReview is kept: controller-runtime's 30 seconds.
+    denied_ttl: float = 30.0
+
+    def __post_init__(self) -> None:
+        for name in ("cert_name", "key_name"):
+            value = getattr(self, name)
+            if not value or "/" in value:
+                raise InvalidOptions(
+                    f"{name.replace('_', ' ')} {value!r} must be a file name in the cert path", name
+                )
+        for name in ("authentication_ttl", "allowed_ttl", "denied_ttl"):
+            check_seconds(name, getattr(self, name), zero=True)
+
+    def files(self) -> tuple[str, str] | None:
+        """The certificate's and the key's paths; None without ``cert_path``."""
+        if self.cert_path is None:
+            return None
+        return os.path.join(self.cert_path, self.cert_name), os.path.join(self.cert_path, self.key_name)
+
+
 @dataclass(frozen=True)
 class ManagerOptions:
     """What a ``Manager`` watches, serves and how it stops (controller-runtime's
@@ -243,6 +292,10 @@ class ManagerOptions:
     #: host: every interface; port 0: any free port); None: not served. ``resourceconsist run``
     #: and ``webhook`` serve it on ``:8080`` (``--metrics-bind-address``; ``0`` turns it off).
     metrics_address: tuple[str, int] | None = None
+    #: ``/metrics`` over HTTPS for the callers the API server vouches for (controller-runtime's
+    #: ``SecureServing``; ``resourceconsist run --metrics-secure``); None: plain HTTP, open to
+    #: whoever reaches the port. Needs ``metrics_address`` and a port of its own (not the probes').
+    secure_metrics: SecureMetricsOptions | None = None
     #: ``(host, port)`` of ``/healthz`` and ``/readyz`` (controller-runtime's
     #: ``HealthProbeBindAddress``); None: not served. The CLI serves them on ``:8081``
     #: (``--health-probe-bind-address``). The same address and port as ``metrics_address``: one server.
@@ -270,6 +323,11 @@ class ManagerOptions:
     #: ``resourceconsist run --max-concurrent-reconciles``); None: what the adapter asks for
     #: (``ReconcileOptions.get_max_concurrent``), else 5. Set, it wins over the adapter's.
     max_concurrent_reconciles: int | None = None
+    #: Seconds a pass may run before it is cancelled (controller-runtime's
+    #: ``ReconciliationTimeout``; ``resourceconsist run --reconcile-timeout``): its cancellation's
+    #: deadline, which the frame and adapters check between steps; the pass is tried again with
+    #: backoff and counted in ``controller_runtime_reconcile_timeouts_total``. None: no limit.
+    reconcile_timeout: float | None = None
 
     def __post_init__(self) -> None:
         # A list is taken too; the options stay frozen and hashable.
@@ -302,6 +360,7 @@ class ManagerOptions:
                 "max_concurrent_reconciles",
             )
         check_seconds("resync_period", self.resync_period)
+        check_seconds("reconcile_timeout", self.reconcile_timeout)
         check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
         check_seconds("cache_sync_timeout", self.cache_sync_timeout)
@@ -319,6 +378,26 @@ class ManagerOptions:
                 "sharding",
                 "leader_election",
             )
+        if self.secure_metrics is not None:
+            if self.metrics_address is None:
+                raise InvalidOptions(
+                    "secure metrics need a metrics address to serve /metrics on",
+                    "secure_metrics",
+                    "metrics_address",
+                )
+            if _one_port(self.metrics_address, self.health_probe_address):
+                raise InvalidOptions(
+                    "secure metrics need a port of their own: the kubelet probes /healthz and /readyz "
+                    "over plain HTTP without a token; give the health probe address another port",
+                    "secure_metrics",
+                    "health_probe_address",
+                )
+
+    @property
+    def serves_metrics_and_probes_together(self) -> bool:
+        """``/metrics`` and the probes on one server: both addresses name one port (port 0 asks
+        each server for a free one of its own)."""
+        return _one_port(self.metrics_address, self.health_probe_address)
 
     @property
     def watched_namespaces(self) -> tuple[str, ...] | None:
@@ -326,3 +405,8 @@ class ManagerOptions:
         if self.namespace is not None:
             return (self.namespace,)
         return tuple(sorted(self.namespaces)) or None
+
+
+def _one_port(metrics: tuple[str, int] | None, probes: tuple[str, int] | None) -> bool:
+    """Metrics and probes name the same port (port 0 asks each server for a free one of its own)."""
+    return metrics is not None and metrics == probes and metrics[1] != 0

@@ -67,6 +67,11 @@ DRAIN_SECONDS_ANNOTATION: Final = "resource-consist.kusionstack.io/drain-seconds
 #: "item": ..., "code": ..., "message": ...}``, read by ``resourceconsist explain``.
 PROVIDER_FAILURE_ANNOTATION: Final = "resource-consist.kusionstack.io/provider-failure"
 
+#: Annotation of the Events a controller records during a pass: that pass's ``reconcileID``, the
+#: key of its log lines (docs/observability.md, "Logs"); a repeat folded into the Event names
+#: the last pass that recorded it. The project's own, not the Go original's.
+RECONCILE_ID_ANNOTATION: Final = "resource-consist.kusionstack.io/reconcile-id"
+
 #: Separator of a multi-cluster employee name: ``<pod name>#<cluster name>``.
 MULTI_CLUSTER_SEPARATOR: Final = "#"
 

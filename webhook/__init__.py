@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from resourceconsist.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from resourceconsist.cluster.certwatcher import CertificateReloader
     from resourceconsist.webhook.adapter import (
         PATH_PREFIX,
         ControlledServiceAdapter,
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
         service_hosts,
     )
     from resourceconsist.webhook.server import AdmissionDecision, WebhookServer, serve
-    from resourceconsist.webhook.tls import CertificateReloader
 
 #: The public names, as the block above imports them (the one table of their homes,
 #: resourceconsist.lazy); written out as a literal for linters, checked by tests/api/test_public_api.py.

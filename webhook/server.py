@@ -49,6 +49,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from resourceconsist.cluster.cache import CacheReader, InformerFactory
+from resourceconsist.cluster.certwatcher import CertificateReloader
 from resourceconsist.cluster.kube import KubeClient, KubeObject, Resource
 from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.reconcile.profile import WebhookProfile
@@ -80,7 +81,6 @@ from resourceconsist.webhook.bootstrap import (
 )
 from resourceconsist.webhook.listener import ConnectionStats, Listener, listening_sockets
 from resourceconsist.webhook.options import WebhookOptions
-from resourceconsist.webhook.tls import CertificateReloader
 
 if TYPE_CHECKING:
     from resourceconsist.runtime.metrics import Metrics
@@ -159,7 +159,11 @@ class WebhookServer:
         self.bad_requests = 0
         cert_dir = self.options.cert_dir
         self._tls = CertificateReloader(
-            cert_dir / TLS_CERT_FILE, cert_dir / TLS_KEY_FILE, interval=self.options.cert_reload_interval
+            cert_dir / TLS_CERT_FILE,
+            cert_dir / TLS_KEY_FILE,
+            interval=self.options.cert_reload_interval,
+            # controller-runtime's certwatcher series (docs/observability.md).
+            on_read=metrics.standard.certificate_read if metrics is not None else None,
         )
         self._runner: web.AppRunner | None = None
         self._listener: Listener | None = None

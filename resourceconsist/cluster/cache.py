@@ -19,6 +19,7 @@ import abc
 import asyncio
 import builtins
 import contextlib
+import dataclasses
 import logging
 import random
 import threading
@@ -69,12 +70,26 @@ READINESS_GATE_INDEX = "readiness-gate"
 class WatchEvent:
     """One change seen by an informer; ``old`` is set for MODIFIED and DELETED. ``at`` is the
     ``time.monotonic()`` at which the event was made, no earlier than the store change it reports
-    (for a replay to a new handler, the replay's moment)."""
+    (for a replay to a new handler, the replay's moment). ``initial``: an ADDED of the informer's
+    first list, or of the replay to a new handler (controller-runtime's ``IsInInitialList``)."""
 
     type: EventType
     obj: KubeObject
     old: KubeObject | None = None
     at: float = field(default_factory=time.monotonic, compare=False)
+    initial: bool = field(default=False, compare=False)
+
+    @property
+    def unchanged(self) -> bool:
+        """Nothing changed: an object of a cache's first list or replay, or a resync's
+        MODIFIED whose old and new are one version (controller-runtime gives both low priority)."""
+        if self.initial:
+            return True
+        return (
+            self.type == "MODIFIED"
+            and self.old is not None
+            and (self.old is self.obj or _rv(self.old) == _rv(self.obj) != "")
+        )
 
 
 def _ns(obj: KubeObject) -> str:
@@ -369,7 +384,7 @@ class Informer:
         with self._emit_lock:
             self._handlers.append(handler)
             for obj in self.store.list():
-                self._send(WatchEvent("ADDED", obj), (handler,))
+                self._send(WatchEvent("ADDED", obj, initial=True), (handler,))
 
         def remove() -> None:
             with self._emit_lock:
@@ -612,9 +627,12 @@ class Informer:
             token = page.get("metadata", {}).get("continue") or None
             if not token:
                 break
+        first = scope not in self._listed
         with self._emit_lock:
             for event in self.store.replace(items, scope if len(self.scopes) > 1 else None):
-                self._emit(event)
+                self._emit(
+                    dataclasses.replace(event, initial=True) if first and event.type == "ADDED" else event
+                )
         with self._sync_lock:
             self._list_started[scope] = started
             self._list_errors.pop(scope, None)

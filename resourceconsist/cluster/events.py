@@ -4,7 +4,9 @@ Repeats of the same (object, type, reason, message) within a short window are fo
 Event whose ``count`` grows, as client-go's correlator does, so a failing employer retried with
 backoff does not flood the API server. Recording never raises: a lost Event is logged.
 An Event may carry annotations (the provider failure of docs/concepts.md, "When a failure
-becomes a Warning"), set when it is created; a fold only moves its count and last time.
+becomes a Warning"), set when it is created; a fold moves its count and last time and, when the
+recorder was given ``annotate`` (a controller's: the pass's ``reconcileID``), writes those
+annotations again, so the Event names the last pass that recorded it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import os
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventType
@@ -37,9 +39,18 @@ def _now() -> str:
 class EventRecorder:
     """Records Events for one component (the controller name is the Event's source)."""
 
-    def __init__(self, client: KubeClient, component: str) -> None:
+    def __init__(
+        self,
+        client: KubeClient,
+        component: str,
+        *,
+        annotate: Callable[[], Mapping[str, str]] | None = None,
+    ) -> None:
+        """``annotate``: annotations every Event gets, read where it is recorded (a pass's
+        ``reconcileID``), and written again when a repeat is folded into it."""
         self.client = client
         self.component = component
+        self._annotate = annotate
         self.instance = os.environ.get("POD_NAME") or socket.gethostname()
         # (uid, type, reason, message) -> (event name, namespace, count, first seen)
         self._seen: OrderedDict[tuple[str, str, str, str], tuple[str, str, int, float]] = OrderedDict()
@@ -53,9 +64,16 @@ class EventRecorder:
         annotations: Mapping[str, str] | None = None,
     ) -> None:
         """Record an Event about ``obj``; failures are logged, never raised."""
+        current = dict(self._annotate()) if self._annotate is not None else {}
         try:
             await asyncio.to_thread(
-                self._record, obj, type_, reason, message[:MAX_MESSAGE], dict(annotations or {})
+                self._record,
+                obj,
+                type_,
+                reason,
+                message[:MAX_MESSAGE],
+                {**current, **(annotations or {})},
+                current,
             )
         except Exception as err:
             # While the API server is unreachable, the client has said so once already.
@@ -64,8 +82,16 @@ class EventRecorder:
             log.log(level, "could not record event %s on %s: %s", reason, kube.object_key(obj), err)
 
     def _record(
-        self, obj: KubeObject, type_: EventType, reason: str, message: str, annotations: dict[str, str]
+        self,
+        obj: KubeObject,
+        type_: EventType,
+        reason: str,
+        message: str,
+        annotations: dict[str, str],
+        refreshed: dict[str, str],
     ) -> None:
+        """Create the Event, or fold a repeat into it (``refreshed``: the annotations a fold
+        writes again)."""
         meta = obj.get("metadata", {})
         namespace = meta.get("namespace") or "default"
         key = (str(meta.get("uid", kube.object_key(obj))), type_, reason, message)
@@ -74,7 +100,10 @@ class EventRecorder:
         if seen is not None and now - seen[3] < _FOLD_WINDOW:
             name, ns, count, first = seen
             try:
-                self.client.patch(kube.EVENT, ns, name, {"count": count + 1, "lastTimestamp": _now()})
+                fold: dict[str, object] = {"count": count + 1, "lastTimestamp": _now()}
+                if refreshed:
+                    fold["metadata"] = {"annotations": refreshed}
+                self.client.patch(kube.EVENT, ns, name, fold)
                 self._seen[key] = (name, ns, count + 1, first)
                 self._seen.move_to_end(key)
                 return

@@ -590,8 +590,15 @@ class KubeClient:
             return cls(access=kubeconfig.load_kubeconfig(path, context), name=name)
         except kubeconfig.Unsupported as unsupported:
             log.info("kubeconfig: %s; read by the official client's loader", unsupported.reason)
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
+            reason = unsupported.reason
+        try:  # an extra: a production install does without it (docs/install.md)
+            from kubernetes import client, config
+            from kubernetes.config.config_exception import ConfigException
+        except ModuleNotFoundError as missing:
+            raise kubeconfig.KubeConfigError(
+                f"{reason}, which only the official client's loader reads, and it is not installed: "
+                "pip install 'resourceconsist[kubernetes]'"
+            ) from missing
 
         configuration = client.Configuration()
         try:

@@ -7,6 +7,8 @@
 - ``resourceconsist adapters``: list the adapters this installation knows.
 - ``resourceconsist handover --adapter NAME ...``: leave every pod in a state the Go original
   handles, before switching back to it (see ``handover``).
+- ``resourceconsist --version`` / ``resourceconsist version``: the version and the git revision
+  (resourceconsist/runtime/version.py).
 
 Bad input exits non-zero with a message that says what is wrong and what to do.
 """
@@ -32,6 +34,7 @@ from resourceconsist.options import (
     LeaderElectionOptions,
     ManagerOptions,
     ProviderBudgetOptions,
+    SecureMetricsOptions,
     ShardingOptions,
 )
 from resourceconsist.runtime import logs
@@ -118,9 +121,41 @@ def _logged(callback: F) -> F:
     return cast(F, run)
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from resourceconsist.runtime.version import build_info
+
+    click.echo(build_info().line())
+    ctx.exit()
+
+
 @click.group(cls=_LoggedGroup, params=_log_flags())
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and the git revision, and exit.",
+)
 def main() -> None:
     """Keep external resources consistent with Kubernetes employers and employees."""
+
+
+@main.command("version")
+@click.option("--output", "-o", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def version(output: str) -> None:
+    """The version, the git revision it was built from, and the Python it runs on."""
+    import json
+
+    from resourceconsist.runtime.version import build_info
+
+    info = build_info()
+    if output == "json":
+        click.echo(json.dumps(dataclasses.asdict(info), sort_keys=True))
+    else:
+        click.echo(info.line())
 
 
 @main.command()
@@ -568,6 +603,33 @@ _serving_flags = _flag_group(
         default=_METRICS_ADDRESS,
         type=_HostPort(off=True),
     ),
+    click.option(
+        "--metrics-secure/--no-metrics-secure",
+        default=False,
+        show_default=True,
+        help="Serve /metrics over HTTPS to callers whose bearer token the API server reviews "
+        "(TokenReview) and allows to get /metrics (SubjectAccessReview); docs/observability.md.",
+    ),
+    _field_flag(
+        "--metrics-cert-path",
+        SecureMetricsOptions,
+        "cert_path",
+        "Directory of the metrics serving certificate (read again when it changes); default: a "
+        "self-signed one made at start. With --metrics-secure.",
+        show_default="self-signed",
+    ),
+    _field_flag(
+        "--metrics-cert-name",
+        SecureMetricsOptions,
+        "cert_name",
+        "The certificate's file name in --metrics-cert-path.",
+    ),
+    _field_flag(
+        "--metrics-cert-key",
+        SecureMetricsOptions,
+        "key_name",
+        "The key's file name in --metrics-cert-path.",
+    ),
     _field_flag(
         "--health-probe-bind-address",
         ManagerOptions,
@@ -588,15 +650,41 @@ _serving_flags = _flag_group(
 )
 
 
+def _secure_metrics(flags: Mapping[str, Any]) -> SecureMetricsOptions | None:
+    """The ``SecureMetricsOptions`` of ``--metrics-secure`` and its certificate flags."""
+    given = {
+        "cert_path": flags["metrics_cert_path"],
+        "cert_name": flags["metrics_cert_name"],
+        "key_name": flags["metrics_cert_key"],
+    }
+    if not flags["metrics_secure"]:
+        changed = [
+            _FLAG_OF[SecureMetricsOptions, f]
+            for f, v in given.items()
+            if v != _default(SecureMetricsOptions, f)
+        ]
+        if changed:
+            raise click.UsageError(
+                f"{'/'.join(changed)} name the certificate of secure metrics; add --metrics-secure"
+            )
+        return None
+    with _flags(SecureMetricsOptions):
+        return SecureMetricsOptions(**given)
+
+
 def _serving_options(flags: Mapping[str, Any]) -> ManagerOptions:
     """``ManagerOptions`` with the fields the parsed ``_serving_flags`` say (where ``run`` and
-    ``webhook`` serve, and how long their start may wait for the caches; the others at their
-    defaults)."""
+    ``webhook`` serve, whether ``/metrics`` is secure, and how long their start may wait for the
+    caches; the others at their defaults)."""
+    secure = _secure_metrics(flags)
+    if secure is not None and flags["metrics_bind_address"] is None:
+        raise click.UsageError("--metrics-secure serves /metrics: give --metrics-bind-address, not 0")
     with _flags(ManagerOptions):
         return ManagerOptions(
             metrics_address=flags["metrics_bind_address"],
             health_probe_address=flags["health_probe_bind_address"],
             cache_sync_timeout=flags["cache_sync_timeout"],
+            secure_metrics=secure,
         )
 
 
@@ -656,6 +744,15 @@ _manager_flags = _flag_group(
         show_default="the adapter's, else 5",
     ),
     _field_flag(
+        "--reconcile-timeout",
+        ManagerOptions,
+        "reconcile_timeout",
+        "Seconds a pass may run before it is cancelled and tried again "
+        "(controller-runtime's ReconciliationTimeout); 0: no limit.",
+        type=float,
+        show_default="no limit",
+    ),
+    _field_flag(
         "--garbage-interval",
         GarbageOptions,
         "interval",
@@ -684,6 +781,7 @@ _manager_flags = _flag_group(
 
 
 _FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
+_FLAG_OF[ManagerOptions, "secure_metrics"] = "--metrics-secure"
 
 
 def _namespaces(given: Sequence[str]) -> dict[str, Any]:
@@ -739,6 +837,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
             pod_label_selector=flags["pod_label_selector"],
             shutdown_timeout=flags["shutdown_timeout"],
             max_concurrent_reconciles=flags["max_concurrent_reconciles"],
+            reconcile_timeout=flags["reconcile_timeout"] or None,
             leader_election=election,
             sharding=sharding,
             garbage=GarbageOptions(
@@ -816,6 +915,7 @@ def run(
     **flags: Any,
 ) -> None:
     """Run the named adapters' controllers (with --webhook, their webhooks too) in one manager."""
+    _log_start("run", adapter_names)
     manager_options = _manager_options(flags)
     if with_webhook and manager_options.sharding is not None:
         # A shard caches only its own employers; the webhook must see every one of a new pod's.
@@ -853,6 +953,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str |
     Kubeconfig: --kubeconfig, else $KUBECONFIG, else the in-cluster config when running in a
     pod, else ~/.kube/config.
     """
+    _log_start("webhook", adapter_names)
     options = _webhook_options(flags)
     manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
@@ -920,6 +1021,21 @@ def handover(
     for line in report.lines():
         click.echo(line)
     sys.exit(0 if report.complete else 3)
+
+
+def _log_start(command: str, adapter_names: Sequence[str]) -> None:
+    """The first line a serving command logs: what runs (version, revision, Python), and which
+    adapters; the version and revision as fields of their own in JSON."""
+    from resourceconsist.runtime.version import build_info
+
+    info = build_info()
+    log.info(
+        "%s %s: adapters %s",
+        info.line(),
+        command,
+        ", ".join(adapter_names),
+        extra={"version": info.version, "revision": info.revision},
+    )
 
 
 def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:

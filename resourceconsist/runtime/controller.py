@@ -12,6 +12,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Protocol
 
 from resourceconsist import errors, wire
@@ -40,7 +41,12 @@ from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.runtime import logs
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.parking import ParkedEvents
-from resourceconsist.runtime.workqueue import WorkQueue, default_controller_rate_limiter
+from resourceconsist.runtime.workqueue import (
+    LOW_PRIORITY,
+    NORMAL_PRIORITY,
+    WorkQueue,
+    default_controller_rate_limiter,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +71,16 @@ class EmployerScope(Protocol):
         """A gone employer's key is in scope (its garbage pass runs here)."""
 
 
+def queue_priority(event: WatchEvent) -> int:
+    """The priority of the keys ``event`` maps to (docs/observability.md, "The workqueue's
+    priorities"): low when a cache only listed the object again (its first list, a resync), so
+    that such keys wait for every change; but an object being deleted (a pod its guard holds)
+    never waits behind them, whatever brought its event."""
+    if not event.unchanged or (event.obj.get("metadata") or {}).get("deletionTimestamp"):
+        return NORMAL_PRIORITY
+    return LOW_PRIORITY
+
+
 #: Seconds a controller starting to lead waits for its caches before giving up (and stepping down).
 CACHE_SYNC_TIMEOUT = 600.0
 
@@ -85,14 +101,17 @@ class Controller:
         peers: Callable[[], list[str]] = list,
         scope: EmployerScope | None = None,
         max_concurrent_reconciles: int | None = None,
+        reconcile_timeout: float | None = None,
         fence: Fence | None = None,
     ) -> None:
         """``peers``: the names of the other controllers of the same manager that employ the
         same kind (the garbage pass asks; docs/lifecycle-hooks.md, "Gone employers"); ``scope``:
         which employers it may act on (None: every one it watches); ``max_concurrent_reconciles``:
-        the manager's number of workers, over the adapter's own (None: the adapter's); ``fence``:
-        the Lease it acts for (leader election's or the shard's), whose deadline every write it
-        makes is checked against (resourceconsist/flow/fence.py; None: it holds none)."""
+        the manager's number of workers, over the adapter's own (None: the adapter's);
+        ``reconcile_timeout``: seconds after which a worker's pass is cancelled (its deadline,
+        ``ManagerOptions.reconcile_timeout``; None: never); ``fence``: the Lease it acts for
+        (leader election's or the shard's), whose deadline every write it makes is checked
+        against (resourceconsist/flow/fence.py; None: it holds none)."""
         #: The adapter as the frame reads it, resolved once (resourceconsist/reconcile/profile.py).
         self.profile = profile = AdapterProfile.of(adapter)
         self.adapter = profile.adapter
@@ -127,7 +146,8 @@ class Controller:
             profile,
             client,
             self.reader,
-            EventRecorder(client, self.name),
+            # Each Event names the pass that recorded it (docs/observability.md, "Logs").
+            EventRecorder(client, self.name, annotate=_reconcile_id_annotation),
             self._clusters,
             api_down=lambda: client.reachability.down,
             report_unguarded=self.metrics.unguarded_routing_pods.labels(self.name).set,
@@ -154,6 +174,8 @@ class Controller:
         self.failures = 0
         #: Which employers it may act on (with sharding, this replica's share); None: all.
         self.scope = scope
+        #: Seconds a worker's pass may run before its cancellation's deadline passes; None: no limit.
+        self.reconcile_timeout = reconcile_timeout
         #: The Lease its passes, garbage passes and their writes act for (None: no Lease).
         self.fence = fence
 
@@ -223,8 +245,9 @@ class Controller:
                 name = f"{meta.get('name', '')}{suffix}"
                 for key in keys:
                     reconciler.employee_changed(key, name)
+            priority = queue_priority(event)
             for key in keys:
-                self.queue.add(key)
+                self.queue.add(key, priority)
             if employees_of is not None and resource == kube.POD:
                 try:
                     reconciler.recent.settle(
@@ -428,6 +451,11 @@ class Controller:
 
     # -- workers --------------------------------------------------------------------------------------
 
+    def pass_fields(self, key: str) -> AbstractContextManager[None]:
+        """The log fields of one pass of ``key`` (a fresh ``reconcileID``)."""
+        employer = self.spec.employer
+        return logs.pass_fields(self.name, employer.kind, employer.group, key)
+
     async def _worker(self, index: int) -> None:
         while True:
             queued = await self.queue.get()
@@ -436,8 +464,9 @@ class Controller:
             # Parsed once per pass: every step reads the namespace and name from it.
             key = EmployerKey(queued)
             try:
-                # Every line logged for this pass carries the controller and the employer.
-                with logs.employer_fields(self.name, key):
+                # Every line logged for this pass carries the controller, the employer and the
+                # pass's reconcileID (docs/observability.md, "Logs").
+                with self.pass_fields(key):
                     await self._process(key)
             finally:
                 self.queue.done(key)
@@ -445,8 +474,12 @@ class Controller:
     async def _process(self, key: EmployerKey) -> None:
         started = time.monotonic()
         outcome = "success"
-        # One cancellation per pass, current for everything the pass runs (adapter threads too).
-        cancellation = Cancellation()
+        # A retry or a requeue keeps the priority the key was handed out with (controller-runtime's).
+        priority = self.queue.priority(key)
+        # One cancellation per pass, current for everything the pass runs (adapter threads too),
+        # with the reconcile timeout as its deadline (controller-runtime's ReconciliationTimeout).
+        timeout = self.reconcile_timeout
+        cancellation = Cancellation(None if timeout is None else started + timeout)
         self._in_flight.add(cancellation)
         self.series.active.inc()
         try:
@@ -464,47 +497,66 @@ class Controller:
         except PassCancelled as err:
             outcome = "cancelled"
             self.failures += 1
-            delay = self.queue.add_rate_limited(key)
+            delay = self.queue.add_rate_limited(key, priority)
             log.info("%s %s: pass abandoned (%s)", self.name, key, err)
         except Exception as err:
             outcome = "error"
             self.failures += 1
             steer = errors.steering(err)
+            if errors.programming_error(err) is not None:
+                # A bug, the frame's or the adapter's, however the pass reported it: what
+                # controller-runtime counts as a recovered panic (docs/observability.md).
+                self.series.panicked()
             if isinstance(steer, errors.PermanentError):
                 # Retrying cannot help: wait for the employer's next change (docs/concepts.md).
+                self.series.terminal()
                 self.queue.forget(key)
                 log.warning("%s %s: permanent failure, not retried until it changes: %s", self.name, key, err)
             elif isinstance(steer, errors.RetryAfter):
                 self.queue.forget(key)
-                self.queue.add_after(key, steer.seconds)
+                self.queue.add_after(key, steer.seconds, priority)
                 # Asked by the adapter, or by the frame for a conflict (docs/concepts.md).
                 log.info("%s %s: retry in %.3gs as asked: %s", self.name, key, steer.seconds, err)
             elif isinstance(err, ReconcileError | SyncFailedExist):
-                delay = self.queue.add_rate_limited(key)
+                delay = self.queue.add_rate_limited(key, priority)
                 log.debug("%s %s: retry in %.3fs after: %s", self.name, key, delay, err)
             elif kube.is_unreachable(err) or self.client.reachability.down:
-                delay = self.queue.add_rate_limited(key)
+                delay = self.queue.add_rate_limited(key, priority)
                 # The client logs the outage once (transport.Reachability); a traceback per retry
                 # would say nothing more.
                 log.debug("%s %s: API server unreachable (%s); retry in %.3fs", self.name, key, err, delay)
             else:
-                delay = self.queue.add_rate_limited(key)
+                delay = self.queue.add_rate_limited(key, priority)
                 log.exception("%s %s: reconcile crashed; retry in %.3fs", self.name, key, delay)
         else:
             if result.requeue_after is not None:
                 outcome = "requeue_after"
                 self.queue.forget(key)
-                self.queue.add_after(key, result.requeue_after)
+                self.queue.add_after(key, result.requeue_after, priority)
             else:
                 self.queue.forget(key)
         finally:
             self._in_flight.discard(cancellation)
             self.reconciles += 1
-            seconds = time.monotonic() - started
+            ended = time.monotonic()
+            seconds = ended - started
+            if (
+                cancellation.deadline is not None
+                and ended >= cancellation.deadline
+                and not cancellation.stopped
+            ):
+                # The deadline passed while the pass ran, however it then ended.
+                self.series.timed_out()
             self.series.active.dec()
             self.series.reconciled(outcome, seconds)
             self.metrics.observe_reconcile(self.name, outcome, seconds)
             self.metrics.queue_depth.labels(self.name).set(len(self.queue))
+
+
+def _reconcile_id_annotation() -> dict[str, str]:
+    """The Event annotation naming the running pass (none outside a pass)."""
+    reconcile_id = logs.current_fields().get(logs.RECONCILE_ID)
+    return {wire.RECONCILE_ID_ANNOTATION: reconcile_id} if reconcile_id else {}
 
 
 class _Handle:
@@ -583,7 +635,11 @@ class _Handle:
         # Registered like a worker's pass, so that ``Controller.stop`` cancels it too.
         controller._in_flight.add(cancellation)
         try:
-            with running_pass(cancellation), controller.metrics.bound(controller.name):
+            with (
+                controller.pass_fields(key),
+                running_pass(cancellation),
+                controller.metrics.bound(controller.name),
+            ):
                 return await controller.reconciler.reconcile(key, stand_in=stand_in)
         finally:
             controller._in_flight.discard(cancellation)

@@ -9,6 +9,11 @@ Every update carries the Lease's resourceVersion: two candidates never both win.
 ``fence`` (resourceconsist/flow/fence.py) says until when the Lease is surely held, on a clock
 that runs while the process is stopped: every write made for it is refused past that moment,
 whatever the process believes (docs/concepts.md, "Fencing").
+
+As client-go's, the leader renews on the Lease it last wrote (its resourceVersion) without
+reading it first: one request a renewal. When that write fails (someone else wrote the Lease
+meanwhile: a 409), it takes the slow path, reading the Lease and deciding again, and counts it
+(``on_slowpath``: client-go's ``leader_election_slowpath_total``, docs/observability.md).
 Which Lease and the timings: ``LeaderElectionOptions`` (in ``resourceconsist.options``), part of
 ``ManagerOptions``.
 """
@@ -62,7 +67,10 @@ class LeaderElector:
         *,
         labels: Mapping[str, str] | None = None,
         release_on_cancel: bool = True,
+        on_slowpath: Callable[[], None] | None = None,
     ) -> None:
+        """``on_slowpath``: told each time a renewal on the Lease last written fails and the
+        elector reads the Lease again (the slow path)."""
         self.client = client
         self.options = options
         #: Labels the Lease carries (a shard Lease names its ring; docs/scaling.md).
@@ -80,6 +88,11 @@ class LeaderElector:
         #: Until when this process surely holds the Lease: the start of the last successful
         #: renewal plus the renew deadline; the writes made for the Lease check it.
         self.fence = Fence(f"{self.namespace}/{options.name}")
+        #: The Lease as this candidate last wrote it (the fast path renews on it); None: unknown.
+        self._observed: KubeObject | None = None
+        self._on_slowpath = on_slowpath
+        #: Renewals that took the slow path so far.
+        self.slowpaths = 0
         # The Lease's own threads: a renewal never queues behind the frame's calls on the loop's
         # executor (a pass waiting for a cache, a burst of writes at a cold start), or it could
         # miss the renew deadline while the process is busy, not cut off (docs/concepts.md,
@@ -89,12 +102,26 @@ class LeaderElector:
     def _try_acquire_or_renew(self) -> bool:
         c = self.options
         now = _now()
-        lease = self.client.get_or_none(kube.LEASE, self.namespace, c.name)
         spec: dict[str, Any] = {
             "holderIdentity": c.identity,
             "leaseDurationSeconds": max(1, round(c.lease_duration)),
             "renewTime": lease_time(now),
         }
+        observed = self._observed
+        if observed is not None and self.leading and fence_clock() < self.held_until:
+            # The fast path: the leader's Lease as it wrote it, renewed without a read (its
+            # acquire time and transitions stay as they are: a merge patch keeps them).
+            if self._update(observed, spec):
+                return True
+            self.slowpaths += 1
+            if self._on_slowpath is not None:
+                self._on_slowpath()
+            log.info(
+                "lease %s/%s: renewing on the Lease last written failed; reading it again",
+                self.namespace,
+                c.name,
+            )
+        lease = self.client.get_or_none(kube.LEASE, self.namespace, c.name)
         if lease is None:
             spec["acquireTime"] = lease_time(now)
             spec["leaseTransitions"] = 0
@@ -103,9 +130,10 @@ class LeaderElector:
                 meta["labels"] = self.labels
             body = {"metadata": meta, "spec": spec}
             try:
-                self.client.create(kube.LEASE, self.namespace, body)
+                self._observed = self.client.create(kube.LEASE, self.namespace, body)
                 return True
             except Conflict:  # AlreadyExists: somebody else was quicker
+                self._observed = None
                 return False
         current = lease.get("spec", {})
         holder = current.get("holderIdentity") or ""
@@ -140,10 +168,17 @@ class LeaderElector:
             meta["labels"] = self.labels
         body = {"metadata": meta, "spec": spec}
         try:
-            self.client.patch(kube.LEASE, self.namespace, self.options.name, body)
-            return True
+            written = self.client.patch(kube.LEASE, self.namespace, self.options.name, body)
         except (Conflict, NotFound):
+            self._observed = None
             return False
+        except BaseException:
+            self._observed = None
+            raise
+        self._observed = (
+            written if written.get("spec", {}).get("holderIdentity") == self.options.identity else None
+        )
+        return True
 
     async def _call(self, fn: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._threads, fn)

@@ -1,11 +1,15 @@
 """How the process logs: text for a terminal, or one JSON object a line with zap's keys for a log
 pipeline, each line carrying the fields of the pass it was written in (docs/observability.md).
 
-A controller binds its name and the employer's namespace and name around each pass
-(``employer_fields``, a context variable, so the tasks and adapter threads of the pass carry them
-too); a log call may add fields of its own with ``extra={"pod": name}``. The JSON formatter writes
-them beside zap's ``level``, ``ts``, ``logger``, ``caller`` and ``msg``; the text format stays as it
-was. Standard library only: the command line sets logging up before it loads anything else.
+A controller binds, around each pass, controller-runtime's keys of a reconcile: its own name
+(``controller``), the employer's kind and API group (``controllerKind``, ``controllerGroup``), the
+employer's ``namespace`` and ``name``, and a ``reconcileID`` (a UUID per pass: what one greps to
+follow one pass across its lines). They live in a context variable (``pass_fields``), so the tasks
+and adapter threads of the pass carry them too; a log call may add fields of its own with
+``extra={"pod": name}``. The JSON formatter writes them beside zap's ``level``, ``ts``, ``logger``,
+``caller`` and ``msg``; the text format writes its line as it always did and, on a line of a pass,
+the fields after it as one JSON object (zap's console encoder does the same). Standard library
+only: the command line sets logging up before it loads anything else.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextvars
 import json
 import logging
 import sys
+import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Final, TextIO
@@ -24,9 +29,12 @@ LEVELS: Final = ("debug", "info", "warning", "error")
 FORMATS: Final = ("text", "json")
 #: The line of the text format (unchanged since the first release).
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-#: The fields a line carries when known: the pass binds them all; a call's ``extra`` may give
-#: these (not ``name``, which is the logger's own attribute on a ``LogRecord``).
-EXTRA_FIELDS: Final = ("controller", "namespace", "pod")
+#: The fields a call's ``extra`` may give (not ``name``, which is the logger's own attribute on a
+#: ``LogRecord``): the pass binds the first ones itself; ``version`` and ``revision`` are on the
+#: first line of ``run`` and ``webhook``.
+EXTRA_FIELDS: Final = ("controller", "namespace", "pod", "version", "revision")
+#: The key of a pass's UUID (controller-runtime's).
+RECONCILE_ID: Final = "reconcileID"
 
 #: zap's level names (``warn``, not ``warning``); Python's CRITICAL has no zap twin.
 _ZAP_LEVELS: Final = {
@@ -53,16 +61,54 @@ def log_fields(**fields: str) -> Iterator[None]:
         _FIELDS.reset(token)
 
 
-def employer_fields(controller: str, key: str) -> AbstractContextManager[None]:
-    """``log_fields`` of one pass: the controller, and the employer of ``key`` (no namespace for
-    a cluster-scoped employer)."""
+def pass_fields(controller: str, kind: str, group: str, key: str) -> AbstractContextManager[None]:
+    """``log_fields`` of one reconcile pass, with controller-runtime's keys: ``controller``,
+    ``controllerGroup`` and ``controllerKind`` (the employer's API group, ``""`` for the core
+    group, and kind), the employer's ``namespace`` (none for a cluster-scoped one) and ``name``,
+    and a fresh ``reconcileID``."""
     # Here, not at the top: the command line sets up logging before it loads the cluster I/O.
     from resourceconsist.cluster.kube import EmployerKey
 
     key = EmployerKey(key)
+    fields = {"controller": controller, "controllerGroup": group, "controllerKind": kind}
     if key.namespace:
-        return log_fields(controller=controller, namespace=key.namespace, name=key.name)
-    return log_fields(controller=controller, name=key.name)
+        fields["namespace"] = key.namespace
+    fields["name"] = key.name
+    fields[RECONCILE_ID] = str(uuid.uuid4())
+    return log_fields(**fields)
+
+
+def current_fields() -> Mapping[str, str]:
+    """The fields bound where this runs (empty outside a pass): e.g. its ``reconcileID``."""
+    return _FIELDS.get() or {}
+
+
+def _fields_of(record: logging.LogRecord) -> dict[str, object]:
+    """The fields of ``record``: those bound where it was logged, then its ``extra`` ones."""
+    fields: dict[str, object] = dict(_FIELDS.get() or {})
+    for field in EXTRA_FIELDS:
+        value = record.__dict__.get(field)
+        if value is not None:
+            fields[field] = value
+    return fields
+
+
+class TextFormatter(logging.Formatter):
+    """``TEXT_FORMAT``, and on a line with fields (a pass's, a call's ``extra``) those fields as
+    one JSON object after it, as zap's console encoder writes them."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        fields = _fields_of(record)
+        if not fields:
+            return line
+        encoded = json.dumps(fields, ensure_ascii=False, separators=(",", ":"), default=str)
+        # The fields end the message's first line, before a traceback.
+        first, newline, rest = line.partition("\n")
+        return f"{first}\t{encoded}{newline}{rest}"
 
 
 class JSONFormatter(logging.Formatter):
@@ -78,13 +124,7 @@ class JSONFormatter(logging.Formatter):
             "caller": _caller(record),
             "msg": record.getMessage(),
         }
-        fields = _FIELDS.get()
-        if fields:
-            entry.update(fields)
-        for field in EXTRA_FIELDS:
-            value = record.__dict__.get(field)
-            if value is not None:
-                entry[field] = value
+        entry.update(_fields_of(record))
         if record.exc_info and record.exc_info[1] is not None:
             error = record.exc_info[1]
             entry["error"] = str(error) or type(error).__name__
@@ -108,7 +148,7 @@ def setup(level: str = "info", log_format: str = "text", stream: TextIO | None =
     """Log at ``level`` and above to ``stream`` (stderr), as text or JSON (``--log-level``,
     ``--log-format``)."""
     handler = _Handler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JSONFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JSONFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
     for old in [h for h in root.handlers if isinstance(h, _Handler)]:
         root.removeHandler(old)

@@ -28,10 +28,11 @@ import asyncio
 import dataclasses
 import logging
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster.cache import CacheSyncTimeout, InformerFactory
@@ -40,7 +41,7 @@ from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow import budget
 from resourceconsist.flow.cancellation import DaemonThreadExecutor
 from resourceconsist.hooks.subscribers import LifecycleSubscriber
-from resourceconsist.options import ManagerOptions, ProviderBudgetOptions
+from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, SecureMetricsOptions
 from resourceconsist.runtime.controller import Controller
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics, health_app
@@ -50,6 +51,9 @@ from resourceconsist.runtime.sharding.replica import ShardedReplica
 if TYPE_CHECKING:
     # Imported where the health endpoints start: a run without them never loads aiohttp.
     from aiohttp import web
+
+    from resourceconsist.cluster.certwatcher import CertificateReloader
+    from resourceconsist.runtime.metricsauth import MetricsAuthorizer
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +128,11 @@ class Manager:
         self._stop_timeout = self.options.shutdown_timeout
         self._started = False
         election = self.options.leader_election
-        self._elector = LeaderElector(client, election) if election is not None else None
+        self._elector = (
+            LeaderElector(client, election, on_slowpath=self.metrics.standard.lease_slowpath(election.name))
+            if election is not None
+            else None
+        )
         #: With sharding, this replica's part in it (docs/scaling.md): its controllers run under
         #: its shard Lease and act on its share of the employers.
         self.sharding: ShardedReplica | None = None
@@ -153,6 +161,10 @@ class Manager:
         #: ``run`` runs: it raises a start's failure, nothing else need tell it.
         self._running = False
         self._servers: list[web.AppRunner] = []
+        #: The metrics endpoint's certificate watcher, with a cert dir (``secure_metrics``).
+        self._reloaders: list[CertificateReloader] = []
+        #: Who may read ``/metrics`` with ``secure_metrics``, once served.
+        self.metrics_authorizer: MetricsAuthorizer | None = None
         #: The port ``/healthz`` and ``/readyz`` are served on, once started (None: not served).
         self.health_port: int | None = None
         #: The port ``/metrics`` is served on, once started (None: not served).
@@ -207,6 +219,7 @@ class Manager:
             scope=self.sharding.scope if self.sharding is not None else None,
             fence=self._elector.fence if self._elector is not None else None,
             max_concurrent_reconciles=self.options.max_concurrent_reconciles,
+            reconcile_timeout=self.options.reconcile_timeout,
         )
         for subscriber in self.subscribers:
             controller.subscribe(subscriber)
@@ -321,12 +334,11 @@ class Manager:
 
     async def _serve_endpoints(self) -> None:
         """``/healthz`` and ``/readyz`` on the health probe address, ``/metrics`` on the metrics
-        address: one server when both name the same port."""
+        address: one server when both name the same port; with ``secure_metrics``, ``/metrics``
+        over HTTPS for the callers the API server vouches for (resourceconsist/runtime/metricsauth.py)."""
         options = self.options
         endpoints: list[tuple[tuple[str, int], bool, bool]] = []  # (address, probes, metrics)
-        if options.metrics_address is not None and _one_port(
-            options.metrics_address, options.health_probe_address
-        ):
+        if options.metrics_address is not None and options.serves_metrics_and_probes_together:
             endpoints.append((options.metrics_address, True, True))
         else:
             if options.health_probe_address is not None:
@@ -339,14 +351,25 @@ class Manager:
 
         try:
             for address, probes, exposition in endpoints:
+                secure = self.options.secure_metrics if exposition else None
+                ssl_context: ssl.SSLContext | None = None
+                middlewares: list[Any] = []
+                if secure is not None:
+                    ssl_context, middlewares = await self._secure_metrics(secure)
                 runner = web.AppRunner(
-                    health_app(self.metrics, self.not_ready_reasons, probes=probes, exposition=exposition),
+                    health_app(
+                        self.metrics,
+                        self.not_ready_reasons,
+                        probes=probes,
+                        exposition=exposition,
+                        middlewares=middlewares,
+                    ),
                     access_log=None,
                 )
                 await runner.setup()
                 self._servers.append(runner)
                 try:
-                    await web.TCPSite(runner, *address).start()
+                    await web.TCPSite(runner, *address, ssl_context=ssl_context).start()
                 except OSError as err:
                     paths = {
                         (True, True): "/healthz, /readyz and /metrics",
@@ -363,10 +386,35 @@ class Manager:
                     self.metrics_port = port
         except BaseException:
             # A port in use: nothing stays bound for a start that failed.
-            for server in self._servers:
-                await server.cleanup()
-            self._servers.clear()
+            await self._stop_endpoints()
             raise
+
+    async def _secure_metrics(self, secure: SecureMetricsOptions) -> tuple[ssl.SSLContext, list[Any]]:
+        """The TLS context and the authentication and authorization middleware of ``/metrics``."""
+        from resourceconsist.runtime.metricsauth import MetricsAuthorizer, serving_context
+
+        context, reloader = await asyncio.to_thread(
+            serving_context, secure, self.metrics.standard.certificate_read
+        )
+        if reloader is not None:
+            reloader.start()
+            self._reloaders.append(reloader)
+        #: Who may read /metrics (kept for tests: its reviews).
+        self.metrics_authorizer = MetricsAuthorizer(self.client, secure)
+        files = secure.files()
+        log.info(
+            "serving /metrics over HTTPS with %s, to callers whose token the API server reviews",
+            f"the certificate in {files[0]}" if files else "a self-signed certificate made at start",
+        )
+        return context, [self.metrics_authorizer.middleware()]
+
+    async def _stop_endpoints(self) -> None:
+        for server in self._servers:
+            await server.cleanup()
+        self._servers.clear()
+        for reloader in self._reloaders:
+            await reloader.stop()
+        self._reloaders.clear()
 
     async def _start_controllers(self) -> None:
         self.leading = True
@@ -427,9 +475,7 @@ class Manager:
                 await runnable.stop()
             except Exception:
                 log.exception("stopping %s failed", runnable.name)
-        for server in self._servers:
-            await server.cleanup()
-        self._servers.clear()
+        await self._stop_endpoints()
         self.clusters.stop_all()
         # Informer threads still in a first list (an API server that does not answer) are
         # daemons: a stop does not wait for them.
@@ -473,11 +519,6 @@ class Manager:
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
     """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
     return await manager.add(adapter)
-
-
-def _one_port(metrics: tuple[str, int], probes: tuple[str, int] | None) -> bool:
-    """Metrics and probes name the same port (port 0 asks each server for a free one of its own)."""
-    return metrics == probes and metrics[1] != 0
 
 
 def _bound_port(runner: web.AppRunner, fallback: int) -> int:

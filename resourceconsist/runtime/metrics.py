@@ -5,8 +5,12 @@ never collide. Served at ``/metrics``; ``/healthz`` answers while the process ru
 ``/readyz`` once every controller's caches have synced.
 
 Beside the project's ``resourceconsist_*`` series it exports controller-runtime's standard ones
-(reconcile, workqueue, REST client, webhook) and the process and garbage-collector collectors,
-named, typed and labelled as controller-runtime's (docs/observability.md).
+(reconcile, workqueue, REST client, webhook, leader election, certificate watcher) and the process
+and garbage-collector collectors, named, typed and labelled as controller-runtime's, and the
+build's version and revision (``resourceconsist_build_info``; docs/observability.md). As the Go
+client, it exposes no ``*_created`` series: the exposition leaves them out of this registry's
+scrape, without touching prometheus_client's process-wide switch (other registries of an
+embedding program keep theirs).
 
 Adapters report their provider calls with ``observe_provider_call``, ``observe_provider_retry``
 and ``observe_provider_failure``: the controller binds its ``Metrics`` to every pass it runs
@@ -39,6 +43,7 @@ from prometheus_client.registry import Collector
 
 from resourceconsist import wire
 from resourceconsist.flow import budget
+from resourceconsist.runtime.version import build_info
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -179,6 +184,16 @@ class Metrics:
         self.registry.register(self._kube)
         # The process's provider budgets, read when scraped (docs/observability.md).
         self.registry.register(_BudgetCollector())
+        info = build_info()
+        #: 1, labelled with what runs (the Go client's ``go_build_info``, kube's ``*_build_info``).
+        self.build_info = Gauge(
+            "resourceconsist_build_info",
+            "A metric with a constant '1' value labeled by the version, the git revision and the "
+            "Python version resourceconsist runs with.",
+            ["version", "revision", "python_version"],
+            registry=self.registry,
+        )
+        self.build_info.labels(info.version, info.revision, info.python_version).set(1)
 
     def observe_reconcile(self, controller: str, outcome: str, seconds: float) -> None:
         self.reconciles.labels(controller, outcome).inc()
@@ -206,7 +221,28 @@ class Metrics:
             _BOUND.reset(token)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+#: The metric types prometheus_client gives a ``<name>_created`` sample (its creation time).
+_TYPES_WITH_CREATED = frozenset({"counter", "histogram", "summary", "gaugehistogram"})
+
+
+class _WithoutCreated(Collector):
+    """A registry's metrics without their ``*_created`` samples, which the Go client never
+    exposes: a dashboard or alert written for controller-runtime has no use for them, and they
+    were a quarter of a scrape's lines."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self.registry.collect():
+            if metric.type in _TYPES_WITH_CREATED:
+                created = metric.name + "_created"
+                # Each collect builds its metrics afresh: filtering them changes no state.
+                metric.samples = [sample for sample in metric.samples if sample.name != created]
+            yield metric
 
 
 class _KubeCollector(Collector):
@@ -352,10 +388,12 @@ def health_app(
     *,
     probes: bool = True,
     exposition: bool = True,
+    middlewares: Iterable[Any] = (),
 ) -> web.Application:
     """``/healthz`` and ``/readyz`` (``probes``) and ``/metrics`` (``exposition``) for a manager:
     on one port, or each on its own (``ManagerOptions``, docs/observability.md). ``/readyz``
-    answers 503 with ``not_ready()``'s reasons, one a line, while there are any."""
+    answers 503 with ``not_ready()``'s reasons, one a line, while there are any; ``middlewares``
+    guard every path (secure metrics: resourceconsist/runtime/metricsauth.py)."""
     from aiohttp import web  # here: a run without health endpoints never loads aiohttp
 
     async def healthz(_: web.Request) -> web.Response:
@@ -368,7 +406,7 @@ def health_app(
     async def serve_metrics(_: web.Request) -> web.Response:
         return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     if probes:
         app.router.add_get("/healthz", healthz)
         app.router.add_get("/readyz", readyz)
@@ -430,6 +468,24 @@ class StandardSeries:
             "Length of time per reconciliation per controller",
             controller,
             buckets=RECONCILE_BUCKETS,
+            registry=registry,
+        )
+        self.terminal_errors = Counter(
+            "controller_runtime_terminal_reconcile_errors_total",
+            "Total number of terminal reconciliation errors per controller",
+            controller,
+            registry=registry,
+        )
+        self.reconcile_panics = Counter(
+            "controller_runtime_reconcile_panics_total",
+            "Total number of reconciliation panics per controller",
+            controller,
+            registry=registry,
+        )
+        self.reconcile_timeouts = Counter(
+            "controller_runtime_reconcile_timeouts_total",
+            "Total number of reconciliation timeouts per controller",
+            controller,
             registry=registry,
         )
         self.max_concurrent = Gauge(
@@ -506,6 +562,22 @@ class StandardSeries:
             ["name"],
             registry=registry,
         )
+        self.leader_slowpath = Counter(
+            "leader_election_slowpath_total",
+            "Total number of slow path exercised in renewing leader leases. 'name' is the string "
+            "used to identify the lease.",
+            ["name"],
+            registry=registry,
+        )
+        #: Reads of a watched serving certificate (the webhook's, the metrics endpoint's).
+        self.certificate_reads = Counter(
+            "certwatcher_read_certificate_total", "Total number of certificate reads", registry=registry
+        )
+        self.certificate_read_errors = Counter(
+            "certwatcher_read_certificate_errors_total",
+            "Total number of certificate read errors",
+            registry=registry,
+        )
         # A registry of our own has none of the default collectors: process_* (memory, CPU, open
         # files) and python_* (garbage collector, version) are registered here.
         ProcessCollector(registry=registry)
@@ -522,6 +594,20 @@ class StandardSeries:
     def kube_client(self, host: str) -> RestClientSeries:
         """What one Kubernetes client's requests to ``host`` report to (``KubeClient.observe``)."""
         return RestClientSeries(self, host)
+
+    def lease_slowpath(self, name: str) -> Callable[[], None]:
+        """What the elector of the Lease ``name`` calls on a slow-path renewal (the series
+        starts at 0)."""
+        child = self.leader_slowpath.labels(name)
+        child.inc(0)
+        return child.inc
+
+    def certificate_read(self, ok: bool) -> None:
+        """A watched certificate's files were read (``ok``: and loaded); the certificate
+        watcher's ``CertificateReloader(on_read=...)``."""
+        self.certificate_reads.inc()
+        if not ok:
+            self.certificate_read_errors.inc()
 
     def webhook(self, path: str) -> WebhookSeries:
         """The series of the webhook served at ``path`` (made on its first request)."""
@@ -541,6 +627,13 @@ class ControllerSeries:
         }
         self._errors = series.reconcile_errors.labels(controller)
         self._errors.inc(0)
+        # controller-runtime starts these at 0 too, so a rate() or increase() sees the first one.
+        self._terminal = series.terminal_errors.labels(controller)
+        self._terminal.inc(0)
+        self._panics = series.reconcile_panics.labels(controller)
+        self._panics.inc(0)
+        self._timeouts = series.reconcile_timeouts.labels(controller)
+        self._timeouts.inc(0)
         self._time = series.reconcile_time.labels(controller)
         #: Workers inside a reconcile now (``controller_runtime_active_workers``).
         self.active = series.active_workers.labels(controller)
@@ -557,6 +650,22 @@ class ControllerSeries:
         if result == "error":
             self._errors.inc()
         self._time.observe(seconds)
+
+    def terminal(self) -> None:
+        """A pass failed for good: the adapter's ``PermanentError`` (controller-runtime's
+        ``TerminalError``), not retried until the employer changes; also an error."""
+        self._terminal.inc()
+
+    def panicked(self) -> None:
+        """A pass failed on a bug, the frame's or its adapter's: a Python runtime error
+        (``errors.PROGRAMMING_ERRORS``: a ``KeyError``, a ``TypeError``, ...) behind its error,
+        what a Go program meets as a panic (controller-runtime's recovered panic); also an error."""
+        self._panics.inc()
+
+    def timed_out(self) -> None:
+        """A pass outlived the reconcile timeout (``ManagerOptions.reconcile_timeout``): its
+        cancellation's deadline passed while it ran, however it then ended."""
+        self._timeouts.inc()
 
 
 class QueueSeries:
@@ -590,9 +699,15 @@ class QueueSeries:
 class QueueView(Protocol):
     """What the scrape reads from a workqueue (``resourceconsist.runtime.workqueue.WorkQueue``)."""
 
-    def __len__(self) -> int: ...
+    def depth_by_priority(self) -> dict[int, int]: ...
 
     def unfinished_work(self) -> tuple[float, float]: ...
+
+
+#: The priorities ``workqueue_depth`` always shows, 0 when no key waits at one: the two a
+#: controller queues at (resourceconsist/runtime/workqueue.py), so a dashboard's series exist
+#: from the start.
+QUEUE_PRIORITIES = (0, -100)
 
 
 class _QueueCollector(Collector):
@@ -604,7 +719,11 @@ class _QueueCollector(Collector):
 
     def collect(self) -> Iterable[Metric]:
         labels = ["name", "controller"]
-        depth = GaugeMetricFamily("workqueue_depth", "Current depth of workqueue", labels=labels)
+        depth = GaugeMetricFamily(
+            "workqueue_depth",
+            "Current depth of workqueue by workqueue and priority",
+            labels=["name", "controller", "priority"],
+        )
         unfinished = GaugeMetricFamily(
             "workqueue_unfinished_work_seconds",
             "How many seconds of work has been done that is in progress and hasn't been observed by "
@@ -621,7 +740,9 @@ class _QueueCollector(Collector):
             if queue is None:
                 continue
             total, oldest = queue.unfinished_work()
-            depth.add_metric([series.name, series.name], len(queue))
+            waiting = dict.fromkeys(QUEUE_PRIORITIES, 0) | queue.depth_by_priority()
+            for priority, keys in sorted(waiting.items(), reverse=True):
+                depth.add_metric([series.name, series.name, str(priority)], keys)
             unfinished.add_metric([series.name, series.name], total)
             longest.add_metric([series.name, series.name], oldest)
         yield depth

@@ -9,6 +9,15 @@ Semantics (client-go's ``workqueue.RateLimitingInterface``):
   per-item backoff after a success;
 - ``shutdown`` wakes every waiting worker with ``None`` and hands out nothing more.
 
+Keys have a priority, as in controller-runtime's priority queue: ``get`` hands out the key of the
+highest priority first, and keys of one priority in the order they came. The controller queues
+a key at ``NORMAL_PRIORITY`` (0) for a change, and at ``LOW_PRIORITY`` (-100, controller-runtime's
+``handler.LowPriority``) when a cache only listed the object again (its first list, a resync, a
+full pass of every employer): so at start-up, a pass that releases a deleted pod is not queued
+behind a sweep of every unchanged Service (docs/observability.md, "The workqueue's priorities").
+Adding a key already queued at a higher priority raises it; a retry keeps the priority its key
+was handed out with.
+
 All methods run on the event loop's thread (not thread-safe by design: informer threads
 hand their events to the loop first).
 
@@ -23,10 +32,17 @@ import asyncio
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Protocol
+from typing import Final, Protocol
 
 # The protocol is part of the adapter API (an adapter may bring its own limiter).
 from resourceconsist.adapter import RateLimiter
+
+#: The priority of a key queued for a change: an event that changed an object, a retry, a
+#: requeue-after (controller-runtime's default, 0).
+NORMAL_PRIORITY: Final = 0
+#: The priority of a key queued because a cache listed its object again, nothing changed (its
+#: first list, a resync, a full pass of every employer): controller-runtime's ``LowPriority``.
+LOW_PRIORITY: Final = -100
 
 
 class ItemExponentialFailureRateLimiter:
@@ -128,11 +144,17 @@ class WorkQueue:
     ) -> None:
         self.name = name
         self.rate_limiter = rate_limiter or default_controller_rate_limiter()
-        self._queue: OrderedDict[str, None] = OrderedDict()
+        #: The queued keys by priority, each in the order they came.
+        self._queue: dict[int, OrderedDict[str, None]] = {}
+        #: The priority of each dirty key (queued, or to be queued again after ``done``).
+        self._priority: dict[str, int] = {}
+        #: The priority each key being processed was handed out with.
+        self._handed: dict[str, int] = {}
         self._dirty: set[str] = set()
         self._processing: set[str] = set()
         self._waiting: dict[str, asyncio.TimerHandle] = {}
         self._waiting_due: dict[str, float] = {}
+        self._waiting_priority: dict[str, int] = {}
         self._has_items = asyncio.Event()
         self._shutting_down = False
         self.adds = 0
@@ -144,7 +166,15 @@ class WorkQueue:
             metrics.track(self)
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return sum(len(keys) for keys in self._queue.values())
+
+    def depth_by_priority(self) -> dict[int, int]:
+        """How many keys wait at each priority (``workqueue_depth{priority}``)."""
+        return {priority: len(keys) for priority, keys in self._queue.items() if keys}
+
+    def priority(self, key: str) -> int:
+        """The priority ``key`` was handed out with (a worker's key), else the one it waits at."""
+        return self._handed.get(key, self._priority.get(key, NORMAL_PRIORITY))
 
     @property
     def shutting_down(self) -> bool:
@@ -155,7 +185,7 @@ class WorkQueue:
 
     def holds(self, key: str) -> bool:
         """``key`` is queued, being processed, or due to be added after a delay."""
-        return key in self._queue or key in self._dirty or key in self._processing or key in self._waiting
+        return key in self._dirty or key in self._processing or key in self._waiting
 
     def claim(self, key: str) -> bool:
         """Take ``key`` as if a worker got it, unless it is queued, processing or waiting: the
@@ -166,47 +196,71 @@ class WorkQueue:
         self._processing.add(key)
         return True
 
-    def add(self, key: str) -> None:
-        """Queue ``key`` unless it is already waiting; if a worker has it, queue it after ``done``."""
-        if self._shutting_down or key in self._dirty:
+    def add(self, key: str, priority: int = NORMAL_PRIORITY) -> None:
+        """Queue ``key`` at ``priority`` unless it is already waiting (then at the higher of the
+        two); if a worker has it, queue it after ``done``."""
+        if self._shutting_down:
+            return
+        if key in self._dirty:
+            if priority > self._priority[key]:
+                self._raise(key, priority)
             return
         self.adds += 1
         self._dirty.add(key)
+        self._priority[key] = priority
         if self._metrics is not None:
             self._metrics.added()
             self._added_at.setdefault(key, time.monotonic())
         if key in self._processing:
             return
-        self._queue[key] = None
+        self._enqueue(key, priority)
+
+    def _enqueue(self, key: str, priority: int) -> None:
+        keys = self._queue.get(priority)
+        if keys is None:
+            keys = self._queue[priority] = OrderedDict()
+        keys[key] = None
         self._notify()
 
-    def add_after(self, key: str, delay: float) -> None:
-        """Add ``key`` after ``delay`` seconds; an earlier pending add-after wins."""
+    def _raise(self, key: str, priority: int) -> None:
+        """A dirty key asked for again at a higher priority: it moves up (at the end of its new
+        priority's keys), or is queued again at it after ``done``."""
+        queued = self._queue.get(self._priority[key])
+        self._priority[key] = priority
+        if queued is not None and queued.pop(key, 0) is None:
+            self._enqueue(key, priority)
+
+    def add_after(self, key: str, delay: float, priority: int = NORMAL_PRIORITY) -> None:
+        """Add ``key`` at ``priority`` after ``delay`` seconds; an earlier pending add-after wins
+        (at the higher of the two priorities)."""
         if self._shutting_down:
             return
         if self._metrics is not None:
             self._metrics.retried()
         if delay <= 0:
-            self.add(key)
+            self.add(key, priority)
             return
         loop = asyncio.get_running_loop()
         due = loop.time() + delay
         if key in self._waiting:
+            self._waiting_priority[key] = max(priority, self._waiting_priority[key])
             if self._waiting_due[key] <= due:
                 return
             self._waiting.pop(key).cancel()
+        else:
+            self._waiting_priority[key] = priority
         self._waiting_due[key] = due
         self._waiting[key] = loop.call_at(due, self._fire, key)
 
     def _fire(self, key: str) -> None:
         self._waiting.pop(key, None)
         self._waiting_due.pop(key, None)
-        self.add(key)
+        self.add(key, self._waiting_priority.pop(key, NORMAL_PRIORITY))
 
-    def add_rate_limited(self, key: str) -> float:
-        """Add ``key`` after the rate limiter's delay; return that delay."""
+    def add_rate_limited(self, key: str, priority: int = NORMAL_PRIORITY) -> float:
+        """Add ``key`` at ``priority`` after the rate limiter's delay; return that delay."""
         delay = self.rate_limiter.when(key)
-        self.add_after(key, delay)
+        self.add_after(key, delay, priority)
         return delay
 
     def forget(self, key: str) -> None:
@@ -221,14 +275,17 @@ class WorkQueue:
     async def get(self) -> str | None:
         """The next key to process (marked processing), or ``None`` once shut down (keys still
         queued are dropped: a stopping controller finishes what it holds, starts nothing new)."""
-        while not self._queue or self._shutting_down:
+        while not len(self) or self._shutting_down:
             if self._shutting_down:
                 return None
             self._has_items.clear()
             await self._has_items.wait()
-        key, _ = self._queue.popitem(last=False)
+        priority = max(p for p, keys in self._queue.items() if keys)
+        key, _ = self._queue[priority].popitem(last=False)
         self._processing.add(key)
         self._dirty.discard(key)
+        self._priority.pop(key, None)
+        self._handed[key] = priority
         if self._metrics is not None:
             now = time.monotonic()
             added = self._added_at.pop(key, None)
@@ -240,12 +297,12 @@ class WorkQueue:
     def done(self, key: str) -> None:
         """A worker finished ``key``; if it was added meanwhile, queue it again."""
         self._processing.discard(key)
+        self._handed.pop(key, None)
         started = self._started_at.pop(key, None)
         if started is not None and self._metrics is not None:
             self._metrics.worked(time.monotonic() - started)
         if key in self._dirty and not self._shutting_down:
-            self._queue[key] = None
-            self._notify()
+            self._enqueue(key, self._priority.get(key, NORMAL_PRIORITY))
 
     def unfinished_work(self) -> tuple[float, float]:
         """Seconds of work in progress, summed over the keys being processed, and the longest."""
@@ -259,4 +316,5 @@ class WorkQueue:
             handle.cancel()
         self._waiting.clear()
         self._waiting_due.clear()
+        self._waiting_priority.clear()
         self._has_items.set()

@@ -44,10 +44,19 @@ def run_cli(
 
 class CommandProcess:
     """``python -m resourceconsist <args>`` with environment ``env``, its /readyz served at
-    ``127.0.0.1:<health_port>`` (the args must say so)."""
+    ``127.0.0.1:<health_port>`` (the args must say so), and its /metrics at
+    ``127.0.0.1:<metrics_port>`` when given (the args say so too)."""
 
-    def __init__(self, args: Sequence[str], env: Mapping[str, str], health_port: int) -> None:
+    def __init__(
+        self,
+        args: Sequence[str],
+        env: Mapping[str, str],
+        health_port: int,
+        *,
+        metrics_port: int | None = None,
+    ) -> None:
         self.health_port = health_port
+        self.metrics_port = metrics_port
         self.process = subprocess.Popen(
             [*CLI, *args],
             env=dict(env),

@@ -57,7 +57,12 @@ NON_DEFAULT_VALUES: dict[str, Any] = {
         "certManager": {"enabled": True},
     },
     "logLevel": "debug",
-    "serviceMonitor": {"enabled": True, "additionalLabels": {"release": "prometheus"}, "interval": "15s"},
+    "serviceMonitor": {
+        "enabled": True,
+        "additionalLabels": {"release": "prometheus"},
+        "interval": "15s",
+        "tlsConfig": {"serverName": "resourceconsist-manager-metrics.resourceconsist.svc"},
+    },
     "podDisruptionBudget": {"minAvailable": 2},
     "priorityClassName": "platform-controllers",
     "affinity": {
@@ -463,8 +468,14 @@ def test_helm_install_with_default_values_on_a_real_api_server(
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     args = container["args"]
     assert args[:2] == ["run", "--adapter=alibabacloudslb"]
-    for flag in ("--webhook", "--metrics-bind-address=:8080", "--health-probe-bind-address=:8081"):
+    for flag in (
+        "--webhook",
+        "--metrics-bind-address=:8080",
+        "--metrics-secure",
+        "--health-probe-bind-address=:8081",
+    ):
         assert flag in args
+    assert not [arg for arg in args if arg.startswith("--metrics-cert-path")]  # self-signed
     assert "--log-format=json" in args and "--leader-elect" in args and "--lease-duration=15" in args
     assert "--no-bootstrap-certs" not in args
     assert container["envFrom"] == [{"secretRef": {"name": "resourceconsist-slb-credentials"}}]
@@ -480,6 +491,20 @@ def test_helm_install_with_default_values_on_a_real_api_server(
     assert (port["name"], port["port"], port["targetPort"]) == ("metrics", 8080, 8080)
     assert {"name": "metrics", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
     assert not [key for key in stored if key[0] in {"ServiceMonitor", "Certificate", "Issuer"}]
+    # Secure metrics (docs/security.md): the reviews the manager asks for, cluster-wide; who may
+    # read them, for your Prometheus to be bound to; the pods say to scrape over HTTPS.
+    auth = stored[("ClusterRole", "resourceconsist-metrics-auth")]
+    assert sorted((r["apiGroups"], r["resources"], r["verbs"]) for r in auth["rules"]) == [
+        (["authentication.k8s.io"], ["tokenreviews"], ["create"]),
+        (["authorization.k8s.io"], ["subjectaccessreviews"], ["create"]),
+    ]
+    (subject,) = stored[("ClusterRoleBinding", "resourceconsist-metrics-auth")]["subjects"]
+    assert (subject["name"], subject["namespace"]) == ("resourceconsist-manager", wire.DEFAULT_NAMESPACE)
+    reader = stored[("ClusterRole", "resourceconsist-metrics-reader")]
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    assert ("ClusterRoleBinding", "resourceconsist-metrics-reader") not in stored  # no readers given
+    scrape = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert scrape["prometheus.io/scheme"] == "https" and scrape["prometheus.io/port"] == "8080"
 
     # A pod of the template is admitted in the release namespace with the priority class's value
     # (the API server's Priority admission; the class is not limited to kube-system).
@@ -608,6 +633,14 @@ def test_helm_install_with_non_default_values_on_a_real_api_server(
     assert endpoint["interval"] == "15s"
     assert endpoint["port"] in {p["name"] for p in metrics["spec"]["ports"]}
     assert metrics["spec"]["selector"].items() <= pod_labels(deployment).items()
+    # Secure metrics: HTTPS with Prometheus's own token, the tlsConfig given.
+    assert endpoint["scheme"] == "https"
+    assert endpoint["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert endpoint["tlsConfig"] == NON_DEFAULT_VALUES["serviceMonitor"]["tlsConfig"]
+    # A namespaced install (watchNamespace) still gets the reviews' ClusterRole: they are
+    # cluster-scoped (docs/security.md, "A namespaced install").
+    assert ("ClusterRole", "resourceconsist-metrics-auth") in stored
+    assert "--metrics-secure" in _container(deployment)["args"]
 
 
 #: Every switch the defaults turn on, off.
@@ -692,7 +725,11 @@ FIELD_VALUES: dict[str, Any] = {
     "serviceAccount": {"name": "lb-controller", "automountServiceAccountToken": False},
     "hostNetwork": True,
     "webhook": {"port": 19443, "tls": {"secretName": "lb-webhook-tls", "caBundle": "Q0EgYnVuZGxl"}},
-    "metrics": {"port": 18080},
+    "metrics": {
+        "port": 18080,
+        "certSecretName": "lb-metrics-tls",
+        "readers": [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}],
+    },
     "healthProbe": {"port": 18081},
     "livenessProbe": {"initialDelaySeconds": 5, "periodSeconds": 20, "failureThreshold": 6},
     "readinessProbe": {"periodSeconds": 5, "timeoutSeconds": 3},
@@ -734,7 +771,11 @@ def test_helm_install_with_the_field_s_values_on_a_real_api_server(
     account = stored[("ServiceAccount", "lb-controller")]
     assert account["automountServiceAccountToken"] is False
     assert ("ServiceAccount", "resourceconsist-manager") not in stored
-    bindings = [o for (kind, _), o in stored.items() if kind in {"RoleBinding", "ClusterRoleBinding"}]
+    bindings = [
+        o
+        for (kind, name), o in stored.items()
+        if kind in {"RoleBinding", "ClusterRoleBinding"} and name != "resourceconsist-metrics-reader"
+    ]
     assert bindings and all(b["subjects"][0]["name"] == "lb-controller" for b in bindings)
     policy = stored[("ValidatingAdmissionPolicy", "resourceconsist-manager-least-privilege")]
     (match,) = policy["spec"]["matchConditions"]
@@ -776,13 +817,27 @@ def test_helm_install_with_the_field_s_values_on_a_real_api_server(
     assert mounts["slb-credentials"]["mountPath"] == "/etc/slb"
     assert mounts["api-token"]["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount"
     assert mounts["certs"]["readOnly"] is True
-    # No ServiceMonitor: the pods say where to scrape them.
+    # No ServiceMonitor: the pods say where to scrape them, and that it is HTTPS.
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     assert annotations == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "18080",
         "prometheus.io/path": "/metrics",
+        "prometheus.io/scheme": "https",
     }
+    # The metrics endpoint's certificate brought: mounted read-only where the flag says.
+    assert "--metrics-secure" in args
+    assert "--metrics-cert-path=/tmp/k8s-metrics-server/metrics-certs" in args
+    assert volumes["metrics-certs"]["secret"]["secretName"] == "lb-metrics-tls"
+    assert mounts["metrics-certs"] == {
+        "name": "metrics-certs",
+        "mountPath": "/tmp/k8s-metrics-server/metrics-certs",
+        "readOnly": True,
+    }
+    # The readers given are bound to the reader role.
+    readers = stored[("ClusterRoleBinding", "resourceconsist-metrics-reader")]
+    assert readers["roleRef"]["name"] == "resourceconsist-metrics-reader"
+    assert readers["subjects"] == FIELD_VALUES["metrics"]["readers"]
 
     # The certificate brought: its CA in the configuration, none of the bootstrap's RBAC.
     webhook = stored[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]
@@ -809,6 +864,26 @@ def test_helm_install_with_the_field_s_values_on_a_real_api_server(
     pod_doc = {"metadata": {**template["metadata"], "name": "manager-0"}, "spec": template["spec"]}
     created = chart_cluster.client.create(kube.POD, namespace, pod_doc, dry_run=True)
     assert created["spec"]["hostNetwork"] is True
+
+
+def test_plain_metrics_need_no_reviews_and_are_scraped_over_http(tmp_path: Path) -> None:
+    """``metrics.secure: false``: plain HTTP as before, no review grants, no reader role; the
+    ServiceMonitor and the scrape annotations say http. The default ServiceMonitor of secure
+    metrics skips verifying the self-signed certificate, as kubebuilder's."""
+    plain = _by_kind(_template("resourceconsist", {"metrics": {"secure": False}}, tmp_path))
+    deployment = plain[("Deployment", "resourceconsist-manager")]
+    assert not [a for a in _container(deployment)["args"] if a.startswith("--metrics-secure")]
+    assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert "prometheus.io/scheme" not in deployment["spec"]["template"]["metadata"]["annotations"]
+    assert not [name for kind, name in plain if name.startswith("resourceconsist-metrics-")]
+    monitored = {"metrics": {"secure": False}, "serviceMonitor": {"enabled": True}}
+    (endpoint,) = _by_kind(_template("resourceconsist", monitored, tmp_path))[
+        ("ServiceMonitor", "resourceconsist-manager")
+    ]["spec"]["endpoints"]
+    assert endpoint["scheme"] == "http" and "bearerTokenFile" not in endpoint and "tlsConfig" not in endpoint
+    secure = _by_kind(_template("resourceconsist", {"serviceMonitor": {"enabled": True}}, tmp_path))
+    (endpoint,) = secure[("ServiceMonitor", "resourceconsist-manager")]["spec"]["endpoints"]
+    assert (endpoint["scheme"], endpoint["tlsConfig"]) == ("https", {"insecureSkipVerify": True})
 
 
 def test_a_certificate_brought_needs_its_ca_and_excludes_cert_manager() -> None:

@@ -1,7 +1,8 @@
 """The command line as a platform team runs it (docs/observability.md): controller-runtime's
 ``--metrics-bind-address`` and ``--health-probe-bind-address`` on every command that serves, the
 log flags before or after the subcommand, and JSON log lines with zap's keys carrying the
-controller and the employer of the pass that wrote them."""
+controller, the employer and the reconcileID of the pass that wrote them, after a first line
+that says what runs; ``--version`` and ``version``."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import socket
 import subprocess
 import urllib.error
 import urllib.request
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from resourceconsist import wire
 from resourceconsist.cluster import kube
+from resourceconsist.runtime.version import build_info
 from resourceconsist.testing import CLI, Cluster, finalizers, run_cli, wait_for
 
 
@@ -46,6 +50,12 @@ def test_the_log_flags_work_before_and_after_the_subcommand(argv: tuple[str, ...
     done = run_cli(*argv, columns=200)
     assert done.returncode == 0, done.stderr
     assert "demo\t" in done.stdout
+
+
+def _commit(revision: str) -> str:
+    """The commit of a revision: a checkout's may be ``-dirty`` in one process and not in the
+    next, while files are edited."""
+    return revision.removesuffix("-dirty")
 
 
 def _free_port() -> int:
@@ -104,11 +114,41 @@ def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, c
     for entry in entries:
         assert {"level", "ts", "logger", "caller", "msg"} <= set(entry), entry
         assert isinstance(entry["ts"], float)
+    # The first line says what runs (resourceconsist/runtime/version.py).
+    info = build_info()
+    commit = _commit(info.revision)
+    assert entries[0]["msg"].startswith(f"resourceconsist {info.version} (revision {commit}")
+    assert (entries[0]["version"], _commit(entries[0]["revision"])) == (info.version, commit)
+    assert info.version == metadata.version("resourceconsist") and info.revision != "unknown"
     assert any(entry["level"] == "debug" for entry in entries), "the subcommand's --log-level debug lost"
     (finalized,) = [e for e in entries if e["msg"].endswith(": added clean finalizer")]
     assert finalized["controller"] == "demo-controller"
     assert (finalized["namespace"], finalized["name"]) == (cluster.namespace, "svc")
+    assert (finalized["controllerKind"], finalized["controllerGroup"]) == ("Service", "")
+    assert finalized["reconcileID"]
     assert finalized["logger"] == "resourceconsist.reconcile"
     # zap's short caller: directory/file (the clean finalizer is the finalizers step's)
     assert finalized["caller"].startswith("reconcile/finalizers.py:")
     assert any(e["msg"] == "manager stopped" for e in entries)
+
+
+def test_version_says_the_version_and_the_revision() -> None:
+    """The version is the package metadata's; the revision the one baked at build time, or, in
+    a checkout (an editable install, as here), the checkout's commit."""
+    info = build_info()
+    head = subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    assert _commit(info.revision) == head
+    flag = run_cli("--version")
+    assert flag.returncode == 0, flag.stderr
+    assert flag.stdout.strip().replace("-dirty,", ",") == (
+        f"resourceconsist {info.version} (revision {head}, Python {info.python_version})"
+    )
+    answer = json.loads(run_cli("version", "-o", "json").stdout)
+    assert set(answer) == {"version", "revision", "python_version"}
+    assert (answer["version"], _commit(answer["revision"]), answer["python_version"]) == (
+        metadata.version("resourceconsist"),
+        head,
+        info.python_version,
+    )

@@ -22,11 +22,15 @@ Fail) and policy must not reach the session's other tests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
+import ssl
 import subprocess
 import time
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -161,13 +165,16 @@ def _forbidden_by_rbac(event: dict[str, Any]) -> bool:
 
 @dataclass
 class Install:
-    """A control plane with the chart applied, and a kubeconfig of the manager's ServiceAccount."""
+    """A control plane with the chart applied, and a kubeconfig of the manager's ServiceAccount;
+    the tokens of a Prometheus bound to the chart's metrics reader, and of a stranger who is not."""
 
     cp: LocalControlPlane
     admin: KubeClient
     docs: list[dict[str, Any]]
     kubeconfig: Path
     webhook_port: int
+    reader_token: str = ""
+    stranger_token: str = ""
 
     def as_manager(self) -> KubeClient:
         """A client with the manager's token: what its process can do, the test can try."""
@@ -190,11 +197,66 @@ def _install(values: dict[str, Any], tmp_path: Path) -> Iterator[Install]:
             _apply(admin, docs, webhook_port)
             token = cp.service_account_token(RELEASE_NAMESPACE, MANAGER)
             kubeconfig = cp.token_kubeconfig(token, tmp_path / "manager.kubeconfig")
-            install = Install(cp, admin, docs, kubeconfig, webhook_port)
+            install = Install(cp, admin, docs, kubeconfig, webhook_port, *_metrics_readers(cp, admin))
             _wait_for_the_policy(install)
             yield install
         finally:
             admin.close()
+
+
+#: Where the scrapers' ServiceAccounts live.
+MONITORING = "monitoring"
+METRICS_READER = "resourceconsist-metrics-reader"
+
+
+def _metrics_readers(cp: LocalControlPlane, admin: KubeClient) -> tuple[str, str]:
+    """Tokens of ServiceAccounts `monitoring/prometheus`, bound to the chart's ClusterRole
+    resourceconsist-metrics-reader as docs/observability.md says to, and `monitoring/stranger`,
+    bound to nothing."""
+    admin.create(kube.NAMESPACE, None, {"metadata": {"name": MONITORING}})
+    account = admin.resource("v1", "ServiceAccount")
+    for name in ("prometheus", "stranger"):
+        admin.create(account, MONITORING, {"metadata": {"name": name}})
+    binding = admin.resource("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+    admin.create(
+        binding,
+        None,
+        {
+            "metadata": {"name": "prometheus-reads-resourceconsist"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": METRICS_READER,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": MONITORING}],
+        },
+    )
+    return cp.service_account_token(MONITORING, "prometheus"), cp.service_account_token(
+        MONITORING, "stranger"
+    )
+
+
+def _scrape(port: int | None, token: str | None) -> tuple[int, str]:
+    """GET https://127.0.0.1:<port>/metrics with ``token`` as the bearer, not verifying the
+    self-signed certificate (as the chart's ServiceMonitor): the status and the body."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {token}"} if token else {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=15, context=context) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+async def _scraped(install: Install, process: CommandProcess) -> None:
+    """The process's secure /metrics, scraped as the chart's reader: 200 (its ServiceAccount
+    reviewed the token and the access with the chart's grants)."""
+    status, text = await asyncio.to_thread(_scrape, process.metrics_port, install.reader_token)
+    assert status == 200 and "controller_runtime_" in text, (status, text[:500])
 
 
 def _wait_for_the_policy(install: Install) -> None:
@@ -268,11 +330,11 @@ def _chart_process(
     """`resourceconsist` with ``args`` (a Deployment's, then this test's), as the ServiceAccount:
     the token's kubeconfig, loopback addresses, and the emulator's endpoint for the SLB adapter
     (``info``; empty for an adapter without a provider outside the process, the demo's)."""
-    health_port = free_port()
+    health_port, metrics_port = free_port(), free_port()
     args = [
         *args,
         f"--kubeconfig={install.kubeconfig}",
-        "--metrics-bind-address=0",
+        f"--metrics-bind-address=127.0.0.1:{metrics_port}",
         f"--health-probe-bind-address=127.0.0.1:{health_port}",
         "--log-format=text",
     ]
@@ -296,16 +358,18 @@ def _chart_process(
         ),
         **(env or {}),
     }
-    return CommandProcess(args, env, health_port)
+    return CommandProcess(args, env, health_port, metrics_port=metrics_port)
 
 
 @asynccontextmanager
 async def _manager(install: Install, info: dict[str, str], cert_dir: Path) -> AsyncIterator[CommandProcess]:
-    """The manager as its ServiceAccount, ready, its webhook's caBundle filled by its bootstrap."""
+    """The manager as its ServiceAccount, ready, its webhook's caBundle filled by its bootstrap,
+    its secure /metrics read by the chart's reader."""
     manager = _manager_process(install, info, cert_dir)
     try:
         await async_wait_for(manager.ready, timeout=90, message="the manager ready")
         await _ca_bundle_filled(install)
+        await _scraped(install, manager)
         yield manager
     except BaseException:
         # Shown by pytest with the failure: what the manager said, and what it was refused.
@@ -488,6 +552,54 @@ async def test_the_manager_keeps_the_promise_as_its_service_account(
     secret = installed.admin.get(kube.SECRET, RELEASE_NAMESPACE, wire.WEBHOOK_CERT_SECRET)
     assert set(wire.WEBHOOK_CERT_KEYS) <= set(secret["data"])
     _every_grant_is_used_or_explained(events, installed.docs)
+
+
+async def test_secure_metrics_answer_a_reader_a_stranger_and_no_token_as_the_service_account(
+    installed: Install, emulator: tuple[dict[str, str], EmulatorAdmin], tmp_path: Path
+) -> None:
+    """`resourceconsist run` with the chart's arguments (`--metrics-secure`), as the manager's
+    ServiceAccount with the chart's grants: /metrics answers 200 to a ServiceAccount bound to the
+    chart's resourceconsist-metrics-reader, 403 to one bound to nothing, 401 without a token or
+    with one the API server does not know; the reviews are the manager's own requests (the
+    chart's ClusterRole resourceconsist-metrics-auth), and repeated scrapes send none: the
+    answers are kept (docs/observability.md, "Secure metrics")."""
+    info, _ = emulator
+    assert "--metrics-secure" in _manager_args(installed.docs)
+    before = len(installed.cp.audit_events())
+    async with _manager(installed, info, tmp_path / "certs") as manager:  # scrapes as the reader
+        port = manager.metrics_port
+        status, text = await asyncio.to_thread(_scrape, port, installed.stranger_token)
+        assert status == 403, text
+        assert f"Authorization denied for user system:serviceaccount:{MONITORING}:stranger" in text
+        assert (await asyncio.to_thread(_scrape, port, None))[0] == 401
+        assert (await asyncio.to_thread(_scrape, port, "not-a-token"))[0] == 401
+        for _ in range(3):
+            assert (await asyncio.to_thread(_scrape, port, installed.reader_token))[0] == 200
+            assert (await asyncio.to_thread(_scrape, port, installed.stranger_token))[0] == 403
+            assert (await asyncio.to_thread(_scrape, port, "not-a-token"))[0] == 401
+    events = installed.cp.audit_events()[before:]
+    assert not _manager_forbidden(events), manager.output
+    reviews = [
+        e["objectRef"]["resource"]
+        for e in events
+        if e["user"]["username"] == USER
+        and e.get("objectRef", {}).get("resource") in {"tokenreviews", "subjectaccessreviews"}
+    ]
+    # Who the reader, the stranger and the unknown token are; what the reader and the stranger
+    # may: once each, within the minute the answers are kept.
+    assert sorted(reviews) == ["subjectaccessreviews"] * 2 + ["tokenreviews"] * 3, reviews
+    assert (
+        {
+            ("authentication.k8s.io", "tokenreviews", "create"),
+            (
+                "authorization.k8s.io",
+                "subjectaccessreviews",
+                "create",
+            ),
+        }
+        <= _used(events)
+        <= _granted(installed.docs)
+    )
 
 
 @dataclass(frozen=True)
@@ -1174,6 +1286,9 @@ async def test_a_namespaced_install_serves_its_namespaces_and_cannot_read_the_ot
         "namespaces",
         "mutatingwebhookconfigurations",
         "validatingwebhookconfigurations",
+        # The reviews of secure metrics: cluster-scoped, created, never read.
+        "tokenreviews",
+        "subjectaccessreviews",
     }, outside
     _every_grant_is_used_or_explained(events, install.docs)
 
@@ -1607,6 +1722,9 @@ async def test_sharded_replicas_share_and_serve_the_services_as_the_service_acco
             processes[shard] = _shard_process(install, info, shard)
         for shard in SHARDS:
             await async_wait_for(processes[shard].ready, timeout=90, message=f"{shard} ready")
+        # Both Deployments serve secure metrics, reviewed with the chart's grants.
+        await _scraped(install, processes["webhook"])
+        await _scraped(install, processes[SHARDS[0]])
 
         async def owners() -> dict[str, str]:
             found = {}

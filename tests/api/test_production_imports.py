@@ -1,11 +1,15 @@
-"""A production install (``pip install resourceconsist``, no extras) imports every module it ships.
+"""A production install (``pip install resourceconsist``, no extras) imports every module it ships,
+and runs without the official Kubernetes client.
 
 The check runs in a fresh interpreter where every distribution outside the production dependency
 closure (pyproject's ``dependencies``, followed through their own requirements) cannot be
-imported: pytest, responses, mypy, import-linter and the rest of the dev and testing extras raise
-``ModuleNotFoundError`` there, as they would in a production image. The pytest plugin is the one
-module that needs its extra by nature; the SLB emulator and the conformance suite need the
-``testing`` extra and must say so in their error.
+imported: the official ``kubernetes`` client (the ``kubernetes`` extra), pytest, responses, mypy,
+import-linter and the rest of the dev and testing extras raise ``ModuleNotFoundError`` there, as
+they would in a production image. The pytest plugin is the one module that needs its extra by
+nature; the SLB emulator and the conformance suite need the ``testing`` extra and must say so in
+their error. In that interpreter the command line answers ``--version`` and ``run --help``, a
+kubeconfig is loaded into a client, and a kubeconfig only the official loader reads is refused with
+one line naming the extra to install.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import json
 import subprocess
 import sys
 from importlib import metadata
+from pathlib import Path
 
+import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -39,7 +45,7 @@ NOT_IMPORTED = ("resourceconsist.testing.pytest_plugin", "resourceconsist.__main
 CHILD = r"""
 import importlib, importlib.abc, json, pkgutil, sys
 
-tops, blocked, not_imported, needs_extra = json.loads(sys.argv[1])
+tops, blocked, not_imported, needs_extra, kubeconfigs = json.loads(sys.argv[1])
 
 class Absent(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
@@ -73,6 +79,27 @@ def walk(package):
 
 for top in tops:
     walk(top)
+
+# What a production process does: the command line, a kubeconfig loaded into a client.
+from click.testing import CliRunner
+from resourceconsist.commands.cli import main
+from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.cluster.kubeconfig import KubeConfigError
+
+runner = CliRunner()
+report["cli"] = {
+    " ".join(args): [done.exit_code, done.output[:300]]
+    for args in (["--version"], ["run", "--help"])
+    for done in [runner.invoke(main, args)]
+}
+client = KubeClient.from_kubeconfig(kubeconfigs["token"])
+report["client"] = client.host
+client.close()
+try:
+    KubeClient.from_kubeconfig(kubeconfigs["auth-provider"])
+except KubeConfigError as err:
+    report["refused"] = str(err)
+report["official client loaded"] = "kubernetes" in sys.modules
 print(json.dumps(report))
 """
 
@@ -104,15 +131,35 @@ def _blocked_modules() -> list[str]:
     return sorted(blocked - set(sys.stdlib_module_names))
 
 
-def test_the_production_closure_leaves_out_the_dev_and_testing_extras() -> None:
+def test_the_production_closure_leaves_out_the_official_client_and_the_extras() -> None:
     closure = _production_closure()
-    assert {"kubernetes", "pydantic", "aiohttp"} <= closure
-    assert not {"pytest", "responses", "mypy", "import-linter"} & closure
-    assert {"pytest", "_pytest", "responses", "mypy", "importlinter"} <= set(_blocked_modules())
+    assert {"pydantic", "aiohttp", "urllib3"} <= closure
+    assert not {"kubernetes", "pytest", "responses", "mypy", "import-linter"} & closure
+    assert {"kubernetes", "pytest", "_pytest", "responses", "mypy", "importlinter"} <= set(_blocked_modules())
 
 
-def test_every_module_imports_without_the_extras() -> None:
-    argument = json.dumps([TOPS, _blocked_modules(), NOT_IMPORTED, NEEDS_TESTING_EXTRA])
+def _kubeconfig(path: Path, user: dict[str, object]) -> str:
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:6443"}}],
+                "users": [{"name": "u", "user": user}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    return str(path)
+
+
+def test_every_module_imports_and_the_command_runs_without_the_extras(tmp_path: Path) -> None:
+    kubeconfigs = {
+        "token": _kubeconfig(tmp_path / "token", {"token": "abc"}),
+        "auth-provider": _kubeconfig(tmp_path / "oidc", {"auth-provider": {"name": "oidc", "config": {}}}),
+    }
+    argument = json.dumps([TOPS, _blocked_modules(), NOT_IMPORTED, NEEDS_TESTING_EXTRA, kubeconfigs])
     done = subprocess.run(
         [sys.executable, "-c", CHILD, argument], capture_output=True, text=True, timeout=300, check=False
     )
@@ -133,3 +180,11 @@ def test_every_module_imports_without_the_extras() -> None:
     assert set(report["extra_errors"]) == set(NEEDS_TESTING_EXTRA)
     for error in report["extra_errors"].values():
         assert "pip install 'resourceconsist[testing]'" in error
+    # The command and the client work; the official client was never loaded.
+    assert report["cli"]["--version"][0] == 0 and report["cli"]["--version"][1].startswith("resourceconsist ")
+    assert report["cli"]["run --help"][0] == 0, report["cli"]["run --help"]
+    assert report["client"] == "127.0.0.1:6443"
+    assert report["official client loaded"] is False
+    # A kubeconfig only the official loader reads: one line naming the extra.
+    assert "auth-provider" in report["refused"]
+    assert "pip install 'resourceconsist[kubernetes]'" in report["refused"]

@@ -43,6 +43,7 @@ PINNED: dict[str, Any] = {
     "DRAIN_LABEL_PREFIX": "drain.alpha.sharding.timebertt.dev/",
     "SHARD_LEASE_TAKEN_BY_SHARDER": "shardlease-controller",
     "PROVIDER_FAILURE_ANNOTATION": "resource-consist.kusionstack.io/provider-failure",
+    "RECONCILE_ID_ANNOTATION": "resource-consist.kusionstack.io/reconcile-id",
     "READINESS_GATE_DOMAIN": "readiness.resource-consist.kusionstack.io",
     "READINESS_GATE_INJECT_LABEL": "resource-consist.kusionstack.io/readiness-gate-inject",
     "READINESS_GATE_INJECT_VALUE": "enabled",

@@ -313,3 +313,43 @@ def test_leader_election_timings_are_checked_with_a_clear_message() -> None:
     )
     assert done.returncode == 2
     assert "lease duration (5s) must be longer than the renew deadline (8s)" in done.stderr
+
+
+async def test_the_leader_renews_without_a_read_and_counts_the_slow_path(cluster: Cluster) -> None:
+    """client-go's fast path: the leader renews on the Lease it last wrote, one request per
+    renewal; when someone else wrote the Lease meanwhile, that write meets a 409 and the
+    leader reads the Lease again (the slow path), stays leader, and counts it in
+    ``leader_election_slowpath_total``."""
+    ns = cluster.namespace
+    election = LeaderElectionOptions(
+        namespace=ns, name="fast", identity="replica-0", lease_duration=6, renew_deadline=4, retry_period=0.3
+    )
+    manager = Manager(cluster.client, ManagerOptions(namespace=ns, leader_election=election))
+
+    def slowpaths() -> float:
+        found = manager.metrics.registry.get_sample_value("leader_election_slowpath_total", {"name": "fast"})
+        return -1.0 if found is None else found
+
+    assert slowpaths() == 0  # shown from the start
+    await manager.start()
+    try:
+        await async_wait_for(lambda: manager.leading, timeout=20, message="leading")
+
+        def lease_requests() -> tuple[int, int]:
+            counted = manager.client.requests_by_resource
+            return counted["get leases"], counted["patch leases"]
+
+        reads, writes = lease_requests()
+        await async_wait_for(lambda: lease_requests()[1] >= writes + 5, timeout=20, message="five renewals")
+        assert lease_requests()[0] == reads, "a renewal on the fast path reads nothing"
+        assert slowpaths() == 0
+        # Someone else writes the Lease: the next renewal's precondition fails.
+        await cluster.patch(kube.LEASE, "fast", {"metadata": {"labels": {"touched": "by-admin"}}})
+        await async_wait_for(lambda: slowpaths() == 1, timeout=20, message="one slow path")
+        renewed = lease_requests()[1]
+        await async_wait_for(lambda: lease_requests()[1] >= renewed + 2, timeout=20, message="renewing again")
+        assert manager.leading and slowpaths() == 1
+        lease = await cluster.get(kube.LEASE, "fast")
+        assert lease is not None and lease["spec"]["holderIdentity"] == "replica-0"
+    finally:
+        await manager.stop(timeout=5)

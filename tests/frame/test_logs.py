@@ -1,6 +1,8 @@
 """The log format (docs/observability.md, "Logs"): JSON lines with zap's keys, the fields of the
-pass they were written in (also from a worker thread of the pass), a call's own ``pod``, an
-exception as ``error`` and ``stacktrace``; the text format as it always was."""
+pass they were written in (also from a worker thread of the pass), controller-runtime's keys of a
+pass (``reconcileID``, ``controllerKind``, ``controllerGroup``), a call's own ``pod``, an exception
+as ``error`` and ``stacktrace``; the text format as it always was, with a pass's fields after its
+line."""
 
 from __future__ import annotations
 
@@ -34,10 +36,10 @@ def _entries(stream: io.StringIO) -> list[dict[str, object]]:
 def test_json_lines_carry_zaps_keys_and_the_fields_of_the_pass(stream: io.StringIO) -> None:
     logs.setup("debug", "json", stream)
     log = logging.getLogger("resourceconsist.reconcile")
-    with logs.employer_fields("demo-controller", "shop/web"):
+    with logs.pass_fields("demo-controller", "Service", "", "shop/web"):
         log.info("%s %s: added clean finalizer", "demo-controller", "shop/web")
         log.info("pod web-0: readiness gate True", extra={"pod": "web-0"})
-    with logs.employer_fields("nodes", "node-1"):  # a cluster-scoped employer has no namespace
+    with logs.pass_fields("nodes", "Node", "", "node-1"):  # a cluster-scoped employer has no namespace
         log.warning("drifted")
     log.debug("outside any pass")
     first, gate, cluster_scoped, outside = _entries(stream)
@@ -59,7 +61,7 @@ def test_a_thread_of_the_pass_carries_its_fields(stream: io.StringIO) -> None:
     logs.setup("info", "json", stream)
 
     async def pass_() -> None:
-        with logs.employer_fields("demo-controller", "shop/web"):
+        with logs.pass_fields("demo-controller", "Service", "", "shop/web"):
             # An adapter's blocking call runs in a worker thread (docs/concepts.md).
             await asyncio.to_thread(logging.getLogger("adapter").info, "provider call")
 
@@ -89,3 +91,52 @@ def test_text_stays_as_it_was_and_setup_replaces_its_own_handler(stream: io.Stri
     log.warning("manager stopped")
     (line,) = stream.getvalue().splitlines()
     assert line.endswith(" WARNING resourceconsist.runtime.manager: manager stopped")
+
+
+def test_a_pass_carries_controller_runtimes_keys_and_an_id_of_its_own(stream: io.StringIO) -> None:
+    logs.setup("info", "json", stream)
+    log = logging.getLogger("resourceconsist.reconcile")
+    with logs.pass_fields("demo-controller", "Service", "", "shop/web"):
+        log.info("first line of the pass")
+        log.info("second line of the pass")
+    with logs.pass_fields("ingress-controller", "Ingress", "networking.k8s.io", "shop/web"):
+        log.info("another pass")
+    first, second, other = _entries(stream)
+    assert {
+        k: first[k] for k in ("controller", "controllerGroup", "controllerKind", "namespace", "name")
+    } == {
+        "controller": "demo-controller",
+        "controllerGroup": "",
+        "controllerKind": "Service",
+        "namespace": "shop",
+        "name": "web",
+    }
+    assert first["reconcileID"] == second["reconcileID"] != other["reconcileID"]
+    assert len(str(first["reconcileID"])) == 36  # a UUID
+    assert (other["controllerKind"], other["controllerGroup"]) == ("Ingress", "networking.k8s.io")
+
+
+def test_the_text_format_writes_the_fields_of_a_pass_after_its_line(stream: io.StringIO) -> None:
+    logs.setup("info", "text", stream)
+    log = logging.getLogger("resourceconsist.reconcile")
+    with logs.pass_fields("demo-controller", "Service", "", "shop/web"):
+        log.info("added clean finalizer")
+        try:
+            raise RuntimeError("provider unreachable")
+        except RuntimeError:
+            log.exception("reconcile crashed")
+    log.info("outside any pass")
+    lines = stream.getvalue().splitlines()
+    line, fields = lines[0].split("\t")
+    assert line.endswith(" INFO resourceconsist.reconcile: added clean finalizer")
+    bound = json.loads(fields)
+    assert (bound["controller"], bound["controllerKind"], bound["name"]) == (
+        "demo-controller",
+        "Service",
+        "web",
+    )
+    # The fields end the first line of a line with a traceback; the traceback follows.
+    crashed = lines[1].split("\t")
+    assert crashed[0].endswith("reconcile crashed") and json.loads(crashed[1]) == bound
+    assert lines[2] == "Traceback (most recent call last):"
+    assert lines[-1].endswith(" INFO resourceconsist.reconcile: outside any pass")

@@ -40,7 +40,12 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import ApiError
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.flow import budget
-from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, ShardingOptions
+from resourceconsist.options import (
+    LeaderElectionOptions,
+    ManagerOptions,
+    ProviderBudgetOptions,
+    ShardingOptions,
+)
 from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
@@ -54,10 +59,13 @@ CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}
 LABELS: dict[str, set[str]] = {
     "controller_runtime_reconcile_total": {"controller", "result"},
     "controller_runtime_reconcile_errors_total": {"controller"},
+    "controller_runtime_terminal_reconcile_errors_total": {"controller"},
+    "controller_runtime_reconcile_panics_total": {"controller"},
+    "controller_runtime_reconcile_timeouts_total": {"controller"},
     "controller_runtime_reconcile_time_seconds_count": {"controller"},
     "controller_runtime_active_workers": {"controller"},
     "controller_runtime_max_concurrent_reconciles": {"controller"},
-    "workqueue_depth": {"name", "controller"},
+    "workqueue_depth": {"name", "controller", "priority"},
     "workqueue_adds_total": {"name", "controller"},
     "workqueue_queue_duration_seconds_count": {"name", "controller"},
     "workqueue_work_duration_seconds_count": {"name", "controller"},
@@ -69,17 +77,36 @@ LABELS: dict[str, set[str]] = {
     "controller_runtime_webhook_requests_total": {"webhook", "code"},
     "controller_runtime_webhook_latency_seconds_count": {"webhook"},
     "controller_runtime_webhook_requests_in_flight": {"webhook"},
+    "leader_election_master_status": {"name"},
+    "leader_election_slowpath_total": {"name"},
+    "certwatcher_read_certificate_total": set(),
+    "certwatcher_read_certificate_errors_total": set(),
+    "resourceconsist_build_info": {"version", "revision", "python_version"},
     "process_resident_memory_bytes": set(),
     "process_cpu_seconds_total": set(),
     "python_gc_objects_collected_total": {"generation"},
 }
 
+#: What a reconcile that fails and succeeds, without a bug, a timeout or a terminal error, a
+#: Lease nobody else writes and the webhook's good certificate leave at 0 (each has a test that
+#: makes it move: tests/frame/test_reconcile_series.py, test_leaderelection.py,
+#: tests/webhook/test_webhook_tls.py).
+STILL = {
+    "leader_election_slowpath_total",
+    "controller_runtime_terminal_reconcile_errors_total",
+    "controller_runtime_reconcile_panics_total",
+    "controller_runtime_reconcile_timeouts_total",
+    "certwatcher_read_certificate_errors_total",
+}
 #: The counters and histogram counts a reconcile with one provider failure makes grow (the
-#: process's CPU and its garbage collections grow at their own pace).
+#: process's CPU and its garbage collections grow at their own pace, the webhook's certificate
+#: is read at start and then every poll).
 GROWING = [
     name
     for name in LABELS
-    if name.endswith(("_total", "_count")) and not name.startswith(("process_", "python_"))
+    if name.endswith(("_total", "_count"))
+    and not name.startswith(("process_", "python_", "certwatcher_"))
+    and name not in STILL
 ]
 
 Samples = dict[str, list[tuple[dict[str, str], float]]]
@@ -207,6 +234,8 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
             namespace=cluster.namespace,
             metrics_address=("127.0.0.1", 0),
             health_probe_address=("127.0.0.1", 0),
+            # A Lease, as the chart runs it: client-go's leader-election series.
+            leader_election=LeaderElectionOptions(namespace=cluster.namespace, name="standard-series"),
         ),
     )
     await manager.add(adapter)
@@ -226,7 +255,9 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
         metrics=manager.metrics,
     )
     try:
-        await async_wait_for(lambda: manager.ready() and server.ready, timeout=60, message="ready")
+        await async_wait_for(
+            lambda: manager.ready() and server.ready and manager.leading, timeout=60, message="ready, leading"
+        )
         # Metrics and probes each on their own port, as controller-runtime serves them.
         assert manager.metrics_port != manager.health_port
         assert (await asyncio.to_thread(_get, manager.health_port, "/readyz"))[0] == 200
@@ -297,6 +328,14 @@ async def test_a_reconcile_and_an_admission_show_in_controller_runtimes_series(
             assert set(found) - {"le"} == labels, (name, found)
     for name in GROWING:
         assert _total(after, name) > _total(before, name), f"{name} did not grow during the reconcile"
+    for name in STILL:
+        assert _total(after, name) == 0, name
+    assert _total(after, "certwatcher_read_certificate_total") >= 1  # the webhook's, loaded
+    # As the Go client: no *_created series (prometheus_client's, for counters and histograms).
+    created = sorted(name for name in after if name.endswith("_created"))
+    assert not created, f"*_created series on /metrics: {created}"
+    ((build, one),) = after["resourceconsist_build_info"]
+    assert one == 1 and build["version"] == "0.1.0" and build["revision"] != ""
     ours = {"controller": controller_name}
     assert _total(after, "controller_runtime_reconcile_total", **ours, result="success") >= 1
     assert _total(after, "controller_runtime_reconcile_total", **ours, result="error") >= 1

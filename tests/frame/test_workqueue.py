@@ -12,12 +12,15 @@ import asyncio
 import pytest
 
 from resourceconsist.runtime.workqueue import (
+    LOW_PRIORITY,
+    NORMAL_PRIORITY,
     BucketRateLimiter,
     ItemExponentialFailureRateLimiter,
     MaxOfRateLimiter,
     WorkQueue,
     default_controller_rate_limiter,
 )
+from resourceconsist.testing import async_wait_for
 
 TIMEOUT = 2.0
 
@@ -472,6 +475,61 @@ def test_each_default_limiter_is_independent() -> None:
     assert second.when("k") == pytest.approx(0.005)
 
 
+# -- priorities (controller-runtime's priority queue) ---------------------------------------------
+
+
+async def _drain(queue: WorkQueue) -> list[str]:
+    """Every key the queue hands out now, in order (each done at once)."""
+    keys: list[str] = []
+    while len(queue):
+        key = await asyncio.wait_for(queue.get(), TIMEOUT)
+        assert key is not None
+        keys.append(key)
+        queue.done(key)
+    return keys
+
+
+async def test_a_change_is_handed_out_before_every_key_a_cache_only_listed() -> None:
+    queue = WorkQueue()
+    for name in ("a", "b", "c"):
+        queue.add(f"ns/{name}", LOW_PRIORITY)
+    queue.add("ns/changed")
+    assert queue.depth_by_priority() == {LOW_PRIORITY: 3, NORMAL_PRIORITY: 1}
+    # Keys of one priority in the order they came.
+    assert await _drain(queue) == ["ns/changed", "ns/a", "ns/b", "ns/c"]
+
+
+async def test_a_key_asked_for_again_at_a_higher_priority_moves_up_once() -> None:
+    queue = WorkQueue()
+    queue.add("ns/a", LOW_PRIORITY)
+    queue.add("ns/b", LOW_PRIORITY)
+    queue.add("ns/b")  # a change of b while it waits: raised, not added twice
+    queue.add("ns/a", LOW_PRIORITY)  # a lower ask changes nothing
+    assert queue.depth_by_priority() == {NORMAL_PRIORITY: 1, LOW_PRIORITY: 1}
+    assert await _drain(queue) == ["ns/b", "ns/a"]
+
+
+async def test_a_key_raised_while_processed_comes_back_at_the_higher_priority() -> None:
+    queue = WorkQueue()
+    queue.add("ns/a", LOW_PRIORITY)
+    held = await asyncio.wait_for(queue.get(), TIMEOUT)
+    assert held == "ns/a" and queue.priority("ns/a") == LOW_PRIORITY
+    queue.add("ns/b", LOW_PRIORITY)
+    queue.add("ns/a", LOW_PRIORITY)
+    queue.add("ns/a")  # changed while a worker holds it
+    queue.done("ns/a")
+    assert await _drain(queue) == ["ns/a", "ns/b"]
+
+
+async def test_a_delayed_add_keeps_its_priority() -> None:
+    queue = WorkQueue()
+    queue.add_after("ns/late", 0.01, LOW_PRIORITY)
+    queue.add_rate_limited("ns/retry", LOW_PRIORITY)
+    queue.add("ns/now")
+    await async_wait_for(lambda: len(queue) == 3, timeout=TIMEOUT, message="the delayed adds")
+    assert queue.depth_by_priority() == {NORMAL_PRIORITY: 1, LOW_PRIORITY: 2}
+
+
 # -- client-go's workqueue series (docs/observability.md) -------------------------------------
 
 
@@ -485,18 +543,19 @@ async def test_the_queue_reports_client_gos_workqueue_series() -> None:
     queue = WorkQueue(FixedLimiter(0.01), name="shop", metrics=series.queue)
     labels = {"name": "shop", "controller": "shop"}
 
-    def value(name: str) -> float:
-        found = metrics.registry.get_sample_value(name, labels)
+    def value(name: str, **more: str) -> float:
+        found = metrics.registry.get_sample_value(name, labels | more)
         return 0.0 if found is None else found
 
     queue.add("ns/a")
     queue.add("ns/a")  # coalesced: one add
     queue.add("ns/b")
     assert value("workqueue_adds_total") == 2
-    assert value("workqueue_depth") == 2
+    assert value("workqueue_depth", priority="0") == 2
+    assert value("workqueue_depth", priority="-100") == 0  # shown from the start
     key = await asyncio.wait_for(queue.get(), TIMEOUT)
     assert value("workqueue_queue_duration_seconds_count") == 1
-    assert value("workqueue_depth") == 1
+    assert value("workqueue_depth", priority="0") == 1
     # Held by a worker: its work is unfinished and the longest running.
     assert value("workqueue_unfinished_work_seconds") > 0
     assert value("workqueue_longest_running_processor_seconds") > 0
@@ -511,7 +570,7 @@ async def test_the_queue_reports_client_gos_workqueue_series() -> None:
     again = WorkQueue(name="shop", metrics=series.queue)
     again.add("ns/e")
     assert value("workqueue_adds_total") == 4  # a, b, d (no delay: added at once), e; c still waits
-    assert value("workqueue_depth") == 1
+    assert value("workqueue_depth", priority="0") == 1
     exposition = metrics.exposition().decode()
     families = {family.name for family in text_string_to_metric_families(exposition)}
     assert {"workqueue_depth", "workqueue_adds", "workqueue_retries"} <= families

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from resourceconsist.cluster import certs
-from resourceconsist.webhook.tls import CertificateReloader
+from resourceconsist.cluster.certwatcher import CertificateReloader
 
 #: Audit events that create or write something on a filesystem.
 _WRITING_EVENTS = frozenset(
@@ -77,3 +77,36 @@ def test_the_audit_hook_sees_the_writes_it_is_meant_to_catch(tmp_path: Path) -> 
     with _writes() as seen, tempfile.TemporaryDirectory(dir=tmp_path) as tmp:
         (Path(tmp) / "tls.key").write_bytes(b"key")
     assert {event for event, _ in seen} == {"tempfile.mkdtemp", "os.mkdir", "open"}
+
+
+def test_every_read_of_the_files_is_counted_as_controller_runtimes_certwatcher(tmp_path: Path) -> None:
+    """``certwatcher_read_certificate_total`` counts each read (each poll), and
+    ``certwatcher_read_certificate_errors_total`` those that did not load: a half-written pair,
+    a missing file. The previous certificate keeps serving meanwhile."""
+    from resourceconsist.runtime.metrics import Metrics
+
+    metrics = Metrics()
+
+    def counted() -> tuple[float, float]:
+        sample = metrics.registry.get_sample_value
+        return (
+            sample("certwatcher_read_certificate_total") or 0.0,
+            sample("certwatcher_read_certificate_errors_total") or 0.0,
+        )
+
+    assert counted() == (0, 0)
+    ca = certs.make_ca("test-ca")
+    _write_pair(tmp_path, certs.make_signed(ca, "webhook", hosts=("127.0.0.1",)))
+    reloader = CertificateReloader(
+        tmp_path / "tls.crt", tmp_path / "tls.key", on_read=metrics.standard.certificate_read
+    )
+    assert reloader.load()
+    assert not reloader.load()  # a poll that finds the same pair is a read too
+    assert counted() == (2, 0)
+    (tmp_path / "tls.key").write_bytes(b"half-written")
+    assert not reloader.load()
+    assert counted() == (3, 1)
+    (tmp_path / "tls.key").unlink()
+    assert not reloader._poll()  # the watcher's own poll: a missing file is logged, not raised
+    assert counted() == (4, 2)
+    assert reloader.loaded and reloader.reloads == 1

@@ -98,6 +98,7 @@ class ShardedReplica:
             sharding.lease_options(),
             labels={wire.SHARD_RING_LABEL: sharding.controller_ring},
             release_on_cancel=sharding.release_on_cancel,
+            on_slowpath=metrics.standard.lease_slowpath(sharding.shard_name),
         )
         self._leases = InformerFactory(client, namespace=self.elector.namespace)
         self._leases.select(kube.LEASE, f"{wire.SHARD_RING_LABEL}={sharding.controller_ring}")
@@ -118,7 +119,12 @@ class ShardedReplica:
             lambda pod: not self._pods_divide() or self._pods.keeps(pod), wait=self._wait_for_services
         )
         self._sharder_elector = (
-            LeaderElector(client, sharding.sharder_options(), release_on_cancel=sharding.release_on_cancel)
+            LeaderElector(
+                client,
+                sharding.sharder_options(),
+                release_on_cancel=sharding.release_on_cancel,
+                on_slowpath=metrics.standard.lease_slowpath(sharding.sharder_lease),
+            )
             if sharding.sharder
             else None
         )

@@ -1,4 +1,5 @@
-"""The webhook's TLS: a server context (TLS 1.2+) whose certificate follows the files on disk.
+"""A TLS server's certificate that follows the files on disk: the webhook's serving certificate,
+and the metrics endpoint's (controller-runtime's ``certwatcher``).
 
 ``CertificateReloader`` reads ``tls.crt``/``tls.key``, builds a fresh ``SSLContext`` from them
 and serves it from then on; it polls the files' contents, so it sees every way a certificate
@@ -13,6 +14,11 @@ IP address), points each new connection at the current context. Connections alre
 keep the certificate they started with. A fresh context per load matters: loading a new chain
 into a live context would keep the old certificate of another key type (say EC) next to a
 new RSA one, and clients could still be served the old one.
+
+Every read of the files is told to ``on_read`` (ok or not), which a manager counts as
+controller-runtime's ``certwatcher_read_certificate_total`` and
+``certwatcher_read_certificate_errors_total`` (docs/observability.md). ``self_signed_context``
+is the metrics endpoint's certificate when it is given none: made in memory at start.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import hashlib
 import logging
 import os
 import ssl
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from resourceconsist.cluster.certs import make_ca, make_signed
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +43,15 @@ def server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.load_cert_chain(str(cert_file), str(key_file))
     return ctx
+
+
+def self_signed_context(common_name: str, hosts: tuple[str, ...]) -> ssl.SSLContext:
+    """A server context for a certificate made now, in memory, signed by a CA made for it and
+    forgotten: for clients that do not verify it (kubebuilder's metrics scrape with
+    ``insecureSkipVerify``), so that the bearer token they send is at least encrypted."""
+    ca = make_ca(f"{common_name}-ca")
+    pair = make_signed(ca, common_name, hosts=hosts)
+    return _context_from_bytes(pair.cert_pem + ca.cert_pem, pair.key_pem)
 
 
 def _context_from_bytes(cert_pem: bytes, key_pem: bytes) -> ssl.SSLContext:
@@ -62,10 +79,23 @@ def _memory_file(name: str, content: bytes) -> Iterator[Path]:
 class CertificateReloader:
     """Serves the certificate in ``cert_file``/``key_file`` and follows changes to them."""
 
-    def __init__(self, cert_file: Path | str, key_file: Path | str, *, interval: float = 2.0) -> None:
+    def __init__(
+        self,
+        cert_file: Path | str,
+        key_file: Path | str,
+        *,
+        interval: float = 2.0,
+        name: str = "webhook",
+        on_read: Callable[[bool], None] | None = None,
+    ) -> None:
+        """``name``: what the log lines call the certificate; ``on_read``: told of every read of
+        the files, True when they loaded (or had not changed), False when they could not be
+        read or did not load."""
         self.cert_file = Path(cert_file)
         self.key_file = Path(key_file)
         self.interval = interval
+        self.name = name
+        self._on_read = on_read
         self._fingerprint = ""
         self._current: ssl.SSLContext | None = None
         self._listener = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -91,33 +121,46 @@ class CertificateReloader:
     def _read(self) -> tuple[bytes, bytes]:
         return self.cert_file.read_bytes(), self.key_file.read_bytes()
 
+    def _told(self, ok: bool) -> None:
+        if self._on_read is not None:
+            self._on_read(ok)
+
     def load(self) -> bool:
         """Load the files if they changed since the last load; True when a new certificate
         is now served. Raises when there is no valid certificate at all yet."""
-        cert_pem, key_pem = self._read()
+        try:
+            cert_pem, key_pem = self._read()
+        except OSError:
+            self._told(False)
+            raise
         fingerprint = hashlib.sha256(cert_pem + b"\0" + key_pem).hexdigest()
         if fingerprint == self._fingerprint:
+            self._told(True)
             return False
         try:
             fresh = _context_from_bytes(cert_pem, key_pem)
         except (ssl.SSLError, ValueError):
+            self._told(False)
             if self._current is None:
                 raise
             # Possibly a pair caught between its two writes: keep serving the old one and
             # look again at the next poll (the fingerprint is not recorded).
             log.warning(
-                "webhook certificate %s / %s does not load; still serving the previous one",
+                "%s certificate %s / %s does not load; still serving the previous one",
+                self.name,
                 self.cert_file,
                 self.key_file,
                 exc_info=True,
             )
             return False
+        self._told(True)
         first = self._current is None
         self._current = fresh
         self._fingerprint = fingerprint
         self.reloads += 1
         log.info(
-            "webhook serving certificate %s from %s",
+            "%s serving certificate %s from %s",
+            self.name,
             "loaded" if first else "reloaded",
             self.cert_file,
         )
@@ -130,16 +173,16 @@ class CertificateReloader:
                 # Reading and parsing are quick, but they are file I/O: kept off the loop.
                 changed = await asyncio.to_thread(self._poll)
             except Exception:
-                log.warning("checking the webhook certificate files failed", exc_info=True)
+                log.warning("checking the %s certificate files failed", self.name, exc_info=True)
                 continue
             if changed:
-                log.debug("webhook certificate changed on disk")
+                log.debug("%s certificate changed on disk", self.name)
 
     def _poll(self) -> bool:
         try:
             return self.load()
         except FileNotFoundError:
-            log.warning("webhook certificate file missing; still serving the previous certificate")
+            log.warning("%s certificate file missing; still serving the previous certificate", self.name)
             return False
 
     def start(self) -> None:
@@ -149,7 +192,7 @@ class CertificateReloader:
             self.load()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(
-                self._watch(), name="webhook-certificate-reloader"
+                self._watch(), name=f"{self.name}-certificate-reloader"
             )
 
     async def stop(self) -> None:
