@@ -237,10 +237,15 @@ class HostState:
 
     @classmethod
     def capture(cls) -> HostState:
-        """Now: node programs' processes (containerd, shims, runc, kubelet, kube-proxy), every
+        """Now: node programs' processes (containerd, shims, runc, kubelet, kube-proxy) and
+        containers' (in a kubelet's ``kubepods`` cgroup, whatever their program), every
         mount, network interface, iptables rule and cgroup, ``SYSCTLS``' values, and the
         sockets listening on an address other than loopback."""
-        processes = {f"{pid} {_proc_name(pid)}" for pid in _pids() if _proc_name(pid) in NODE_PROGRAMS}
+        processes = {
+            f"{pid} {_proc_name(pid)}"
+            for pid in _pids()
+            if _proc_name(pid) in NODE_PROGRAMS or "/kubepods/" in _proc_cgroups(pid)
+        }
         return cls(
             processes=frozenset(processes),
             mounts=frozenset(" ".join(m) for m in mount_points()),

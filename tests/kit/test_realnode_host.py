@@ -134,6 +134,7 @@ def test_a_start_after_a_killed_run_removes_what_it_left(images: list[Path]) -> 
     # Its control plane died with it; the shim, the container, their mounts and network did not.
     left = HostState.capture()
     assert any("containerd-shim" in p for p in left.processes), left.processes
+    assert any(p.endswith(" busybox") for p in left.processes), left.processes  # the Pod's httpd
     assert any(str(NODE_STATE) in m for m in left.mounts)
     assert BRIDGE in left.links
     with RealNodeCluster() as cluster:
