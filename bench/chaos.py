@@ -1085,6 +1085,9 @@ class Run:
         while len(done) < self.settings.shard_freezes:
             holder = self._sharder_holder()
             shards = sorted(n for n in self.controllers.running if n != holder)
+            # One that serves Services (three Services over three shards may leave one without).
+            serving = {_shard_of(s) for s in self.api.list(kube.SERVICE, NAMESPACE)["items"]}
+            shards = [n for n in shards if n in serving] or shards
             if holder is None or not shards:
                 result.notes.append("no sharder holder, or no other shard, within the wait")
                 break
@@ -1106,7 +1109,7 @@ class Run:
     def _freeze(self, target: str, role: str, phase: str, *, sharder: bool = False) -> Freeze:
         """Stop ``target`` at a moment it writes (``_aim``), for 2 to 3 lease durations; resume it."""
         process, _ = self.controllers.running[target]
-        aim = self._aim(target, process, sharder=sharder)
+        aim = self._aim(target, process, phase, sharder=sharder)
         stopped = time.time()
         seconds = self.rng.uniform(*FREEZE_DURATIONS) * FREEZE_LEASE_SECONDS
         log(f"froze {target} ({role}) for {seconds:.1f}s: {aim}")
@@ -1116,7 +1119,7 @@ class Run:
         self.freezes.append(freeze)
         return freeze
 
-    def _aim(self, target: str, process: Process, *, sharder: bool) -> str:
+    def _aim(self, target: str, process: Process, phase: str, *, sharder: bool) -> str:
         """SIGSTOP ``target`` while it writes; what it was doing then.
 
         A sharder's holder: right after a sharder write of it appears in the audit log (its round
@@ -1137,7 +1140,7 @@ class Run:
                         late = time.time() - request.received
                         return f"{late * 1000:.0f} ms after its sharder {act} of {request.name}"
                 time.sleep(0.01)
-        changed = self._change_for(target)
+        changed = self._change_for(target, sharded=phase == "freeze-sharded")
         cursor = self.requests.last
         started = time.monotonic()
         while True:
@@ -1154,13 +1157,13 @@ class Run:
                 return f"{chosen['action']} in flight for {age:.0f} ms, {waited:.1f}s after {changed}"
             time.sleep(0.02)
 
-    def _change_for(self, target: str) -> str:
-        """Flip the readiness of a pod one of ``target``'s Services selects (any Service's when
-        it holds none yet); what was changed."""
+    def _change_for(self, target: str, *, sharded: bool) -> str:
+        """Flip the readiness of a pod one of ``target``'s Services selects (a leader's: any
+        Service's; a shard's: those labeled for it, or unassigned); what was changed."""
         services = [
             s
             for s in View.read(self.api, self.emulator.admin).alive_services().values()
-            if not _shard_of(s) or (_shard_of(s) == target and not _draining(s))
+            if not sharded or not _shard_of(s) or (_shard_of(s) == target and not _draining(s))
         ]
         with self.driver.lock:
             for service in self.rng.sample(services, len(services)):
