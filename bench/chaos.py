@@ -84,6 +84,11 @@ from chaos_fencing import (
 
 NAMESPACE = "chaos"
 SERVICES = ("svc-0", "svc-1", "svc-2")
+#: Three more Services for the sharded freeze phase, each over the pods two of the first three
+#: select, on load balancers of their own: six Services over three shards leave no shard idle,
+#: and give the sharder more to place.
+EXTRA_SERVICES = {"svc-3": ("g0", "g1"), "svc-4": ("g1", "g2"), "svc-5": ("g0", "g2")}
+ALL_SERVICES = (*SERVICES, *EXTRA_SERVICES)
 LEASE = "resourceconsist-manager"
 #: 30% of provider calls fail, reads and writes alike, in four ways.
 FAULT_RATES = {"throttle": 0.09, "5xx": 0.09, "drop": 0.06, "execute_fail": 0.06}
@@ -429,7 +434,8 @@ class Driver:
     # -- objects --
 
     def create_service(self, name: str) -> None:
-        index = SERVICES.index(name)
+        index = ALL_SERVICES.index(name)
+        groups = EXTRA_SERVICES.get(name, (f"g{index}",))
         body = {
             "metadata": {
                 "name": name,
@@ -439,7 +445,7 @@ class Driver:
                 },
                 "annotations": {slb.MODE_ANNOTATION: "manage"},
             },
-            "spec": {"selector": {f"g{index}": "y"}, "ports": [{"port": 80, "targetPort": "http"}]},
+            "spec": {"selector": dict.fromkeys(groups, "y"), "ports": [{"port": 80, "targetPort": "http"}]},
         }
         self.client.create(kube.SERVICE, NAMESPACE, body)
 
@@ -762,8 +768,8 @@ class View:
     def api_findings(self) -> dict[str, list[str]]:
         """Lost and stale entries, stuck finalizers, routes without their guard."""
         alive = self.alive_services()
-        finalizer_of = {lifecycle.lifecycle_finalizer(n): n for n in SERVICES}
-        guard_of = {lifecycle.guard_finalizer(n): n for n in SERVICES}
+        finalizer_of = {lifecycle.lifecycle_finalizer(n): n for n in ALL_SERVICES}
+        guard_of = {lifecycle.guard_finalizer(n): n for n in ALL_SERVICES}
         found: dict[str, list[str]] = {"lost": [], "stale": [], "stuck": [], "unguarded_routes": []}
         routed = {n: self.routed(s) for n, s in alive.items()}
         held = {n: self.routed(s, min_weight=0) for n, s in alive.items()}
@@ -1072,13 +1078,22 @@ class Run:
 
     def phase_freeze_sharded(self, result: PhaseResult) -> None:
         """Three replicas with ``--sharding`` and the built-in sharder, each under its own
-        identity. Rounds of two freezes: a shard that does not run the sharder (its Services move
-        to the others once its Lease is taken over), then, when that shard comes back and the
-        sharder moves Services to it, the sharder's holder, right after one of its sharder
-        writes; each for 2 to 3 lease durations."""
+        identity, and three more Services (``EXTRA_SERVICES``). Rounds of two freezes: a shard
+        that does not run the sharder (its Services move to the others once its Lease is taken
+        over), then, when that shard comes back and the sharder moves Services to it, the
+        sharder's holder, right after one of its sharder writes; each for 2 to 3 lease
+        durations."""
         self.controllers.stop_all()
         for name in [self.controllers.start(sharded=True, identity="freeze-sharded") for _ in range(3)]:
             self.controllers.wait_ready(name)
+        known = {lb["id"] for lb in self.emulator.admin.state()["load_balancers"]}
+        for name in EXTRA_SERVICES:
+            balancer = f"lb-chaos-{ALL_SERVICES.index(name)}"
+            if balancer not in known:
+                self.emulator.admin.add_load_balancer(balancer)
+            if self.api.get_or_none(kube.SERVICE, NAMESPACE, name) is None:
+                with self.driver.lock:
+                    self.driver.create_service(name)
         self.emulator.admin.set_faults(latency_seconds=FREEZE_WRITE_LATENCY, actions="writes")
         self._wait_ring_ready()
         done: list[Freeze] = []
