@@ -40,6 +40,7 @@ import json
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -864,6 +865,9 @@ class Run:
             finally:
                 with suppress(Exception):
                     self.driver.stop(timeout=0)
+                if cp.audit_log.exists():
+                    # The replicas' requests, kept for a look beside results.json.
+                    shutil.copyfile(cp.audit_log, self.workdir / "audit.log")
                 self.requests.stop()
                 self.watch.stop()
                 self.controllers.stop_all()

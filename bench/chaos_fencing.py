@@ -97,7 +97,14 @@ class ApiRequest:
 
     def describe(self) -> str:
         what = self.resource + (f"/{self.subresource}" if self.subresource else "")
-        return f"{self.verb} {what} {self.name} ({self.code})"
+        changed = ""
+        if self.body is not None:
+            meta = self.body.get("metadata") or {}
+            labels = meta.get("labels") or {}
+            parts = [f"{k.rsplit('/', 1)[0].split('.', 1)[0]}={v}" for k, v in labels.items()]
+            parts += [k for k in ("annotations", "finalizers") if k in meta]
+            changed = f" [{', '.join(parts)}]" if parts else ""
+        return f"{self.verb} {what} {self.name}{changed} ({self.code})"
 
 
 class AuditTail:
