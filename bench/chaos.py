@@ -1102,6 +1102,7 @@ class Run:
         self._wait_ring_ready()
         done: list[Freeze] = []
         while len(done) < self.settings.shard_freezes:
+            time.sleep(self.rng.uniform(1.0, 3.0))
             holder = self._sharder_holder()
             shards = sorted(n for n in self.controllers.running if n != holder)
             # One that serves Services (three Services over three shards may leave one without).
@@ -1110,7 +1111,6 @@ class Run:
             if holder is None or not shards:
                 result.notes.append("no sharder holder, or no other shard, within the wait")
                 break
-            time.sleep(self.rng.uniform(1.0, 3.0))
             done.append(self._freeze(self.rng.choice(shards), "shard", "freeze-sharded"))
             if len(done) >= self.settings.shard_freezes:
                 break
@@ -1133,8 +1133,9 @@ class Run:
         seconds = self.rng.uniform(*FREEZE_DURATIONS) * FREEZE_LEASE_SECONDS
         log(f"froze {target} ({role}) for {seconds:.1f}s: {aim}")
         time.sleep(seconds)
+        resumed = time.time()  # stamped before the signal: nothing it sends can arrive earlier
         process.signal(signal.SIGCONT)
-        freeze = Freeze(target, phase, role, aim, stopped, time.time())
+        freeze = Freeze(target, phase, role, aim, stopped, resumed)
         self.freezes.append(freeze)
         return freeze
 
