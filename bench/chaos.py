@@ -42,6 +42,7 @@ import random
 import select
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,11 +77,13 @@ from chaos_fencing import (
     Freeze,
     Identity,
     RequestLog,
+    Takeover,
     Verdict,
     as_json,
     audit_policy,
     judge,
     sharder_act,
+    takeovers,
 )
 
 NAMESPACE = "chaos"
@@ -837,9 +840,11 @@ class Run:
         self.controller_python = controller_python
         self.rng = random.Random(settings.seed * 7919)
         self.results: list[PhaseResult] = []
-        #: The freezes so far, and the verdict per identity (``score``).
+        #: The freezes so far, the verdict per identity and the take-overs of the frozen ones'
+        #: Leases (``score``).
         self.freezes: list[Freeze] = []
         self.verdicts: list[Verdict] = []
+        self.takeovers: list[Takeover] = []
 
     @contextmanager
     def environment(self) -> Iterator[None]:
@@ -1284,6 +1289,7 @@ class Run:
             self.freezes,
             FREEZE_LEASE_SECONDS,
         )
+        self.takeovers = takeovers(self.controllers.identities, self.audit.requests, self.freezes)
         if self.requests.missed:
             self.results[-1].notes.append(
                 f"the emulator dropped {self.requests.missed} calls before they were fetched"
@@ -1416,6 +1422,13 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
+def _spread(values: list[float]) -> str:
+    """Median and range, in seconds."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
 def freeze_table(results: list[PhaseResult], freezes: list[Freeze], verdicts: list[Verdict]) -> str:
     """Per freeze phase: the freezes, and the requests that reached a server after their
     sender's Lease deadline (bench/chaos_fencing.py)."""
@@ -1424,8 +1437,9 @@ def freeze_table(results: list[PhaseResult], freezes: list[Freeze], verdicts: li
         "freezes (at sharder holder)",
         "late API writes (accepted / refused)",
         "late provider writes (accepted / refused)",
+        "late writes after another took the Lease over",
         "late provider reads",
-        "sharder writes by a non-holder (assign / drain / take-over)",
+        "sharder writes by a non-holder: assign / drain / take-over (accepted)",
         "late requests of replicas never frozen",
     )
     rows: list[tuple[str, ...]] = []
@@ -1436,6 +1450,7 @@ def freeze_table(results: list[PhaseResult], freezes: list[Freeze], verdicts: li
             continue
         frozen = [f for f in freezes if f.phase == phase]
         never = sum(len(v.late) for v in mine if not v.frozen)
+        kinds = ("assign", "drain", "take-over")
         rows.append(
             (
                 result.phase,
@@ -1446,11 +1461,27 @@ def freeze_table(results: list[PhaseResult], freezes: list[Freeze], verdicts: li
                 f"{sum(v.count('provider') for v in mine)} "
                 f"({sum(v.count('provider', accepted=True) for v in mine)} / "
                 f"{sum(v.count('provider', accepted=False) for v in mine)})",
+                str(sum(v.count(w, after_takeover=True) for v in mine for w in ("api", "provider"))),
                 str(sum(v.count("provider", write=False) for v in mine)),
-                " / ".join(str(sum(v.sharder(k) for v in mine)) for k in ("assign", "drain", "take-over")),
+                " / ".join(str(sum(v.sharder(k) for v in mine)) for k in kinds)
+                + " ("
+                + " / ".join(str(sum(v.sharder(k, accepted=True) for v in mine)) for k in kinds)
+                + ")",
                 str(never),
             )
         )
+    return _render(header, rows)
+
+
+def takeover_table(taken: list[Takeover]) -> str:
+    """Per frozen role and Lease: seconds from the SIGSTOP until another replica's first accepted
+    write of a Lease the frozen one held."""
+    header = ("frozen", "Lease", "take-overs", "not taken over", "after SIGSTOP, s: median (range)")
+    rows: list[tuple[str, ...]] = []
+    for role, kind in sorted({(t.role, t.kind) for t in taken}):
+        mine = [t for t in taken if (t.role, t.kind) == (role, kind)]
+        seconds = [t.seconds for t in mine if t.seconds is not None]
+        rows.append((role, kind, str(len(seconds)), str(len(mine) - len(seconds)), _spread(seconds)))
     return _render(header, rows)
 
 
@@ -1493,6 +1524,7 @@ def late_lines(verdicts: list[Verdict], freezes: list[Freeze], limit: int = 40) 
         f"{item.identity} {item.where}: {item.what} [{item.kind}, for {item.lease}] "
         f"{_ms(item.after_resume)} after its SIGCONT, "
         + ("never held" if item.past_deadline is None else f"{_ms(item.past_deadline)} past its deadline")
+        + (", after another took the Lease over" if item.after_takeover else "")
         for item in late[:limit]
     ]
     if len(late) > limit:
@@ -1544,7 +1576,7 @@ def main() -> None:
             {
                 "settings": asdict(settings),
                 "phases": [asdict(r) for r in results],
-                "fencing": as_json(run.verdicts, run.freezes),
+                "fencing": as_json(run.verdicts, run.freezes, run.takeovers),
             },
             indent=1,
         )
@@ -1555,12 +1587,18 @@ def main() -> None:
         print()
         print(freeze_table(results, run.freezes, run.verdicts))
         print()
+        print(takeover_table(run.takeovers))
+        print()
         print(identity_table(run.verdicts))
         for line in late_lines(run.verdicts, run.freezes):
             print(f"late: {line}")
         for freeze in run.freezes:
             took = freeze.resumed - freeze.stopped
             print(f"freeze: {freeze.identity} ({freeze.role}) {took:.1f}s: {freeze.aim}")
+            for t in run.takeovers:
+                if (t.identity, t.stopped) == (freeze.identity, freeze.stopped):
+                    by = "nobody" if t.by is None else f"{t.by} after {_seconds(t.seconds)}s"
+                    print(f"  take-over of {t.lease} ({t.kind} Lease): {by}")
     print(f"\n{time.monotonic() - started:.0f}s in all; details in {workdir / 'results.json'}")
     for r in results:
         for note in r.notes:

@@ -19,7 +19,12 @@ own shard or leader Lease; the sharder's Lease take-overs and deletions and its 
 the sharder's Lease. The Lease writes of its own elections are not counted (they are how a Lease
 is held). Provider writes (the mutating actions) are what the target of 0 is about; provider reads
 after the deadline are counted beside them (a read changes nothing, and the fence guards writes:
-docs/concepts.md, "Fencing").
+docs/concepts.md, "Fencing"). A late request is also marked when another identity had written
+that Lease since the sender's own last write: it was sent while someone else owned the Lease (two
+owners acting at once).
+
+``takeovers`` gives, per freeze, who took over each Lease the frozen replica held when it was
+stopped, and how many seconds after the SIGSTOP (the other's first accepted write of that Lease).
 """
 
 from __future__ import annotations
@@ -276,6 +281,8 @@ class Late:
     after_resume: float | None
     accepted: bool
     write: bool
+    #: Another identity had written the Lease since the sender's own last write of it.
+    after_takeover: bool = False
 
 
 @dataclass
@@ -291,15 +298,27 @@ class Verdict:
     provider_reads: int = 0
     late: list[Late] = field(default_factory=list)
 
-    def count(self, where: str, *, write: bool = True, accepted: bool | None = None) -> int:
+    def count(
+        self,
+        where: str,
+        *,
+        write: bool = True,
+        accepted: bool | None = None,
+        after_takeover: bool | None = None,
+    ) -> int:
         return sum(
             1
             for item in self.late
-            if item.where == where and item.write == write and (accepted is None or item.accepted == accepted)
+            if item.where == where
+            and item.write == write
+            and (accepted is None or item.accepted == accepted)
+            and (after_takeover is None or item.after_takeover == after_takeover)
         )
 
-    def sharder(self, kind: str) -> int:
-        return sum(1 for item in self.late if item.kind == kind)
+    def sharder(self, kind: str, *, accepted: bool | None = None) -> int:
+        return sum(
+            1 for item in self.late if item.kind == kind and (accepted is None or item.accepted == accepted)
+        )
 
 
 def sharder_act(request: ApiRequest, identity: Identity) -> str | None:
@@ -316,6 +335,64 @@ def sharder_act(request: ApiRequest, identity: Identity) -> str | None:
         if labels.get(drain_label(identity.ring)) == "true":
             return "drain"
     return None
+
+
+def lease_writes(api: Iterable[ApiRequest]) -> dict[str, list[tuple[float, str]]]:
+    """Per Lease name: its accepted writes (create, update, patch) by any replica, as (moment
+    received, identity), in time order."""
+    writes: dict[str, list[tuple[float, str]]] = defaultdict(list)
+    for r in api:
+        if r.resource == "leases" and r.verb in ("create", "update", "patch") and r.accepted:
+            writes[r.name].append((r.received, r.identity))
+    for line in writes.values():
+        line.sort()
+    return writes
+
+
+def _last_writer(line: list[tuple[float, str]], moment: float) -> str | None:
+    """Who wrote the Lease last before ``moment`` (None: nobody)."""
+    at = bisect_right(line, (moment, "\uffff")) - 1
+    return None if at < 0 else line[at][1]
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """A Lease the frozen replica acted for and held when it was stopped, and who took it over."""
+
+    identity: str
+    role: str
+    lease: str
+    #: "leader", "shard" (the replica's own shard Lease) or "sharder".
+    kind: str
+    stopped: float
+    #: The identity whose accepted write of the Lease came first after the SIGSTOP (None: none).
+    by: str | None
+    #: Seconds from the SIGSTOP to that write.
+    seconds: float | None
+
+
+def takeovers(
+    identities: Iterable[Identity], api: Iterable[ApiRequest], freezes: Iterable[Freeze]
+) -> list[Takeover]:
+    """Per freeze, each Lease its replica acts for (a leader's, its own shard Lease, the
+    sharder's) that it had written last before the SIGSTOP, and the first accepted write of it
+    by another identity after."""
+    writes = lease_writes(api)
+    known = {identity.name: identity for identity in identities}
+    found: list[Takeover] = []
+    for freeze in freezes:
+        identity = known.get(freeze.identity)
+        if identity is None:
+            continue
+        for lease in sorted(identity.own_leases):
+            line = writes.get(lease, [])
+            if _last_writer(line, freeze.stopped) != freeze.identity:
+                continue
+            kind = "sharder" if lease == identity.sharder_lease else ("shard" if identity.ring else "leader")
+            after = [(t, who) for t, who in line if t > freeze.stopped and who != freeze.identity]
+            by, seconds = (after[0][1], after[0][0] - freeze.stopped) if after else (None, None)
+            found.append(Takeover(freeze.identity, freeze.role, lease, kind, freeze.stopped, by, seconds))
+    return found
 
 
 class _Deadlines:
@@ -353,8 +430,6 @@ def judge(
 ) -> list[Verdict]:
     """Per identity: its requests, and those that reached a server after its deadline."""
     by_identity: dict[str, list[ApiRequest]] = defaultdict(list)
-    for request in api:
-        by_identity[request.identity].append(request)
     calls: dict[str, list[ProviderCall]] = defaultdict(list)
     for call in provider:
         calls[call.identity].append(call)
@@ -363,6 +438,15 @@ def judge(
     for freeze in freezes:
         resumes[freeze.identity].append(freeze.resumed)
         frozen[freeze.identity] += 1
+    every = list(api)
+    owners = lease_writes(every)
+    for request in every:
+        by_identity[request.identity].append(request)
+
+    def taken(lease: str, sender: str, moment: float) -> bool:
+        writer = _last_writer(owners.get(lease, []), moment)
+        return writer is not None and writer != sender
+
     verdicts: list[Verdict] = []
     for identity in identities:
         mine = sorted(by_identity.get(identity.name, []), key=lambda r: r.received)
@@ -394,6 +478,7 @@ def judge(
                         _after(thawed, request.received),
                         request.accepted,
                         True,
+                        taken(lease, identity.name, request.received),
                     )
                 )
         for call in sorted(calls.get(identity.name, []), key=lambda c: c.received):
@@ -415,6 +500,7 @@ def judge(
                         _after(thawed, call.received),
                         call.code is None,
                         call.write,
+                        taken(identity.controller_lease, identity.name, call.received),
                     )
                 )
         verdicts.append(verdict)
@@ -427,5 +513,9 @@ def _after(resumes: list[float], moment: float) -> float | None:
     return None if at < 0 else moment - resumes[at]
 
 
-def as_json(verdicts: list[Verdict], freezes: list[Freeze]) -> dict[str, Any]:
-    return {"freezes": [asdict(f) for f in freezes], "identities": [asdict(v) for v in verdicts]}
+def as_json(verdicts: list[Verdict], freezes: list[Freeze], taken: list[Takeover]) -> dict[str, Any]:
+    return {
+        "freezes": [asdict(f) for f in freezes],
+        "takeovers": [asdict(t) for t in taken],
+        "identities": [asdict(v) for v in verdicts],
+    }
