@@ -79,6 +79,7 @@ from chaos_fencing import (
     RequestLog,
     Takeover,
     Verdict,
+    after_freeze,
     as_json,
     audit_policy,
     judge,
@@ -1517,6 +1518,20 @@ def identity_table(verdicts: list[Verdict]) -> str:
     return _render(header, rows)
 
 
+def freeze_counts(verdicts: list[Verdict], freezes: list[Freeze], freeze: Freeze) -> str:
+    """What reached a server late from ``freeze``'s SIGCONT to its replica's next SIGSTOP."""
+    following = [f.stopped for f in freezes if f.identity == freeze.identity and f.stopped > freeze.resumed]
+    late = after_freeze(verdicts, freeze, min(following, default=None))
+    api = [item for item in late if item.where == "api"]
+    writes = [item for item in late if item.where == "provider" and item.write]
+    sharder = [item for item in api if item.kind in ("assign", "drain", "take-over", "delete-lease")]
+    return (
+        f"{len(api)} late API writes ({sum(i.accepted for i in api)} accepted), "
+        f"{len(writes)} late provider writes ({sum(i.accepted for i in writes)} accepted), "
+        f"{len(sharder)} of them sharder writes ({sum(i.accepted for i in sharder)} accepted)"
+    )
+
+
 def late_lines(verdicts: list[Verdict], freezes: list[Freeze], limit: int = 40) -> list[str]:
     """The late requests, each with its time after the sender's resume and past its deadline."""
     late = sorted((item for v in verdicts for item in v.late), key=lambda item: item.received)
@@ -1595,6 +1610,7 @@ def main() -> None:
         for freeze in run.freezes:
             took = freeze.resumed - freeze.stopped
             print(f"freeze: {freeze.identity} ({freeze.role}) {took:.1f}s: {freeze.aim}")
+            print(f"  after its SIGCONT: {freeze_counts(run.verdicts, run.freezes, freeze)}")
             for t in run.takeovers:
                 if (t.identity, t.stopped) == (freeze.identity, freeze.stopped):
                     by = "nobody" if t.by is None else f"{t.by} after {_seconds(t.seconds)}s"

@@ -507,6 +507,18 @@ def judge(
     return verdicts
 
 
+def after_freeze(verdicts: Iterable[Verdict], freeze: Freeze, following: float | None) -> list[Late]:
+    """The late requests of ``freeze``'s replica that reached a server from its SIGCONT until its
+    next freeze's SIGSTOP (``following``; None: the end of the run)."""
+    return [
+        item
+        for verdict in verdicts
+        if verdict.identity == freeze.identity
+        for item in verdict.late
+        if item.received >= freeze.resumed and (following is None or item.received < following)
+    ]
+
+
 def _after(resumes: list[float], moment: float) -> float | None:
     """Seconds from the last of ``resumes`` (sorted) before ``moment`` to it; None: none before."""
     at = bisect_right(resumes, moment) - 1
