@@ -294,9 +294,11 @@ def test_an_audit_policy_of_ones_own_records_the_bodies_it_asks_for() -> None:
         api.close()
 
         def seen() -> list[dict[str, Any]]:
-            return [e for e in cp.audit_events() if (e.get("objectRef") or {}).get("name") == "web"]
+            """The Service's create and patch, once both are logged (an empty list till then)."""
+            events = [e for e in cp.audit_events() if (e.get("objectRef") or {}).get("name") == "web"]
+            return events if len(events) >= 2 else []
 
-        events = wait_for(lambda: len(seen()) >= 2 and seen(), timeout=10, message="the Service's events")
+        events = wait_for(seen, timeout=10, message="the Service's events")
     by_verb = {e["verb"]: e for e in events}
     assert by_verb["patch"]["requestObject"] == {"metadata": {"labels": {"shard": "a"}}}
     assert "requestObject" not in by_verb["create"]
