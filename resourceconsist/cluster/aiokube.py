@@ -35,7 +35,8 @@ import msgspec
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject, PatchType, Resource
 from resourceconsist.cluster.kubeconfig import Access
-from resourceconsist.cluster.transport import RequestLedger
+from resourceconsist.cluster.transport import RequestLedger, write_refused
+from resourceconsist.flow.fence import check_fence
 
 if TYPE_CHECKING:
     # aiohttp is imported when a transport is made: what only imports the reconcile steps (the
@@ -158,9 +159,14 @@ class AsyncTransport:
                     status, reason = response.status, response.reason or ""
                     payload = await response.read()
             except (aiohttp.ClientConnectionError, TimeoutError) as err:
-                if _before_any_answer(err) and tries < _CONNECT_TRIES and method != "POST":
+                refused = write_refused(method)
+                if not refused and _before_any_answer(err) and tries < _CONNECT_TRIES and method != "POST":
                     continue
                 ledger.unanswered(method, err, started)
+                if refused:
+                    # The body writer found the Lease lost and dropped the connection with
+                    # nothing written (``CheckedRequest.write_bytes``): the fence's error.
+                    check_fence()
                 raise
             except Exception as err:  # a send check refused it, or the session failed otherwise
                 ledger.unanswered(method, err, started)
@@ -374,6 +380,17 @@ def _checked_request(ledger: RequestLedger) -> type[aiohttp.ClientRequest]:
         async def send(self, conn: Any) -> aiohttp.ClientResponse:
             ledger.before_send(self.method, self.url.raw_path)
             return await super().send(conn)
+
+        async def write_bytes(self, writer: Any, conn: Any, *args: Any, **kwargs: Any) -> None:
+            # A request with a body, headers included, is written here, in a task of its own
+            # that Python 3.11 starts only after the loop's other ready work: the fence is asked
+            # again in the step that writes. Refused, the connection is dropped with nothing
+            # written, and ``AsyncTransport.request`` raises the fence's ``LeaseLost``
+            # (resourceconsist.cluster.transport, "The send hook").
+            if write_refused(self.method):
+                conn.close()
+                return
+            await super().write_bytes(writer, conn, *args, **kwargs)
 
     return CheckedRequest
 

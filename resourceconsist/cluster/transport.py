@@ -29,12 +29,14 @@ again for every attempt of a request (a retry after a broken connection). A chec
 refuses the request: nothing of it is written, and its exception reaches the caller (the ledger
 records the request as unanswered). The lease fence is checked here, before the send checks, for
 every request but a read: a write made for a Lease no longer surely held is never sent
-(docs/concepts.md, "Fencing"). One limit of the loop transport on Python 3.11: aiohttp writes a
-request *with a body* from a task of its own, which the loop runs next, before anything else of
-the frame; on 3.12 and later it writes it eagerly, in the step. A pause that falls between the
-check and that task is the same case as one that falls between a check and the write in the
-synchronous step: the write goes out on resuming (docs/concepts.md, "Fencing", "What remains
-possible").
+(docs/concepts.md, "Fencing"). The loop transport asks the fence once more where aiohttp writes a
+request *with a body* (its headers too: aiohttp holds them back to send with the body): from a
+task of its own, which on Python 3.11 the loop runs only after the ready work queued before it
+(on 3.12 and later it starts eagerly, in the send step). A pause between the send hook and that
+task would otherwise send the write on resuming, however long after its deadline (``write_refused``;
+measured by ``make chaos``, docs/chaos.md, "Freezes"). What remains is the step between a check
+and the bytes reaching the socket, in either transport (docs/concepts.md, "Fencing", "What
+remains possible").
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from resourceconsist.flow.fence import check_fence
+from resourceconsist.flow.fence import check_fence, fence_lost
 
 if TYPE_CHECKING:
     import asyncio
@@ -64,6 +66,13 @@ RequestObserver = Callable[[str, int, float], None]
 SendCheck = Callable[[str, str], None]
 #: Turns an answer's JSON bytes (a whole body, or one line of a watch) into objects.
 Decode = Callable[[bytes], Any]
+
+
+def write_refused(method: str) -> bool:
+    """A request of ``method`` made now would be refused by the lease fence: a write for a Lease
+    no longer surely held (asked again where a transport writes a request later than its send
+    hook ran: the loop transport's body writer)."""
+    return method not in _READS and fence_lost()
 
 
 class Reachability:
