@@ -14,7 +14,7 @@ from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileAda
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.budget import Priority, spending_for
-from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.flow.cancellation import call_adapter, call_adapter_pair
 from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
 from resourceconsist.rules.diff import Diff, diff
 
@@ -121,12 +121,19 @@ async def sync_side(
     """Expected, current, diff and create/update/delete for one side, with the Go events;
     what the provider did, its current items by id, and the provider's reason for each pod
     whose item it refused (for the readiness gates)."""
+    # Both reads in one hand-off for a plain adapter (``call_adapter_pair``), in this order.
+    got_expected, got_current = await call_adapter_pair(get_expected, get_current, ctx, employer)
     try:
-        expected = list(await call_adapter(get_expected, ctx, employer))
+        if got_expected.error is not None:
+            raise got_expected.error
+        expected = list(got_expected.value)
     except Exception as err:
         raise await failures.fail(side.expected_reason, f"get expect {side.what} failed: {err}") from err
     try:
-        current = list(await call_adapter(get_current, ctx, employer))
+        assert got_current is not None  # the expected items were read
+        if got_current.error is not None:
+            raise got_current.error
+        current = list(got_current.value)
     except Exception as err:
         raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
     try:
