@@ -304,10 +304,12 @@ class PodWriter:
         an entry removal deferred). ``located``: where it lives and its cached copy, when
         ``flush`` already looked them up. The write goes out on the event loop's transport
         (resourceconsist.cluster.aiokube), in the frame's threads where that cannot serve the client."""
-        # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
-        where, pod = located or (self._resolve(name), None)
-        if located is None:
-            pod = self.recent.get(where.reader, self.namespace, where.name)
+        # Start from the cache as it is now, not as it was when the flush began: a writer takes a
+        # pod up to seconds later in a large flush, and a copy that meanwhile changed (a kubelet's
+        # status patch) would cost a 409, a GET and a second PATCH. It may lag behind a pod
+        # created a moment ago, so fall back to a GET.
+        where = located[0] if located is not None else self._resolve(name)
+        pod = self.recent.get(where.reader, self.namespace, where.name)
         deferred = False
 
         def change(fresh: KubeObject) -> dict[str, Any] | None:
