@@ -678,7 +678,10 @@ def main_tree(path: Path) -> Kind:
     the same way: its package first on the path."""
 
     def argv(kubeconfig: Path, ns: str) -> list[str]:
-        return ["env", f"PYTHONPATH={path}", *ours_argv(kubeconfig, ns)]
+        python, *rest = ours_argv(kubeconfig, ns)
+        # -P: ``python -m`` puts the working directory first on the path, and run from a
+        # checkout that would import that checkout's package, not the tree's.
+        return ["env", f"PYTHONPATH={path}", python, "-P", *rest]
 
     return Kind(f"tree {path.name}", argv)
 
