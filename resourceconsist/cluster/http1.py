@@ -148,7 +148,10 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self._state == _IDLE:
-            return  # nothing asked: bytes a server sent unasked are dropped with the connection
+            # Nothing was asked: the connection is out of step with the server (or the server
+            # says goodbye, as some send a 408 before closing); it carries no request more.
+            self.close()
+            return
         self._got_any = True
         self._arm()
         self._buf += data

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from resourceconsist.cluster import http1
+from resourceconsist.testing import async_wait_for
 
 #: What the scripted server answers: the bytes of a whole answer, sent as the pieces given.
 Script = Callable[[bytes], list[bytes]]
@@ -170,3 +171,42 @@ def test_a_request_head_carries_host_headers_and_length() -> None:
         b"PATCH /api/v1/x?a=1 HTTP/1.1\r\nHost: h:6443\r\nAccept: application/json\r\n"
         b"Content-Length: 2\r\n\r\n"
     )
+
+
+async def test_bytes_sent_unasked_between_answers_end_the_connection() -> None:
+    answer_bytes = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    say_more = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(answer_bytes)
+            await writer.drain()
+            await say_more.wait()  # then, with no request asked, a 408 as some servers send
+            writer.write(b"HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+            await reader.read()  # until the client closes
+        except ConnectionError:
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = http1.Pool(f"http://127.0.0.1:{port}", None, None, limit=1, idle_seconds=90.0)
+    try:
+        assert (await _get(pool)).body == b"ok"
+        [idle] = pool._idle
+        assert not idle.closed
+        say_more.set()
+
+        async def closed() -> bool:
+            return idle.closed
+
+        await async_wait_for(closed, timeout=10, message="the connection that got bytes unasked closed")
+        assert (await _get(pool)).body == b"ok"
+        assert pool.opened == 2
+    finally:
+        pool.close()
+        server.close()
+        await server.wait_closed()
