@@ -63,7 +63,8 @@ GO_BINARY = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "resourceconsist/goorig-v0.0.7/goorig"
 )
 #: What ``resourceconsist run --adapter demo`` imports before it reconciles anything: aiohttp
-#: too, which the loop's transport and the probe endpoints load when they start, and urllib3,
+#: too, which the probe endpoints load when they start (the loop's transport no longer does:
+#: resourceconsist.cluster.http1), and urllib3,
 #: the threads' transport (the official client is not loaded: docs/index.md, "Which cluster").
 IMPORT_BASELINE = (
     "import resourceconsist.commands.cli, resourceconsist.runtime.manager, "
