@@ -364,14 +364,15 @@ async def test_a_send_check_is_asked_in_each_transports_send_step_and_may_refuse
     assert len(asked) == 3
 
 
-async def test_a_write_whose_lease_is_lost_after_the_send_hook_is_not_written_from_the_loop(
+async def test_a_write_whose_lease_is_lost_while_the_send_hook_runs_is_not_written_from_the_loop(
     cluster: Cluster, kube_client: KubeClient
 ) -> None:
-    """The loop transport asks the fence again where aiohttp writes a request with a body, its
-    headers too (on Python 3.11 a task the loop runs after its other ready work, which a freeze
-    can fall before: ``make chaos`` saw a pod patch sent 8 ms after a SIGCONT, 7 s past its
-    sender's deadline). A Lease lost right after the send hook passed (a send check drops it
-    here, as a pause there would) sends nothing: ``LeaseLost``, the pod unchanged."""
+    """The lease fence is the last thing the send hook asks, after the send checks, in the step
+    that writes the request (``http1.Connection.send``; before it, aiohttp wrote a request with a
+    body from a task of its own, which a freeze could fall before: ``make chaos`` saw a pod patch
+    sent 8 ms after a SIGCONT, 7 s past its sender's deadline). A Lease lost while the hook runs
+    (a send check drops it here, as a pause there would) sends nothing: ``LeaseLost``, the pod
+    unchanged."""
     ns = cluster.namespace
     await cluster.pod("web-0", {"app": "web"})
     transport = _transport(kube_client)
