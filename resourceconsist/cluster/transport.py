@@ -29,9 +29,10 @@ check and its send, on every Python version, and a check runs again for every at
 request (a retry after a broken connection). A check that raises refuses the request: nothing of
 it is written, and its exception reaches the caller (the ledger records the request as
 unanswered). The lease fence is checked here, after the send checks (the last step before the
-write), for every request but a read: a write made for a Lease no longer surely held is never sent (docs/concepts.md, "Fencing").
-A pause that falls between a check and the write of the same synchronous step is the one case
-left: the write goes out on resuming (docs/concepts.md, "Fencing", "What remains possible").
+write), for every request but a read: a write made for a Lease no longer surely held is never
+sent (docs/concepts.md, "Fencing"). A pause that falls between a check and the write of the same
+synchronous step is the one case left: the write goes out on resuming (docs/concepts.md,
+"Fencing", "What remains possible").
 """
 
 from __future__ import annotations
