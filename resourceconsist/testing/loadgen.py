@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import itertools
 import json
 import os
@@ -234,6 +235,10 @@ class LoadGenerator:
                 break
             if self._progress is not None and n % 50 == 0:
                 self._progress.write_text(str(n))
+            if n % 1000 == 999:
+                # The records kept so far leave the collector's sight: a full collection over tens
+                # of thousands of them would stall the loop for tens of milliseconds, as lag.
+                gc.freeze()
             due = start + n * interval
             delay = due - loop.time()
             if delay > 0:
