@@ -547,8 +547,16 @@ class TrafficRig:
             found[wire.DRAIN_MODE_ANNOTATION] = "wait"
         return found
 
-    async def run(self, scenario: Scenario, protection: Protection, run: int = 1) -> RunResult:
-        """Measure ``scenario`` once under ``protection`` (module doc)."""
+    async def run(
+        self,
+        scenario: Scenario,
+        protection: Protection,
+        run: int = 1,
+        *,
+        annotations: Mapping[str, str] | None = None,
+    ) -> RunResult:
+        """Measure ``scenario`` once under ``protection`` (module doc); ``annotations`` go on the
+        Service beside the target's and the protection's (e.g. the adapter's health checks)."""
         if protection.drain == "wait" and self.waiter_image is None:
             raise ValueError("the wait drain needs the rig made with waiter_image=")
         await self._replicas_up()
@@ -557,7 +565,7 @@ class TrafficRig:
         c = Cluster(self.client, namespace)
         await self._namespace(namespace, protection)
         try:
-            await self._deploy(c, scenario, protection)
+            await self._deploy(c, scenario, protection, annotations or {})
             await self._measure(c, scenario, result)
         finally:
             await self._remove(namespace)
@@ -575,8 +583,12 @@ class TrafficRig:
             message=f"the default ServiceAccount of {namespace}",
         )
 
-    async def _deploy(self, c: Cluster, scenario: Scenario, protection: Protection) -> None:
-        service = await c.service(APP, {"app": APP}, annotations=self.annotations(protection))
+    async def _deploy(
+        self, c: Cluster, scenario: Scenario, protection: Protection, annotations: Mapping[str, str]
+    ) -> None:
+        service = await c.service(
+            APP, {"app": APP}, annotations={**annotations, **self.annotations(protection)}
+        )
         assert self._webhook is not None
         reader = self._webhook.reader
 
@@ -825,8 +837,10 @@ def _failed_cell(r: RunResult) -> str:
     return f"**{r.failed}** ({s['non_2xx']}/{s['connection_errors']}/{s['resets']}/{s['timeouts']})"
 
 
-def _lag_ms(r: RunResult) -> int:
-    return round(float(r.summary.get("lag_seconds", 0) or 0) * 1000)
+def _lag_ms(r: RunResult) -> str:
+    """The generator's lag in ms, ``void`` beside it when over the limit (the run does not count)."""
+    lag = round(float(r.summary.get("lag_seconds", 0) or 0) * 1000)
+    return f"{lag} void" if r.void else str(lag)
 
 
 def table(results: Sequence[RunResult], scenarios: Mapping[str, Scenario] = SCENARIOS) -> str:
