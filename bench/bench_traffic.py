@@ -19,10 +19,12 @@ every runtime API command 300 ms slower; scale down 10 -> 2; 3 pods evicted at o
 Eviction API; and, apart from the zero target, 3 pods deleted with grace period 0. Each under
 each protection (``--protection``): ``off`` (no readiness gate, no preStop), ``gates+sleep`` (the
 gate and a preStop sleep of ``--drain-seconds``) and ``gates+wait`` (the gate and the drain waiter:
-the preStop ends when a manager says HAProxy let go, at most the drain time), ``--runs`` times (3).
+the preStop ends when a manager says HAProxy let go, at most the drain time), ``--runs`` rounds (3),
+each round every scenario under every protection once.
 
     flock /work/wt/node.lock flock /work/wt/bench.lock make bench-traffic
     python bench/bench_traffic.py --runs 1 --only roll --protection off   # one quick look
+    python bench/bench_traffic.py --report build/bench-traffic.json      # the table again
 
 Prints a Markdown table (each cell: run 1, 2, 3) and why what failed failed (HAProxy's log), and
 writes every figure as JSON (``--out``). Needs root, the node's packages and images (``make
@@ -86,11 +88,14 @@ async def bench(args: argparse.Namespace, workdir: Path) -> list[RunResult]:
             drain_seconds=args.drain_seconds,
             waiter_image=manager_image,
         ) as rig:
-            for key in args.only:
-                scenario = SCENARIOS[key]
-                for name in args.protection:
-                    for run in range(1, args.runs + 1):
-                        for attempt in range(VOID_RETRIES + 1):
+            # Run-major: each round measures every scenario under every protection once, so a
+            # benchmark cut short has whole rounds, and a drift in the machine's load spreads
+            # over all cells instead of falling on one.
+            for run in range(1, args.runs + 1):
+                for key in args.only:
+                    scenario = SCENARIOS[key]
+                    for name in args.protection:
+                        for attempt in range(args.void_retries + 1):
                             result = await rig.run(scenario, PROTECTIONS[name], run)
                             log(_line(result))
                             if not result.void:
@@ -117,15 +122,43 @@ def _save(path: Path, results: list[RunResult]) -> None:
     path.write_text(json.dumps([dataclasses.asdict(r) for r in results], indent=1))
 
 
+def _load(path: Path) -> list[RunResult]:
+    return [RunResult(**found) for found in json.loads(path.read_text())]
+
+
+def _print(results: list[RunResult]) -> None:
+    print(table(results))
+    print()
+    for r in results:
+        if r.logged or r.notes:
+            said = f"HAProxy {r.logged or '{}'} {r.notes or ''}"
+            print(f"- {r.scenario} / {r.protection} / run {r.run}: {said}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", nargs="+", choices=list(SCENARIOS), default=list(SCENARIOS))
     parser.add_argument("--protection", nargs="+", choices=list(PROTECTIONS), default=list(PROTECTIONS))
-    parser.add_argument("--rate", type=float, default=500.0, help="requests a second (at least 500 for the table)")
+    parser.add_argument(
+        "--rate", type=float, default=500.0, help="requests a second (at least 500 for the table)"
+    )
     parser.add_argument("--drain-seconds", type=int, default=30, help="the Services' drain time")
+    parser.add_argument(
+        "--void-retries", type=int, default=VOID_RETRIES, help="runs again of a void run, at most"
+    )
     parser.add_argument("--out", type=Path, default=Path("build/bench-traffic.json"))
+    parser.add_argument(
+        "--report",
+        type=Path,
+        nargs="+",
+        metavar="JSON",
+        help="measure nothing: print the table of the figures these files (--out of earlier runs) hold",
+    )
     args = parser.parse_args()
+    if args.report:
+        _print([r for path in args.report for r in _load(path)])
+        return
     if os.geteuid() != 0:
         sys.exit("the traffic benchmark runs a real node, which needs root")
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,11 +166,7 @@ def main() -> None:
     log(f"load average before: {os.getloadavg()[0]:.2f}")
     results = asyncio.run(bench(args, workdir))
     print()
-    print(table(results))
-    print()
-    for r in results:
-        if r.logged or r.notes:
-            print(f"- {r.scenario} / {r.protection} / run {r.run}: HAProxy {r.logged or '{}'} {r.notes or ''}")
+    _print(results)
     log(f"load average after: {os.getloadavg()[0]:.2f}; figures in {args.out}")
 
 
