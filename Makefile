@@ -28,7 +28,9 @@ node-setup: setup
 demo: setup
 	$(BIN)/resourceconsist demo
 
-test: setup
+# The whole suite, the real-node tier included (docs/testing.md, "A real node": it needs root,
+# and installs its Debian packages and makes its images first).
+test: node-setup
 	$(BIN)/pytest
 
 # The fast part alone: every test that needs no kube-apiserver + etcd (tests/conftest.py marks

@@ -137,7 +137,7 @@ async def test_a_crd_employer_with_crd_employees_converges(cluster: Cluster, run
         for plural in ("pools", "backends"):
             found = await cluster.call(client.get_or_none, crd, None, f"{plural}.{GROUP}")
             conditions = {
-                c["type"]: c["status"] for c in (found or {}).get("status", {}).get("conditions", [])
+                c["type"]: c["status"] for c in ((found or {}).get("status") or {}).get("conditions") or []
             }
             if conditions.get("Established") != "True":
                 return False
