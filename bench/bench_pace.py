@@ -63,7 +63,8 @@ GO_BINARY = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "resourceconsist/goorig-v0.0.7/goorig"
 )
 #: What ``resourceconsist run --adapter demo`` imports before it reconciles anything: aiohttp
-#: too, which the loop's transport and the probe endpoints load when they start, and urllib3,
+#: too, which the probe endpoints load when they start (the loop's transport no longer does:
+#: resourceconsist.cluster.http1), and urllib3,
 #: the threads' transport (the official client is not loaded: docs/index.md, "Which cluster").
 IMPORT_BASELINE = (
     "import resourceconsist.commands.cli, resourceconsist.runtime.manager, "
@@ -91,7 +92,7 @@ def ours_argv(kubeconfig: Path, ns: str, *extra: str) -> list[str]:
         "-m",
         "resourceconsist",
         "--log-level",
-        "warning",
+        os.environ.get("BENCH_LOG_LEVEL", "warning"),
         "run",
         "--adapter",
         "demo",
@@ -291,16 +292,56 @@ def _pool_map(fn: Callable[[str], Any], names: list[str]) -> float:
     return sum(cpu)
 
 
-def populate(client: KubeClient, ns: str, services: int, pods: int, *, ready: bool = False) -> list[str]:
-    """S controlled Services svc-NNN, each selecting P pods svc-NNN-J with an IP, Ready or not."""
-    cluster = Cluster(client, ns)
-    client.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
+def _paced_map(fn: Callable[[str], Any], names: list[str], rate: float) -> float:
+    """``_pool_map`` at a fixed rate: the i-th call starts no sooner than i / ``rate`` seconds
+    after the first (0: as fast as the API server answers), from CLIENTS threads; a slow answer
+    delays only its own thread, so the driver falls behind only where the API server does."""
+    if rate <= 0:
+        return _pool_map(fn, names)
+    cpu: list[float] = []
+    start = time.monotonic()
+    lock = threading.Lock()
+    order = iter(enumerate(names))
+
+    def worker() -> None:
+        started = time.thread_time()
+        while True:
+            with lock:
+                nxt = next(order, None)
+            if nxt is None:
+                break
+            i, name = nxt
+            delay = start + i / rate - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            fn(name)
+        cpu.append(time.thread_time() - started)
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        for future in [pool.submit(worker) for _ in range(CLIENTS)]:
+            future.result()
+    return sum(cpu)
+
+
+def create_services(client: KubeClient, ns: str, services: int) -> None:
+    """The S controlled Services svc-NNN, each selecting the pods labelled app=svc-NNN."""
     for i in range(services):
         body = {
             "metadata": {"name": f"svc-{i:03d}", "labels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
             "spec": {"selector": {"app": f"svc-{i:03d}"}, "ports": [{"port": 80}]},
         }
         client.create(kube.SERVICE, ns, body)
+
+
+def populate(
+    client: KubeClient, ns: str, services: int, pods: int, *, ready: bool = False, with_services: bool = True
+) -> list[str]:
+    """S controlled Services svc-NNN (unless not ``with_services``: ``create_services`` later),
+    each selecting P pods svc-NNN-J with an IP, Ready or not."""
+    cluster = Cluster(client, ns)
+    client.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
+    if with_services:
+        create_services(client, ns, services)
     names = [f"svc-{i:03d}-{j}" for i in range(services) for j in range(pods)]
 
     def make(name: str) -> None:
@@ -338,9 +379,21 @@ class Shape:
         return f"{self.services} x {self.pods}" if self.services > 1 else f"{self.pods} pods"
 
 
-def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir: Path) -> dict[str, float]:
+def run_once(
+    kind: Kind,
+    shape: Shape,
+    steady: float,
+    go_pattern: bool,
+    workdir: Path,
+    *,
+    late: bool = False,
+    rate: float = 0.0,
+) -> dict[str, float]:
     """One controller on a fresh control plane: the figures of the module docstring, and the
-    baselines measured on the same API server once the controller is gone."""
+    baselines measured on the same API server once the controller is gone. ``late``: the
+    Services are created just before the Ready ramp (registration and the ramp in one window),
+    not before the controller starts; ``rate``: the ramp's pods per second (0: as fast as the
+    API server answers)."""
     ns = "bench-pace"
     n = shape.total
     timeout = max(300.0, n / 5)
@@ -348,35 +401,46 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
         driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
         stack.callback(driver.close)
         cluster = Cluster(driver, ns)
-        names = populate(driver, ns, shape.services, shape.pods)
+        names = populate(driver, ns, shape.services, shape.pods, with_services=not late)
         watch = PodWatch(driver, ns)
         stack.callback(watch.stop)
         meter = WriteMeter(cp, driver)
         meter.mark()
         spawned = time.monotonic()
-        proc = Process(kind.argv(cp.kubeconfig, ns), workdir / f"{kind.label.replace(' ', '_')}.log")
+        tag = kind.label.replace(" ", "_").replace(",", "")
+        proc = Process(kind.argv(cp.kubeconfig, ns), workdir / f"{tag}{'-late' if late else ''}.log")
         stack.callback(proc.stop)
         f: dict[str, float] = {}
 
-        # Start-up: every Service takes its clean finalizer, every (not ready) pod its expected
-        # finalizer (both record them), then the pods stop changing.
-        def started() -> bool:
-            proc.check()
-            svcs = driver.list(kube.SERVICE, ns)["items"]
-            return all(wire.CLEAN_FINALIZER in finalizers(s) for s in svcs)
+        if late:
+            # Start-up: nothing to take in; the controller is up once its CPU stops moving
+            # (caches listed, nothing to do), judged the same way for every controller.
+            _idle(proc, timeout)
+            f["startup_s"] = time.monotonic() - spawned
+            f["startup_cpu_s"] = proc.cpu_seconds()
+            f["startup_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
+        else:
+            # Start-up: every Service takes its clean finalizer, every (not ready) pod its
+            # expected finalizer (both record them), then the pods stop changing.
+            def started() -> bool:
+                proc.check()
+                svcs = driver.list(kube.SERVICE, ns)["items"]
+                return all(wire.CLEAN_FINALIZER in finalizers(s) for s in svcs)
 
-        _until(started, timeout, "the controller takes every Service")
-        entered_at = watch.when(lambda w: len(w.entered) == n, timeout, "every pod's expected finalizer")
-        watch.quiet(2.0, timeout, proc)
-        f["startup_s"] = max(watch.last_event, entered_at) - spawned
-        f["startup_cpu_s"] = proc.cpu_seconds()  # imports, first lists and taking the pods in
-        f["startup_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
+            _until(started, timeout, "the controller takes every Service")
+            entered_at = watch.when(lambda w: len(w.entered) == n, timeout, "every pod's expected finalizer")
+            watch.quiet(2.0, timeout, proc)
+            f["startup_s"] = max(watch.last_event, entered_at) - spawned
+            f["startup_cpu_s"] = proc.cpu_seconds()  # imports, first lists and taking the pods in
+            f["startup_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / n
 
-        # 1. All pods become Ready.
+        # 1. All pods become Ready (the Services, when late, created just before).
         meter.mark()
         cpu = proc.cpu_seconds()
         started_at = time.monotonic()
-        _pool_map(lambda name: set_ready(driver, cluster, name, True), names)
+        if late:
+            create_services(driver, ns, shape.services)
+        _paced_map(lambda name: set_ready(driver, cluster, name, True), names, rate)
         last_change = time.monotonic()
         guarded_at = watch.when(lambda w: w.count == n, timeout, "all pods guarded")
         f["converge_s"] = guarded_at - started_at
@@ -431,6 +495,21 @@ def run_once(kind: Kind, shape: Shape, steady: float, go_pattern: bool, workdir:
     return f
 
 
+def _idle(proc: Process, timeout: float, *, settle: float = 1.0, at_least: float = 2.0) -> None:
+    """Wait until ``proc`` has run ``at_least`` seconds and then spent under 2 % of a core for
+    ``settle`` seconds."""
+    deadline = time.monotonic() + timeout
+    time.sleep(at_least)
+    while True:
+        proc.check()
+        before = proc.cpu_seconds()
+        time.sleep(settle)
+        if proc.cpu_seconds() - before < 0.02 * settle:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the controller is still busy after {timeout:.0f} s")
+
+
 def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -440,16 +519,23 @@ def _until(check: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def rounds(
-    kinds: list[Kind], shape: Shape, n: int, steady: float, workdir: Path
-) -> dict[str, dict[str, float]]:
-    """``n`` interleaved rounds of every kind; the median of each figure."""
+    kinds: list[Kind], shape: Shape, n: int, steady: float, workdir: Path, *, late: bool, rate: float
+) -> dict[str, list[dict[str, float]]]:
+    """``n`` interleaved rounds of every kind: each kind's figures, round by round."""
     runs: dict[str, list[dict[str, float]]] = {k.label: [] for k in kinds}
+    what = "late" if late else "registered"
     for r in range(n):
         for kind in kinds:
-            print(f"  round {r + 1}/{n}: {kind.label}, {shape} ...", file=sys.stderr, flush=True)
-            runs[kind.label].append(run_once(kind, shape, steady, go_pattern=True, workdir=workdir))
-            (workdir / "rounds.json").write_text(json.dumps(runs, indent=1))
-    return {label: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for label, rs in runs.items()}
+            print(f"  round {r + 1}/{n}: {kind.label}, {shape}, {what} ...", file=sys.stderr, flush=True)
+            f = run_once(kind, shape, steady, go_pattern=not late, workdir=workdir, late=late, rate=rate)
+            f["load1"] = os.getloadavg()[0]
+            runs[kind.label].append(f)
+            (workdir / f"rounds-{what}.json").write_text(json.dumps(runs, indent=1))
+    return runs
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
 
 
 # -- printing -----------------------------------------------------------------------------------
@@ -509,30 +595,60 @@ def pace_rows(n: int) -> list[Row]:
     ]
 
 
-def print_pace(shape: Shape, figures: dict[str, dict[str, float]]) -> None:
+def print_pace(shape: Shape, runs: dict[str, list[dict[str, float]]], *, late: bool, rate: float) -> None:
+    """The medians of every kind, ours against each other kind (the ratio of the medians), and
+    each round's ratio (rounds are interleaved: round i of ours ran beside round i of the other)."""
+    figures = {label: medians(rs) for label, rs in runs.items()}
     main = figures["ours"]
-    print(f"\npace at {shape} (one controller process, {CLIENTS} driver clients); {_load()}")
+    what = "Services created just before the ramp" if late else "pods registered at start-up"
+    pace = f"ramp at {rate:g} pods/s" if rate > 0 else "ramp as fast as the API server answers"
+    count = len(runs["ours"])
+    print(
+        f"\npace at {shape}, {what}; {pace} from {CLIENTS} driver clients; medians of {count} "
+        f"interleaved round(s); {_load()}"
+    )
+    go_pattern = ""
+    if "go_pattern_s" in main:
+        go_pattern = f"Go write pattern for new pods replayed: {main['go_pattern_s']:.2f} s; "
     print(
         f"baselines on the same API server: raw PATCH {main['raw_patch_per_s']:.0f}/s from {CLIENTS} threads "
-        f"({main['raw_cpu_per_write_ms']:.2f} ms driver CPU per write); Go write pattern for new pods "
-        f"replayed: {main['go_pattern_s']:.2f} s; a process importing what `run` imports: "
-        f"{main['import_rss_mb']:.0f} MB peak RSS"
+        f"({main['raw_cpu_per_write_ms']:.2f} ms driver CPU per write); {go_pattern}"
+        f"a process importing what `run` imports: {main['import_rss_mb']:.0f} MB peak RSS; "
+        "load average (1 min) at each round's end: " + " ".join(f"{r['load1']:.1f}" for r in runs["ours"])
     )
     labels = list(figures)
-    go_labels = labels[1:]
-    head = f"{'figure':52} " + " ".join(f"{label:>16}" for label in labels)
-    head += "".join(f" {'ours/' + label.split(',')[1].strip():>14}" for label in go_labels)
+    others = labels[1:]
+    head = f"{'figure':52} " + " ".join(f"{label[:16]:>16}" for label in labels)
+    head += "".join(f" {'ours/' + _short(label):>14}" for label in others)
     print(head + "   ours against its baseline")
-    for row in pace_rows(shape.total):
+    rows = [row for row in pace_rows(shape.total) if row.key in main]
+    for row in rows:
         cells = " ".join(f"{_fmt(figures[label][row.key], row.unit):>16}" for label in labels)
-        for label in go_labels:
+        for label in others:
             theirs = figures[label][row.key]
             cells += f" {main[row.key] / theirs:>14.2f}" if theirs else f" {'-':>14}"
         against = row.against
         if row.baseline is not None:
-            base = row.baseline(main)
+            try:
+                base = row.baseline(main)
+            except KeyError:
+                base = 0.0
             against = f"{main[row.key] / base:.2f}x {row.against}" if base else f"- ({row.against} 0)"
         print(f"{row.title:52} {cells}   {against}")
+    for label in others:
+        print(f"\neach round's ratio, ours/{label} (round 1 ... {count}; min-max):")
+        for row in rows:
+            ratios = [
+                o[row.key] / t[row.key] for o, t in zip(runs["ours"], runs[label], strict=False) if t[row.key]
+            ]
+            if not ratios or row.key in ("steady_writes",):
+                continue
+            cells = " ".join(f"{r:.2f}" for r in ratios)
+            print(f"{row.title:52} {cells}   ({min(ratios):.2f}-{max(ratios):.2f})")
+
+
+def _short(label: str) -> str:
+    return label.split(",")[1].strip() if "," in label else label
 
 
 def print_scale(results: list[tuple[str, Shape, dict[str, float]]]) -> None:
@@ -558,17 +674,51 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.2f} {unit}".strip() if unit else f"{value:.2f}"
 
 
+def main_tree(path: Path) -> Kind:
+    """Ours from another checkout of this repository (the code at a branch point, say), started
+    the same way: its package first on the path."""
+
+    def argv(kubeconfig: Path, ns: str) -> list[str]:
+        python, *rest = ours_argv(kubeconfig, ns)
+        # -P: ``python -m`` puts the working directory first on the path, and run from a
+        # checkout that would import that checkout's package, not the tree's.
+        return ["env", f"PYTHONPATH={path}", python, "-P", *rest]
+
+    return Kind(f"tree {path.name}", argv)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pods", type=int, default=1000, help="pods behind the one Service of the pace run")
     parser.add_argument("--rounds", type=int, default=1, help="interleaved rounds; figures are medians")
     parser.add_argument("--quick", action="store_true", help="10 s of steady state instead of 30 s")
     parser.add_argument(
-        "--go", action="store_true", help="also run the Go original (hack/build-go-original.sh)"
+        "--rate",
+        type=float,
+        default=300.0,
+        help="the Ready ramp's pods per second, for every controller alike (default 300; 0: as fast "
+        "as the API server answers)",
+    )
+    parser.add_argument(
+        "--shapes",
+        default="registered,late",
+        help="the pace run's shapes: registered (the Service and its pods exist when the controller "
+        "starts), late (the Service is created just before the ramp); default both",
+    )
+    parser.add_argument(
+        "--go", action="store_true", help="also run the Go original, unthrottled (hack/build-go-original.sh)"
     )
     parser.add_argument("--go-binary", type=Path, default=GO_BINARY)
     parser.add_argument(
-        "--go-qps", type=float, default=20.0, help="the Go original's client QPS (default 20)"
+        "--go-qps",
+        type=float,
+        default=0.0,
+        help="with --go, also run it at this client QPS (controller-runtime's default is 20; 0: not)",
+    )
+    parser.add_argument(
+        "--against-tree",
+        type=Path,
+        help="also run ours from this checkout (e.g. a worktree of main at the branch point), beside",
     )
     parser.add_argument("--scale", action="store_true", help="the scale curve at 1k, 3k, 10k pods")
     parser.add_argument(
@@ -578,6 +728,7 @@ def main() -> None:
         default="1x250,1x500,1x1000,1000x10",
         help="SERVICESxPODS,... for the curve without --scale (default: a quick one, and 1000 x 10)",
     )
+    parser.add_argument("--curve-rounds", type=int, default=1, help="interleaved rounds of each curve shape")
     parser.add_argument("--no-pace", action="store_true", help="only the scale curve")
     parser.add_argument(
         "--curve-of",
@@ -588,38 +739,53 @@ def main() -> None:
     args = parser.parse_args()
     if args.pods < FLIPS:
         parser.error(f"--pods must be at least {FLIPS} (the flip test takes readiness from {FLIPS} pods)")
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    if not shapes or any(s not in ("registered", "late") for s in shapes):
+        parser.error(f"--shapes takes registered and/or late, comma-separated, not {args.shapes!r}")
     kinds = [ours()]
     if args.go:
         if not args.go_binary.is_file():
             parser.error(f"no Go original at {args.go_binary}: run hack/build-go-original.sh first")
-        kinds += [go(args.go_binary, args.go_qps), go(args.go_binary, 0)]
-    shapes = "1x1000,1x3000,1x10000,1000x10,100x100" if args.scale else args.scale_shapes
+        kinds += [go(args.go_binary, 0)]
+        if args.go_qps > 0:
+            kinds += [go(args.go_binary, args.go_qps)]
+    if args.against_tree is not None:
+        if not (args.against_tree / "resourceconsist" / "__init__.py").is_file():
+            parser.error(f"--against-tree: no resourceconsist package in {args.against_tree}")
+        kinds += [main_tree(args.against_tree.resolve())]
+    curve_shapes = "1x1000,1x3000,1x10000,1000x10,100x100" if args.scale else args.scale_shapes
     try:
-        scale = [Shape(*(int(x) for x in s.split("x"))) for s in shapes.split(",")]
+        scale = [Shape(*(int(x) for x in s.split("x"))) for s in curve_shapes.split(",")]
     except (TypeError, ValueError):
-        parser.error(f"--scale-shapes takes SERVICESxPODS,... (e.g. 1x1000,100x10), not {shapes!r}")
+        parser.error(f"--scale-shapes takes SERVICESxPODS,... (e.g. 1x1000,100x10), not {curve_shapes!r}")
     steady = 10.0 if args.quick else 30.0
     baseline_rss = import_baseline_mb()
     workdir = Path(tempfile.mkdtemp(prefix="bench-pace-"))
     print(f"  controller logs in {workdir}", file=sys.stderr)
     if not args.no_pace:
         shape = Shape(1, args.pods)
-        figures = rounds(kinds, shape, args.rounds, steady, workdir)
-        for f in figures.values():
-            f["import_rss_mb"] = baseline_rss
-        print_pace(shape, figures)
+        for what in shapes:
+            late = what == "late"
+            runs = rounds(kinds, shape, args.rounds, steady, workdir, late=late, rate=args.rate)
+            for rs in runs.values():
+                for f in rs:
+                    f["import_rss_mb"] = baseline_rss
+            print_pace(shape, runs, late=late, rate=args.rate)
     results = []
     # The throttled Go original is bound by its QPS (writes / QPS), so the curve leaves it out.
     curve = [k for k in kinds if "QPS" not in k.label]
     if args.curve_of != "all":
         curve = [k for k in curve if (k.label == "ours") == (args.curve_of == "ours")]
-    for kind in curve:
-        for shape in scale:
-            print(f"  scale: {kind.label}, {shape} ...", file=sys.stderr, flush=True)
-            f = run_once(kind, shape, steady, go_pattern=False, workdir=workdir)
-            f["import_rss_mb"] = baseline_rss
-            results.append((kind.label, shape, f))
-            (workdir / "scale.json").write_text(json.dumps([(k, str(s), r) for k, s, r in results], indent=1))
+    for shape in scale:
+        for r in range(args.curve_rounds):
+            for kind in curve:
+                print(f"  scale: {kind.label}, {shape}, round {r + 1} ...", file=sys.stderr, flush=True)
+                f = run_once(kind, shape, steady, go_pattern=False, workdir=workdir, rate=args.rate)
+                f["import_rss_mb"] = baseline_rss
+                results.append((kind.label, shape, f))
+                (workdir / "scale.json").write_text(
+                    json.dumps([(k, str(s), r) for k, s, r in results], indent=1)
+                )
     print_scale(results)
 
 

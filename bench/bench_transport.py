@@ -1,19 +1,22 @@
-"""CPU and wall time per API write: the thread path against an aiohttp session on the event loop.
+"""CPU and wall time per API write: the thread path, the loop transport, and aiohttp's client.
 
 One local control plane; P pods exist in one namespace. The same N merge PATCHes of one pod
 annotation each (16 concurrent callers, round-robin over the pods) go through
 
-(a) today's path: ``await asyncio.to_thread(client.patch, ...)`` on the frame's own executor
-    (``DaemonThreadExecutor``, as the manager installs it), i.e. the official client's urllib3 pool;
-(b) an aiohttp session on the event loop, its TLS and credentials taken from the same
-    kubeconfig (``resourceconsist.cluster.aiokube``), no thread hand-off.
+(a) the thread path: ``await asyncio.to_thread(client.patch, ...)`` on the frame's own executor
+    (``DaemonThreadExecutor``, as the manager installs it), i.e. urllib3's pool;
+(b) the loop transport (``resourceconsist.cluster.aiokube`` on ``resourceconsist.cluster.http1``),
+    its TLS and credentials taken from the same kubeconfig, no thread hand-off;
+(c) an aiohttp client session on the event loop doing what (b) does: the same TLS context,
+    headers, at most 16 connections, the body encoded and the answer decoded the same way
+    (what the loop transport was built on before it had a client of its own).
 
 Each figure is this process's CPU seconds (``time.process_time``, all threads) and wall seconds,
-per write; rounds alternate (a), (b) so load on the shared machine falls on both alike, and the
-report is the medians and the ratio (b)/(a). A watch from resourceVersion 0 (P synthetic ADDED
-events, decoded to dicts) is measured the same way: the sync ``WatchStream`` read in a thread
-against the aiohttp stream read on the loop. docs/benchmarks.md ("The API transport") explains
-the figures.
+per write; rounds rotate (a), (b), (c) so load on the shared machine falls on all alike, and the
+report is the medians and the ratios to (a). A watch from resourceVersion 0 (P synthetic ADDED
+events, decoded to dicts) is measured for (a) and (b): the sync ``WatchStream`` read in a thread
+against the loop transport's stream. docs/benchmarks.md ("The API transport", "The write path")
+explains the figures.
 
 Run: ``python bench/bench_transport.py [--writes 2000 --pods 1000 --rounds 3]``.
 """
@@ -26,6 +29,8 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
+import aiohttp
+import msgspec
 from bench_pace import _pool_map
 
 from resourceconsist.cluster import aiokube, kube
@@ -81,6 +86,32 @@ async def loop_path(
     return await _writes(patch, names, writes, tag)
 
 
+async def aiohttp_path(
+    session: aiohttp.ClientSession, client: KubeClient, names: list[str], writes: int, tag: str
+) -> tuple[float, float]:
+    access = client.access
+    assert access is not None
+    headers = kube.request_headers(kube.PATCH_CONTENT_TYPES["merge"], access.bearer())
+
+    async def patch(name: str, body: dict[str, object]) -> object:
+        url = access.host + kube.request_url("", kube.POD.path(NS, name), None)
+        async with session.patch(url, data=msgspec.json.encode(body), headers=headers) as answer:
+            payload = await answer.read()
+            if answer.status >= 400:
+                raise kube.api_error(answer.status, answer.reason or "", payload, "PATCH", url)
+            return kube.decode_json(payload)
+
+    return await _writes(patch, names, writes, tag)
+
+
+def aiohttp_session(client: KubeClient) -> aiohttp.ClientSession:
+    access = client.access
+    assert access is not None
+    context = access.ssl_context()
+    connector = aiohttp.TCPConnector(limit=aiokube.CONNECTIONS, ssl=context if context is not None else False)
+    return aiohttp.ClientSession(connector=connector, skip_auto_headers=("User-Agent",))
+
+
 async def watch_thread(client: KubeClient, count: int) -> tuple[float, float]:
     def read() -> None:
         stream = client.watch(kube.POD, NS, "0", timeout_seconds=60)
@@ -112,16 +143,20 @@ async def measure(client: KubeClient, names: list[str], writes: int, rounds: int
     transport = aiokube.for_client(client)
     assert transport is not None, "this kubeconfig is one the async transport serves"
     figures: dict[str, list[float]] = {}
+    session = aiohttp_session(client)
     try:
         # One warm-up write each: TLS handshakes and imports are not per-write costs.
         await thread_path(client, names, CALLERS, "warm")
         await loop_path(transport, names, CALLERS, "warm")
+        await aiohttp_path(session, client, names, CALLERS, "warm")
         for r in range(rounds):
-            for label, run in (
-                ("a", thread_path(client, names, writes, f"a{r}")),
-                ("b", loop_path(transport, names, writes, f"b{r}")),
-            ):
-                cpu, wall = await run
+            paths = [
+                ("a", lambda r=r: thread_path(client, names, writes, f"a{r}")),
+                ("b", lambda r=r: loop_path(transport, names, writes, f"b{r}")),
+                ("c", lambda r=r: aiohttp_path(session, client, names, writes, f"c{r}")),
+            ]
+            for label, run in paths[r % 3 :] + paths[: r % 3]:
+                cpu, wall = await run()
                 figures.setdefault(f"{label} cpu", []).append(cpu / writes)
                 figures.setdefault(f"{label} wall", []).append(wall / writes)
             for label, watch in (
@@ -134,6 +169,7 @@ async def measure(client: KubeClient, names: list[str], writes: int, rounds: int
         figures["b connections"] = [float(transport.connections_opened)]
     finally:
         await transport.close()
+        await session.close()
     return figures
 
 
@@ -152,22 +188,24 @@ def main() -> None:
             client.close()
     med = {k: statistics.median(v) for k, v in figures.items()}
     print(f"{args.writes} merge PATCHes x {args.rounds} rounds, {CALLERS} callers, {args.pods} pods; medians")
-    print(f"{'':28} {'(a) thread':>12} {'(b) loop':>12} {'(b)/(a)':>8}")
+    print(f"{'':28} {'(a) thread':>12} {'(b) loop':>12} {'(c) aiohttp':>12} {'(b)/(a)':>8} {'(b)/(c)':>8}")
     for what, unit, scale in (
         ("cpu", "CPU ms per write", 1e3),
         ("wall", "wall ms per write", 1e3),
         ("watch cpu", "CPU us per watch event", 1e6),
         ("watch wall", "wall us per watch event", 1e6),
     ):
-        a, b = med[f"a {what}"], med[f"b {what}"]
-        print(f"{unit:28} {a * scale:12.3f} {b * scale:12.3f} {b / a:8.2f}")
+        a, b, c = med[f"a {what}"], med[f"b {what}"], med.get(f"c {what}")
+        cs = f"{c * scale:12.3f}" if c is not None else f"{'':12}"
+        bc = f"{b / c:8.2f}" if c is not None else ""
+        print(f"{unit:28} {a * scale:12.3f} {b * scale:12.3f} {cs} {b / a:8.2f} {bc}")
     print(f"(b) TCP connections opened: {int(med['b connections'])}")
     for what in ("cpu", "wall"):
         rounds = ", ".join(
-            f"{a * 1e3:.2f}/{b * 1e3:.2f}"
-            for a, b in zip(figures[f"a {what}"], figures[f"b {what}"], strict=True)
+            f"{a * 1e3:.3f}/{b * 1e3:.3f}/{c * 1e3:.3f}"
+            for a, b, c in zip(figures[f"a {what}"], figures[f"b {what}"], figures[f"c {what}"], strict=True)
         )
-        print(f"{what} ms per write by round, (a)/(b): {rounds}")
+        print(f"{what} ms per write by round, (a)/(b)/(c): {rounds}")
 
 
 if __name__ == "__main__":

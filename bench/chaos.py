@@ -8,8 +8,10 @@ Service, every ~0.15 s. Phases: calm (no faults, to show the instrument reads 0 
 breaks), kill -9 of the controller at random moments, 30% provider faults on reads and writes,
 2 replicas with the leader killed, SIGTERM mid-pass, and sharded replicas (``--sharding``) added,
 SIGKILLed and removed mid-run, so the Services move between shards through drains and take-overs
-(docs/scaling.md). After each phase the driver and the faults
-stop and the run waits for convergence.
+(docs/scaling.md), and freezes: a leader (``--leader-elect``) or a shard or the sharder's holder
+(``--sharding``) stopped with SIGSTOP for 2 to 3 lease durations while it writes, then resumed
+(docs/concepts.md, "Fencing"). After each phase the driver and the faults stop and the run waits
+for convergence.
 
 What it records comes from the API server's side (a pod watch, object reads) and the provider's
 side (the emulator's state and its wall-clock backend history) only, never from the controller:
@@ -21,7 +23,10 @@ side (the emulator's state and its wall-clock backend history) only, never from 
   terminating pod not released by the deadline);
 * duplicate backends (two backends of one pod in one group, at any time of the history);
 * convergence time after the last fault: provider state == expected (every ready selected pod
-  registered with weight > 0, no backend of any other pod).
+  registered with weight > 0, no backend of any other pod);
+* in the freeze phases, the requests that reached the API server (its audit log) or the provider
+  (the emulator's request log) after their sender's Lease deadline, each replica under its own
+  identity (bench/chaos_fencing.py).
 
 Run: ``make chaos`` or ``python bench/chaos.py [--quick] [--seed N] [--only PHASE]``. Not part of CI
 (``.ci/run``): the full run takes minutes. Words and figures: docs/chaos.md.
@@ -30,11 +35,14 @@ Run: ``make chaos`` or ``python bench/chaos.py [--quick] [--seed N] [--only PHAS
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import random
 import select
+import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +51,7 @@ import time
 import urllib.request
 from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,15 +61,39 @@ from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb import config as slb
 from resourceconsist.adapters.alibabacloudslb.config import LOAD_BALANCER_ID_LABEL
 from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdmin
+from resourceconsist.adapters.alibabacloudslb.slbclient import MUTATING_ACTIONS
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.rules import lifecycle
 from resourceconsist.rules.labels import map_selects
+from resourceconsist.runtime.leaderelection import parse_lease_time
+from resourceconsist.runtime.sharding.ring import drain_label, shard_label
 from resourceconsist.testing import LocalControlPlane
 from resourceconsist.testing.controlplane import _die_with_parent as die_with_parent
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from chaos_fencing import (
+    AuditTail,
+    Freeze,
+    Identity,
+    RequestLog,
+    Takeover,
+    Verdict,
+    after_freeze,
+    as_json,
+    audit_policy,
+    judge,
+    sharder_act,
+    takeovers,
+)
+
 NAMESPACE = "chaos"
 SERVICES = ("svc-0", "svc-1", "svc-2")
+#: Three more Services for the sharded freeze phase, each over the pods two of the first three
+#: select, on load balancers of their own: six Services over three shards leave no shard idle,
+#: and give the sharder more to place.
+EXTRA_SERVICES = {"svc-3": ("g0", "g1"), "svc-4": ("g1", "g2"), "svc-5": ("g0", "g2")}
+ALL_SERVICES = (*SERVICES, *EXTRA_SERVICES)
 LEASE = "resourceconsist-manager"
 #: 30% of provider calls fail, reads and writes alike, in four ways.
 FAULT_RATES = {"throttle": 0.09, "5xx": 0.09, "drop": 0.06, "execute_fail": 0.06}
@@ -78,6 +110,15 @@ SHARD_LEASE_ARGS = (
     "--retry-period",
     "1",
 )
+#: The sharder's Lease of the ring (``<ring>-sharder``, docs/scaling.md).
+SHARDER_LEASE = f"{RING}-sharder"
+#: The freeze phases: every Lease (leader election's, shards', the sharder's) has the shard
+#: timings above; a replica is stopped for 2 to 3 of its lease durations.
+FREEZE_LEASE_SECONDS = SHARD_LEASE_SECONDS
+FREEZE_DURATIONS = (2.0, 3.0)
+#: Seconds the provider takes to answer a write in the freeze phases (the real one takes a
+#: fraction of a second): a write stays in flight long enough to be seen, and frozen in.
+FREEZE_WRITE_LATENCY = 0.2
 
 
 @dataclass(frozen=True)
@@ -92,6 +133,10 @@ class Settings:
     sigterms: int = 3
     #: Rounds of the sharded phase: a replica added, a shard SIGKILLed, one added, one removed.
     shard_rounds: int = 3
+    #: Freezes of the leader (``--leader-elect``, 2 replicas), and of the sharded replicas
+    #: (``--sharding``, 3 replicas): every second one at the sharder's holder.
+    leader_freezes: int = 6
+    shard_freezes: int = 6
     converge_timeout: float = 180.0
     settle_timeout: float = 60.0
     #: Extra arguments for every ``resourceconsist run`` (e.g. lease timings).
@@ -109,6 +154,8 @@ class Settings:
             leader_kills=2,
             sigterms=1,
             shard_rounds=1,
+            leader_freezes=1,
+            shard_freezes=2,
             converge_timeout=90.0,
             settle_timeout=30.0,
         )
@@ -132,6 +179,7 @@ class Process:
         env: dict[str, str] | None = None,
         *,
         capture_stdout: bool = False,
+        cwd: Path | None = None,
     ) -> None:
         self.name = name
         self.log_path = logdir / f"{name}.log"
@@ -142,6 +190,8 @@ class Process:
             stderr=self._log,
             stdin=subprocess.DEVNULL,
             env=env,
+            # Not the checkout's root, whose package would shadow another interpreter's install.
+            cwd=cwd,
             start_new_session=True,
             # Children die with this process even when it is killed outright (no teardown runs).
             preexec_fn=die_with_parent,  # noqa: PLW1509 - only sets the death signal
@@ -159,6 +209,7 @@ class Process:
         """SIGTERM, wait up to ``timeout`` (then SIGKILL); the seconds it took to exit."""
         started = time.monotonic()
         if self.alive:
+            self.signal(signal.SIGCONT)  # a frozen process would not hear the SIGTERM
             self.signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout=timeout)
@@ -206,13 +257,26 @@ class Controllers:
     """Controller processes (``resourceconsist run``), numbered in start order."""
 
     def __init__(
-        self, kubeconfig: Path, emulator: Emulator, logdir: Path, extra_args: tuple[str, ...] = ()
+        self,
+        plane: LocalControlPlane,
+        api: KubeClient,
+        emulator: Emulator,
+        logdir: Path,
+        extra_args: tuple[str, ...] = (),
+        python: str = sys.executable,
     ) -> None:
-        self.kubeconfig = kubeconfig
+        self.plane = plane
+        self.api = api
+        self.emulator = emulator
+        self.kubeconfig = plane.kubeconfig
         self.extra_args = list(extra_args)
         self.logdir = logdir
+        #: The interpreter that runs ``-m resourceconsist`` (another checkout's, to measure it).
+        self.python = python
         self.started = 0
         self.running: dict[str, tuple[Process, int]] = {}
+        #: The replicas started under their own identity (``start(identity=...)``).
+        self.identities: list[Identity] = []
         info = emulator.info
         self.env = {
             **{k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"},
@@ -226,19 +290,23 @@ class Controllers:
             "ALIYUN_SLB_CLUSTER_NAME": "chaos",
         }
 
-    def start(self, *, leader_elect: bool = False, sharded: bool = False) -> str:
+    def start(self, *, leader_elect: bool = False, sharded: bool = False, identity: str | None = None) -> str:
+        """A controller process; with ``identity`` (the phase's name), under its own identity:
+        its own ServiceAccount at the API server and its own STS key at the provider, both named
+        after it, with every Lease on the freeze timings."""
         name = f"controller-{self.started:03d}"
         self.started += 1
         port = _free_port()
+        kubeconfig = self.kubeconfig if identity is None else self._own_identity(name)
         argv = [
-            sys.executable,
+            self.python,
             "-m",
             "resourceconsist",
             "run",
             "--adapter",
             "alibabacloudslb",
             "--kubeconfig",
-            str(self.kubeconfig),
+            str(kubeconfig),
             "--namespace",
             NAMESPACE,
             # One port for /metrics and the probes (docs/observability.md).
@@ -255,11 +323,58 @@ class Controllers:
             # The shard's name is POD_NAME (below), as in the chart.
             argv += ["--sharding", "--controller-ring", RING, "--leader-election-namespace", NAMESPACE]
             argv += SHARD_LEASE_ARGS
+        env = {**self.env, "POD_NAME": name}
+        if identity is not None:
+            if leader_elect:
+                argv += SHARD_LEASE_ARGS
+            env = self._own_provider_identity(name, env)
+            self.identities.append(
+                Identity(name, identity, name, SHARDER_LEASE, RING)
+                if sharded
+                else Identity(name, identity, LEASE)
+            )
         argv += self.extra_args
         # POD_NAME starts the Lease's holderIdentity, so the leader can be found by name.
-        process = Process(name, argv, self.logdir, {**self.env, "POD_NAME": name})
+        process = Process(name, argv, self.logdir, env, cwd=self.logdir)
         self.running[name] = (process, port)
         return name
+
+    def _own_identity(self, name: str) -> Path:
+        """A ServiceAccount ``name`` (bound to cluster-admin: the measurement is of who writes
+        when, not of permissions) and a kubeconfig with its token."""
+        self.api.create(self.api.resource("v1", "ServiceAccount"), NAMESPACE, {"metadata": {"name": name}})
+        binding = {
+            "metadata": {"name": f"{NAMESPACE}-{name}"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "cluster-admin",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}],
+        }
+        bindings = self.api.resource("rbac.authorization.k8s.io/v1", "ClusterRoleBinding")
+        self.api.create(bindings, None, binding)
+        token = self.plane.service_account_token(NAMESPACE, name, seconds=24 * 3600)
+        (self.logdir / f"{name}.token").write_text(token)
+        return self.plane.token_kubeconfig(token, self.logdir / f"{name}.kubeconfig")
+
+    def _own_provider_identity(self, name: str, env: dict[str, str]) -> dict[str, str]:
+        """RRSA: the ServiceAccount's token exchanged at the emulator's STS for a key of its own,
+        issued for the role session ``name`` (the request log names its calls by it)."""
+        token_file = self.logdir / f"{name}.token"
+        self.emulator.admin.accept_oidc_token(token_file.read_text())
+        info = self.emulator.info
+        own = {k: v for k, v in env.items() if k not in ("ALIYUN_SLB_AK_KEY", "ALIYUN_SLB_AK_SECRET")}
+        return {
+            **own,
+            "ALIBABA_CLOUD_ROLE_ARN": info["role_arn"],
+            "ALIBABA_CLOUD_OIDC_PROVIDER_ARN": info["oidc_provider_arn"],
+            "ALIBABA_CLOUD_OIDC_TOKEN_FILE": str(token_file),
+            "ALIBABA_CLOUD_ROLE_SESSION_NAME": name,
+            "ALIBABA_CLOUD_STS_ENDPOINT": info["sts_endpoint"],
+            # The credentials library trusts the emulator's CA through the default verify paths.
+            "SSL_CERT_FILE": info["ca_bundle"],
+        }
 
     def wait_ready(self, name: str, timeout: float = 90.0) -> bool:
         process, port = self.running[name]
@@ -316,13 +431,16 @@ class Driver:
         self.pending_service: tuple[str, float] | None = None
         self.ops: defaultdict[str, int] = defaultdict(int)
         self.errors = 0
+        #: Held for each step: a freeze's aiming change is made between two steps.
+        self.lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- objects --
 
     def create_service(self, name: str) -> None:
-        index = SERVICES.index(name)
+        index = ALL_SERVICES.index(name)
+        groups = EXTRA_SERVICES.get(name, (f"g{index}",))
         body = {
             "metadata": {
                 "name": name,
@@ -332,7 +450,7 @@ class Driver:
                 },
                 "annotations": {slb.MODE_ANNOTATION: "manage"},
             },
-            "spec": {"selector": {f"g{index}": "y"}, "ports": [{"port": 80, "targetPort": "http"}]},
+            "spec": {"selector": dict.fromkeys(groups, "y"), "ports": [{"port": 80, "targetPort": "http"}]},
         }
         self.client.create(kube.SERVICE, NAMESPACE, body)
 
@@ -422,7 +540,8 @@ class Driver:
         while not self._stop.is_set():
             started = time.monotonic()
             try:
-                self.step()
+                with self.lock:
+                    self.step()
             except ApiError:
                 self.errors += 1
             self._stop.wait(max(0.0, self.settings.tick - (time.monotonic() - started)))
@@ -654,8 +773,8 @@ class View:
     def api_findings(self) -> dict[str, list[str]]:
         """Lost and stale entries, stuck finalizers, routes without their guard."""
         alive = self.alive_services()
-        finalizer_of = {lifecycle.lifecycle_finalizer(n): n for n in SERVICES}
-        guard_of = {lifecycle.guard_finalizer(n): n for n in SERVICES}
+        finalizer_of = {lifecycle.lifecycle_finalizer(n): n for n in ALL_SERVICES}
+        guard_of = {lifecycle.guard_finalizer(n): n for n in ALL_SERVICES}
         found: dict[str, list[str]] = {"lost": [], "stale": [], "stuck": [], "unguarded_routes": []}
         routed = {n: self.routed(s) for n, s in alive.items()}
         held = {n: self.routed(s, min_weight=0) for n, s in alive.items()}
@@ -716,39 +835,53 @@ class PhaseResult:
 
 
 class Run:
-    def __init__(self, settings: Settings, workdir: Path) -> None:
+    def __init__(self, settings: Settings, workdir: Path, controller_python: str = sys.executable) -> None:
         self.settings = settings
         self.workdir = workdir
+        self.controller_python = controller_python
         self.rng = random.Random(settings.seed * 7919)
         self.results: list[PhaseResult] = []
+        #: The freezes so far, the verdict per identity and the take-overs of the frozen ones'
+        #: Leases (``score``).
+        self.freezes: list[Freeze] = []
+        self.verdicts: list[Verdict] = []
+        self.takeovers: list[Takeover] = []
 
     @contextmanager
     def environment(self) -> Iterator[None]:
         logdir = self.workdir
-        with LocalControlPlane() as cp:
+        # The audit log keeps the requests of the freeze phases' replicas (their own identities).
+        with LocalControlPlane(audit_policy=audit_policy(NAMESPACE)) as cp:
             api = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="chaos-driver")
             watcher_client = KubeClient.from_kubeconfig(str(cp.kubeconfig), name="chaos-observer")
             api.create(kube.NAMESPACE, None, {"metadata": {"name": NAMESPACE}})
             self.api = api
             self.emulator = Emulator(self.workdir, self.settings.seed)
             self.controllers = Controllers(
-                cp.kubeconfig, self.emulator, logdir, self.settings.controller_args
+                cp, api, self.emulator, logdir, self.settings.controller_args, self.controller_python
             )
             self.driver = Driver(api, self.settings)
             self.watch = DeletionWatch(watcher_client)
             self.history = History(self.emulator.admin)
+            self.audit = AuditTail(cp.audit_log, NAMESPACE)
+            self.requests = RequestLog(self.emulator.admin)
+            self.requests.start()
             try:
                 yield
             finally:
                 with suppress(Exception):
                     self.driver.stop(timeout=0)
+                if cp.audit_log.exists():
+                    # The replicas' requests, kept for a look beside results.json.
+                    shutil.copyfile(cp.audit_log, self.workdir / "audit.log")
+                self.requests.stop()
                 self.watch.stop()
                 self.controllers.stop_all()
                 self.emulator.process.close()
                 api.close()
                 watcher_client.close()
 
-    def execute(self, only: str | None = None) -> list[PhaseResult]:
+    def execute(self, only: Collection[str] = ()) -> list[PhaseResult]:
         with self.environment():
             self.watch.start()
             name = self.controllers.start()
@@ -762,9 +895,11 @@ class Run:
                 ("SIGTERM", self.phase_sigterm),
                 ("SIGTERM, hung provider", self.phase_hung_sigterm),
                 ("shard kills and rebalances", self.phase_sharded),
+                ("leader freezes", self.phase_freeze_leader),
+                ("shard and sharder freezes", self.phase_freeze_sharded),
             ]
-            if only is not None:
-                phases = [(title, body) for title, body in phases if PHASES[title] == only]
+            if only:
+                phases = [(title, body) for title, body in phases if PHASES[title] in only]
             for title, body in phases:
                 result = PhaseResult(title, "")
                 result.started = time.time()
@@ -928,6 +1063,182 @@ class Run:
             f"({busy} amid provider calls)"
         )
 
+    # -- freezes (docs/chaos.md, "Freezes") --
+
+    def phase_freeze_leader(self, result: PhaseResult) -> None:
+        """Two replicas with ``--leader-elect``, each under its own identity; the leader is frozen
+        (SIGSTOP) while it writes, for 2 to 3 lease durations, then resumed (SIGCONT); the other
+        takes over meanwhile and serves the changes the driver keeps making."""
+        self.controllers.stop_all()
+        for name in [self.controllers.start(leader_elect=True, identity="freeze-leader") for _ in range(2)]:
+            self.controllers.wait_ready(name)
+        self.emulator.admin.set_faults(latency_seconds=FREEZE_WRITE_LATENCY, actions="writes")
+        done: list[Freeze] = []
+        for _ in range(self.settings.leader_freezes):
+            leader = self._wait_leader(None)
+            if leader is None:
+                result.notes.append("no leader within 90 s")
+                break
+            time.sleep(self.rng.uniform(1.0, 3.0))  # it serves for a while
+            done.append(self._freeze(leader, "leader", "freeze-leader"))
+            # The other one leads, and the resumed one's passes (if any) have run their course.
+            self._wait_leader(None)
+            time.sleep(self.rng.uniform(2.0, 4.0))
+        result.what = f"{len(done)} leader freezes ({_aimed(done)})"
+
+    def phase_freeze_sharded(self, result: PhaseResult) -> None:
+        """Three replicas with ``--sharding`` and the built-in sharder, each under its own
+        identity, and three more Services (``EXTRA_SERVICES``). Rounds of two freezes: a shard
+        that does not run the sharder (its Services move to the others once its Lease is taken
+        over), then, when that shard comes back and the sharder moves Services to it, the
+        sharder's holder, right after one of its sharder writes; each for 2 to 3 lease
+        durations."""
+        self.controllers.stop_all()
+        for name in [self.controllers.start(sharded=True, identity="freeze-sharded") for _ in range(3)]:
+            self.controllers.wait_ready(name)
+        known = {lb["id"] for lb in self.emulator.admin.state()["load_balancers"]}
+        for name in EXTRA_SERVICES:
+            balancer = f"lb-chaos-{ALL_SERVICES.index(name)}"
+            if balancer not in known:
+                self.emulator.admin.add_load_balancer(balancer)
+            if self.api.get_or_none(kube.SERVICE, NAMESPACE, name) is None:
+                with self.driver.lock:
+                    self.driver.create_service(name)
+        self.emulator.admin.set_faults(latency_seconds=FREEZE_WRITE_LATENCY, actions="writes")
+        self._wait_ring_ready()
+        done: list[Freeze] = []
+        while len(done) < self.settings.shard_freezes:
+            time.sleep(self.rng.uniform(1.0, 3.0))
+            holder = self._sharder_holder()
+            shards = sorted(n for n in self.controllers.running if n != holder)
+            # One that serves Services (three Services over three shards may leave one without).
+            serving = {_shard_of(s) for s in self.api.list(kube.SERVICE, NAMESPACE)["items"]}
+            shards = [n for n in shards if n in serving] or shards
+            if holder is None or not shards:
+                result.notes.append("no sharder holder, or no other shard, within the wait")
+                break
+            done.append(self._freeze(self.rng.choice(shards), "shard", "freeze-sharded"))
+            if len(done) >= self.settings.shard_freezes:
+                break
+            holder = self._sharder_holder()
+            if holder is None:
+                result.notes.append("no sharder holder after a shard's freeze")
+                break
+            # The resumed shard comes back when the Lease the sharder took over expires; the
+            # sharder then drains Services to it: the holder is frozen amid those writes.
+            done.append(self._freeze(holder, "sharder holder", "freeze-sharded", sharder=True))
+            self._wait_ring_ready()
+        at_holder = sum(1 for f in done if f.role == "sharder holder")
+        result.what = f"{len(done)} freezes, {at_holder} at the sharder's holder ({_aimed(done)})"
+
+    def _freeze(self, target: str, role: str, phase: str, *, sharder: bool = False) -> Freeze:
+        """Stop ``target`` at a moment it writes (``_aim``), for 2 to 3 lease durations; resume it."""
+        process, _ = self.controllers.running[target]
+        aim = self._aim(target, process, phase, sharder=sharder)
+        stopped = time.time()
+        seconds = self.rng.uniform(*FREEZE_DURATIONS) * FREEZE_LEASE_SECONDS
+        log(f"froze {target} ({role}) for {seconds:.1f}s: {aim}")
+        time.sleep(seconds)
+        resumed = time.time()  # stamped before the signal: nothing it sends can arrive earlier
+        process.signal(signal.SIGCONT)
+        freeze = Freeze(target, phase, role, aim, stopped, resumed)
+        self.freezes.append(freeze)
+        return freeze
+
+    def _aim(self, target: str, process: Process, phase: str, *, sharder: bool) -> str:
+        """SIGSTOP ``target`` while it writes; what it was doing then.
+
+        A sharder's holder: right after a sharder write of it appears in the audit log (its round
+        is under way), waiting up to 40 s. Any replica (and the holder when none came): the driver
+        changes a pod of one of its Services (readiness flipped), and the target is stopped as
+        soon as the emulator shows a provider write of it in flight (up to 4 s; then any call of
+        it; then, after 6 s, at once)."""
+        if sharder:
+            since = time.time()
+            deadline = time.monotonic() + 40.0
+            self.audit.read()
+            while time.monotonic() < deadline:
+                for request in self.audit.read():
+                    identity = next((i for i in self.controllers.identities if i.name == target), None)
+                    act = sharder_act(request, identity) if identity is not None else None
+                    if request.identity == target and act is not None and request.received >= since:
+                        process.signal(signal.SIGSTOP)
+                        late = time.time() - request.received
+                        return f"{late * 1000:.0f} ms after its sharder {act} of {request.name}"
+                time.sleep(0.01)
+        changed = self._change_for(target, sharded=phase == "freeze-sharded")
+        cursor = self.requests.last
+        started = time.monotonic()
+        while True:
+            waited = time.monotonic() - started
+            _, in_flight, _ = self.emulator.admin.requests(cursor)
+            mine = [c for c in in_flight if c["session"] == target]
+            writes = [c for c in mine if c["action"] in MUTATING_ACTIONS]
+            chosen = writes[0] if writes else (mine[0] if mine and waited > 4.0 else None)
+            if chosen is not None or waited > 6.0:
+                process.signal(signal.SIGSTOP)
+                if chosen is None:
+                    return f"no call of it in flight within 6 s of {changed}"
+                age = (time.time() - float(chosen["received"])) * 1000
+                return f"{chosen['action']} in flight for {age:.0f} ms, {waited:.1f}s after {changed}"
+            time.sleep(0.02)
+
+    def _change_for(self, target: str, *, sharded: bool) -> str:
+        """Flip the readiness of a pod one of ``target``'s Services selects (a leader's: any
+        Service's; a shard's: those labeled for it, or unassigned); what was changed."""
+        services = [
+            s
+            for s in View.read(self.api, self.emulator.admin).alive_services().values()
+            if not sharded or not _shard_of(s) or (_shard_of(s) == target and not _draining(s))
+        ]
+        with self.driver.lock:
+            for service in self.rng.sample(services, len(services)):
+                selector = service.get("spec", {}).get("selector")
+                pods = sorted(
+                    p["metadata"]["name"]
+                    for p in self.api.list(kube.POD, NAMESPACE)["items"]
+                    if map_selects(selector, p["metadata"].get("labels")) and not lifecycle.is_deleting(p)
+                )
+                pods = [p for p in pods if p in self.driver.pods]
+                if pods:
+                    pod = self.rng.choice(pods)
+                    ready = not self.driver.pods[pod]
+                    with suppress(ApiError):
+                        self.driver.set_ready(pod, ready)
+                    return f"{pod} of {service['metadata']['name']} made {'ready' if ready else 'not ready'}"
+        return "no pod to change"
+
+    def _sharder_holder(self, timeout: float = 60.0) -> str | None:
+        """The running replica holding the sharder's Lease, renewed in time."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            lease = self.api.get_or_none(kube.LEASE, NAMESPACE, SHARDER_LEASE)
+            spec = (lease or {}).get("spec") or {}
+            holder = str(spec.get("holderIdentity") or "").split("_", 1)[0]
+            if holder in self.controllers.running and _renewed_within(spec):
+                return holder
+            time.sleep(0.2)
+        return None
+
+    def _wait_ring_ready(self, timeout: float = 60.0) -> bool:
+        """Every running replica holds its own shard Lease, renewed in time, and one of them the
+        sharder's."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            listed = self.api.list(kube.LEASE, NAMESPACE)["items"]
+            leases = {lease["metadata"]["name"]: lease for lease in listed}
+            ready = all(
+                name in leases
+                and (leases[name].get("spec") or {}).get("holderIdentity") == name
+                and _renewed_within(leases[name].get("spec") or {})
+                for name in self.controllers.running
+            )
+            if ready and self._sharder_holder(timeout=0.5) is not None:
+                return True
+            time.sleep(0.2)
+        log(f"the ring was not ready within {timeout:.0f}s")
+        return False
+
     # -- convergence and scoring --
 
     def converge(self, result: PhaseResult) -> None:
@@ -970,6 +1281,46 @@ class Run:
             result.deletions = len(window)
             result.unguarded = unguarded_deletions(window, lines)
             result.duplicates = sum(1 for t, _, _ in duplicates if result.started <= t < result.ended)
+        self.requests.fetch()
+        self.audit.read()
+        self.verdicts = judge(
+            self.controllers.identities,
+            self.audit.requests,
+            self.requests.calls,
+            self.freezes,
+            FREEZE_LEASE_SECONDS,
+        )
+        self.takeovers = takeovers(self.controllers.identities, self.audit.requests, self.freezes)
+        if self.requests.missed:
+            self.results[-1].notes.append(
+                f"the emulator dropped {self.requests.missed} calls before they were fetched"
+            )
+
+
+def _shard_of(service: KubeObject) -> str:
+    return str((service["metadata"].get("labels") or {}).get(shard_label(RING)) or "")
+
+
+def _draining(service: KubeObject) -> bool:
+    return drain_label(RING) in (service["metadata"].get("labels") or {})
+
+
+def _renewed_within(spec: dict[str, Any]) -> bool:
+    """A Lease's spec says it was renewed less than its duration ago."""
+    renewed = parse_lease_time(spec.get("renewTime"))
+    if renewed is None:
+        return False
+    age = datetime.datetime.now(datetime.UTC) - renewed
+    return age.total_seconds() < float(spec.get("leaseDurationSeconds") or 0)
+
+
+def _aimed(freezes: list[Freeze]) -> str:
+    in_flight = sum(1 for f in freezes if "in flight" in f.aim)
+    after_sharder = sum(1 for f in freezes if "after its sharder" in f.aim)
+    parts = [f"{in_flight} amid a provider call"]
+    if after_sharder:
+        parts.append(f"{after_sharder} right after a sharder write")
+    return ", ".join(parts)
 
 
 #: ``--only``'s name of each phase.
@@ -981,6 +1332,8 @@ PHASES = {
     "SIGTERM": "sigterm",
     "SIGTERM, hung provider": "hung-sigterm",
     "shard kills and rebalances": "sharded",
+    "leader freezes": "freeze-leader",
+    "shard and sharder freezes": "freeze-sharded",
 }
 
 _FAULT_CODES = {"Throttling", "ServiceUnavailable", "ConnectionReset", "InternalError"}
@@ -1052,6 +1405,11 @@ def table(results: list[PhaseResult]) -> str:
             f"max {max(settled):.1f}" if len(settled) == len(results) else "n/a",
         )
     )
+    return _render(header, rows)
+
+
+def _render(header: tuple[str, ...], rows: Sequence[tuple[str, ...]]) -> str:
+    """A Markdown table (docs/chaos.md quotes them as printed)."""
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
 
     def line(cells: tuple[str, ...]) -> str:
@@ -1059,6 +1417,134 @@ def table(results: list[PhaseResult]) -> str:
 
     rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
     return "\n".join([line(header), rule, *map(line, rows)])
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
+
+
+def _spread(values: list[float]) -> str:
+    """Median and range, in seconds."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.1f} ({min(values):.1f}-{max(values):.1f})"
+
+
+def freeze_table(results: list[PhaseResult], freezes: list[Freeze], verdicts: list[Verdict]) -> str:
+    """Per freeze phase: the freezes, and the requests that reached a server after their
+    sender's Lease deadline (bench/chaos_fencing.py)."""
+    header = (
+        "phase",
+        "freezes (at sharder holder)",
+        "late API writes (accepted / refused)",
+        "late provider writes (accepted / refused)",
+        "late writes after another took the Lease over",
+        "late provider reads",
+        "sharder writes by a non-holder: assign / drain / take-over (accepted)",
+        "late requests of replicas never frozen",
+    )
+    rows: list[tuple[str, ...]] = []
+    for result in results:
+        phase = PHASES[result.phase]
+        mine = [v for v in verdicts if v.phase == phase]
+        if not phase.startswith("freeze"):
+            continue
+        frozen = [f for f in freezes if f.phase == phase]
+        never = sum(len(v.late) for v in mine if not v.frozen)
+        kinds = ("assign", "drain", "take-over")
+        rows.append(
+            (
+                result.phase,
+                f"{len(frozen)} ({sum(1 for f in frozen if f.role == 'sharder holder')})",
+                f"{sum(v.count('api') for v in mine)} "
+                f"({sum(v.count('api', accepted=True) for v in mine)} / "
+                f"{sum(v.count('api', accepted=False) for v in mine)})",
+                f"{sum(v.count('provider') for v in mine)} "
+                f"({sum(v.count('provider', accepted=True) for v in mine)} / "
+                f"{sum(v.count('provider', accepted=False) for v in mine)})",
+                str(sum(v.count(w, after_takeover=True) for v in mine for w in ("api", "provider"))),
+                str(sum(v.count("provider", write=False) for v in mine)),
+                " / ".join(str(sum(v.sharder(k) for v in mine)) for k in kinds)
+                + " ("
+                + " / ".join(str(sum(v.sharder(k, accepted=True) for v in mine)) for k in kinds)
+                + ")",
+                str(never),
+            )
+        )
+    return _render(header, rows)
+
+
+def takeover_table(taken: list[Takeover]) -> str:
+    """Per frozen role and Lease: seconds from the SIGSTOP until another replica's first accepted
+    write of a Lease the frozen one held."""
+    header = ("frozen", "Lease", "take-overs", "not taken over", "after SIGSTOP, s: median (range)")
+    rows: list[tuple[str, ...]] = []
+    for role, kind in sorted({(t.role, t.kind) for t in taken}):
+        mine = [t for t in taken if (t.role, t.kind) == (role, kind)]
+        seconds = [t.seconds for t in mine if t.seconds is not None]
+        rows.append((role, kind, str(len(seconds)), str(len(mine) - len(seconds)), _spread(seconds)))
+    return _render(header, rows)
+
+
+def identity_table(verdicts: list[Verdict]) -> str:
+    """Per replica (its own identity): what it sent, and what arrived after its deadline."""
+    header = (
+        "identity",
+        "phase",
+        "frozen",
+        "own Lease writes",
+        "API writes",
+        "late API writes",
+        "provider writes",
+        "late provider writes",
+        "provider reads",
+        "late provider reads",
+    )
+    rows = [
+        (
+            v.identity,
+            v.phase,
+            str(v.frozen),
+            str(v.lease_writes),
+            str(v.api_writes),
+            str(v.count("api")),
+            str(v.provider_writes),
+            str(v.count("provider")),
+            str(v.provider_reads),
+            str(v.count("provider", write=False)),
+        )
+        for v in verdicts
+    ]
+    return _render(header, rows)
+
+
+def freeze_counts(verdicts: list[Verdict], freezes: list[Freeze], freeze: Freeze) -> str:
+    """What reached a server late from ``freeze``'s SIGCONT to its replica's next SIGSTOP."""
+    following = [f.stopped for f in freezes if f.identity == freeze.identity and f.stopped > freeze.resumed]
+    late = after_freeze(verdicts, freeze, min(following, default=None))
+    api = [item for item in late if item.where == "api"]
+    writes = [item for item in late if item.where == "provider" and item.write]
+    sharder = [item for item in api if item.kind in ("assign", "drain", "take-over", "delete-lease")]
+    return (
+        f"{len(api)} late API writes ({sum(i.accepted for i in api)} accepted), "
+        f"{len(writes)} late provider writes ({sum(i.accepted for i in writes)} accepted), "
+        f"{len(sharder)} of them sharder writes ({sum(i.accepted for i in sharder)} accepted)"
+    )
+
+
+def late_lines(verdicts: list[Verdict], freezes: list[Freeze], limit: int = 40) -> list[str]:
+    """The late requests, each with its time after the sender's resume and past its deadline."""
+    late = sorted((item for v in verdicts for item in v.late), key=lambda item: item.received)
+    lines = [
+        f"{item.identity} {item.where}: {item.what} [{item.kind}, for {item.lease}] "
+        f"{_ms(item.after_resume)} after its SIGCONT, "
+        + ("never held" if item.past_deadline is None else f"{_ms(item.past_deadline)} past its deadline")
+        + (", after another took the Lease over" if item.after_takeover else "")
+        for item in late[:limit]
+    ]
+    if len(late) > limit:
+        lines.append(f"... and {len(late) - limit} more (results.json)")
+    return lines
 
 
 def main() -> None:
@@ -1075,8 +1561,15 @@ def main() -> None:
     parser.add_argument(
         "--only",
         choices=sorted(PHASES.values()),
-        default=None,
-        help="run one phase only (after the start-up every phase shares), e.g. --only sharded",
+        action="append",
+        default=[],
+        help="run this phase only (after the start-up every phase shares; repeatable), e.g. --only sharded",
+    )
+    parser.add_argument(
+        "--controller-python",
+        default=sys.executable,
+        help="the interpreter that runs the controllers (`-m resourceconsist`): another checkout's "
+        "virtualenv measures that checkout's code with this run's instruments",
     )
     args = parser.parse_args()
     # A SIGTERM to the benchmark still tears every process down (the context managers' exits).
@@ -1087,16 +1580,41 @@ def main() -> None:
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    only = f", phase {args.only} only" if args.only else ""
-    log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}{only}); logs in {workdir}")
+    only = f", phases {', '.join(args.only)} only" if args.only else ""
+    code = "" if args.controller_python == sys.executable else f", controllers: {args.controller_python}"
+    log(f"chaos run ({'quick' if args.quick else 'full'}, seed {args.seed}{only}{code}); logs in {workdir}")
     started = time.monotonic()
-    run = Run(settings, workdir)
+    run = Run(settings, workdir, args.controller_python)
     results = run.execute(args.only)
     (workdir / "results.json").write_text(
-        json.dumps({"settings": asdict(settings), "phases": [asdict(r) for r in results]}, indent=1)
+        json.dumps(
+            {
+                "settings": asdict(settings),
+                "phases": [asdict(r) for r in results],
+                "fencing": as_json(run.verdicts, run.freezes, run.takeovers),
+            },
+            indent=1,
+        )
     )
     print()
     print(table(results))
+    if run.freezes:
+        print()
+        print(freeze_table(results, run.freezes, run.verdicts))
+        print()
+        print(takeover_table(run.takeovers))
+        print()
+        print(identity_table(run.verdicts))
+        for line in late_lines(run.verdicts, run.freezes):
+            print(f"late: {line}")
+        for freeze in run.freezes:
+            took = freeze.resumed - freeze.stopped
+            print(f"freeze: {freeze.identity} ({freeze.role}) {took:.1f}s: {freeze.aim}")
+            print(f"  after its SIGCONT: {freeze_counts(run.verdicts, run.freezes, freeze)}")
+            for t in run.takeovers:
+                if (t.identity, t.stopped) == (freeze.identity, freeze.stopped):
+                    by = "nobody" if t.by is None else f"{t.by} after {_seconds(t.seconds)}s"
+                    print(f"  take-over of {t.lease} ({t.kind} Lease): {by}")
     print(f"\n{time.monotonic() - started:.0f}s in all; details in {workdir / 'results.json'}")
     for r in results:
         for note in r.notes:

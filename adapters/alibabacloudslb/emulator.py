@@ -16,7 +16,10 @@ Tests steer it directly (load balancers, groups, backends, health, drift), injec
 "carry the call out but report failure"; fixed counts or seeded rates; latency and hangs), and read
 what happened: every call with its action and parameters (signature fields and the access key id
 left out), what was executed, how often each server was added, and a wall-clock history of every
-backend change (added, re-weighted, removed).
+backend change (added, re-weighted, removed). The request log (``requests``, ``calls_in_flight``)
+says who sent each call and when: the access key id that signed it (and, for an STS key, the role
+session name it was issued to), when it reached the emulator and when it was answered, so that
+calls can be counted per caller from the provider's side (docs/chaos.md, "Freezes").
 
 It also plays STS for RRSA: ``AssumeRoleWithOIDC`` for the service-account tokens a test accepts,
 answering temporary keys (AccessKeyId, AccessKeySecret, SecurityToken, Expiration) that the SLB
@@ -91,6 +94,7 @@ __all__ = [
     "STS_ASSUME_ROLE_WITH_OIDC",
     "STS_MIN_SESSION_SECONDS",
     "BackendChange",
+    "CallInFlight",
     "HTTPAnswer",
     "RecordedCall",
     "SLBEmulator",
@@ -223,6 +227,16 @@ class RecordedCall:
     #: Whether the call's effect was applied (true for "carried out, reported failed").
     executed: bool
     request_id: str
+    #: The access key id the call was signed with ("" when it carried none), and the role session
+    #: name an STS key was issued to ("" for the static pair and unknown keys).
+    access_key_id: str = ""
+    session: str = ""
+    #: Wall-clock seconds (the emulator's clock) when the request reached the emulator and when
+    #: it was answered.
+    received: float = 0.0
+    answered: float = 0.0
+    #: Its place in the order of answers, from 1 (``SLBEmulator.requests`` pages on it).
+    seq: int = 0
 
     @property
     def ok(self) -> bool:
@@ -236,6 +250,41 @@ class RecordedCall:
         except ValueError:
             return []
         return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "request_id": self.request_id,
+            "action": self.action,
+            "access_key_id": self.access_key_id,
+            "session": self.session,
+            "received": self.received,
+            "answered": self.answered,
+            "http_status": self.http_status,
+            "code": self.code,
+            "executed": self.executed,
+            "params": dict(self.params),
+        }
+
+
+@dataclass(frozen=True)
+class CallInFlight:
+    """A request the emulator is working on (not answered yet): who sent it and since when."""
+
+    request_id: str
+    action: str
+    access_key_id: str
+    session: str
+    received: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "action": self.action,
+            "access_key_id": self.access_key_id,
+            "session": self.session,
+            "received": self.received,
+        }
 
 
 ChangeKind = Literal["added", "weight", "description", "removed"]
@@ -280,6 +329,8 @@ class HTTPAnswer:
 class _TemporaryKey:
     key: AccessKey
     expires_at: float
+    #: The RoleSessionName it was issued for (who asked for it).
+    session: str = ""
 
 
 class _APIError(Exception):
@@ -451,6 +502,8 @@ class SLBEmulator:
         # A long-running server keeps the newest calls only; ``call_counts`` counts them all.
         self._calls: deque[RecordedCall] = deque(maxlen=max_recorded_calls)
         self._call_counts: Counter[tuple[str, str]] = Counter()
+        self._answered = 0
+        self._pending: dict[str, CallInFlight] = {}
         self._changes: list[BackendChange] = []
         # The account's flow control (``rate_limit``): calls a second, burst, tokens, last refill.
         self._rate: tuple[float, int] | None = None
@@ -537,9 +590,10 @@ class SLBEmulator:
         with self._lock:
             self._oidc_tokens.discard(token.strip())
 
-    def issue_temporary_key(self, duration_seconds: int = 3600) -> tuple[AccessKey, float]:
+    def issue_temporary_key(self, duration_seconds: int = 3600, session: str = "") -> tuple[AccessKey, float]:
         """A new STS key valid for ``duration_seconds`` on the emulator's clock, and its expiry
-        (seconds since the epoch, whole seconds as STS's ``Expiration`` carries them)."""
+        (seconds since the epoch, whole seconds as STS's ``Expiration`` carries them); ``session``
+        is the role session name it is issued for (the request log names its calls' sender)."""
         with self._lock:
             number = len(self._issued) + 1
             key = AccessKey(
@@ -548,7 +602,7 @@ class SLBEmulator:
                 f"emulated-security-token-{self._rng.randrange(16**24):024x}",
             )
             expires_at = float(int(self._clock() + duration_seconds))
-            self._temporary[key.access_key_id] = _TemporaryKey(key, expires_at)
+            self._temporary[key.access_key_id] = _TemporaryKey(key, expires_at, session)
             self._issued.append(key.access_key_id)
             return key, expires_at
 
@@ -556,7 +610,7 @@ class SLBEmulator:
         """End an issued key's validity now, as if its ``Expiration`` had passed."""
         with self._lock:
             held = self._temporary[access_key_id]
-            self._temporary[access_key_id] = _TemporaryKey(held.key, self._clock())
+            self._temporary[access_key_id] = _TemporaryKey(held.key, self._clock(), held.session)
 
     def issued_temporary_keys(self) -> list[str]:
         """Access key ids of the STS keys issued so far, oldest first."""
@@ -588,8 +642,8 @@ class SLBEmulator:
             raise _APIError("InvalidParameter.DurationSeconds") from None
         if not STS_MIN_SESSION_SECONDS <= duration <= self._max_session:
             raise _APIError("InvalidParameter.DurationSeconds")
-        key, expires_at = self.issue_temporary_key(duration)
         session = params["RoleSessionName"]
+        key, expires_at = self.issue_temporary_key(duration, session)
         return {
             "AssumedRoleUser": {"Arn": f"{self.role_arn}/{session}", "AssumedRoleId": f"emulated:{session}"},
             "OIDCTokenInfo": {"ClientIds": "sts.aliyuncs.com", "Issuer": "https://oidc-ack.emulated"},
@@ -922,6 +976,19 @@ class SLBEmulator:
         with self._lock:
             return [call for call in self._calls if call.action in MUTATING_ACTIONS]
 
+    def requests(self, since: int = 0) -> list[RecordedCall]:
+        """The calls answered after the ``since``-th (``RecordedCall.seq``), oldest first, as far
+        as the record keeps them (``max_recorded_calls``: a gap in ``seq`` says some were
+        dropped): the request log, with each call's sender and arrival time."""
+        with self._lock:
+            return [call for call in self._calls if call.seq > since]
+
+    def calls_in_flight(self) -> list[CallInFlight]:
+        """The calls received and not answered yet, oldest first (a write held by latency, a
+        hang or the state machine)."""
+        with self._lock:
+            return sorted(self._pending.values(), key=lambda call: call.received)
+
     def call_counts(self) -> dict[tuple[str, str], int]:
         """Calls answered per (action, code), ``"ok"`` for success; never trimmed."""
         with self._lock:
@@ -974,11 +1041,31 @@ class SLBEmulator:
 
     def answer(self, method: str, url: str, content_type: str, body: bytes | str | None) -> HTTPAnswer | None:
         """Answer one RPC request, whatever carried it; ``None``: drop the connection unanswered."""
+        received = self._clock()
         params = self._params(url, content_type, body)
         action = params.get("Action", "")
         recorded = {k: v for k, v in params.items() if k not in SIGNATURE_PARAMS and k != "OIDCToken"}
+        key_id = params.get("AccessKeyId", "")
         with self._lock:
             request_id = self._new_request_id()
+            held = self._temporary.get(key_id)
+            arrival = CallInFlight(request_id, action, key_id, held.session if held else "", received)
+            self._pending[request_id] = arrival
+        try:
+            return self._answer(method, params, action, recorded, arrival)
+        finally:
+            with self._lock:
+                self._pending.pop(request_id, None)
+
+    def _answer(
+        self,
+        method: str,
+        params: dict[str, str],
+        action: str,
+        recorded: dict[str, str],
+        arrival: CallInFlight,
+    ) -> HTTPAnswer | None:
+        request_id = arrival.request_id
         executed = False
         try:
             try:
@@ -986,7 +1073,7 @@ class SLBEmulator:
                     # Anonymous: the OIDC token is the proof of identity, nothing is signed.
                     payload = self._assume_role_with_oidc(params)
                     recorded.pop("OIDCToken", None)
-                    self._record(action, recorded, status=200, code=None, executed=False, rid=request_id)
+                    self._record(action, recorded, status=200, code=None, executed=False, arrival=arrival)
                     return HTTPAnswer(
                         200,
                         {"Content-Type": "application/json;charset=utf-8", "x-acs-request-id": request_id},
@@ -1008,17 +1095,17 @@ class SLBEmulator:
                 fault = injected.fault
                 executed = executed or (fault.execute and action in MUTATING_ACTIONS)
                 self._record(
-                    action, recorded, status=fault.status, code=fault.code, executed=executed, rid=request_id
+                    action, recorded, status=fault.status, code=fault.code, executed=executed, arrival=arrival
                 )
                 if fault.drop_connection:
                     return None
                 return self._error_response(_APIError(fault.code, fault.message, fault.status), request_id)
         except _APIError as err:
             self._record(
-                action, recorded, status=err.status, code=err.code, executed=executed, rid=request_id
+                action, recorded, status=err.status, code=err.code, executed=executed, arrival=arrival
             )
             return self._error_response(err, request_id)
-        self._record(action, recorded, status=200, code=None, executed=executed, rid=request_id)
+        self._record(action, recorded, status=200, code=None, executed=executed, arrival=arrival)
         text = json.dumps({"RequestId": request_id, **payload})
         return HTTPAnswer(
             200, {"Content-Type": "application/json;charset=utf-8", "x-acs-request-id": request_id}, text
@@ -1045,10 +1132,32 @@ class SLBEmulator:
         return HTTPAnswer(err.status, {"Content-Type": "application/json;charset=utf-8"}, body)
 
     def _record(
-        self, action: str, params: dict[str, str], *, status: int, code: str | None, executed: bool, rid: str
+        self,
+        action: str,
+        params: dict[str, str],
+        *,
+        status: int,
+        code: str | None,
+        executed: bool,
+        arrival: CallInFlight,
     ) -> None:
         with self._lock:
-            self._calls.append(RecordedCall(action, params, status, code, executed, rid))
+            self._answered += 1
+            self._calls.append(
+                RecordedCall(
+                    action,
+                    params,
+                    status,
+                    code,
+                    executed,
+                    arrival.request_id,
+                    access_key_id=arrival.access_key_id,
+                    session=arrival.session,
+                    received=arrival.received,
+                    answered=self._clock(),
+                    seq=self._answered,
+                )
+            )
             self._call_counts[(action, code or "ok")] += 1
 
     def _authenticate(self, method: str, params: Mapping[str, str]) -> None:

@@ -10,7 +10,8 @@ servers around it, so that provider state outlives the controllers that talk to 
   speaks HTTPS only), and the SLB side accepts the temporary keys it issued until they expire;
 * the admin API, plain HTTP, to create load balancers, set faults (rates per kind for reads
   and/or writes, latency, hang), throttle the account at a rate with SLB's own answer
-  (``PUT /rate-limit``), and read the state and the timestamped backend history.
+  (``PUT /rate-limit``), and read the state, the timestamped backend history and the request log
+  (each call's sender, by access key id and STS session, and when it arrived).
 
 Run it as ``python -m resourceconsist.adapters.alibabacloudslb.emulator_server --port 0``; it
 prints one JSON line (endpoint, admin URL, CA bundle, region, key pair) once it listens and serves
@@ -201,6 +202,7 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
             ("GET", "/state"): lambda _b, _q: self.server.emulator.state(),
             ("GET", "/history"): self._history,
             ("GET", "/calls"): self._calls,
+            ("GET", "/requests"): self._requests,
             ("POST", "/load-balancers"): self._add_load_balancer,
             ("POST", "/vserver-groups"): self._add_vserver_group,
             ("PUT", "/faults"): self._set_faults,
@@ -253,6 +255,19 @@ class _AdminHandler(_Quiet, BaseHTTPRequestHandler):
             raise ValueError(f"since must be a change sequence number >= 0, not {raw!r}")
         changes = self.server.emulator.backend_changes(int(raw))
         return {"changes": [c.to_json() for c in changes], "last": changes[-1].seq if changes else int(raw)}
+
+    def _requests(self, _body: Mapping[str, Any], query: Mapping[str, list[str]]) -> Any:
+        raw = (query.get("since") or ["0"])[0]
+        if not raw.isdigit():
+            raise ValueError(f"since must be a request sequence number >= 0, not {raw!r}")
+        emulator = self.server.emulator
+        in_flight = emulator.calls_in_flight()
+        calls = emulator.requests(int(raw))
+        return {
+            "requests": [c.to_json() for c in calls],
+            "in_flight": [c.to_json() for c in in_flight],
+            "last": calls[-1].seq if calls else int(raw),
+        }
 
     def _calls(self, _body: Mapping[str, Any], _query: Mapping[str, list[str]]) -> Any:
         counts = self.server.emulator.call_counts()
@@ -450,6 +465,13 @@ class EmulatorAdmin:
         """Backend changes after sequence number ``since``, and the last sequence number."""
         answer = self._call("GET", f"/history?since={since}")
         return list(answer["changes"]), int(answer["last"])
+
+    def requests(self, since: int = 0) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+        """The request log: calls answered after sequence number ``since`` (each with ``seq``,
+        ``action``, ``access_key_id``, ``session``, ``received``, ``answered``, ``code``,
+        ``params``), the calls in flight now, and the last sequence number."""
+        answer = self._call("GET", f"/requests?since={since}")
+        return list(answer["requests"]), list(answer["in_flight"]), int(answer["last"])
 
     def call_counts(self) -> dict[tuple[str, str], int]:
         """Calls answered per (action, code), ``"ok"`` for success."""

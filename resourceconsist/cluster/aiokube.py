@@ -1,18 +1,19 @@
-"""The API server on the event loop: an aiohttp session built from a ``KubeClient``'s ``Access``.
+"""The API server on the event loop: keep-alive connections built from a ``KubeClient``'s ``Access``.
 
 ``KubeClient`` reaches the API server through a urllib3 pool, one thread hand-off per call from
 async code. For the frame's hot path (a pass's pod writes and readiness gates) that hand-off cost
 about as much CPU as the request itself (docs/benchmarks.md, "The API transport").
-``AsyncTransport`` sends the same requests from the event loop over one aiohttp session per
-loop: the same host, CA, client certificate and bearer token (a token that can change, an exec
-plugin's or an in-cluster token file's, is asked for again every few seconds, in a thread), the
-same bookkeeping (the client's ``RequestLedger``: counters, observers, ``Reachability``, and the
-send checks, asked as each request is handed to its connection) and the same errors
-(``kube.api_error``; ``kube.is_unreachable`` knows aiohttp's). It stands behind
+``AsyncTransport`` sends the same requests from the event loop over one pool of HTTP/1.1
+connections per loop (resourceconsist.cluster.http1): the same host, CA, client certificate and
+bearer token (a token that can change, an exec plugin's or an in-cluster token file's, is asked
+for again every few seconds, in a thread), the same bookkeeping (the client's ``RequestLedger``:
+counters, observers, ``Reachability``, and the send checks, asked in the step that writes each
+request to its connection) and the same errors (``kube.api_error``; the pool's own are
+``ConnectionError`` and ``TimeoutError``, which ``kube.is_unreachable`` knows). It stands behind
 ``transport.LoopTransport`` (resourceconsist.cluster.transport, the seam both transports share),
 and the client keeps it in its ``loop_transport`` slot, which only ``for_client`` fills.
 
-A configuration the session cannot honour (an official client's HTTP proxy or
+A configuration the pool cannot honour (an official client's HTTP proxy or
 ``assert_hostname``: ``KubeClient.loop_refusal``) gets no transport: ``for_client`` answers None
 and callers keep the thread path (``patch_optimistic``, ``patch`` below do that themselves).
 docs/concepts.md, "The runtime".
@@ -24,32 +25,25 @@ import asyncio
 import contextlib
 import functools
 import logging
-import socket
-import ssl
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import msgspec
 
-from resourceconsist.cluster import kube
+from resourceconsist.cluster import http1, kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject, PatchType, Resource
 from resourceconsist.cluster.kubeconfig import Access
 from resourceconsist.cluster.transport import RequestLedger
-
-if TYPE_CHECKING:
-    # aiohttp is imported when a transport is made: what only imports the reconcile steps (the
-    # explain command, unit tests on in-memory writers) does not load it.
-    import aiohttp
 
 log = logging.getLogger(__name__)
 
 #: How long a token from a refresh hook is used before the hook is asked again (it reads a file
 #: or runs an exec plugin only when its own expiry says so; the official client asks per request).
 TOKEN_REFRESH_SECONDS = 10.0
-#: Connections to the API server the session keeps at most, requests beyond them waiting for
+#: Connections to the API server the pool keeps at most, requests beyond them waiting for
 #: one: 16 in flight already take what one API server serves (docs/benchmarks.md measures its raw
-#: PATCH rate with 16 clients), and each TLS connection holds asyncio's 256 KB read buffer.
+#: PATCH rate with 16 clients), and each TLS connection holds asyncio's read buffer.
 CONNECTIONS = 16
 #: Seconds an idle connection stays pooled (client-go's IdleConnTimeout): bursts of writes
 #: seconds apart reuse their connections instead of paying a TLS handshake each time again.
@@ -60,41 +54,32 @@ _CONNECT_TRIES = 3
 
 
 class AsyncTransport:
-    """One event loop's session to one API server, reporting to ``ledger`` (its client's); made
+    """One event loop's connections to one API server, reporting to ``ledger`` (its client's); made
     by ``for_client``."""
 
     def __init__(self, access: Access, ledger: RequestLedger, loop: asyncio.AbstractEventLoop) -> None:
-        import aiohttp
-
         self.ledger = ledger
         self.loop = loop
         self._access = access
         self._base = access.host
-        self._ssl: ssl.SSLContext | bool = access.ssl_context() or False  # None: an http:// host
-        self._server_hostname = access.tls_server_name
         self._token: str | None = None  # a token that can change, as last asked for
         self._token_at = float("-inf")
         self._refreshing = asyncio.Lock()  # one hook call at a time, its answer shared
-        #: TCP connections opened so far (connection reuse keeps it near the parallel requests).
-        self.connections_opened = 0
-        connector = aiohttp.TCPConnector(
-            limit=CONNECTIONS, keepalive_timeout=IDLE_CONNECTION_SECONDS, socket_factory=self._socket
-        )
-        self.session = aiohttp.ClientSession(
-            connector=connector,
-            request_class=_checked_request(ledger),
-            # As the thread path, 60 s for an answer; no bound on waiting for one of the pool's
-            # connections, which requests in flight free (urllib3 opened extra ones instead).
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=60.0, sock_read=60.0),
+        self.pool = http1.Pool(
+            access.host,
+            access.ssl_context(),  # None: an http:// host
+            access.tls_server_name,
+            limit=CONNECTIONS,
+            idle_seconds=IDLE_CONNECTION_SECONDS,
         )
 
-    def _socket(self, addr_info: Any) -> socket.socket:
-        family, type_, proto, _, _ = addr_info
-        self.connections_opened += 1
-        return socket.socket(family=family, type=type_, proto=proto)
+    @property
+    def connections_opened(self) -> int:
+        """TCP connections opened so far (connection reuse keeps it near the parallel requests)."""
+        return self.pool.opened
 
     async def close(self) -> None:
-        await self.session.close()
+        self.pool.close()
 
     # -- credentials ---------------------------------------------------------------------------
 
@@ -134,47 +119,54 @@ class AsyncTransport:
     ) -> Any:
         """Send one request and decode its JSON answer; a non-2xx answer raises ``kube.ApiError``'s
         subclass for its status, as ``KubeClient`` does."""
-        import aiohttp
-
         ledger = self.ledger
         ledger.sent(method.lower(), path)
-        url = kube.request_url(self._base, path, query)
-        data = None if body is None else msgspec.json.encode(body)
-        headers = await self._headers(content_type)
+        data = b"" if body is None else msgspec.json.encode(body)
         started = time.monotonic()
+        try:
+            answer = await self._exchange(method, path, query, data, content_type)
+        except Exception as err:  # no answer: refused, broken, timed out, or a send check said no
+            ledger.unanswered(method, err, started)
+            raise
+        ledger.answered(method, answer.status, started)
+        if answer.status >= 400:
+            raise kube.api_error(answer.status, answer.reason, answer.body, method, path)
+        return kube.decode_json(answer.body) if answer.body else {}
+
+    async def _exchange(
+        self, method: str, path: str, query: Mapping[str, Any] | None, data: bytes, content_type: str
+    ) -> http1.Answer:
+        """One request's answer, sent again where that is safe: on a pooled connection the server
+        had closed (before any answer; not a POST), and once with a token asked for again after a
+        401 of a token that changes."""
+        pool = self.pool
+        target = kube.request_url(pool.prefix, path, query)
+        headers = await self._headers(content_type)
         refreshed = not self._token_changes
         tries = 0
         while True:
             tries += 1
+            head = http1.request_head(method, target, pool.authority, headers, len(data) if data else None)
+            conn, reused = await pool.acquire()
             try:
-                async with self.session.request(
-                    method,
-                    url,
-                    data=data,
-                    headers=headers,
-                    ssl=self._ssl,
-                    server_hostname=self._server_hostname,
-                ) as response:
-                    status, reason = response.status, response.reason or ""
-                    payload = await response.read()
-            except (aiohttp.ClientConnectionError, TimeoutError) as err:
-                if _before_any_answer(err) and tries < _CONNECT_TRIES and method != "POST":
+                # The send hook: the checks and the write in one step (transport's docstring).
+                self.ledger.before_send(method, path)
+                answer = await conn.send(head + data)
+            except http1.ConnectionBroke as err:
+                pool.release(conn, reuse=False)
+                if err.before_answer and reused and tries < _CONNECT_TRIES and method != "POST":
                     continue
-                ledger.unanswered(method, err, started)
                 raise
-            except Exception as err:  # a send check refused it, or the session failed otherwise
-                ledger.unanswered(method, err, started)
+            except BaseException:
+                pool.release(conn, reuse=False)
                 raise
-            if status == 401 and not refreshed:
+            pool.release(conn, reuse=answer.keep_alive)
+            if answer.status == 401 and not refreshed:
                 # A token that expired between two refreshes: ask the hook now, once.
                 refreshed = True
                 headers = await self._headers(content_type, refresh=True)
                 continue
-            break
-        ledger.answered(method, status, started)
-        if status >= 400:
-            raise kube.api_error(status, reason, payload, method, path)
-        return kube.decode_json(payload) if payload else {}
+            return answer
 
     # -- the API the hot path uses -------------------------------------------------------------
 
@@ -244,38 +236,39 @@ class AsyncTransport:
         self, res: Resource, namespace: str | None, resource_version: str, *, timeout_seconds: int = 300
     ) -> AsyncIterator[AsyncIterator[KubeObject]]:
         """A watch from ``resource_version`` with bookmarks: ``async with`` it for its events."""
-        import aiohttp
-
         ledger = self.ledger
+        pool = self.pool
         path = res.path(namespace)
         ledger.sent("watch", path)
-        query = kube.watch_query(resource_version, timeout_seconds)
-        url = kube.request_url(self._base, path, query)
-        headers = await self._headers("application/json")
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=timeout_seconds + 30.0)
+        target = kube.request_url(pool.prefix, path, kube.watch_query(resource_version, timeout_seconds))
+        head = http1.request_head(
+            "GET", target, pool.authority, await self._headers("application/json"), None
+        )
         started = time.monotonic()
+        conn: http1.Connection | None = None
         try:
-            response = await self.session.get(
-                url, headers=headers, ssl=self._ssl, server_hostname=self._server_hostname, timeout=timeout
-            )
+            conn, _ = await pool.acquire()
+            ledger.before_send("GET", path)
+            answer = await conn.send(head, stream=True, read_timeout=timeout_seconds + 30.0)
         except Exception as err:
+            if conn is not None:
+                pool.release(conn, reuse=False)
             ledger.unanswered("GET", err, started)
             raise
-        ledger.answered("GET", response.status, started)
+        ledger.answered("GET", answer.status, started)
         try:
-            if response.status >= 400:
-                raise kube.api_error(
-                    response.status, response.reason or "", await response.read(), "GET", path
-                )
-            yield _events(response)
+            if answer.status >= 400:
+                payload = b"".join([piece async for piece in conn.chunks()])
+                raise kube.api_error(answer.status, answer.reason, payload, "GET", path)
+            yield _events(conn)
         finally:
-            response.close()
+            pool.release(conn, reuse=False)
 
 
-async def _events(response: aiohttp.ClientResponse) -> AsyncIterator[KubeObject]:
-    # Lines split by hand: aiohttp's readline refuses a line over its buffer (a large object).
+async def _events(conn: http1.Connection) -> AsyncIterator[KubeObject]:
+    # Lines split by hand: an object may arrive in many pieces, and a piece hold many lines.
     lines = kube.Lines()
-    async for chunk in response.content.iter_any():
+    async for chunk in conn.chunks():
         for line in lines.feed(chunk):
             yield kube.decode_json(line)
 
@@ -297,7 +290,7 @@ def for_client(client: KubeClient) -> AsyncTransport | None:
         return None
     transport = AsyncTransport(client.access, client.ledger, loop)
     # Closed when its loop shuts its async generators down (asyncio.run and pytest's loops do,
-    # last thing), so a session never outlives the loop it belongs to, whoever made the loop.
+    # last thing), so a pool never outlives the loop it belongs to, whoever made the loop.
     # The loop holds its generators weakly: the slot keeps this one.
     closer = _close_at_shutdown(transport)
     slot.keep(transport, (closer, loop.create_task(_start(closer))))
@@ -362,28 +355,3 @@ def _serving(writer: Any) -> AsyncTransport | None:
     """The loop's transport for ``writer`` when it is a ``KubeClient`` the transport serves; None
     sends its calls to the frame's threads (an in-memory writer, an unsupported configuration)."""
     return for_client(writer) if isinstance(writer, KubeClient) else None
-
-
-def _checked_request(ledger: RequestLedger) -> type[aiohttp.ClientRequest]:
-    """aiohttp's request, asking ``ledger``'s send checks as it is handed its connection: its
-    ``send`` writes the request to that connection before it first yields, so no ``await`` lies
-    between the check and the send (resourceconsist.cluster.transport, "The send hook")."""
-    import aiohttp
-
-    class CheckedRequest(aiohttp.ClientRequest):
-        async def send(self, conn: Any) -> aiohttp.ClientResponse:
-            ledger.before_send(self.method, self.url.raw_path)
-            return await super().send(conn)
-
-    return CheckedRequest
-
-
-def _before_any_answer(err: BaseException) -> bool:
-    """A connection that broke (refused, reset, closed while idle in the pool): resending is
-    safe for the requests this transport sends but POST (reads, and patches that either carry a
-    resourceVersion precondition or set the same fields again)."""
-    import aiohttp
-
-    return isinstance(
-        err, aiohttp.ServerDisconnectedError | aiohttp.ClientConnectorError | aiohttp.ClientOSError
-    )

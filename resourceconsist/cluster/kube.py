@@ -158,18 +158,11 @@ class Gone(ApiError):
 
 def is_unreachable(err: BaseException) -> bool:
     """Whether ``err`` means the API server could not be reached (no HTTP answer at all), from
-    either transport: urllib3's (threads) or aiohttp's (the event loop, resourceconsist.cluster.aiokube)."""
+    either transport: urllib3's (threads) or the event loop's (resourceconsist.cluster.aiokube, whose
+    pool raises ``ConnectionError`` and ``TimeoutError``: resourceconsist.cluster.http1)."""
     import urllib3.exceptions
 
-    unreachable: tuple[type[BaseException], ...] = (
-        urllib3.exceptions.HTTPError,
-        ConnectionError,
-        TimeoutError,
-    )
-    aiohttp = sys.modules.get("aiohttp")  # not loaded: none of its errors can exist
-    if aiohttp is not None:
-        unreachable += (aiohttp.ClientConnectionError,)
-    return isinstance(err, unreachable)
+    return isinstance(err, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError))
 
 
 class _QuietRetries(logging.Filter):
@@ -316,8 +309,7 @@ def request_headers(content_type: str, token: str | None) -> dict[str, str]:
         "Accept": "application/json",
         "Content-Type": content_type,
         # Answers uncompressed (the API server compresses only large lists). http.client sends
-        # this by itself; aiohttp would ask for gzip, and skipping its header costs it a copy of
-        # every request's headers.
+        # this by itself; the event loop's pool sends what it is given.
         "Accept-Encoding": "identity",
     }
     if token:
@@ -351,7 +343,7 @@ class _OfficialToken:
 
 def _access_of_official(configuration: Any) -> tuple[Access, dict[str, Any], str]:
     """The official client's ``Configuration`` as an ``Access``; the urllib3 options only it
-    sets (a proxy, ``assert_hostname``); why the event loop's session cannot honour them."""
+    sets (a proxy, ``assert_hostname``); why the event loop's pool cannot honour them."""
     extras: dict[str, Any] = {}
     refusals: list[str] = []
     host = str(configuration.host or "").rstrip("/")
@@ -519,9 +511,9 @@ class KubeClient:
         self.api_client = api_client
         official = getattr(api_client, "configuration", None)
         #: What only the official configuration sets (a proxy, ``assert_hostname``): urllib3
-        #: honours it, the event loop's session does not (``loop_refusal``).
+        #: honours it, the event loop's pool does not (``loop_refusal``).
         self._pool_extras: dict[str, Any] = {}
-        #: Why the event loop's session cannot speak for this client (empty: it can).
+        #: Why the event loop's pool cannot speak for this client (empty: it can).
         self.loop_refusal = ""
         if access is None and official is not None:
             access, self._pool_extras, self.loop_refusal = _access_of_official(official)

@@ -2,7 +2,7 @@
 
 A ``KubeClient`` (resourceconsist.cluster.kube) has two transports: its ``ThreadTransport``
 (urllib3, blocking, in the caller's thread) and, per event loop, an ``AsyncTransport``
-(resourceconsist.cluster.aiokube: aiohttp, for the hot path's writes). Each stands behind one of
+(resourceconsist.cluster.aiokube: HTTP/1.1 on asyncio, for the hot path's writes). Each stands behind one of
 the two protocols here, ``BlockingTransport`` and ``LoopTransport``, and neither knows the other
 or the client's insides. What they share is what the client hands them:
 
@@ -22,19 +22,16 @@ or the client's insides. What they share is what the client hands them:
 (``add_send_check``) in the same synchronous step that hands the request to a connection: in the
 thread transport once urllib3 holds a connected socket (``HTTPConnectionPool._validate_conn``,
 "called right before a request is made, after the socket is created"), directly followed by the
-connection's ``request``; in the loop transport once aiohttp holds a connection, as its
-``ClientRequest.send`` begins, which writes the request to that connection before it first
-yields. No ``await`` and no thread hand-off lies between a check and its send, and a check runs
-again for every attempt of a request (a retry after a broken connection). A check that raises
-refuses the request: nothing of it is written, and its exception reaches the caller (the ledger
-records the request as unanswered). The lease fence is checked here, before the send checks, for
-every request but a read: a write made for a Lease no longer surely held is never sent
-(docs/concepts.md, "Fencing"). One limit of the loop transport on Python 3.11: aiohttp writes a
-request *with a body* from a task of its own, which the loop runs next, before anything else of
-the frame; on 3.12 and later it writes it eagerly, in the step. A pause that falls between the
-check and that task is the same case as one that falls between a check and the write in the
-synchronous step: the write goes out on resuming (docs/concepts.md, "Fencing", "What remains
-possible").
+connection's ``request``; in the loop transport once its pool hands it a connection, directly
+followed by ``http1.Connection.send``, which writes the whole request to that connection in the
+same call (resourceconsist/cluster/http1.py). No ``await`` and no thread hand-off lies between a
+check and its send, on every Python version, and a check runs again for every attempt of a
+request (a retry after a broken connection). A check that raises refuses the request: nothing of
+it is written, and its exception reaches the caller (the ledger records the request as
+unanswered). The lease fence is checked here, after the send checks (the last step before the
+write), for every request but a read: a write made for a Lease no longer surely held is never sent (docs/concepts.md, "Fencing").
+A pause that falls between a check and the write of the same synchronous step is the one case
+left: the write goes out on resuming (docs/concepts.md, "Fencing", "What remains possible").
 """
 
 from __future__ import annotations
@@ -141,13 +138,13 @@ class RequestLedger:
 
     def before_send(self, method: str, path: str) -> None:
         """The request is about to be handed to a connection (the send hook, module docstring):
-        a write made for a Lease no longer surely held is refused (``LeaseLost``; the lease fence,
-        resourceconsist/flow/fence.py: docs/concepts.md, "Fencing"), then every send check is
-        asked, and one that raises refuses it."""
-        if method not in _READS:
-            check_fence()
+        every send check is asked, and one that raises refuses it; then, the last step before the
+        write, a write made for a Lease no longer surely held is refused (``LeaseLost``; the lease
+        fence, resourceconsist/flow/fence.py: docs/concepts.md, "Fencing")."""
         for check in self._checks:
             check(method, path)
+        if method not in _READS:
+            check_fence()
 
     def answered(self, method: str, status: int, started: float) -> None:
         """An HTTP answer with ``status`` came, ``started`` being the request's ``time.monotonic()``."""

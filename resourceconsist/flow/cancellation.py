@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
 from resourceconsist.errors import PassCancelled
@@ -242,3 +243,67 @@ async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
     if inspect.isawaitable(result):
         return await result
     return result
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one adapter call of ``call_adapter_pair`` came to: its value, or the error it raised."""
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+async def call_adapter_pair(
+    first: Callable[..., Any], second: Callable[..., Any], *args: Any
+) -> tuple[Outcome, Outcome | None]:
+    """``call_adapter(first, *args)``, then, unless it raised, ``call_adapter(second, *args)``;
+    each one's ``Outcome`` (the second's None when the first raised). Two plain functions run in
+    one worker thread, one after the other: one hand-off instead of two (a pass reads a side's
+    expected and current items this way; a hand-off costs 65-100 us of CPU, docs/benchmarks.md).
+    Each call is fenced as ``call_adapter``'s is, right before it."""
+    if inspect.iscoroutinefunction(first) or inspect.iscoroutinefunction(second):
+        return await _in_turn(first, second, *args)
+    context = contextvars.copy_context()
+    loop = asyncio.get_running_loop()
+
+    def both() -> tuple[Outcome, Outcome | None, bool]:
+        try:
+            value = _fenced(first, *args)
+        except Exception as err:
+            return Outcome(error=err), None, False
+        if inspect.isawaitable(value):
+            return Outcome(value), None, True  # awaited on the loop before ``second`` is called
+        try:
+            return Outcome(value), Outcome(_fenced(second, *args)), False
+        except Exception as err:
+            return Outcome(value), Outcome(error=err), False
+
+    one, two, pending = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, both))
+    if pending:
+        try:
+            one = Outcome(await one.value)
+        except Exception as err:
+            return Outcome(error=err), None
+        return one, await _outcome(second, *args)
+    if two is not None and inspect.isawaitable(two.value):
+        try:
+            two = Outcome(await two.value)
+        except Exception as err:
+            two = Outcome(error=err)
+    return one, two
+
+
+async def _in_turn(
+    first: Callable[..., Any], second: Callable[..., Any], *args: Any
+) -> tuple[Outcome, Outcome | None]:
+    one = await _outcome(first, *args)
+    if one.error is not None:
+        return one, None
+    return one, await _outcome(second, *args)
+
+
+async def _outcome(fn: Callable[..., Any], *args: Any) -> Outcome:
+    try:
+        return Outcome(await call_adapter(fn, *args))
+    except Exception as err:
+        return Outcome(error=err)

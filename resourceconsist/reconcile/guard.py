@@ -115,6 +115,36 @@ def plan_after_calls(
     return verdicts
 
 
+def settled(results: CUDResults[Employee], pending: Iterable[Employee]) -> set[str]:
+    """The pods whose verdict the calls answered so far already decide: every item naming the
+    pod was called and confirmed. A pod an item still to be called names, one an unchanged
+    item names (judged from the provider's current items at the end) and one a failed or held
+    back item names wait for the pass's end (``after_calls``)."""
+    confirmed = {i.name for i in [*results.succ_created, *results.succ_updated, *results.succ_deleted]}
+    waiting = [*pending, *results.unchanged, *results.fail_created, *results.fail_updated]
+    return confirmed - {i.name for i in [*waiting, *results.fail_deleted]} - {""}
+
+
+def plan_settled(
+    results: CUDResults[Employee],
+    names: set[str],
+    carriers: Iterable[str],
+    entry: EmployerEntry,
+    pod_of: PodOf,
+    writer: PodWriter,
+) -> None:
+    """Plan the swaps and releases of ``names`` (pods ``settled`` says are decided) as
+    ``after_calls`` will plan them: the same verdicts from the same confirmed items, so the pass
+    writes them as soon as their registration is confirmed (docs/concepts.md, "The guard")."""
+    mine: CUDResults[Employee] = CUDResults(
+        succ_created=[i for i in results.succ_created if i.name in names],
+        succ_updated=[i for i in results.succ_updated if i.name in names],
+        succ_deleted=[i for i in results.succ_deleted if i.name in names],
+    )
+    verdicts, _ = judge(mine, {})
+    plan_after_calls(verdicts, set(carriers) & names, entry, pod_of, writer)
+
+
 def swapped(name: str, on: str, off: str, entry: EmployerEntry, pod_of: PodOf, writer: PodWriter) -> bool:
     """The pod already holds ``on`` without ``off`` (and the entry the lifecycle finalizer
     needs), and nothing else is planned for it: the swap would write nothing, so it is not

@@ -243,7 +243,6 @@ class PodWriter:
             intents = {n: i for n, i in self._intents.items() if n in only}
             self._intents = {n: i for n, i in self._intents.items() if n not in only}
         result = PodWriteResult()
-        gate = asyncio.Semaphore(PARALLEL_WRITES)
         # A pod whose cached copy already matches its plan needs no write: settle it here, on
         # the loop, instead of a thread hop per pod (a steady-state pass plans every selected
         # pod). A lagging cache only means the write below re-reads on conflict, as before.
@@ -264,14 +263,27 @@ class PodWriter:
                 result.finalizers[name] = lifecycle.get_finalizers(cached)
                 if deferred:
                     result.deferred.add(name)
+        await self._write_all(intents, located, result)
+        return result
 
-        async def one(name: str, intent: PodIntent) -> None:
-            async with gate:
+    async def _write_all(
+        self,
+        intents: dict[str, PodIntent],
+        located: dict[str, tuple[PodLocation, KubeObject | None]],
+        result: PodWriteResult,
+    ) -> None:
+        """Write ``intents`` from at most PARALLEL_WRITES writer coroutines that take the next pod
+        as they finish one: no task per write (a task's creation and scheduling cost as much as a
+        tenth of a write's CPU: docs/benchmarks.md), and none at all for a single pod."""
+        todo = iter(list(intents.items()))
+
+        async def writer() -> None:
+            for name, intent in todo:  # one iterator: each pod is taken by one writer
                 try:
                     pod, wrote, deferred = await self._apply(name, intent, located.get(name))
                 except Exception as err:
                     result.failed[name] = err
-                    return
+                    continue
                 result.writes += wrote
                 result.done.add(name)
                 if deferred:
@@ -279,8 +291,11 @@ class PodWriter:
                 if pod is not None:
                     result.finalizers[name] = lifecycle.get_finalizers(pod)
 
-        await asyncio.gather(*(one(n, i) for n, i in intents.items()))
-        return result
+        writers = min(PARALLEL_WRITES, len(intents))
+        if writers == 1:
+            await writer()
+        elif writers > 1:
+            await asyncio.gather(*(writer() for _ in range(writers)))
 
     async def _apply(
         self, name: str, intent: PodIntent, located: tuple[PodLocation, KubeObject | None] | None
@@ -289,10 +304,12 @@ class PodWriter:
         an entry removal deferred). ``located``: where it lives and its cached copy, when
         ``flush`` already looked them up. The write goes out on the event loop's transport
         (resourceconsist.cluster.aiokube), in the frame's threads where that cannot serve the client."""
-        # Start from the cache; it may lag behind a pod created a moment ago, so fall back to a GET.
-        where, pod = located or (self._resolve(name), None)
-        if located is None:
-            pod = self.recent.get(where.reader, self.namespace, where.name)
+        # Start from the cache as it is now, not as it was when the flush began: a writer takes a
+        # pod up to seconds later in a large flush, and a copy that meanwhile changed (a kubelet's
+        # status patch) would cost a 409, a GET and a second PATCH. It may lag behind a pod
+        # created a moment ago, so fall back to a GET.
+        where = located[0] if located is not None else self._resolve(name)
+        pod = self.recent.get(where.reader, self.namespace, where.name)
         deferred = False
 
         def change(fresh: KubeObject) -> dict[str, Any] | None:

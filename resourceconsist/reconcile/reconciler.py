@@ -34,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from resourceconsist.adapter import Employee, ReconcileContext
+from resourceconsist.adapter import CUDResults, Employee, ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.cluster.kube import EmployerKey, KubeObject
@@ -43,6 +43,7 @@ from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile import finalizers, guard, readiness, statuses, sync
 from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
 from resourceconsist.reconcile.passes import PassFactory
+from resourceconsist.reconcile.podwriter import PodWriteResult
 from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
@@ -272,10 +273,28 @@ class Reconciler:
                 registering = asyncio.create_task(self._gates_in_flight(p, created, changed, writing))
             return blocked
 
-        hook = before_calls if self.employees_are_pods else None
+        settled: set[str] = set()
+        settling: list[asyncio.Task[PodWriteResult]] = []
+
+        def after_call(results: CUDResults[Employee], pending: Sequence[Employee]) -> None:
+            # A pod whose every item the calls so far confirmed has its verdict now: its swap or
+            # release goes out at once, beside the calls still to come, not after all of them.
+            # Its entry and guard went out before the calls (before_calls), as the guard wants.
+            if not p.follows_lifecycle or p.deleting:
+                return
+            names = guard.settled(results, pending) - settled
+            if not names:
+                return
+            settled.update(names)
+            guard.plan_settled(results, names, p.carriers, p.entry, p.pod_of, p.writer)
+            planned = {n for n in names if p.writer.planned(n)}
+            if planned:
+                settling.append(asyncio.create_task(p.writer.flush(only=planned)))
+
+        hook, heard = (before_calls, after_call) if self.employees_are_pods else (None, None)
         try:
             p.employee_results, current_by_id, refused = await sync.sync_employees(
-                self.adapter, p.ctx, p.employer, p.failures, hook
+                self.adapter, p.ctx, p.employer, p.failures, hook, heard
             )
         finally:
             if registering is not None:
@@ -284,6 +303,10 @@ class Reconciler:
                     registering.cancel()
                 # Writes under way land before the gates after the calls are decided.
                 await asyncio.gather(registering, return_exceptions=True)
+            # The settled pods' writes land before the rest is planned from what they wrote.
+            for outcome in await asyncio.gather(*settling, return_exceptions=True):
+                if isinstance(outcome, PodWriteResult):
+                    p.written.merge(outcome)
         p.refused.update(refused)
         if not self.employees_are_pods:  # (following PodOpsLifecycle implies pod employees)
             return

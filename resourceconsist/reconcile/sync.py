@@ -14,7 +14,7 @@ from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileAda
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.budget import Priority, spending_for
-from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.flow.cancellation import call_adapter, call_adapter_pair
 from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
 from resourceconsist.rules.diff import Diff, diff
 
@@ -31,6 +31,9 @@ ItemT = TypeVar("ItemT", Employer, Employee)
 
 #: Runs between the diff and the calls: guards pods, returns the ids of creates/updates to hold back.
 BeforeCalls = Callable[[Diff[Any], Sequence[Any]], Awaitable[set[str]]]
+#: Runs, without waiting, after each create, update or delete call that answered: the results so
+#: far and the items of the calls still to come (the guard writes what the answers so far settle).
+AfterCall = Callable[[CUDResults[Any], Sequence[Any]], None]
 
 
 async def sync(
@@ -43,10 +46,12 @@ async def sync(
     delete: Callable[..., Any],
     what: str,
     before_calls: BeforeCalls | None = None,
+    after_call: AfterCall | None = None,
 ) -> CUDResults[ItemT]:
     """Diff, then create, update, delete; an error aborts, failed items do not.
 
-    Items ``before_calls`` holds back count as failed (so the employer is looked at again)."""
+    Items ``before_calls`` holds back count as failed (so the employer is looked at again);
+    ``after_call`` hears of each call's answer as it comes."""
     try:
         planned = diff(expected, current)
     except Exception as err:
@@ -57,12 +62,8 @@ async def sync(
     results.fail_updated = [i for i in planned.to_update if i.id in held_back]
     planned.to_create = [i for i in planned.to_create if i.id not in held_back]
     planned.to_update = [i for i in planned.to_update if i.id not in held_back]
-    for call, fn, items in zip(
-        CALLS,
-        (create, update, delete),
-        (planned.to_create, planned.to_update, planned.to_delete),
-        strict=True,
-    ):
+    batches = (planned.to_create, planned.to_update, planned.to_delete)
+    for i, (call, fn, items) in enumerate(zip(CALLS, (create, update, delete), batches, strict=True)):
         try:
             with spending_for(_priority(call.label, what, items)):
                 succeeded, failed = await call_adapter(fn, ctx, employer, list(items)) if items else ([], [])
@@ -70,6 +71,8 @@ async def sync(
             raise SyncError(f"{call.label} failed, err: {err}") from err
         call.succeeded(results).extend(succeeded)
         call.failed(results).extend(failed)
+        if after_call is not None and items:
+            after_call(results, [item for later in batches[i + 1 :] for item in later])
     return results
 
 
@@ -117,20 +120,28 @@ async def sync_side(
     cud: tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]],
     failures: PassFailures,
     before_calls: BeforeCalls | None = None,
+    after_call: AfterCall | None = None,
 ) -> tuple[CUDResults[Any], dict[str, Any], dict[str, str]]:
     """Expected, current, diff and create/update/delete for one side, with the Go events;
     what the provider did, its current items by id, and the provider's reason for each pod
     whose item it refused (for the readiness gates)."""
+    # Both reads in one hand-off for a plain adapter (``call_adapter_pair``), in this order.
+    got_expected, got_current = await call_adapter_pair(get_expected, get_current, ctx, employer)
     try:
-        expected = list(await call_adapter(get_expected, ctx, employer))
+        if got_expected.error is not None:
+            raise got_expected.error
+        expected = list(got_expected.value)
     except Exception as err:
         raise await failures.fail(side.expected_reason, f"get expect {side.what} failed: {err}") from err
     try:
-        current = list(await call_adapter(get_current, ctx, employer))
+        assert got_current is not None  # the expected items were read
+        if got_current.error is not None:
+            raise got_current.error
+        current = list(got_current.value)
     except Exception as err:
         raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
     try:
-        results = await sync(ctx, employer, expected, current, *cud, side.what, before_calls)
+        results = await sync(ctx, employer, expected, current, *cud, side.what, before_calls, after_call)
     except SyncError as err:
         raise await failures.fail(side.sync_reason, f"sync {side.what} failed: {err}") from err
     log_changes(failures.controller, failures.key, side.what, results)
@@ -156,11 +167,21 @@ async def sync_employees(
     employer: KubeObject,
     failures: PassFailures,
     before_calls: BeforeCalls | None,
+    after_call: AfterCall | None = None,
 ) -> tuple[CUDResults[Employee], dict[str, Any], dict[str, str]]:
-    """Step 5: the employees' items, ``before_calls`` (the guard) between the diff and the calls;
-    what the provider did, its current items by id, and the reasons it refused, by pod."""
+    """Step 5: the employees' items, ``before_calls`` (the guard) between the diff and the calls,
+    ``after_call`` after each call; what the provider did, its current items by id, and the
+    reasons it refused, by pod."""
     a = adapter
     cud = (a.create_employees, a.update_employees, a.delete_employees)
     return await sync_side(
-        ctx, employer, EMPLOYEES, a.get_expected_employee, a.get_current_employee, cud, failures, before_calls
+        ctx,
+        employer,
+        EMPLOYEES,
+        a.get_expected_employee,
+        a.get_current_employee,
+        cud,
+        failures,
+        before_calls,
+        after_call,
     )

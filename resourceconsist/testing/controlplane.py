@@ -6,7 +6,8 @@ temporary directory with a serving certificate, an admin client certificate in
 waits for readiness with a deadline and tears everything down, leaving no process and no
 temporary directory behind (children are also bound to this process's life, so they die with
 it even when it is killed). ``LocalControlPlane(audit=True)`` has kube-apiserver write an audit log
-at Metadata level (who did what to which resource, no bodies), read by ``audit_events()``: what
+at Metadata level (who did what to which resource, no bodies; ``audit_policy=`` another policy),
+read by ``audit_events()``: what
 a ServiceAccount's run actually used (docs/security.md); ``service_account_token()`` and
 ``token_kubeconfig()`` let a process run as a ServiceAccount. ``restart_apiserver()`` stops and
 starts kube-apiserver on the same port while etcd keeps running, so a test can show that clients
@@ -33,7 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -181,10 +182,13 @@ class LocalControlPlane:
         start_timeout: float = 60.0,
         extra_apiserver_flags: dict[str, str] | None = None,
         audit: bool = False,
+        audit_policy: Mapping[str, Any] | None = None,
         etcd_seed: Path | None = None,
     ) -> None:
         self.start_timeout = start_timeout
-        self.audit = audit
+        #: An audit policy implies the audit log (``AUDIT_POLICY`` when only ``audit`` is set).
+        self.audit = audit or audit_policy is not None
+        self.audit_policy: Mapping[str, Any] = AUDIT_POLICY if audit_policy is None else audit_policy
         #: An etcd data directory kept by ``stop(keep_etcd=...)``: this control plane starts with
         #: a copy of it, every object of the earlier one in place (a benchmark fills a large
         #: cluster once and starts from it for each run).
@@ -413,7 +417,7 @@ class LocalControlPlane:
             "v": "1",
         }
         if self.audit:
-            (d / "audit-policy.yaml").write_text(yaml.safe_dump(AUDIT_POLICY))
+            (d / "audit-policy.yaml").write_text(yaml.safe_dump(dict(self.audit_policy)))
             flags["audit-policy-file"] = str(d / "audit-policy.yaml")
             flags["audit-log-path"] = str(self.audit_log)
         flags.update(self.extra_apiserver_flags)

@@ -364,6 +364,39 @@ async def test_a_send_check_is_asked_in_each_transports_send_step_and_may_refuse
     assert len(asked) == 3
 
 
+async def test_a_write_whose_lease_is_lost_while_the_send_hook_runs_is_not_written_from_the_loop(
+    cluster: Cluster, kube_client: KubeClient
+) -> None:
+    """The lease fence is the last thing the send hook asks, after the send checks, in the step
+    that writes the request (``http1.Connection.send``; before it, aiohttp wrote a request with a
+    body from a task of its own, which a freeze could fall before: ``make chaos`` saw a pod patch
+    sent 8 ms after a SIGCONT, 7 s past its sender's deadline). A Lease lost while the hook runs
+    (a send check drops it here, as a pause there would) sends nothing: ``LeaseLost``, the pod
+    unchanged."""
+    ns = cluster.namespace
+    await cluster.pod("web-0", {"app": "web"})
+    transport = _transport(kube_client)
+    fence = Fence("ns/lease")
+
+    def lost_right_after_the_hook(method: str, path: str) -> None:
+        if method == "PATCH":
+            fence.drop()
+
+    remove = kube_client.ledger.add_send_check(lost_right_after_the_hook)
+    try:
+        with acting_for(fence):
+            fence.hold_until(fence_clock() + 60)
+            with pytest.raises(LeaseLost):
+                await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"x": "1"}}})
+    finally:
+        remove()
+    labels = ((await cluster.get(kube.POD, "web-0")) or {})["metadata"].get("labels") or {}
+    assert "x" not in labels, "a write went out after its Lease was lost"
+    # The next request gets a connection of its own and goes out.
+    await transport.patch(kube.POD, ns, "web-0", {"metadata": {"labels": {"y": "1"}}})
+    assert "y" in (((await cluster.get(kube.POD, "web-0")) or {})["metadata"].get("labels") or {})
+
+
 async def test_a_write_for_a_lease_no_longer_held_is_sent_by_neither_transport(
     cluster: Cluster, kube_client: KubeClient
 ) -> None:

@@ -31,7 +31,7 @@ from resourceconsist.experimental.demo import (
 )
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodIntent, PodWriter
 from resourceconsist.rules import lifecycle
-from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.testing import Cluster, WaitTimeout, async_wait_for, finalizers, wait_for
 
 ENTRY = EmployerEntry(
     key="Service/ns/svc",
@@ -450,3 +450,77 @@ async def test_the_unguarded_gauge_shows_a_routed_pod_that_cannot_be_guarded(
         await cluster.patch(kube.SERVICE, "svc", {"metadata": {"annotations": {"poke": "2"}}})
         await async_wait_for(lambda: gauge() == 0, timeout=20, message="the gauge back to 0")
     await cluster.patch(kube.POD, "pod-1", {"metadata": {"finalizers": None}})
+
+
+class DeleteWaitsForTheRegistered(DemoAdapter):
+    """Demo adapter that records ``pod`` as the API server holds it when its create call begins,
+    and whose delete call in the same pass first waits (with a deadline) for ``pod`` to carry
+    the lifecycle finalizer, recording whether it did."""
+
+    def __init__(self, provider: FakeProvider, pod: str) -> None:
+        super().__init__(provider)
+        self.pod = pod
+        self.at_create: list[KubeObject | None] = []
+        self.served_before_delete: list[bool] = []
+
+    def _read(self, ctx: ReconcileContext, employer: KubeObject) -> KubeObject | None:
+        assert ctx.writer is not None
+        return ctx.writer.get_or_none(kube.POD, employer["metadata"]["namespace"], self.pod)
+
+    def create_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+    ) -> tuple[list[Employee], list[Employee]]:
+        if any(item.name == self.pod for item in to_create):
+            self.at_create.append(self._read(ctx, employer))
+        return super().create_employees(ctx, employer, to_create)
+
+    def delete_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_delete: list[Employee]
+    ) -> tuple[list[Employee], list[Employee]]:
+        if self.at_create and not self.served_before_delete:
+            lifecycle_finalizer = lifecycle.lifecycle_finalizer(employer["metadata"]["name"])
+            try:
+                wait_for(
+                    lambda: lifecycle_finalizer in finalizers(self._read(ctx, employer) or {}),
+                    timeout=10,
+                    message="the registered pod's lifecycle finalizer",
+                )
+                self.served_before_delete.append(True)
+            except WaitTimeout:
+                self.served_before_delete.append(False)
+        return super().delete_employees(ctx, employer, to_delete)
+
+
+async def test_a_registered_pods_lifecycle_finalizer_goes_out_once_confirmed_before_the_passs_later_calls(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    """One pass registers a Ready pod and deregisters another: the new pod's entry and guard are
+    on before its create call, and its lifecycle finalizer is on before the delete call that
+    follows it in the same pass (docs/concepts.md, "The guard")."""
+    provider = FakeProvider()
+    await cluster.service("svc")
+    await cluster.pod("pod-old", {"app": "svc"})
+    await cluster.set_status("pod-old", ready=True)
+    async with run_manager(DemoAdapter(provider)):
+
+        async def old_served() -> bool:
+            return await _finalizers_of(cluster, "pod-old") == [L]
+
+        await async_wait_for(old_served, timeout=30, message="pod-old served")
+    # With no controller running: pod-old leaves the Service, pod-new joins it, Ready.
+    await cluster.patch(kube.POD, "pod-old", {"metadata": {"labels": {"app": "other"}}})
+    await cluster.pod("pod-new", {"app": "svc"})
+    await cluster.set_status("pod-new", ready=True)
+    adapter = DeleteWaitsForTheRegistered(provider, "pod-new")
+    async with run_manager(adapter):
+
+        async def settled() -> bool:
+            new, old = await _finalizers_of(cluster, "pod-new"), await _finalizers_of(cluster, "pod-old")
+            return new == [L] and old == []
+
+        await async_wait_for(settled, timeout=60, message="pod-new served, pod-old released")
+    [at_create] = adapter.at_create
+    assert at_create is not None
+    assert finalizers(at_create) == [G], "guarded, not yet served, when its create call began"
+    assert L in lifecycle.expected_finalizers(at_create).values(), "the entry before the call"
+    assert adapter.served_before_delete == [True], "served before the pass's delete call"

@@ -23,6 +23,7 @@ from resourceconsist.flow.cancellation import (
     ADAPTER_THREADS,
     Cancellation,
     call_adapter,
+    call_adapter_pair,
     current_cancellation,
     running_pass,
 )
@@ -231,3 +232,49 @@ def _service(name: str) -> KubeObject:
         "metadata": {"name": name, "labels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
         "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
     }
+
+
+async def test_a_pair_of_plain_reads_runs_in_one_worker_thread_in_order() -> None:
+    loop_thread = threading.get_ident()
+    seen: list[tuple[str, int]] = []
+
+    def expected(x: int) -> int:
+        seen.append(("expected", threading.get_ident()))
+        return x + 1
+
+    def current(x: int) -> int:
+        seen.append(("current", threading.get_ident()))
+        return x + 2
+
+    one, two = await call_adapter_pair(expected, current, 1)
+    assert (one.value, two.value if two else None) == (2, 3)
+    assert [what for what, _ in seen] == ["expected", "current"]
+    threads = {thread for _, thread in seen}
+    assert len(threads) == 1 and loop_thread not in threads, "one hand-off, off the loop"
+
+
+async def test_a_pair_stops_at_the_first_error_and_awaits_coroutines_on_the_loop() -> None:
+    called: list[str] = []
+
+    def failing(x: int) -> int:
+        called.append("first")
+        raise ValueError("provider down")
+
+    def never(x: int) -> int:
+        called.append("second")
+        return x
+
+    one, two = await call_adapter_pair(failing, never, 1)
+    assert isinstance(one.error, ValueError) and two is None and called == ["first"]
+
+    loop_thread = threading.get_ident()
+
+    async def on_loop(x: int) -> int:
+        assert threading.get_ident() == loop_thread
+        return x * 10
+
+    def broken(x: int) -> int:
+        raise KeyError("gone")
+
+    one, two = await call_adapter_pair(on_loop, broken, 2)
+    assert one.value == 20 and two is not None and isinstance(two.error, KeyError)

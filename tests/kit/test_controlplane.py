@@ -274,6 +274,36 @@ def test_a_control_plane_starts_from_the_etcd_data_another_one_kept(tmp_path: Pa
     assert (seed / "member").is_dir()  # the seed itself is left as it was: each start copies it
 
 
+@pytest.mark.controlplane
+def test_an_audit_policy_of_ones_own_records_the_bodies_it_asks_for() -> None:
+    """``audit_policy=``: Service patches at Request level (their bodies), the rest at Metadata."""
+    policy = {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [
+            {"level": "Request", "verbs": ["patch"], "resources": [{"group": "", "resources": ["services"]}]},
+            {"level": "Metadata"},
+        ],
+    }
+    with LocalControlPlane(audit_policy=policy) as cp:
+        api = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        api.create(kube.NAMESPACE, None, {"metadata": {"name": "audited"}})
+        api.create(kube.SERVICE, "audited", {"metadata": {"name": "web"}, "spec": {"ports": [{"port": 80}]}})
+        api.patch(kube.SERVICE, "audited", "web", {"metadata": {"labels": {"shard": "a"}}})
+        api.close()
+
+        def seen() -> list[dict[str, Any]]:
+            """The Service's create and patch, once both are logged (an empty list till then)."""
+            events = [e for e in cp.audit_events() if (e.get("objectRef") or {}).get("name") == "web"]
+            return events if len(events) >= 2 else []
+
+        events = wait_for(seen, timeout=10, message="the Service's events")
+    by_verb = {e["verb"]: e for e in events}
+    assert by_verb["patch"]["requestObject"] == {"metadata": {"labels": {"shard": "a"}}}
+    assert "requestObject" not in by_verb["create"]
+
+
 def test_wait_for_returns_the_value_or_names_what_it_waited_for() -> None:
     values = iter([None, 0, "ready"])
     assert wait_for(lambda: next(values), timeout=5, interval=0) == "ready"

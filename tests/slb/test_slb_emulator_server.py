@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +29,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
 )
 from resourceconsist.flow.budget import Priority, ProviderBudget
 from resourceconsist.options import ProviderBudgetOptions
+from resourceconsist.testing import wait_for
 
 LB = "lb-served-1"
 ADD = "AddVServerGroupBackendServers"
@@ -259,6 +261,71 @@ def test_rrsa_against_the_served_sts_and_keys_steered_from_outside(
             new.describe_vserver_groups(LB)
     finally:
         admin.rotate_access_key(served["access_key_id"], served["access_key_secret"])
+
+
+def test_request_log_names_each_calls_sender_and_when_it_arrived(
+    served: dict[str, str], admin: EmulatorAdmin, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two callers, the static pair and an STS key issued for the session ``replica-b``: the
+    request log (read from outside) names each call's key and session with its arrival and answer
+    times, pages on ``since``, and shows a write held by a hang as in flight, with its sender."""
+    monkeypatch.setenv("SSL_CERT_FILE", served["ca_bundle"])
+    token_file = tmp_path / "token"
+    token_file.write_text("replica-b-token")
+    admin.accept_oidc_token("replica-b-token")
+    # The server is shared by this module's tests: a call an earlier test left held (a latency or
+    # hang fault it set) is logged when it is answered. Start once none is in flight, so every
+    # call logged from here on is this test's.
+    wait_for(lambda: not admin.requests()[1], timeout=30, message="earlier tests' calls answered")
+    _, _, since = admin.requests()
+    started = time.time()
+    with _client(served, monkeypatch) as static:
+        group = static.create_vserver_group(LB, "resourceconsist/ns/request-log")
+    rrsa = SLBAccess.from_env(
+        {
+            "ALIBABA_CLOUD_ROLE_ARN": served["role_arn"],
+            "ALIBABA_CLOUD_OIDC_PROVIDER_ARN": served["oidc_provider_arn"],
+            "ALIBABA_CLOUD_OIDC_TOKEN_FILE": str(token_file),
+            "ALIBABA_CLOUD_ROLE_SESSION_NAME": "replica-b",
+            "ALIBABA_CLOUD_STS_ENDPOINT": served["sts_endpoint"],
+            "ALIYUN_SLB_ENDPOINT": served["endpoint"],
+            "ALIBABA_CLOUD_REGION_ID": served["region_id"],
+        }
+    )
+    with SLBClient(rrsa, retry=RetryPolicy(max_attempts=1)) as client:
+        client.add_backend_servers(group, [_backend(30)], load_balancer_id=LB)
+        calls, in_flight, last = admin.requests(since)
+        ours = [c for c in calls if c["action"] != "AssumeRoleWithOIDC"]
+        *setup, added = ours
+        assert "CreateVServerGroup" in [c["action"] for c in setup]
+        assert {(c["access_key_id"], c["session"]) for c in setup} == {(served["access_key_id"], "")}
+        assert (added["action"], added["session"]) == (ADD, "replica-b")
+        assert added["access_key_id"].startswith("STS.")
+        assert all(started <= c["received"] <= c["answered"] <= time.time() for c in ours)
+        assert [c["seq"] for c in calls] == list(range(since + 1, last + 1))
+        assert [c for c in in_flight if c["session"] == "replica-b"] == []
+        assert admin.requests(last)[0] == []
+
+        # A write held at the provider is in flight, named by its sender, until it is answered.
+        def replica_b_in_flight() -> list[dict[str, Any]]:
+            return [c for c in admin.requests(last)[1] if c["session"] == "replica-b"]
+
+        admin.set_faults(hang=True, actions="writes")
+        held = threading.Thread(
+            target=client.add_backend_servers, args=(group, [_backend(31)]), kwargs={"load_balancer_id": LB}
+        )
+        held.start()
+        try:
+            (flying,) = wait_for(replica_b_in_flight, timeout=10, message="a write in flight")
+            assert flying["action"] == ADD
+            assert [c for c in admin.requests(last)[0] if c["session"]] == []  # not answered yet
+        finally:
+            admin.clear_faults()
+            held.join(timeout=10)
+        answered = [c for c in admin.requests(last)[0] if c["session"]]
+        assert [(c["action"], c["session"], c["code"]) for c in answered] == [(ADD, "replica-b", None)]
+        assert answered[0]["received"] == flying["received"]
+        assert replica_b_in_flight() == []
 
 
 def test_admin_api_rejects_bad_fault_settings_with_a_clear_message(admin: EmulatorAdmin) -> None:
