@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup node-setup demo test test-unit bench bench-shards chaos lint typecheck docs wheel-check config check clean
+.PHONY: setup node-setup demo test test-unit bench bench-shards bench-traffic chaos lint typecheck docs wheel-check config check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,13 @@ bench: setup
 # SHARDS_ARGS="--services 1000 --pods 100" for the issue's 100k pods on a large machine.
 bench-shards: setup
 	$(BIN)/python bench/bench_shards.py $(SHARDS_ARGS)
+
+# Rollouts behind a real HAProxy under 500 requests a second, counted request by request
+# (docs/zero-downtime.md, "Measured under traffic"): a real node, so root and `make node-setup`;
+# about an hour for every scenario 3 times, so neither in `make bench` nor in CI (the short
+# version is tests/extensions/test_traffic_realnode.py). TRAFFIC_ARGS="--runs 1 --only roll".
+bench-traffic: setup node-setup
+	$(BIN)/python bench/bench_traffic.py $(TRAFFIC_ARGS)
 
 # The guard under kill -9, provider faults, leader kills and SIGTERM (docs/chaos.md); minutes,
 # so not in CI. `make chaos CHAOS_ARGS=--quick` for a short run.

@@ -488,7 +488,8 @@ class SubResourceOptions(Protocol):
 @dataclass(frozen=True, order=True)
 class EmployerRef:
     """One employer of a pod: enough to build its entry in ``expectedFinalizers``, and what the
-    employer asks of the pod's spec: its readiness gate, a ``preStop`` sleep of its drain time
+    employer asks of the pod's spec: its readiness gate, a drain of its drain time on termination,
+    ended by a ``preStop`` sleep (``drain_mode`` ``sleep``) or by the drain waiter (``wait``)
     (docs/zero-downtime.md). Two refs are equal when they name the same employer."""
 
     kind: str
@@ -496,6 +497,7 @@ class EmployerRef:
     name: str
     readiness_gate: bool = field(default=False, compare=False)
     drain_seconds: int | None = field(default=None, compare=False)
+    drain_mode: str = field(default="sleep", compare=False)
 
     @classmethod
     def of(cls, obj: Mapping[str, Any], kind: str | None = None) -> EmployerRef:

@@ -300,6 +300,11 @@ class ManagerOptions:
     #: ``HealthProbeBindAddress``); None: not served. The CLI serves them on ``:8081``
     #: (``--health-probe-bind-address``). The same address and port as ``metrics_address``: one server.
     health_probe_address: tuple[str, int] | None = None
+    #: ``(host, port)`` of the drain endpoint, where the drain waiters of pods whose employer asks
+    #: for the ``wait`` drain ask whether a provider still routes to their pod (docs/zero-downtime.md,
+    #: "A drain that waits for the provider"; ``resourceconsist run --drain-bind-address``); None:
+    #: not served. Plain HTTP: it tells only whether a pod is released.
+    drain_address: tuple[str, int] | None = None
     #: Seconds in-flight reconciles get to finish when the manager stops.
     shutdown_timeout: float = 30.0
     #: Seconds the caches get to fill (each its first list) once the manager starts, as
@@ -364,7 +369,7 @@ class ManagerOptions:
         check_seconds("full_pass_every", self.full_pass_every, zero=True)
         check_seconds("shutdown_timeout", self.shutdown_timeout, zero=True)
         check_seconds("cache_sync_timeout", self.cache_sync_timeout)
-        for name in ("metrics_address", "health_probe_address"):
+        for name in ("metrics_address", "health_probe_address", "drain_address"):
             address = getattr(self, name)
             if address is not None and not 0 <= address[1] <= 65535:
                 raise InvalidOptions(

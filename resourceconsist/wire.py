@@ -61,6 +61,20 @@ READINESS_GATE_TIMEOUT_ANNOTATION: Final = "resource-consist.kusionstack.io/read
 #: Employer annotation: seconds the load balancer needs to let a pod go; the webhook gives the
 #: pods it selects a ``preStop`` sleep that long.
 DRAIN_SECONDS_ANNOTATION: Final = "resource-consist.kusionstack.io/drain-seconds"
+#: Employer annotation: how the drain ends. ``sleep`` (the default): the ``preStop`` sleeps the
+#: drain seconds. ``wait``: the ``preStop`` asks the pod's drain waiter (a sidecar the webhook adds),
+#: which waits for a manager's word that no provider routes to the pod any more, at most the drain
+#: seconds (docs/zero-downtime.md, "A drain that waits for the provider").
+DRAIN_MODE_ANNOTATION: Final = "resource-consist.kusionstack.io/drain-mode"
+DRAIN_MODES: Final = ("sleep", "wait")
+#: The drain waiter: the native sidecar's container name, the port it listens on in the pod, and
+#: the path the containers' ``preStop`` hook (an ``httpGet`` the kubelet sends) asks.
+DRAIN_WAITER_CONTAINER: Final = "resourceconsist-drain-waiter"
+DRAIN_WAITER_PORT: Final = 15381
+DRAIN_WAITER_PATH: Final = "/wait"
+#: The managers' endpoint the waiter asks (``resourceconsist run --drain-bind-address``):
+#: ``GET <path>?namespace=&pod=&uid=&wait=<s>`` answers ``{"released": bool, "holding": [...]}``.
+DRAIN_RELEASED_PATH: Final = "/drain/v1/released"
 
 #: Annotation of the Warning Events the frame records for a provider failure that outlasted its
 #: retries (docs/concepts.md, "When a failure becomes a Warning"): JSON ``{"operation": ...,

@@ -19,10 +19,11 @@ Services in the pod's namespace whose selector selects the pod and that carry
 ``kusionstack.io/control: "true"``, optionally narrowed by a predicate.
 
 An ``EmployerRef`` may also ask for changes of the pod's spec (docs/zero-downtime.md): the
-employer's readiness gate (``readiness_gate``) and a ``preStop`` sleep of the employer's drain
-time (``drain_seconds``). ``ControlledServiceAdapter`` asks for them when the pod's Namespace
-carries the label ``resource-consist.kusionstack.io/readiness-gate-inject: enabled`` and the
-Service the matching annotation.
+employer's readiness gate (``readiness_gate``) and a drain of the employer's drain time
+(``drain_seconds``), a ``preStop`` sleep or the drain waiter (``drain_mode``).
+``ControlledServiceAdapter`` asks for them when the pod's Namespace carries the label
+``resource-consist.kusionstack.io/readiness-gate-inject: enabled`` and the Service the matching
+annotations.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ __all__ = [
     "WebhookCacheOptions",
     "has_label",
     "injection_enabled",
+    "spec_drain_mode",
     "spec_options",
     "validate_adapter_name",
     "webhook_path",
@@ -115,6 +117,16 @@ def spec_options(service: KubeObject) -> tuple[bool, int | None]:
     return gates.gates_enabled(service), drain
 
 
+def spec_drain_mode(service: KubeObject) -> str:
+    """How the Service's drain ends (``sleep`` or ``wait``); an unreadable mode is logged and
+    read as ``sleep``, the drain every cluster can run: a pod is never refused for it."""
+    try:
+        return gates.drain_mode(service)
+    except gates.InvalidAnnotation as err:
+        log.warning("Service %s: %s; the drain sleeps", kube.object_key(service), err)
+        return "sleep"
+
+
 class ControlledServiceAdapter:
     """Employers = the Services that select the pod and carry ``kusionstack.io/control: "true"``.
 
@@ -151,7 +163,8 @@ class ControlledServiceAdapter:
             ref = EmployerRef.of(service, kind=kube.SERVICE.kind)
             if inject:
                 gate, drain = spec_options(service)
-                ref = EmployerRef(ref.kind, ref.namespace, ref.name, gate, drain)
+                mode = spec_drain_mode(service) if drain else "sleep"
+                ref = EmployerRef(ref.kind, ref.namespace, ref.name, gate, drain, mode)
             employers.append(ref)
         return sorted(employers)
 

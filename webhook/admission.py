@@ -6,8 +6,8 @@ building the answer (allowed with a JSONPatch, allowed untouched, or denied with
 ``metav1.Status``), and ``pod_mutation``, which computes the patch from the employers through
 ``resourceconsist.rules.lifecycle`` only, so the webhook and the controller write byte-identical
 annotation values. The same patch carries what the employers ask of the pod's spec
-(docs/zero-downtime.md): their readiness gates, and a ``preStop`` sleep of the longest drain
-time in every container without a preStop hook.
+(docs/zero-downtime.md): their readiness gates, and a ``preStop`` hook in every container without
+one, a sleep of the longest drain time or a call to the drain waiter sidecar it adds.
 
 What bad input gets (docs/webhook.md, "Bad input"): a body that is not a v1 AdmissionReview
 raises ``BadReview`` (HTTP 400); a pod whose fields the mutation reads have the wrong shape
@@ -39,6 +39,7 @@ from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.rules import lifecycle
 from resourceconsist.webhook.adapter import EmployerRef
+from resourceconsist.webhook.options import DrainWaiterOptions
 
 ADMISSION_API_VERSION: Final = "admission.k8s.io/v1"
 ADMISSION_KIND: Final = "AdmissionReview"
@@ -109,12 +110,14 @@ class ContainerLifecycle(_PodPart):
 
 
 class Container(_PodPart):
+    name: str = ""
     lifecycle: ContainerLifecycle | None = None
 
 
 class PodSpec(_PodPart):
     readiness_gates: list[ReadinessGate] | None = Field(None, alias="readinessGates")
     containers: list[Container] | None = None
+    init_containers: list[Container] | None = Field(None, alias="initContainers")
     # Any int64: the API server decides what it accepts (it has turned negative ones into 1).
     termination_grace_period_seconds: int | None = Field(
         None, alias="terminationGracePeriodSeconds", ge=_INT64_MIN, le=_INT64_MAX
@@ -254,10 +257,13 @@ def validate_pod(obj: Mapping[str, Any] | None) -> None:
 DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30
 
 
-def pod_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict[str, Any]]:
+def pod_mutation(
+    pod: KubeObject, employers: Iterable[EmployerRef], waiter: DrainWaiterOptions | None = None
+) -> list[dict[str, Any]]:
     """The JSONPatch that merges the employers' entries into the pod's ``available-conditions``
     annotation, keeping the entries already there, and adds what they ask of the spec
-    (``spec_mutation``); empty when nothing changes.
+    (``spec_mutation``, with the drain ``waiter`` the webhook is configured with); empty when
+    nothing changes.
 
     Raises ``MalformedPod`` when a field it reads has the wrong shape, and
     ``lifecycle.MalformedAvailableConditions`` when there are entries to add and the existing
@@ -277,7 +283,7 @@ def pod_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict
             "it escapes a lone surrogate, which is not a Unicode character",
         )
     patch = [] if value is None else lifecycle.admission_patch(pod, value)
-    return patch + _spec_ops(fields, employers)
+    return patch + _spec_ops(fields, employers, waiter)
 
 
 def _is_unicode(text: str) -> bool:
@@ -288,17 +294,56 @@ def _is_unicode(text: str) -> bool:
     return True
 
 
-def spec_mutation(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict[str, Any]]:
+def spec_mutation(
+    pod: KubeObject, employers: Iterable[EmployerRef], waiter: DrainWaiterOptions | None = None
+) -> list[dict[str, Any]]:
     """JSON-patch operations for the spec: each gating employer's readiness gate (kept when
-    present), and, when an employer names a drain time, a ``preStop`` sleep of the longest one in
-    every container that has no preStop hook of its own, with the grace period raised by as
-    much, so the containers keep their own shutdown time after the sleep.
+    present), and, when an employer names a drain time, a ``preStop`` hook in every container
+    that has no preStop hook of its own, with the grace period raised by the longest drain time,
+    so the containers keep their own shutdown time after it. The hook sleeps that long, or, when
+    an employer asks for the ``wait`` drain and ``waiter`` is given, asks the drain waiter sidecar
+    added beside the containers (``drain_waiter_container``), which answers once no provider
+    routes to the pod, at the latest after that long (docs/zero-downtime.md).
 
     Raises ``MalformedPod`` when a field it reads has the wrong shape."""
-    return _spec_ops(read_pod(pod), list(employers))
+    return _spec_ops(read_pod(pod), list(employers), waiter)
 
 
-def _spec_ops(pod: PodFields, employers: Sequence[EmployerRef]) -> list[dict[str, Any]]:
+#: What the drain waiter asks of its node: a Python process that waits (measured about 20 MiB).
+WAITER_RESOURCES: Final = {"requests": {"cpu": "5m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
+
+
+def drain_waiter_container(waiter: DrainWaiterOptions, bound: int) -> dict[str, Any]:
+    """The drain waiter: a native sidecar (an init container that keeps running, stopped only
+    after the pod's containers) running ``resourceconsist drain-waiter`` from the manager's image,
+    which answers the containers' ``preStop`` once a manager at ``waiter.endpoints`` says no
+    provider routes to the pod, or after ``bound`` seconds (``resourceconsist.commands.drainwaiter``)."""
+    fields = {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name", "POD_UID": "metadata.uid"}
+    return {
+        "name": wire.DRAIN_WAITER_CONTAINER,
+        "image": waiter.image,
+        "restartPolicy": "Always",
+        "args": [
+            "drain-waiter",
+            f"--port={waiter.port}",
+            f"--bound={bound}",
+            *(f"--endpoint={e}" for e in waiter.endpoints),
+        ],
+        "env": [{"name": k, "valueFrom": {"fieldRef": {"fieldPath": v}}} for k, v in fields.items()],
+        "resources": WAITER_RESOURCES,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+
+
+def _spec_ops(
+    pod: PodFields, employers: Sequence[EmployerRef], waiter: DrainWaiterOptions | None
+) -> list[dict[str, Any]]:
     spec = pod.spec
     ops: list[dict[str, Any]] = []
     have = {g.condition_type for g in spec.readiness_gates or ()}
@@ -312,10 +357,29 @@ def _spec_ops(pod: PodFields, employers: Sequence[EmployerRef]) -> list[dict[str
             ops += [
                 {"op": "add", "path": "/spec/readinessGates/-", "value": {"conditionType": g}} for g in wanted
             ]
-    drain = max((e.drain_seconds for e in employers if e.drain_seconds), default=0)
+    draining = [e for e in employers if e.drain_seconds]
+    drain = max((e.drain_seconds or 0 for e in draining), default=0)
     if drain <= 0:
         return ops
-    hook = {"sleep": {"seconds": drain}}
+    hook: dict[str, Any] = {"sleep": {"seconds": drain}}
+    waits = any(e.drain_mode == "wait" for e in draining)
+    if waits and waiter is None:
+        log.warning(
+            "pod %s/%s: an employer asks for the wait drain, but the webhook has no drain waiter "
+            "(--drain-waiter-image, --drain-waiter-endpoint); the preStop sleeps %ss",
+            pod.metadata.namespace,
+            pod.metadata.name or pod.metadata.generate_name,
+            drain,
+        )
+    elif waits and waiter is not None:
+        hook = {"httpGet": {"path": wire.DRAIN_WAITER_PATH, "port": waiter.port, "scheme": "HTTP"}}
+        present = [c.name for c in spec.init_containers or ()]
+        if wire.DRAIN_WAITER_CONTAINER not in present:
+            sidecar = drain_waiter_container(waiter, drain)
+            if spec.init_containers is None:
+                ops.append({"op": "add", "path": "/spec/initContainers", "value": [sidecar]})
+            else:
+                ops.append({"op": "add", "path": "/spec/initContainers/-", "value": sidecar})
     injected = False
     for i, container in enumerate(spec.containers or ()):
         if container.lifecycle is None:
@@ -426,11 +490,18 @@ def display_name(request: AdmissionRequest) -> tuple[str, str]:
     return namespace, name
 
 
-async def decide(req: AdmissionRequest, adapter: str, employers_of: EmployersOf, limit: float) -> Outcome:
+async def decide(
+    req: AdmissionRequest,
+    adapter: str,
+    employers_of: EmployersOf,
+    limit: float,
+    waiter: DrainWaiterOptions | None = None,
+) -> Outcome:
     """The webhook's answer to one review for the adapter named ``adapter`` (docs/webhook.md):
-    pod CREATEs get their employers' entries, gates and hooks; anything else passes untouched;
-    bad input and adapter failures are denied with the cause. ``limit`` is the deadline
-    ``employers_of`` keeps, as the denial of an overrun says."""
+    pod CREATEs get their employers' entries, gates and hooks (the drain ``waiter`` for those
+    whose employer asks for it); anything else passes untouched; bad input and adapter failures
+    are denied with the cause. ``limit`` is the deadline ``employers_of`` keeps, as the denial of
+    an overrun says."""
     if req.dry_run:
         return Outcome(Verdict.allow("dry run: not mutated"))
     if req.kind.group or req.kind.kind != "Pod" or req.sub_resource:
@@ -471,7 +542,7 @@ async def decide(req: AdmissionRequest, adapter: str, employers_of: EmployersOf,
             )
         )
     try:
-        patch = pod_mutation(pod, employers)
+        patch = pod_mutation(pod, employers, waiter)
     except lifecycle.MalformedAvailableConditions as err:
         return Outcome(
             Verdict.deny(HTTPStatus.BAD_REQUEST, str(MalformedPod.from_annotation(err))), employers

@@ -1,8 +1,9 @@
-"""The settings of the webhook server: ``WebhookOptions``, with ``BootstrapOptions`` and
-``ConnectionLimits`` inside, and their defaults (docs/reference/options.md).
+"""The settings of the webhook server: ``WebhookOptions``, with ``BootstrapOptions``,
+``ConnectionLimits`` and ``DrainWaiterOptions`` inside, and their defaults
+(docs/reference/options.md).
 
 They live apart from the server, the certificate bootstrap and the listener they configure and
-import only the standard library and the error tree, so the command line takes its flags'
+import only the standard library, the wire contract and the error tree, so the command line takes its flags'
 defaults from them without importing aiohttp, cryptography or the Kubernetes client
 (``resourceconsist --help`` stays light).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Final
 from urllib.parse import urlsplit
 
+from resourceconsist import wire
 from resourceconsist.errors import InvalidOptions, check_count, check_seconds
 
 #: controller-runtime's webhook port, which the Service in config/webhook targets.
@@ -147,6 +149,41 @@ class BootstrapOptions:
 
 
 @dataclass(frozen=True)
+class DrainWaiterOptions:
+    """What the webhook gives the pods of an employer that asks for the ``wait`` drain
+    (docs/zero-downtime.md, "A drain that waits for the provider"): a native sidecar running
+    ``resourceconsist drain-waiter`` from ``image``, which asks the managers at ``endpoints``
+    whether a provider still routes to the pod. Without these options such pods get the sleep."""
+
+    #: The sidecar's image: the manager's own (it has the ``resourceconsist`` command).
+    image: str
+    #: The managers' drain endpoints (``resourceconsist run --drain-bind-address``) as pods reach
+    #: them, e.g. ``http://resourceconsist-drain.resourceconsist.svc:8082``; the waiter asks each.
+    endpoints: tuple[str, ...]
+    #: The port the waiter listens on in the pod: the containers' ``preStop`` hook calls it there.
+    port: int = wire.DRAIN_WAITER_PORT
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "endpoints", tuple(self.endpoints))
+        if not self.image.strip():
+            raise InvalidOptions("the drain waiter needs an image (the manager's own)", "image")
+        if not self.endpoints:
+            raise InvalidOptions(
+                "the drain waiter needs the managers' drain endpoints, e.g. "
+                "http://resourceconsist-drain.resourceconsist.svc:8082",
+                "endpoints",
+            )
+        for endpoint in self.endpoints:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname or parts.path not in ("", "/"):
+                raise InvalidOptions(
+                    f"{endpoint!r} is not a manager's drain endpoint; give http://host:port", "endpoints"
+                )
+        if not 0 < self.port <= 65535:
+            raise InvalidOptions(f"port must be 1 to 65535 (got {self.port})", "port")
+
+
+@dataclass(frozen=True)
 class WebhookOptions:
     """Where the webhook server listens, how long it waits, and where its certificate comes
     from (controller-runtime's ``webhook.Options``). Bad values raise ``InvalidOptions`` naming
@@ -173,6 +210,9 @@ class WebhookOptions:
     limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: Connections the kernel queues while the listener does not accept.
     backlog: int = 1024
+    #: The drain waiter given to the pods whose employer asks for the ``wait`` drain; None: they
+    #: get the ``preStop`` sleep.
+    drain_waiter: DrainWaiterOptions | None = None
 
     def __post_init__(self) -> None:
         # A str will do for the directory; kept as a Path.

@@ -465,7 +465,13 @@ class WebhookServer:
         if caller is not None:
             limit = min(limit, caller * _CALLER_TIMEOUT_SHARE)
         try:
-            outcome = await decide(req, adapter.name, lambda pod: self._employers(adapter, pod, limit), limit)
+            outcome = await decide(
+                req,
+                adapter.name,
+                lambda pod: self._employers(adapter, pod, limit),
+                limit,
+                self.options.drain_waiter,
+            )
         except Exception as err:
             # Bad input is answered inside decide; this is a bug (of the webhook, or an adapter's
             # EmployerRef it could not use), kept from becoming aiohttp's bare 500 page: the user

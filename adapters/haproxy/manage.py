@@ -462,9 +462,11 @@ class _Plan:
 
     def _retire(self, item: str, instance: str, server: ServerStat) -> None:
         """Drain the server, then, once it has no session (or its drain time is over), take it out
-        of traffic and delete it; its item is not done until it is gone."""
+        of traffic and delete it; its item is not done until it is gone. A server HAProxy's
+        checks found down takes no new traffic already: it is not drained first (its status would
+        stay ``DOWN``), only waited on while it has sessions."""
         key = _clock_key(instance, server)
-        if not (server.maintenance or server.draining):
+        if not (server.maintenance or server.draining or server.down):
             self.waiting.add(item)
 
             def started() -> None:

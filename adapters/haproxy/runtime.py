@@ -223,6 +223,12 @@ class ServerStat:
         return self.status.startswith("DRAIN")
 
     @property
+    def down(self) -> bool:
+        """HAProxy's checks found it down: it gets no new traffic whatever its admin state (and
+        ``set state drain`` leaves its status ``DOWN``, so a drain is never seen there)."""
+        return self.status.startswith("DOWN")
+
+    @property
     def checked(self) -> bool:
         """Health checks run on it."""
         return self.check_health is not None and bool(self.check_status)

@@ -38,7 +38,7 @@ from resourceconsist.options import (
     ShardingOptions,
 )
 from resourceconsist.runtime import logs
-from resourceconsist.webhook.options import BootstrapOptions, WebhookOptions
+from resourceconsist.webhook.options import BootstrapOptions, DrainWaiterOptions, WebhookOptions
 
 # Only the options and click at import: ``--help`` and flag parsing load no manager, HTTP server,
 # Kubernetes client or adapter; each command imports what it runs (docs/reference/options.md).
@@ -499,6 +499,22 @@ _webhook_flags = _flag_group(
         "Register a URL-based MutatingWebhookConfiguration pointing here, e.g. "
         "https://127.0.0.1:9443, for a webhook outside the cluster (docs/webhook.md).",
     ),
+    click.option(
+        "--drain-waiter-image",
+        default=None,
+        metavar="IMAGE",
+        help="The image of the drain waiter sidecar given to pods whose employer asks for the wait "
+        'drain (the manager\'s own; docs/zero-downtime.md, "A drain that waits for the provider"); '
+        "without it they get the preStop sleep.",
+    ),
+    click.option(
+        "--drain-waiter-endpoint",
+        "drain_waiter_endpoints",
+        multiple=True,
+        metavar="URL",
+        help="A manager's drain endpoint as pods reach it (run --drain-bind-address), e.g. "
+        "http://resourceconsist-drain.resourceconsist.svc:8082 (repeatable); with --drain-waiter-image.",
+    ),
 )
 
 
@@ -509,11 +525,17 @@ def _webhook_options(flags: Mapping[str, Any]) -> WebhookOptions:
         raise click.UsageError(
             "--webhook-url registers the bootstrapped CA with the API server; drop --no-bootstrap-certs"
         )
-    with _flags(WebhookOptions, BootstrapOptions):
+    image, endpoints = flags["drain_waiter_image"], flags["drain_waiter_endpoints"]
+    if endpoints and image is None:
+        raise click.UsageError(
+            "--drain-waiter-endpoint configures the drain waiter: add --drain-waiter-image"
+        )
+    with _flags(WebhookOptions, BootstrapOptions, DrainWaiterOptions):
         return WebhookOptions(
             host=flags["webhook_host"],
             port=flags["webhook_port"],
             cert_dir=Path(flags["cert_dir"]),
+            drain_waiter=DrainWaiterOptions(image=image, endpoints=endpoints) if image is not None else None,
             bootstrap=BootstrapOptions(
                 service_name=flags["webhook_service"],
                 extra_hosts=flags["webhook_cert_hosts"],
@@ -735,6 +757,15 @@ _manager_flags = _flag_group(
         "Seconds in-flight reconciles get on shutdown.",
     ),
     _field_flag(
+        "--drain-bind-address",
+        ManagerOptions,
+        "drain_address",
+        "host:port or :port of the drain endpoint the drain waiters ask (docs/zero-downtime.md, "
+        '"A drain that waits for the provider"); 0: off.',
+        type=_HostPort(off=True),
+        show_default="off",
+    ),
+    _field_flag(
         "--max-concurrent-reconciles",
         ManagerOptions,
         "max_concurrent_reconciles",
@@ -781,6 +812,8 @@ _manager_flags = _flag_group(
 
 
 _FLAG_OF[ManagerOptions, "namespaces"] = "--namespace"
+_FLAG_OF[DrainWaiterOptions, "image"] = "--drain-waiter-image"
+_FLAG_OF[DrainWaiterOptions, "endpoints"] = "--drain-waiter-endpoint"
 _FLAG_OF[ManagerOptions, "secure_metrics"] = "--metrics-secure"
 
 
@@ -836,6 +869,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
             full_pass_every=flags["full_pass_every"],
             pod_label_selector=flags["pod_label_selector"],
             shutdown_timeout=flags["shutdown_timeout"],
+            drain_address=flags["drain_bind_address"],
             max_concurrent_reconciles=flags["max_concurrent_reconciles"],
             reconcile_timeout=flags["reconcile_timeout"] or None,
             leader_election=election,
@@ -960,6 +994,46 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str |
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.
     _serve(_run((kubeconfig, context), [], webhooks, manager_options, options))
+
+
+@main.command("drain-waiter")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=_default(DrainWaiterOptions, "port"),
+    show_default=True,
+    help="Port the containers' preStop hooks call, on every address of the pod.",
+)
+@click.option(
+    "--bound",
+    type=click.FloatRange(min=0, max=3600),
+    required=True,
+    help="Seconds a hook waits at most: the employer's drain time.",
+)
+@click.option(
+    "--endpoint",
+    "endpoints",
+    multiple=True,
+    required=True,
+    metavar="URL",
+    help="A manager's drain endpoint (run --drain-bind-address), e.g. http://10.0.0.5:8082 (repeatable).",
+)
+def drain_waiter(port: int, bound: float, endpoints: Sequence[str]) -> None:
+    """The drain waiter sidecar: answers each container's preStop hook once a manager says no
+    provider routes to this pod any more, or after --bound seconds (docs/zero-downtime.md, "A
+    drain that waits for the provider"). Its pod is named by $POD_NAMESPACE, $POD_NAME and
+    $POD_UID, which the webhook sets from the downward API."""
+    from resourceconsist.commands.drainwaiter import Waiter, serve
+
+    found = {name: os.environ.get(name, "") for name in ("POD_NAMESPACE", "POD_NAME", "POD_UID")}
+    missing = [name for name in ("POD_NAMESPACE", "POD_NAME") if not found[name]]
+    if missing:
+        raise click.UsageError(
+            f"{' and '.join(missing)} not set: the drain waiter runs in the pod it waits for, "
+            "which the webhook's sidecar names from the downward API"
+        )
+    waiter = Waiter(found["POD_NAMESPACE"], found["POD_NAME"], found["POD_UID"], tuple(endpoints), bound)
+    serve(waiter, port)
 
 
 @main.command()

@@ -73,6 +73,21 @@ def drain_seconds(employer: Pod) -> int | None:
     return int(-(-seconds // 1))
 
 
+def drain_mode(employer: Pod) -> str:
+    """How the employer's drain ends: ``sleep`` (the default) or ``wait`` (docs/zero-downtime.md,
+    "A drain that waits for the provider"); ``InvalidAnnotation`` for any other value."""
+    value = lifecycle.get_annotations(employer).get(wire.DRAIN_MODE_ANNOTATION)
+    if value is None or not value.strip():
+        return "sleep"
+    mode = value.strip().lower()
+    if mode not in wire.DRAIN_MODES:
+        raise InvalidAnnotation(
+            f"annotation {wire.DRAIN_MODE_ANNOTATION}: {value[:40]!r} is not a drain mode; "
+            f"write {' or '.join(repr(m) for m in wire.DRAIN_MODES)}"
+        )
+    return mode
+
+
 def gates_enabled(employer: Pod) -> bool:
     """Whether the employer asks the webhook to gate the pods it selects."""
     value = lifecycle.get_annotations(employer).get(wire.READINESS_GATE_ANNOTATION, "")

@@ -50,6 +50,13 @@ def digest_of(finalizer: str) -> str | None:
     return digest if sep and prefix in _EMPLOYER_FINALIZER_PREFIXES and digest else None
 
 
+def employer_finalizers(pod: Mapping[str, Any]) -> list[str]:
+    """The guard and lifecycle finalizers of any employer the pod carries. None left means no
+    provider routes to the pod any more (the guard invariant, docs/concepts.md "The guard"): what
+    the drain endpoint tells a drain waiter (docs/zero-downtime.md)."""
+    return [f for f in lifecycle.held_finalizers(pod) if digest_of(f) is not None]
+
+
 def name_digest(employer_name: str) -> str:
     """The hash an employer's finalizers carry (md5 of its name, docs/wire-contract.md)."""
     return lifecycle.lifecycle_finalizer(employer_name).rpartition("/")[2]

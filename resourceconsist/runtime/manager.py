@@ -43,6 +43,7 @@ from resourceconsist.flow.cancellation import DaemonThreadExecutor
 from resourceconsist.hooks.subscribers import LifecycleSubscriber
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, SecureMetricsOptions
 from resourceconsist.runtime.controller import Controller
+from resourceconsist.runtime.drain import DrainEndpoint
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics, health_app
 from resourceconsist.runtime.multicluster import ClusterRegistry, MemberCluster
@@ -169,6 +170,8 @@ class Manager:
         self.health_port: int | None = None
         #: The port ``/metrics`` is served on, once started (None: not served).
         self.metrics_port: int | None = None
+        #: The port of the drain endpoint, once started (None: not served).
+        self.drain_port: int | None = None
 
     @property
     def started(self) -> bool:
@@ -345,7 +348,7 @@ class Manager:
                 endpoints.append((options.health_probe_address, True, False))
             if options.metrics_address is not None:
                 endpoints.append((options.metrics_address, False, True))
-        if not endpoints:
+        if not endpoints and options.drain_address is None:
             return
         from aiohttp import web
 
@@ -384,10 +387,25 @@ class Manager:
                     self.health_port = port
                 if exposition:
                     self.metrics_port = port
+            if options.drain_address is not None:
+                await self._serve_drain(options.drain_address)
         except BaseException:
             # A port in use: nothing stays bound for a start that failed.
             await self._stop_endpoints()
             raise
+
+    async def _serve_drain(self, address: tuple[str, int]) -> None:
+        """The drain endpoint the drain waiters ask (resourceconsist/runtime/drain.py)."""
+        from aiohttp import web
+
+        runner = web.AppRunner(DrainEndpoint(self.informers, self.client).app(), access_log=None)
+        await runner.setup()
+        self._servers.append(runner)
+        try:
+            await web.TCPSite(runner, *address).start()
+        except OSError as err:
+            raise CannotServe("the drain endpoint", address, ("drain_address",), err) from err
+        self.drain_port = _bound_port(runner, address[1])
 
     async def _secure_metrics(self, secure: SecureMetricsOptions) -> tuple[ssl.SSLContext, list[Any]]:
         """The TLS context and the authentication and authorization middleware of ``/metrics``."""

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import http.server
 import os
+import re
 import shutil
 import signal
 import socket
@@ -87,11 +88,13 @@ class LocalHAProxy:
         *,
         tls: bool = False,
         retries: int = 0,
+        log_failures: bool = False,
         start_timeout: float = 20.0,
     ) -> None:
         self.backends = [b if isinstance(b, Backend) else Backend(b) for b in backends or ["web"]]
         self.tls = tls
         self.retries = retries
+        self.log_failures = log_failures
         self.start_timeout = start_timeout
         self.ports: dict[str, int] = {}
         self.tls_port: int | None = None
@@ -228,6 +231,18 @@ class LocalHAProxy:
             self._log.close()
             self._log = None
 
+    def log_lines(self, start: int = 0) -> tuple[list[str], int]:
+        """HAProxy's log from byte ``start`` on, and the offset after it: with
+        ``log_failures=True``, one line per request that did not end normally (``failed_requests``
+        reads them)."""
+        try:
+            with open(self.dir / "haproxy.log", "rb") as log:
+                log.seek(start)
+                data = log.read()
+        except OSError:
+            return [], start
+        return data.decode(errors="replace").splitlines(), start + len(data)
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join((self.dir / "haproxy.log").read_text(errors="replace").splitlines()[-lines:])
@@ -285,6 +300,14 @@ class LocalHAProxy:
             "    timeout server 10s",
             f"    retries {self.retries}",
         ]
+        if self.retries == 0:
+            # Said out loud: no second try of any kind, so HAProxy hides no failure of a server.
+            lines += ["    retry-on none", "    no option redispatch"]
+        if self.log_failures:
+            # Only the requests that did not end normally (an error status, a refused or reset
+            # connection, no server), one line each, with HAProxy's termination state.
+            lines[1:1] = ["    log stdout format raw local0"]
+            lines += ["    log global", "    option httplog", "    option dontlog-normal"]
         if self.tls_port is not None:
             # Debian's 2.6 takes "ssl" on a "stats socket" line without a word and then speaks
             # plain text on it: TLS is terminated by a listener of its own that relays to the
@@ -307,6 +330,36 @@ class LocalHAProxy:
             if backend.httpchk:
                 lines.append(f"    option httpchk GET {backend.httpchk}")
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class FailedRequest:
+    """One request HAProxy logged as not ended normally (``LocalHAProxy(log_failures=True)``): the
+    server it went to (``<NOSRV>``: none was available), the status sent back, and HAProxy's
+    termination state (``SC--``: the server refused the connection, or none was there; ``SH--``:
+    the server closed it before answering; ``sH--``: it did not answer in time)."""
+
+    backend: str
+    server: str
+    status: int
+    state: str
+
+
+_FAILED_LINE = re.compile(
+    r"\] \S+ (?P<backend>[^/\s]+)/(?P<server>\S+) \S+ (?P<status>-?\d+) \S+ \S+ \S+ (?P<state>\S{4}) "
+)
+
+
+def failed_requests(lines: list[str]) -> list[FailedRequest]:
+    """The requests of HAProxy's log lines (``LocalHAProxy.log_lines``); other lines are skipped."""
+    found = []
+    for line in lines:
+        match = _FAILED_LINE.search(line)
+        if match is not None:
+            found.append(
+                FailedRequest(match["backend"], match["server"], int(match["status"]), match["state"])
+            )
+    return found
 
 
 # -- the pods' HTTP servers -------------------------------------------------------------------------------

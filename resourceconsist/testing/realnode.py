@@ -108,11 +108,12 @@ def find_image(name: str) -> Path:
     return path
 
 
-def http_server_pod_spec(log_dir: Path | None = None) -> dict[str, Any]:
+def http_server_pod_spec(log_dir: Path | None = None, *, log_served: bool = True) -> dict[str, Any]:
     """A Pod spec running the HTTP test server (``testserver``): it answers with the Pod's name
     (from the downward API) on ``TESTSERVER_PORT``, is Ready once it answers ``/healthz``, and
     stops as a real server on SIGTERM. With ``log_dir`` (a host directory), its log is also
-    written to ``log_dir/<pod name>.log`` through a hostPath volume, so it outlives the Pod."""
+    written to ``log_dir/<pod name>.log`` through a hostPath volume, so it outlives the Pod;
+    ``log_served=False`` leaves each request's line out of its log (under a load generator)."""
     container: dict[str, Any] = {
         "name": "server",
         "image": TESTSERVER_IMAGE,
@@ -121,6 +122,7 @@ def http_server_pod_spec(log_dir: Path | None = None) -> dict[str, Any]:
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "PORT", "value": str(TESTSERVER_PORT)},
+            *([] if log_served else [{"name": "LOG_SERVED", "value": "0"}]),
         ],
         "readinessProbe": {
             "httpGet": {"path": "/healthz", "port": "http"},

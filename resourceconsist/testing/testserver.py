@@ -18,7 +18,8 @@ only, so the image needs nothing but python3; it also runs on the host, for its 
   ``id``, ``client``), ``sigterm``, ``stopped-accepting``, ``drained``
   (``in_flight``: how many were finished after the signal) and ``exit``.
 
-``$PORT`` is the port (default 8080), on every address of the Pod's own network namespace.
+``$PORT`` is the port (default 8080), on every address of the Pod's own network namespace;
+``$LOG_SERVED=0`` leaves the ``served`` lines out (a load generator's hundreds a second).
 """
 
 from __future__ import annotations
@@ -64,9 +65,14 @@ class Server(ThreadingHTTPServer):
     """Counts the requests in flight, so a stop can wait for them to finish."""
 
     daemon_threads = True
+    # The standard library's backlog of 5 drops connections under a few hundred requests a
+    # second; the client's SYN is retried a second later, a timeout no production server's
+    # backlog would cause.
+    request_queue_size = 1024
 
-    def __init__(self, address: tuple[str, int], log: Log) -> None:
+    def __init__(self, address: tuple[str, int], log: Log, *, log_served: bool = True) -> None:
         self.log = log
+        self.log_served = log_served
         self.in_flight = 0
         self.finished_after_stop = 0
         self.stopping = False
@@ -114,7 +120,7 @@ class Handler(BaseHTTPRequestHandler):
             self._answer(404, "not found\n")
             return
         self._answer(200, self.server.log.pod + "\n")
-        if url.path != "/healthz":
+        if url.path != "/healthz" and self.server.log_served:
             request_id = query.get("id", [None])[0]
             self.server.log("served", path=url.path, id=request_id, client=self.client_address[0])
 
@@ -132,7 +138,7 @@ def main() -> None:
     pod = os.environ.get("POD_NAME") or socket.gethostname()
     port = int(os.environ.get("PORT", "8080"))
     log = Log(pod, os.environ.get("LOG_DIR"))
-    server = Server(("", port), log)
+    server = Server(("", port), log, log_served=os.environ.get("LOG_SERVED", "1") != "0")
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

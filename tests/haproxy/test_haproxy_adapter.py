@@ -152,3 +152,36 @@ async def test_observe_mode_guards_pods_by_what_someone_else_put_in_haproxy(
         await async_wait_for(lambda: _gone(cluster, "web-0"), timeout=30, message="web-0 released and gone")
     assert all(line.startswith("show stat") for line in proxy.lines()), "observe mode never writes"
     assert {_get(haproxy.url()) for _ in range(4)} == {"web-1"}
+
+
+async def test_a_leaving_pod_whose_server_haproxy_already_marked_down_is_removed_without_its_drain_time(
+    cluster: Cluster, run_manager: Any, haproxy: LocalHAProxy, pod_servers: PodServers
+) -> None:
+    # A pod's containers died before its deletion (no preStop, a crash): HAProxy's checks have
+    # marked its server DOWN, and "set state drain" leaves a DOWN server's status DOWN. The server
+    # takes no traffic and has no session: it is removed at once, not waited on (for ever, when
+    # the drain was judged by the status alone; the traffic benchmark's rollout hung on it).
+    await haproxy_service(cluster, pod_servers, **{"resource-consist.kusionstack.io/drain-seconds": "60"})
+    ip0, ip1 = await ready_pods(cluster, pod_servers, ["web-0", "web-1"])
+    async with run_manager(adapter_on(haproxy.address)):
+        await async_wait_for(lambda: _held(cluster, ["web-0", "web-1"]), timeout=30, message="both served")
+        await async_wait_for(
+            lambda: all(up(r) for r in our_servers(haproxy).values()) and len(our_servers(haproxy)) == 2,
+            timeout=30,
+            message="both servers UP",
+        )
+        pod_servers.stop(ip1)
+        await async_wait_for(
+            lambda: our_servers(haproxy)["web-1"]["status"].startswith("DOWN"),
+            timeout=30,
+            message="web-1's server DOWN by HAProxy's checks",
+        )
+        await cluster.delete(kube.POD, "web-1")
+
+        async def gone() -> bool:
+            return await cluster.get(kube.POD, "web-1") is None and "web-1" not in our_servers(haproxy)
+
+        # Well inside the drain time of 60 s.
+        await async_wait_for(gone, timeout=20, message="web-1 and its server gone")
+        assert up(our_servers(haproxy)["web-0"])
+        assert ip0 != ip1
