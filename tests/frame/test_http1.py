@@ -19,6 +19,7 @@ Script = Callable[[bytes], list[bytes]]
 @pytest.fixture
 async def serve() -> AsyncIterator[Callable[[Script], asyncio.Future[http1.Pool]]]:
     servers: list[asyncio.Server] = []
+    pools: list[http1.Pool] = []
 
     async def start(script: Script, *, limit: int = 4, close_after: bool = False) -> http1.Pool:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -44,9 +45,14 @@ async def serve() -> AsyncIterator[Callable[[Script], asyncio.Future[http1.Pool]
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         servers.append(server)
         port = server.sockets[0].getsockname()[1]
-        return http1.Pool(f"http://127.0.0.1:{port}", None, None, limit=limit, idle_seconds=90.0)
+        pools.append(http1.Pool(f"http://127.0.0.1:{port}", None, None, limit=limit, idle_seconds=90.0))
+        return pools[-1]
 
     yield start  # type: ignore[misc]
+    # The client's kept-alive connections first: from Python 3.12 a server's wait_closed waits
+    # for every connection it accepted to end.
+    for pool in pools:
+        pool.close()
     for server in servers:
         server.close()
         await server.wait_closed()
