@@ -35,6 +35,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from resourceconsist.testing.controlplane import process_alive
+
 #: The kernel settings a node's components may change (the kubelet's kernel tunables, the CNI
 #: bridge's forwarding, kube-proxy's conntrack and localhost NodePorts), restored by ``sweep``.
 SYSCTLS = (
@@ -241,10 +243,12 @@ class HostState:
         containers' (in a kubelet's ``kubepods`` cgroup, whatever their program), every
         mount, network interface, iptables rule and cgroup, ``SYSCTLS``' values, and the
         sockets listening on an address other than loopback."""
+        # A zombie holds nothing of the host and no sweep can kill it: a killed shim re-parented
+        # to an init that reaps late (a CI machine's) stays one for a while.
         processes = {
             f"{pid} {_proc_name(pid)}"
             for pid in _pids()
-            if _proc_name(pid) in NODE_PROGRAMS or "/kubepods/" in _proc_cgroups(pid)
+            if (_proc_name(pid) in NODE_PROGRAMS or "/kubepods/" in _proc_cgroups(pid)) and process_alive(pid)
         }
         return cls(
             processes=frozenset(processes),
@@ -325,11 +329,24 @@ def node_processes(footprint: Footprint) -> set[int]:
     return found
 
 
+#: How long no node process must be seen before the sweep believes they are all gone: a shim
+#: forked by one killed an instant before can be in its ``exec`` when looked at, its command line
+#: empty, and live on once the exec ends (a CI run left one behind that way).
+_QUIET_SECONDS = 0.5
+
+
 def _kill_all(footprint: Footprint, deadline: float) -> list[str]:
+    quiet_since: float | None = None
     while time.monotonic() < deadline:
         pids = node_processes(footprint)
         if not pids:
-            return []
+            now = time.monotonic()
+            quiet_since = now if quiet_since is None else quiet_since
+            if now - quiet_since >= _QUIET_SECONDS:
+                return []
+            time.sleep(0.05)
+            continue
+        quiet_since = None
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
