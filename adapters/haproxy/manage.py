@@ -387,6 +387,9 @@ class _Plan:
                 self._on(item.id, api.name, stat, desired.target, servers)
             elif state == "idle":
                 for server in servers:
+                    # A DOWN server's status hides a drain (``ServerStat.down``), so a pass sends
+                    # it again while the checks fail: one command a pass, and the server is
+                    # still drained the moment its check passes, before the pod is ready.
                     if not (server.maintenance or server.draining):
                         self._chain(item.id, api.name, server, [_drain(server)], removal=True)
             else:
