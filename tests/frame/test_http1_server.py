@@ -257,7 +257,7 @@ async def test_a_tls_connection_reads_through_a_small_buffer_and_a_large_answer_
     pool = s.pool()
     conn, _ = await pool.acquire()
     assert conn.transport is not None
-    tls = conn.transport._ssl_protocol  # type: ignore[attr-defined]
+    tls = conn.transport._ssl_protocol
     assert len(tls._ssl_buffer) == http1.TLS_READ_BUFFER < 256 * 1024
     pool.release(conn, reuse=True)
     answers = [await _ask(pool, "GET", "/large") for _ in range(2)]
