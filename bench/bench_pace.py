@@ -62,14 +62,14 @@ CONTROLLER_RESOURCES = frozenset({"pods", "services", "events"})
 GO_BINARY = (
     Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "resourceconsist/goorig-v0.0.7/goorig"
 )
-#: What ``resourceconsist run --adapter demo`` imports before it reconciles anything: aiohttp
-#: too, which the probe endpoints load when they start (the loop's transport no longer does:
-#: resourceconsist.cluster.http1), and urllib3,
-#: the threads' transport (the official client is not loaded: docs/index.md, "Which cluster").
+#: What ``resourceconsist run --adapter demo`` imports before it reconciles anything: urllib3,
+#: the threads' transport, too; neither aiohttp (the loop's transport and the probe and metrics
+#: endpoints have their own: resourceconsist.cluster.http1, resourceconsist.runtime.endpoints)
+#: nor the official client (docs/index.md, "Which cluster").
 IMPORT_BASELINE = (
     "import resourceconsist.commands.cli, resourceconsist.runtime.manager, "
     "resourceconsist.experimental.demo, resourceconsist.adapters, resourceconsist.cluster.kubeconfig, "
-    "urllib3, aiohttp, aiohttp.web"
+    "urllib3"
 )
 
 

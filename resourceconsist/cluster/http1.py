@@ -22,12 +22,27 @@ loop. Tested against a scripted server (tests/frame/test_http1.py), aiohttp's se
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import collections
 import ssl
 import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+
+#: Bytes asyncio's TLS layer reads from a connection's socket at a time. asyncio's own default
+#: is 256 KiB per connection, allocated zero-filled when the connection opens and so resident
+#: for its life: 4 MiB for a pool of 16. A TLS record carries at most 16 KiB, the answers here
+#: are mostly a few KiB, and a large one (a page of a list) only takes more reads of this size
+#: (docs/benchmarks.md, "Memory").
+TLS_READ_BUFFER = 32 * 1024
+
+
+class _TLSProtocol(asyncio.sslproto.SSLProtocol):
+    """asyncio's TLS layer with a read buffer of ``TLS_READ_BUFFER`` (its ``max_size``, the size of
+    the buffer it allocates and of each read; the one setting asyncio exposes no argument for)."""
+
+    max_size = TLS_READ_BUFFER
 
 
 class CannotConnect(ConnectionError):
@@ -366,19 +381,31 @@ class Pool:
     async def _open(self) -> Connection:
         loop = asyncio.get_running_loop()
         try:
-            _, conn = await asyncio.wait_for(
-                loop.create_connection(
-                    Connection,
-                    self.host,
-                    self.port,
-                    ssl=self.ssl_context,
-                    server_hostname=self.server_hostname if self.ssl_context is not None else None,
-                ),
-                self.connect_timeout,
-            )
+            if self.ssl_context is None:
+                _, conn = await asyncio.wait_for(
+                    loop.create_connection(Connection, self.host, self.port), self.connect_timeout
+                )
+            else:
+                conn = await asyncio.wait_for(self._open_tls(loop, self.ssl_context), self.connect_timeout)
         except (OSError, TimeoutError) as err:
             raise CannotConnect(self.authority, err) from err
         self.opened += 1
+        return conn
+
+    async def _open_tls(self, loop: asyncio.AbstractEventLoop, context: ssl.SSLContext) -> Connection:
+        """A TLS connection as ``loop.create_connection(..., ssl=context)`` makes one (the TLS
+        layer over a TCP transport, the connection told once the handshake is done), with the
+        smaller read buffer of ``_TLSProtocol``."""
+        conn = Connection()
+        handshake = loop.create_future()
+        # asyncio names the host as the server when no other name is given; so does this.
+        tls = _TLSProtocol(loop, conn, context, handshake, server_hostname=self.server_hostname or self.host)
+        raw, _ = await loop.create_connection(lambda: tls, self.host, self.port)
+        try:
+            await handshake
+        except BaseException:
+            raw.close()
+            raise
         return conn
 
     def release(self, conn: Connection, *, reuse: bool) -> None:

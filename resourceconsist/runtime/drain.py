@@ -24,16 +24,15 @@ import asyncio
 import json
 import re
 import time
-from typing import TYPE_CHECKING, Final
+from collections.abc import Mapping
+from typing import Final
 
 from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import InformerFactory
 from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.rules import marks
-
-if TYPE_CHECKING:
-    from aiohttp import web
+from resourceconsist.runtime.endpoints import Reply, Route
 
 #: The longest an answer waits for the pod to be released (seconds).
 MAX_WAIT: Final = 10.0
@@ -59,35 +58,28 @@ class DrainEndpoint:
         self.informers = informers
         self.client = client
 
-    def app(self) -> web.Application:
-        from aiohttp import web
+    def routes(self) -> dict[str, Route]:
+        """The endpoint's one path, for the manager's endpoint server (runtime/endpoints.py)."""
+        return {wire.DRAIN_RELEASED_PATH: self._handle}
 
-        app = web.Application()
-        app.router.add_get(wire.DRAIN_RELEASED_PATH, self._handle)
-        return app
-
-    async def _handle(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
-        query = request.query
+    async def _handle(self, query: Mapping[str, str]) -> Reply:
         namespace, name, uid = query.get("namespace", ""), query.get("pod", ""), query.get("uid", "")
         try:
             wait = min(max(float(query.get("wait", "0")), 0.0), MAX_WAIT)
         except ValueError:
             wait = -1.0
         if not _NAME.match(namespace) or not _NAME.match(name) or wait < 0:
-            return web.Response(
-                status=400,
-                text=f"give ?namespace=<namespace>&pod=<pod name>[&uid=<uid>][&wait=<0..{MAX_WAIT:g} s>]\n",
+            return Reply.text(
+                f"give ?namespace=<namespace>&pod=<pod name>[&uid=<uid>][&wait=<0..{MAX_WAIT:g} s>]\n", 400
             )
         if not self.informers.watches(namespace):
-            return web.Response(status=404, text=f"this manager does not watch namespace {namespace}\n")
+            return Reply.text(f"this manager does not watch namespace {namespace}\n", 404)
         informer = self.informers.informer(kube.POD)
         if not informer.has_synced:
-            return web.Response(status=503, text="the pod cache has not filled yet\n")
+            return Reply.text("the pod cache has not filled yet\n", 503)
         released, holding = await self.released(namespace, name, uid, wait)
         body = {"released": released, "holding": holding}
-        return web.Response(text=json.dumps(body), content_type="application/json")
+        return Reply(200, json.dumps(body).encode(), "application/json; charset=utf-8")
 
     async def released(self, namespace: str, name: str, uid: str, wait: float) -> tuple[bool, list[str]]:
         """Whether the pod is released, waiting up to ``wait`` seconds for it to be."""

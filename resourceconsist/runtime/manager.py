@@ -32,7 +32,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster.cache import CacheSyncTimeout, InformerFactory
@@ -44,15 +44,13 @@ from resourceconsist.hooks.subscribers import LifecycleSubscriber
 from resourceconsist.options import ManagerOptions, ProviderBudgetOptions, SecureMetricsOptions
 from resourceconsist.runtime.controller import Controller
 from resourceconsist.runtime.drain import DrainEndpoint
+from resourceconsist.runtime.endpoints import EndpointServer, Guard
 from resourceconsist.runtime.leaderelection import LeaderElector
-from resourceconsist.runtime.metrics import Metrics, health_app
+from resourceconsist.runtime.metrics import Metrics, probe_routes
 from resourceconsist.runtime.multicluster import ClusterRegistry, MemberCluster
 from resourceconsist.runtime.sharding.replica import ShardedReplica
 
 if TYPE_CHECKING:
-    # Imported where the health endpoints start: a run without them never loads aiohttp.
-    from aiohttp import web
-
     from resourceconsist.cluster.certwatcher import CertificateReloader
     from resourceconsist.runtime.metricsauth import MetricsAuthorizer
 
@@ -161,7 +159,7 @@ class Manager:
         self._abandoned = False
         #: ``run`` runs: it raises a start's failure, nothing else need tell it.
         self._running = False
-        self._servers: list[web.AppRunner] = []
+        self._servers: list[EndpointServer] = []
         #: The metrics endpoint's certificate watcher, with a cert dir (``secure_metrics``).
         self._reloaders: list[CertificateReloader] = []
         #: Who may read ``/metrics`` with ``secure_metrics``, once served.
@@ -350,29 +348,19 @@ class Manager:
                 endpoints.append((options.metrics_address, False, True))
         if not endpoints and options.drain_address is None:
             return
-        from aiohttp import web
-
         try:
             for address, probes, exposition in endpoints:
                 secure = self.options.secure_metrics if exposition else None
                 ssl_context: ssl.SSLContext | None = None
-                middlewares: list[Any] = []
+                guard: Guard | None = None
                 if secure is not None:
-                    ssl_context, middlewares = await self._secure_metrics(secure)
-                runner = web.AppRunner(
-                    health_app(
-                        self.metrics,
-                        self.not_ready_reasons,
-                        probes=probes,
-                        exposition=exposition,
-                        middlewares=middlewares,
-                    ),
-                    access_log=None,
+                    ssl_context, guard = await self._secure_metrics(secure)
+                routes = probe_routes(
+                    self.metrics, self.not_ready_reasons, probes=probes, exposition=exposition
                 )
-                await runner.setup()
-                self._servers.append(runner)
+                server = EndpointServer(routes, guard)
                 try:
-                    await web.TCPSite(runner, *address, ssl_context=ssl_context).start()
+                    await server.start(*address, ssl_context=ssl_context)
                 except OSError as err:
                     paths = {
                         (True, True): "/healthz, /readyz and /metrics",
@@ -382,11 +370,11 @@ class Manager:
                     raise CannotServe(
                         paths.get((probes, exposition), "/metrics"), address, fields, err
                     ) from err
-                port = _bound_port(runner, address[1])
+                self._servers.append(server)
                 if probes:
-                    self.health_port = port
+                    self.health_port = server.port
                 if exposition:
-                    self.metrics_port = port
+                    self.metrics_port = server.port
             if options.drain_address is not None:
                 await self._serve_drain(options.drain_address)
         except BaseException:
@@ -396,19 +384,16 @@ class Manager:
 
     async def _serve_drain(self, address: tuple[str, int]) -> None:
         """The drain endpoint the drain waiters ask (resourceconsist/runtime/drain.py)."""
-        from aiohttp import web
-
-        runner = web.AppRunner(DrainEndpoint(self.informers, self.client).app(), access_log=None)
-        await runner.setup()
-        self._servers.append(runner)
+        server = EndpointServer(DrainEndpoint(self.informers, self.client).routes())
         try:
-            await web.TCPSite(runner, *address).start()
+            await server.start(*address)
         except OSError as err:
             raise CannotServe("the drain endpoint", address, ("drain_address",), err) from err
-        self.drain_port = _bound_port(runner, address[1])
+        self._servers.append(server)
+        self.drain_port = server.port
 
-    async def _secure_metrics(self, secure: SecureMetricsOptions) -> tuple[ssl.SSLContext, list[Any]]:
-        """The TLS context and the authentication and authorization middleware of ``/metrics``."""
+    async def _secure_metrics(self, secure: SecureMetricsOptions) -> tuple[ssl.SSLContext, Guard]:
+        """The TLS context and the authentication and authorization guard of ``/metrics``."""
         from resourceconsist.runtime.metricsauth import MetricsAuthorizer, serving_context
 
         context, reloader = await asyncio.to_thread(
@@ -424,11 +409,11 @@ class Manager:
             "serving /metrics over HTTPS with %s, to callers whose token the API server reviews",
             f"the certificate in {files[0]}" if files else "a self-signed certificate made at start",
         )
-        return context, [self.metrics_authorizer.middleware()]
+        return context, self.metrics_authorizer.decide
 
     async def _stop_endpoints(self) -> None:
         for server in self._servers:
-            await server.cleanup()
+            await server.close()
         self._servers.clear()
         for reloader in self._reloaders:
             await reloader.stop()
@@ -537,11 +522,3 @@ class Manager:
 async def add_to_manager(manager: Manager, adapter: ReconcileAdapter) -> Controller:
     """Go's ``AddToMgr``: a controller for ``adapter`` with the default or its own options."""
     return await manager.add(adapter)
-
-
-def _bound_port(runner: web.AppRunner, fallback: int) -> int:
-    """The port a site really bound (the requested one may be 0: any free port)."""
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return int(address[1])
-    return fallback

@@ -46,11 +46,11 @@ from resourceconsist.flow import budget
 from resourceconsist.runtime.version import build_info
 
 if TYPE_CHECKING:
-    from aiohttp import web
     from prometheus_client.metrics_core import Metric
 
     from resourceconsist.cluster.cache import InformerFactory
     from resourceconsist.cluster.kube import KubeClient
+    from resourceconsist.runtime.endpoints import Route
 
 #: ``code`` label of a provider call that succeeded.
 OK_CODE = "ok"
@@ -382,37 +382,31 @@ def observe_provider_failure(provider: str, operation: str, code: str) -> None:
         bound[0].provider_failures.labels(bound[1], provider, operation, code).inc()
 
 
-def health_app(
-    metrics: Metrics,
-    not_ready: Callable[[], list[str]],
-    *,
-    probes: bool = True,
-    exposition: bool = True,
-    middlewares: Iterable[Any] = (),
-) -> web.Application:
-    """``/healthz`` and ``/readyz`` (``probes``) and ``/metrics`` (``exposition``) for a manager:
-    on one port, or each on its own (``ManagerOptions``, docs/observability.md). ``/readyz``
-    answers 503 with ``not_ready()``'s reasons, one a line, while there are any; ``middlewares``
-    guard every path (secure metrics: resourceconsist/runtime/metricsauth.py)."""
-    from aiohttp import web  # here: a run without health endpoints never loads aiohttp
+def probe_routes(
+    metrics: Metrics, not_ready: Callable[[], list[str]], *, probes: bool = True, exposition: bool = True
+) -> dict[str, Route]:
+    """``/healthz`` and ``/readyz`` (``probes``) and ``/metrics`` (``exposition``) of a manager,
+    for its endpoint server (resourceconsist/runtime/endpoints.py): on one port, or each on its
+    own (``ManagerOptions``, docs/observability.md). ``/readyz`` answers 503 with
+    ``not_ready()``'s reasons, one a line, while there are any."""
+    from resourceconsist.runtime.endpoints import Reply
 
-    async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+    async def healthz(_: Mapping[str, str]) -> Reply:
+        return Reply.text("ok")
 
-    async def readyz(_: web.Request) -> web.Response:
+    async def readyz(_: Mapping[str, str]) -> Reply:
         reasons = not_ready()
-        return web.Response(status=503, text="\n".join(reasons)) if reasons else web.Response(text="ok")
+        return Reply.text("\n".join(reasons), 503) if reasons else Reply.text("ok")
 
-    async def serve_metrics(_: web.Request) -> web.Response:
-        return web.Response(body=metrics.exposition(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+    async def serve_metrics(_: Mapping[str, str]) -> Reply:
+        return Reply(200, metrics.exposition(), CONTENT_TYPE_LATEST)
 
-    app = web.Application(middlewares=list(middlewares))
+    routes: dict[str, Route] = {}
     if probes:
-        app.router.add_get("/healthz", healthz)
-        app.router.add_get("/readyz", readyz)
+        routes |= {"/healthz": healthz, "/readyz": readyz}
     if exposition:
-        app.router.add_get("/metrics", serve_metrics)
-    return app
+        routes["/metrics"] = serve_metrics
+    return routes
 
 
 # -- controller-runtime's standard series -------------------------------------------------------

@@ -29,22 +29,15 @@ import socket
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.certwatcher import CertificateReloader, self_signed_context
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.options import SecureMetricsOptions
-
-if TYPE_CHECKING:
-    from aiohttp import web
-
-    #: An aiohttp request handler, and a middleware around one.
-    Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-    Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 log = logging.getLogger(__name__)
 
@@ -189,21 +182,6 @@ class MetricsAuthorizer:
             log.debug("metrics: authorization denied for user %s: %s", user.name, reason)
             return 403, f"Authorization denied for user {user.name}"
         return 200, ""
-
-    def middleware(self) -> Middleware:
-        """An aiohttp middleware that serves a request only when ``decide`` says 200."""
-        from aiohttp import web
-
-        @web.middleware
-        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-            status, text = await self.decide(
-                request.headers.get("Authorization"), request.method, request.path
-            )
-            if status != 200:
-                return web.Response(status=status, text=text + "\n")
-            return await handler(request)
-
-        return guard
 
 
 def _user_of(status: Mapping[str, Any]) -> User:

@@ -242,3 +242,25 @@ async def test_nothing_listening_cannot_be_connected_to() -> None:
     with pytest.raises(http1.CannotConnect):
         await _ask(pool, "GET", "/")
     assert pool.opened == 0
+
+
+async def _large(request: web.Request) -> web.StreamResponse:
+    return web.Response(body=bytes(range(256)) * 8192)  # 2 MiB: many TLS records, many reads
+
+
+async def test_a_tls_connection_reads_through_a_small_buffer_and_a_large_answer_arrives_whole(
+    server: object,
+) -> None:
+    # asyncio's TLS layer allocates a 256 KiB read buffer per connection, resident for the
+    # connection's life; the pool's connections read through TLS_READ_BUFFER bytes instead.
+    s = await server({"/large": _large})  # type: ignore[operator]
+    pool = s.pool()
+    conn, _ = await pool.acquire()
+    assert conn.transport is not None
+    tls = conn.transport._ssl_protocol
+    assert len(tls._ssl_buffer) == http1.TLS_READ_BUFFER < 256 * 1024
+    pool.release(conn, reuse=True)
+    answers = [await _ask(pool, "GET", "/large") for _ in range(2)]
+    assert [a.body for a in answers] == [bytes(range(256)) * 8192] * 2
+    assert pool.opened == 1
+    pool.close()
