@@ -4,9 +4,10 @@ manager's Pods Ready under the chart's securityContext, the API server calling t
 through its Service, a controlled Deployment's Pods getting their entries, finalizers, gate and
 preStop, and served by the provider. Its modes: the default (the alibabacloudslb adapter against
 the SLB emulator served on the node's bridge address, its Secret, endpoint and CA given through
-values), `adapters: [demo]`, a namespaced install, and sharding with 3 replicas reached by
-`helm upgrade` from the default and back; `helm uninstall` refused while a controlled Service
-exists (docs/install.md, "Uninstalling"), then leaving no Pod stuck on a finalizer.
+values), `adapters: [demo]`, a namespaced install, sharding with 3 replicas reached by
+`helm upgrade` from the default and back, and the wait drain (`drainWaiter`); `helm uninstall`
+refused while a controlled Service exists (docs/install.md, "Uninstalling"), then leaving no Pod
+stuck on a finalizer.
 """
 
 from __future__ import annotations
