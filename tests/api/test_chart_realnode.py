@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -566,7 +566,7 @@ def _waiter_endpoints(pod: KubeObject) -> list[str]:
 
 
 def test_the_wait_drain_through_the_chart_ends_a_gated_pod_s_prestop_on_the_managers_answer(
-    release: Release, real_node_namespace: str, tmp_path: Path
+    release: Release, real_node_namespace: str, tmp_path: Path, record_property: Callable[[str, object], None]
 ) -> None:
     """drainWaiter.enabled (docs/zero-downtime.md, "A drain that waits for the provider"): both
     manager replicas serve the drain endpoint behind the chart's Service, the webhook gives a pod
@@ -630,6 +630,7 @@ def test_the_wait_drain_through_the_chart_ends_a_gated_pod_s_prestop_on_the_mana
 
     # The name does not resolve here: the waiter never hears the managers and waits the bound.
     unheard = _sigterm_after_delete(release, ns, pod["metadata"]["name"], logs)
+    record_property("sigterm_after_delete_unheard_s", round(unheard, 2))
     assert unheard >= DRAIN_BOUND - 0.5, unheard
 
     # The Service's cluster IP given instead: the webhook's next pods ask the managers there.
@@ -652,6 +653,7 @@ def test_the_wait_drain_through_the_chart_ends_a_gated_pod_s_prestop_on_the_mana
     )
     heard = _sigterm_after_delete(release, ns, pod["metadata"]["name"], logs)
     # The demo provider lets go at once: the preStop ends on the managers' answer, far inside the bound.
+    record_property("sigterm_after_delete_heard_s", round(heard, 2))
     assert heard < DRAIN_BOUND / 2, heard
 
     release.client.delete(kube.SERVICE, ns, "web")
