@@ -555,6 +555,7 @@ def _sigterm_after_delete(release: Release, namespace: str, pod: str, logs: Path
         return next((e["t"] for e in http_server_log(logs, pod) if e["event"] == "sigterm"), None)
 
     at = wait_for(sigterm, timeout=DRAIN_BOUND + 60, interval=0.2, message=f"{pod}'s SIGTERM")
+    assert at is not None
     return float(at) - deleted
 
 
@@ -651,6 +652,7 @@ def test_the_wait_drain_through_the_chart_ends_a_gated_pod_s_prestop_on_the_mana
     pod = wait_for(
         rolled, timeout=DRAIN_BOUND + 180, interval=0.5, message="web rolled onto the Service's IP"
     )
+    assert pod is not None
     heard = _sigterm_after_delete(release, ns, pod["metadata"]["name"], logs)
     # The demo provider lets go at once: the preStop ends on the managers' answer, far inside the bound.
     record_property("sigterm_after_delete_heard_s", round(heard, 2))
