@@ -48,6 +48,7 @@ from resourceconsist.adapters.haproxy import BACKEND_ANNOTATION, PORT_ANNOTATION
 from resourceconsist.testing import RealNodeCluster, find_image
 from resourceconsist.testing.haproxy import LocalHAProxy, SocketProxy
 from resourceconsist.testing.traffic import (
+    APART,
     PROTECTIONS,
     SCENARIOS,
     RunResult,
@@ -68,7 +69,7 @@ async def bench(args: argparse.Namespace, workdir: Path) -> list[RunResult]:
     results: list[RunResult] = []
     with (
         RealNodeCluster(images=[find_image("testserver")]) as cluster,
-        LocalHAProxy(["web"], log_failures=True) as haproxy,
+        LocalHAProxy(["web"], log_failures=True, niceness=APART) as haproxy,
         SocketProxy(haproxy.socket) as proxy,
     ):
         (manager_image,) = cluster.import_image(find_image("manager"))
@@ -113,6 +114,8 @@ def _line(r: RunResult) -> str:
         f"{r.failures or ''}, gap {s.get('longest_gap_seconds')} s, rolled {r.rolled_seconds} s, "
         f"settled {r.settled_seconds} s, lag {s.get('lag_seconds')} s"
         + (f", takeover {r.takeover_seconds} s" if r.takeover_seconds is not None else "")
+        + (f", answers {r.answer_ms} ms" if r.answer_ms else "")
+        + (f", failed by second {r.failed_by_second}" if r.failed_by_second else "")
         + (f"; HAProxy: {r.logged}" if r.logged else "")
         + (f"; notes: {r.notes}" if r.notes else "")
     )

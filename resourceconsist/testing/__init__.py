@@ -30,6 +30,7 @@ from resourceconsist.testing.controlplane import (
     default_assets_dir,
     find_binaries,
     find_helm,
+    find_tool,
 )
 from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
 from resourceconsist.testing.process import CLI, CommandProcess, run_cli
@@ -60,6 +61,7 @@ __all__ = [
     "find_binaries",
     "find_helm",
     "find_image",
+    "find_tool",
     "run_cli",
     "schemaless_crd",
     "wait_for",

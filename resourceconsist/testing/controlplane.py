@@ -15,7 +15,8 @@ survive an API-server restart.
 
 Binaries are found in ``$KUBEBUILDER_ASSETS`` (envtest's convention), else in
 ``$RESOURCECONSIST_ASSETS_DIR``, else in the cache that ``hack/build-controlplane.sh`` fills;
-``find_helm()`` finds the helm that script builds beside them, for tests of the chart.
+``find_tool()`` finds the tools that script builds beside them (helm, for tests of the chart;
+vegeta, the load generator's engine).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import urllib.error
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
+from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, cast
@@ -54,6 +56,10 @@ ETCD_VERSION = "3.6.4"
 CONTROL_PLANE_BINARIES = ("kube-apiserver", "etcd")
 #: The helm version hack/build-controlplane.sh builds beside them (hack/helm/go.mod).
 HELM_VERSION = "3.22.0"
+#: The vegeta version it builds beside them (hack/vegeta/go.mod): the load generator's engine.
+VEGETA_VERSION = "12.13.0"
+#: The tools built beside the control plane's binaries: name -> (version, Go module).
+TOOLS = {"helm": (HELM_VERSION, "hack/helm"), "vegeta": (VEGETA_VERSION, "hack/vegeta")}
 #: The Service IP range: a /16, so a test can create thousands of Services.
 SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 _TMP_PREFIX = "resourceconsist-cp-"
@@ -103,20 +109,28 @@ def find_binaries(names: tuple[str, ...] = CONTROL_PLANE_BINARIES) -> dict[str, 
     return found
 
 
-def find_helm() -> Path:
-    """The helm binary beside the control plane's (built from hack/helm/go.mod), or an error
-    saying how to get it. Never one from $PATH: the chart is tested with the pinned version."""
+def find_tool(name: str) -> Path:
+    """A tool hack/build-controlplane.sh builds beside the control plane's binaries (``TOOLS``:
+    helm, vegeta), or an error saying how to get it. Never one from $PATH: the tests run the
+    pinned version."""
+    version, module = TOOLS[name]
     assets = os.environ.get("KUBEBUILDER_ASSETS")
     directory = Path(assets) if assets else default_assets_dir()
-    helm = directory / "helm"
-    if not os.access(helm, os.X_OK):
+    tool = directory / name
+    if not os.access(tool, os.X_OK):
         source = "$KUBEBUILDER_ASSETS" if assets else "the default cache"
         raise ControlPlaneBinariesMissing(
-            f"helm not found in {directory} ({source}). Build it: hack/build-controlplane.sh "
-            f"(needs Go; builds helm {HELM_VERSION} into {default_assets_dir()} beside the control "
-            "plane, and only what is missing), or copy a helm v3 binary to that path."
+            f"{name} not found in {directory} ({source}). Build it: hack/build-controlplane.sh "
+            f"(needs Go; builds {name} {version} from {module}/go.mod into {default_assets_dir()} "
+            f"beside the control plane, and only what is missing), or copy a {name} {version} "
+            "binary to that path."
         )
-    return helm
+    return tool
+
+
+def find_helm() -> Path:
+    """The helm that renders and lints the chart in the tests (``find_tool``)."""
+    return find_tool("helm")
 
 
 def free_port() -> int:
@@ -146,6 +160,21 @@ def _die_with_parent() -> None:
     restart a control plane from a thread that outlives it (normally the main thread)."""
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def set_priority(niceness: int) -> None:
+    """Runs in a child before exec, once it has a session of its own (``start_new_session``):
+    gives the child's scheduling group and the child itself the nice value ``niceness``.
+
+    Where the kernel groups tasks by session (``kernel.sched_autogroup_enabled``, on by default
+    on many distributions), a process's own nice value ranks it only inside its session, and
+    each session gets an equal share: the control plane's daemons, each in a session of its own,
+    would crowd out a process however nice its value. The group's nice value
+    (``/proc/self/autogroup``) ranks the session against the others, so both are set. Values
+    below 0 need root."""
+    with suppress(OSError):
+        Path("/proc/self/autogroup").write_text(str(niceness))
+    os.nice(niceness)
 
 
 def _remove_stale_dirs() -> None:

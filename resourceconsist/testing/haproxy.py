@@ -42,7 +42,7 @@ from types import TracebackType
 from typing import Any, Literal, Self
 
 from resourceconsist.cluster import certs
-from resourceconsist.testing.controlplane import ControlPlaneError, _die_with_parent, free_port
+from resourceconsist.testing.controlplane import ControlPlaneError, _die_with_parent, free_port, set_priority
 
 #: The Debian package that brings the binary.
 HAPROXY_PACKAGE = "haproxy"
@@ -90,12 +90,17 @@ class LocalHAProxy:
         retries: int = 0,
         log_failures: bool = False,
         start_timeout: float = 20.0,
+        niceness: int = 0,
     ) -> None:
         self.backends = [b if isinstance(b, Backend) else Backend(b) for b in backends or ["web"]]
         self.tls = tls
         self.retries = retries
         self.log_failures = log_failures
         self.start_timeout = start_timeout
+        #: HAProxy's scheduling priority (``set_priority``): a negative value, under a benchmark,
+        #: lets it stand for a load balancer on a machine of its own, which the node's work never
+        #: delays.
+        self.niceness = niceness
         self.ports: dict[str, int] = {}
         self.tls_port: int | None = None
         self._dir: Path | None = None
@@ -177,7 +182,7 @@ class LocalHAProxy:
             stdin=subprocess.DEVNULL,
             cwd=self.dir,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - only sets the death signal
+            preexec_fn=self._prepare_child,  # noqa: PLW1509 - death signal and priority only
         )
         deadline = time.monotonic() + self.start_timeout
         while True:
@@ -250,6 +255,11 @@ class LocalHAProxy:
             return ""
 
     # -- the runtime API, for the tests' own looks ------------------------------------------------------
+
+    def _prepare_child(self) -> None:
+        _die_with_parent()
+        if self.niceness:
+            set_priority(self.niceness)
 
     def command(self, line: str, timeout: float = 5.0) -> str:
         """One runtime API command on the unix socket; HAProxy's whole answer."""

@@ -1,41 +1,45 @@
 """An open-loop HTTP load generator that records every request's outcome and time
 (docs/testing.md, "Counting failed requests").
 
-Open loop: request *n* is sent at ``start + n / rate`` whatever the earlier ones are doing, each
-on a connection of its own (``Connection: close``), so a stall of the server shows as failed or
-late requests instead of as a pause of the generator (a closed-loop tool such as wrk waits for
+Open loop: request *n* is sent at ``start + n / rate`` whatever the earlier ones are doing (on an
+idle kept-alive connection when there is one, else on a new one), so a stall of the server shows
+as failed or late requests instead of as a pause of the generator (a closed-loop tool such as wrk waits for
 answers before it sends more, and hides exactly that). A request fails on a non-2xx answer, a
 refused or reset connection, or no complete answer within ``timeout`` (1 s by default). The
 generator measures its own lag (how late it sent each request); a run whose lag passed
 ``max_lag`` (50 ms) is void: its figures say more about the generator than the server.
 
+The engine is vegeta (``vegeta attack``, built from hack/vegeta/go.mod by
+hack/build-controlplane.sh, found by ``find_tool``): a Go program of its own, whose pacer and
+goroutines stay on time while the machine is busy with what it measures, where an asyncio loop
+in Python fell behind by up to a second at 500 requests a second beside a real node (its own
+reading of the answers, not the servers, made most of the timeouts it counted). Its results
+(``vegeta encode -to json``: sequence number, send time, latency, status, error, body) become
+the ``RequestRecord``s; this module only classifies them and sums them up.
+
 ``LoadGenerator(host, port).run(rate=500, seconds=10)`` returns a ``LoadReport``; ``start()``
-and ``stop()`` run it in the background of a test. Either way it runs in a process of its own
-(``python -m resourceconsist.testing.loadgen``), so that the test's threads (a controller, the
-pods' servers) never make it late. Answers'
-bodies are kept as the ``answered_by`` of each request (the pod servers of
-``resourceconsist.testing.haproxy`` answer with their pod's name).
+and ``stop()`` run it in the background of a test. Answers' bodies are kept as the
+``answered_by`` of each request (the pod servers of ``resourceconsist.testing.haproxy`` answer
+with their pod's name).
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import contextlib
-import dataclasses
-import gc
+import base64
 import itertools
 import json
-import os
+import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
+
+from resourceconsist.testing.controlplane import find_tool, set_priority
 
 Outcome = Literal["ok", "status", "refused", "reset", "timeout", "error"]
 
@@ -128,200 +132,166 @@ class LoadGenerator:
         self.host, self.port, self.path = host, port, path
         self.timeout = timeout
         self.max_lag = max_lag
-        #: The generator process's nice value (``os.nice``; below 0 needs root): a negative one
-        #: keeps the generator on time while the machine is busy with what it measures.
+        #: The generator's priority (``set_priority``; below 0 needs root): a negative one
+        #: keeps it on time while the machine is busy with what it measures.
         self.niceness = niceness
-        self._request = (
-            f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nConnection: close\r\n"
-            "User-Agent: resourceconsist-loadgen\r\n\r\n"
-        ).encode()
-        self._process: subprocess.Popen[bytes] | None = None
-        self._out: str | None = None
-        self._stop = asyncio.Event()
-        self._progress: Path | None = None
-
-    # -- in a process of its own --------------------------------------------------------------------------
+        self._rate = 0.0
+        self._attack: subprocess.Popen[bytes] | None = None
+        self._encode: subprocess.Popen[bytes] | None = None
+        self._dir: Path | None = None
+        self._finished = 0
+        self._read = 0
 
     def run(self, rate: float, seconds: float) -> LoadReport:
-        """Send ``rate`` requests a second for ``seconds`` (``rate * seconds`` requests in all) from
-        a process of its own, wait for the last answer, and return the report; blocking."""
+        """Send ``rate`` requests a second for ``seconds`` (``rate * seconds`` requests in all),
+        wait for the last answer, and return the report; blocking."""
         self.start(rate, limit_seconds=seconds)
-        assert self._process is not None
-        self._process.wait(seconds + self.timeout + 60)
+        assert self._attack is not None
+        self._attack.wait(seconds + self.timeout + 60)
         return self.stop()
 
     def start(self, rate: float, limit_seconds: float = 600.0) -> None:
-        """Start sending ``rate`` requests a second from a process of its own (so that the test's
-        own threads never make it late) until ``stop()``, at most ``limit_seconds``: bounded in
-        count and time."""
-        if self._process is not None:
+        """Start sending ``rate`` requests a second in the background until ``stop()``, at most
+        ``limit_seconds`` (``rate * limit_seconds`` requests): bounded in count and time."""
+        if self._attack is not None:
             raise RuntimeError("the generator is running")
-        handle, self._out = tempfile.mkstemp(prefix="resourceconsist-loadgen-", suffix=".json")
-        os.close(handle)
-        argv = [
-            sys.executable,
-            "-m",
-            "resourceconsist.testing.loadgen",
-            f"--host={self.host}",
-            f"--port={self.port}",
-            f"--path={self.path}",
-            f"--rate={rate}",
-            f"--seconds={limit_seconds}",
-            f"--timeout={self.timeout}",
-            f"--out={self._out}",
-        ]
+        if not rate > 0 or not limit_seconds > 0:
+            raise ValueError(f"rate {rate!r} and limit {limit_seconds!r} s must be above 0")
+        vegeta = str(find_tool("vegeta"))
+        count = max(1, round(rate * limit_seconds))
+        self._rate, self._finished, self._read = rate, 0, 0
+        self._dir = Path(tempfile.mkdtemp(prefix="resourceconsist-loadgen-"))
         niceness = self.niceness
 
-        def renice() -> None:
-            os.nice(niceness)
+        def prioritise() -> None:
+            set_priority(niceness)
 
-        self._process = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            preexec_fn=renice if niceness else None,  # noqa: PLW1509 - only sets the nice value
+        # Request n is due (n + 1) / rate after the attack began; vegeta stops sending once the
+        # duration has passed, checked before each wait: half an interval short of the
+        # count's end sends exactly ``count``.
+        duration_ms = max(1.0, (count - 0.5) / rate * 1000)
+        self._attack = subprocess.Popen(
+            [
+                vegeta,
+                "attack",
+                f"-rate={rate * 1000:.0f}/1000s",
+                f"-duration={duration_ms:.3f}ms",
+                f"-timeout={self.timeout * 1000:.0f}ms",
+                "-http2=false",
+                "-redirects=-1",
+                "-max-body=256",
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=open(self._dir / "attack.err", "wb"),  # noqa: SIM115 - the child owns it
+            start_new_session=bool(niceness),
+            preexec_fn=prioritise if niceness else None,  # noqa: PLW1509 - only sets the priority
         )
+        assert self._attack.stdin is not None and self._attack.stdout is not None
+        self._attack.stdin.write(f"GET http://{self.host}:{self.port}{self.path}\n".encode())
+        self._attack.stdin.close()
+        self._encode = subprocess.Popen(
+            [vegeta, "encode", "-to=json", f"-output={self._dir / 'results.json'}"],
+            stdin=self._attack.stdout,
+            stderr=open(self._dir / "encode.err", "wb"),  # noqa: SIM115 - the child owns it
+            start_new_session=bool(niceness),
+            preexec_fn=prioritise if niceness else None,  # noqa: PLW1509 - only sets the priority
+        )
+        self._attack.stdout.close()
 
     @property
-    def sent_so_far(self) -> int:
-        """Requests sent so far by the run under way (read from its progress file)."""
-        if self._out is None:
+    def finished_so_far(self) -> int:
+        """Requests of the run under way that have ended so far (answered, failed or timed out;
+        vegeta writes a request's result when it ends), counted from the results written."""
+        if self._dir is None:
             return 0
         try:
-            return int(Path(self._out + ".sent").read_text() or 0)
-        except (OSError, ValueError):
-            return 0
+            with open(self._dir / "results.json", "rb") as results:
+                results.seek(self._read)
+                chunk = results.read()
+        except OSError:
+            return self._finished
+        # Only whole lines: the last one may still be being written.
+        whole = chunk.rfind(b"\n") + 1
+        self._finished += chunk.count(b"\n", 0, whole)
+        self._read += whole
+        return self._finished
 
     def stop(self) -> LoadReport:
         """Stop sending, wait for the answers in flight, and return the report."""
-        process, out = self._process, self._out
-        if process is None or out is None:
+        attack, encode, directory = self._attack, self._encode, self._dir
+        if attack is None or encode is None or directory is None:
             raise RuntimeError("the generator is not running")
-        self._process = self._out = None
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        _, err = process.communicate(timeout=self.timeout + 60)
+        self._attack = self._encode = self._dir = None
         try:
-            data = json.loads(Path(out).read_text() or "null")
+            if attack.poll() is None:
+                # vegeta's first SIGINT stops the attack and lets the requests in flight end.
+                attack.send_signal(signal.SIGINT)
+            attack.wait(self.timeout + 60)
+            encode.wait(60)
+            if attack.returncode != 0 or encode.returncode != 0:
+                said = b"".join((directory / f).read_bytes() for f in ("attack.err", "encode.err"))
+                raise RuntimeError(
+                    f"the load generator failed (attack {attack.returncode}, encode "
+                    f"{encode.returncode}): {said.decode(errors='replace').strip()}"
+                )
+            lines = (directory / "results.json").read_bytes().splitlines()
         finally:
-            for path in (out, out + ".sent"):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        if process.returncode != 0 or data is None:
-            raise RuntimeError(
-                f"the load generator failed ({process.returncode}): {err.decode(errors='replace')}"
-            )
-        return LoadReport(
-            records=[RequestRecord(**r) for r in data["records"]],
-            max_lag=self.max_lag,
-            started=data["started"],
-            ended=data["ended"],
-        )
+            for process in (attack, encode):
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+            shutil.rmtree(directory, ignore_errors=True)
+        return self.report([json.loads(line) for line in lines if line])
 
-    # -- the loop ----------------------------------------------------------------------------------------
-
-    async def _run(self, rate: float, count: int) -> LoadReport:
-        if not rate > 0:
-            raise ValueError(f"rate {rate!r} must be above 0 requests a second")
+    def report(self, results: list[dict[str, Any]]) -> LoadReport:
+        """The ``LoadReport`` of vegeta's JSON results, on this process's monotonic clock."""
         report = LoadReport(max_lag=self.max_lag)
-        interval = 1.0 / rate
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        report.started = time.monotonic()
-        offset = report.started - start
-        tasks: set[asyncio.Task[None]] = set()
-        for n in range(count):
-            if self._stop.is_set():
-                break
-            if self._progress is not None and n % 50 == 0:
-                self._progress.write_text(str(n))
-            if n % 1000 == 999:
-                # The records kept so far leave the collector's sight: a full collection over tens
-                # of thousands of them would stall the loop for tens of milliseconds, as lag.
-                gc.freeze()
-            due = start + n * interval
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            task = asyncio.create_task(self._one(report, due + offset))
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
-        if tasks:
-            await asyncio.gather(*tasks)
-        report.ended = time.monotonic()
-        report.records.sort(key=lambda r: r.due)
+        if not results:
+            report.started = report.ended = time.monotonic()
+            return report
+        # vegeta stamps wall-clock times; the callers compare them with time.monotonic().
+        to_monotonic = time.monotonic() - time.time()
+        results.sort(key=lambda r: r["seq"])
+        first = _seconds(results[0]["timestamp"])
+        interval = 1.0 / self._rate
+        for r in results:
+            sent = _seconds(r["timestamp"]) + to_monotonic
+            outcome = _outcome(r.get("code", 0), r.get("error", ""))
+            body = base64.b64decode(r["body"]) if r.get("body") else b""
+            report.records.append(
+                RequestRecord(
+                    due=first + r["seq"] * interval + to_monotonic,
+                    sent=sent,
+                    outcome=outcome,
+                    status=r.get("code") or None,
+                    seconds=r["latency"] / 1e9,
+                    answered_by=body.decode(errors="replace") if outcome == "ok" else "",
+                )
+            )
+        report.started = report.records[0].due
+        report.ended = max(r.sent + r.seconds for r in report.records)
         return report
 
-    async def _one(self, report: LoadReport, due: float) -> None:
-        sent = time.monotonic()
-        outcome: Outcome = "ok"
-        status: int | None = None
-        body = b""
-        writer = None
-        try:
-            async with asyncio.timeout(self.timeout):
-                reader, writer = await asyncio.open_connection(self.host, self.port)
-                writer.write(self._request)
-                await writer.drain()
-                answer = await reader.read()
-            head, _, body = answer.partition(b"\r\n\r\n")
-            if not head:
-                outcome = "reset"
-            else:
-                status = int(head.split(b" ", 2)[1])
-                if not 200 <= status < 300:
-                    outcome = "status"
-        except TimeoutError:
-            outcome = "timeout"
-        except ConnectionRefusedError:
-            outcome = "refused"
-        except (ConnectionResetError, BrokenPipeError, asyncio.IncompleteReadError):
-            outcome = "reset"
-        except (OSError, ValueError, IndexError):
-            outcome = "error"
-        finally:
-            if writer is not None:
-                writer.close()
-        report.records.append(
-            RequestRecord(
-                due=due,
-                sent=sent,
-                outcome=outcome,
-                status=status,
-                seconds=time.monotonic() - sent,
-                answered_by=body.decode(errors="replace") if outcome == "ok" else "",
-            )
-        )
+
+def _seconds(stamp: str) -> float:
+    """Unix seconds of an RFC 3339 time with up to nanoseconds (Python keeps microseconds)."""
+    head, dot, tail = stamp.partition(".")
+    if dot:
+        digits = len(tail) - len(tail.lstrip("0123456789"))
+        tail = tail[: min(digits, 6)] + tail[digits:]
+    return datetime.fromisoformat(head + dot + tail.replace("Z", "+00:00")).timestamp()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m resourceconsist.testing.loadgen``: one run, its records written as JSON to
-    ``--out``; SIGTERM stops sending and lets the answers in flight come in."""
-    parser = argparse.ArgumentParser(prog="python -m resourceconsist.testing.loadgen")
-    parser.add_argument("--host", required=True)
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--path", default="/")
-    parser.add_argument("--rate", type=float, required=True)
-    parser.add_argument("--seconds", type=float, required=True)
-    parser.add_argument("--timeout", type=float, default=1.0)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args(argv)
-    generator = LoadGenerator(args.host, args.port, args.path, timeout=args.timeout)
-    generator._progress = Path(args.out + ".sent")
-
-    async def run() -> LoadReport:
-        loop = asyncio.get_running_loop()
-        loop.add_signal_handler(signal.SIGTERM, generator._stop.set)
-        return await generator._run(args.rate, int(args.rate * args.seconds))
-
-    report = asyncio.run(run())
-    data = {
-        "started": report.started,
-        "ended": report.ended,
-        "records": [dataclasses.asdict(r) for r in report.records],
-    }
-    Path(args.out).write_text(json.dumps(data))
-
-
-if __name__ == "__main__":
-    main()
+def _outcome(code: int, error: str) -> Outcome:
+    """How a request ended, from vegeta's status code and Go's error text for it."""
+    if code:
+        return "ok" if 200 <= code < 300 else "status"
+    said = error.lower()
+    if "timeout" in said or "deadline exceeded" in said:
+        return "timeout"
+    if "connection refused" in said:
+        return "refused"
+    if "reset by peer" in said or "broken pipe" in said or said.endswith("eof"):
+        return "reset"
+    return "error"

@@ -51,11 +51,24 @@ NODE_NAME = "resourceconsist-node"
 BRIDGE = "rcnode0"
 POD_NETWORK = ipaddress.ip_network("10.242.0.0/24")
 BRIDGE_ADDRESS = str(POD_NETWORK[1])
+#: The bridge's MAC address, set when it is made (locally administered, from its address). A
+#: bridge whose address was never set takes the lowest MAC of its ports, so each new Pod's veth
+#: could change it; the Pods' ARP entries for their gateway then point at a MAC no longer the
+#: bridge's, and every Pod's answers to the host (HAProxy, the kubelet's probes) are lost for
+#: the seconds until those entries are re-resolved: all Pods at once, at every Pod start.
+BRIDGE_MAC = "02:52:43:" + ":".join(f"{b:02x}" for b in POD_NETWORK[1].packed[1:])
 #: Where the node keeps its state: host-wide and fixed, one node a host (module docstring).
 NODE_ROOT = Path("/var/lib/resourceconsist-node")
 NODE_STATE = Path("/run/resourceconsist-node")
 #: The cgroup (in every hierarchy) under which the kubelet puts the Pods.
 CGROUP = "resourceconsist-node"
+#: The CPU weight of that cgroup (cgroup v1's ``cpu.shares``, v2's ``cpu.weight``): that of 8
+#: busy sessions. On a real node the Pods own the node's CPU; on this shared host, at the
+#: default weight, they got 1/(n+1) of it while n host sessions were busy (the kernel's
+#: autogroups give each session an equal share: the control plane's daemons, containerd, the
+#: kubelet, the controllers, the test), and every Pod stalled for seconds each time a rollout
+#: started containers. The Pods use what they need and leave the rest.
+PODS_CPU_WEIGHT = {"cpu.shares": "8192", "cpu.weight": "800"}
 #: The CNI network of the Pods.
 CNI_NETWORK = "resourceconsist-node"
 #: Debian's CNI plugins.
@@ -276,7 +289,7 @@ class RealNodeCluster(LocalCluster):
 
     def _make_bridge(self) -> None:
         for args in (
-            ["link", "add", BRIDGE, "type", "bridge"],
+            ["link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge"],
             ["addr", "add", f"{BRIDGE_ADDRESS}/{POD_NETWORK.prefixlen}", "dev", BRIDGE],
             ["link", "set", BRIDGE, "up"],
         ):
@@ -467,6 +480,9 @@ state = "{NODE_STATE / "containerd"}"
         path.write_text(yaml.safe_dump(config))
         for cgroup in self._cgroup_tops():
             cgroup.mkdir(exist_ok=True)
+            for name, value in PODS_CPU_WEIGHT.items():
+                if (cgroup / name).exists():
+                    (cgroup / name).write_text(value)
         self._spawn(
             "kubelet",
             [

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import os
 import shutil
 import signal
@@ -57,6 +58,11 @@ LEASE_NAMESPACE = "resourceconsist"
 LEASE_NAME = "resourceconsist-manager"
 #: The webhook's objectSelector: the pods it is called for.
 CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}
+#: The scheduling priority (``set_priority``) of what stands for other machines: the load
+#: generator (the clients) and the load balancer. On one host with the node they would
+#: otherwise queue behind the node's work, which never delays another machine; the pods, the
+#: controller and the control plane keep theirs.
+APART = -10
 POD_CREATE = [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"]}]
 APP = "web"
 SERVICE_ACCOUNT = kube.Resource("", "v1", "ServiceAccount", "serviceaccounts")
@@ -148,6 +154,10 @@ class RunResult:
     settled_seconds: float | None = None
     #: The fault: seconds from it until another replica held the Lease.
     takeover_seconds: float | None = None
+    #: When they failed: seconds after the action (whole, ``-1`` before it) -> outcome -> count.
+    failed_by_second: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Successful answers' time (ms): median, 99th percentile, longest.
+    answer_ms: dict[str, float] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -429,7 +439,7 @@ class TrafficRig:
         waiter_image: str | None = None,
         controller_args: Sequence[str] = (),
         settle_timeout: float = 300.0,
-        niceness: int = -10,
+        niceness: int = APART,
     ) -> None:
         self.cluster = cluster
         self.target = target
@@ -641,14 +651,14 @@ class TrafficRig:
         acted = 0.0
         try:
             await async_wait_for(
-                lambda: generator.sent_so_far >= self.rate * 2, timeout=30, message="2 s of requests"
+                lambda: generator.finished_so_far >= self.rate * 2, timeout=30, message="2 s of requests"
             )
             acted = time.monotonic()
             leaving = await self._act(c, scenario, result, set(before), acted)
             await self._settle(c, scenario, result, leaving, acted)
-            sent = generator.sent_so_far
+            ended = generator.finished_so_far
             await async_wait_for(
-                lambda: generator.sent_so_far >= sent + self.rate * 2,
+                lambda: generator.finished_so_far >= ended + self.rate * 2,
                 timeout=30,
                 message="2 s more of requests",
             )
@@ -674,6 +684,18 @@ class TrafficRig:
             failures[f"status {record.status}" if record.outcome == "status" else record.outcome] += 1
         result.failures = dict(failures)
         result.failed_before = sum(1 for r in report.failed if r.due < acted)
+        by_second: dict[str, Counter[str]] = {}
+        for record in report.failed:
+            second = str(max(-1, math.floor(record.due - acted)))
+            by_second.setdefault(second, Counter())[record.outcome] += 1
+        result.failed_by_second = {k: dict(v) for k, v in by_second.items()}
+        answers = sorted(r.seconds for r in report.records if r.ok)
+        if answers:
+            result.answer_ms = {
+                "p50": round(answers[len(answers) // 2] * 1000, 1),
+                "p99": round(answers[int(len(answers) * 0.99)] * 1000, 1),
+                "max": round(answers[-1] * 1000, 1),
+            }
 
     async def _act(
         self, c: Cluster, scenario: Scenario, result: RunResult, before: set[str], acted: float

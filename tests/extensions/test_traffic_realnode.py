@@ -27,6 +27,7 @@ from resourceconsist.adapters.haproxy import (
 from resourceconsist.testing import RealNodeCluster
 from resourceconsist.testing.haproxy import LocalHAProxy, SocketProxy
 from resourceconsist.testing.traffic import (
+    APART,
     OFF,
     SLEEP,
     WAIT,
@@ -48,7 +49,10 @@ async def rig(real_node_cluster: RealNodeCluster, tmp_path: Path) -> AsyncIterat
     # The manager's image holds the drain waiter; the session's node imported it at start.
     image = f"localhost/resourceconsist:{importlib.metadata.version('resourceconsist')}"
     assert image in real_node_cluster.images_present()
-    with LocalHAProxy(["web"], log_failures=True) as haproxy, SocketProxy(haproxy.socket) as proxy:
+    with (
+        LocalHAProxy(["web"], log_failures=True, niceness=APART) as haproxy,
+        SocketProxy(haproxy.socket) as proxy,
+    ):
         target = haproxy_target(
             haproxy,
             proxy,

@@ -47,7 +47,7 @@ def test_a_server_that_stops_answering_while_still_up_costs_requests() -> None:
         haproxy.command("enable health web/web-0")
         generator = LoadGenerator("127.0.0.1", haproxy.ports["web"])
         generator.start(rate=300, limit_seconds=30)
-        wait_for(lambda: generator.sent_so_far >= 150, timeout=10, message="half a second of requests")
+        wait_for(lambda: generator.finished_so_far >= 150, timeout=10, message="half a second of requests")
         servers.stop(ips["web-1"])
         stopped = time.monotonic()
         wait_for(lambda: time.monotonic() - stopped > 0.5, timeout=5, interval=0.05)

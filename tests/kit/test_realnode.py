@@ -31,7 +31,9 @@ from resourceconsist.testing import (
 )
 from resourceconsist.testing.hoststate import listeners_of
 from resourceconsist.testing.realnode import (
+    BRIDGE,
     BRIDGE_ADDRESS,
+    BRIDGE_MAC,
     NODE_NAME,
     PAUSE_IMAGE,
     POD_NETWORK,
@@ -93,6 +95,20 @@ async def test_a_pod_runs_in_a_real_container_and_reaches_the_api_server_through
     )
     out = await rn.call(real_node_cluster.exec_in, rn.namespace, "web", ["python3", "-c", script])
     assert f'"gitVersion": "v{KUBERNETES_VERSION}"' in out
+
+
+async def test_the_bridge_keeps_its_mac_address_when_pods_join_it(rn: Cluster) -> None:
+    # A bridge with no MAC of its own takes its ports' lowest: a Pod's new veth could change it,
+    # and every Pod's answers to the host were lost until their ARP entries were re-resolved.
+    for name in ("mac-a", "mac-b", "mac-c"):
+        await _running_pod(rn, name, http_server_pod_spec())
+        assert _bridge("address") == BRIDGE_MAC
+    # Set by hand (3: NET_ADDR_SET), so the kernel never recalculates it from the ports.
+    assert _bridge("addr_assign_type") == "3"
+
+
+def _bridge(attribute: str) -> str:
+    return Path(f"/sys/class/net/{BRIDGE}/{attribute}").read_text().strip()
 
 
 async def test_a_deleted_pod_runs_its_prestop_then_its_container_gets_sigterm(

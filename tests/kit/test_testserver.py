@@ -5,6 +5,7 @@ at once, finishes the requests in flight, then exits 0 - and its log, on stdout 
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import signal
@@ -105,3 +106,25 @@ def test_on_sigterm_it_stops_accepting_at_once_and_finishes_what_is_in_flight(
     assert drained["in_flight"] >= 1  # the slow request (and a probe accepted before the stop)
     times = [e["t"] for e in lines]
     assert times == sorted(times)
+
+
+def test_it_keeps_connections_alive_and_a_stop_closes_the_idle_ones(
+    server: tuple[subprocess.Popen[str], list[dict[str, Any]]],
+) -> None:
+    proc, lines = server
+    port = wait_for(lambda: next((e for e in lines if e["event"] == "listening"), None), timeout=10)["port"]
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    for _ in range(3):
+        connection.request("GET", "/")
+        answer = connection.getresponse()
+        assert answer.read() == b"web-7d9f-x2\n"
+        assert answer.getheader("Connection") is None  # kept alive
+    held = connection.sock
+    assert held is not None
+    # The connection is idle and open: a stop neither waits for it nor leaves it open.
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    held.settimeout(5)
+    assert held.recv(1) == b"", "the server closed the idle connection"
+    drained = next(e for e in lines if e["event"] == "drained")
+    assert drained["in_flight"] == 0
