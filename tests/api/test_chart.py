@@ -20,6 +20,7 @@ from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLBAccess
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject
+from resourceconsist.commands import cli
 from resourceconsist.testing import (
     HELM_VERSION,
     LocalControlPlane,
@@ -210,8 +211,15 @@ SHARDING_VALUES: dict[str, Any] = {
 }
 
 
+#: The wait drain on, with the NetworkPolicy (docs/zero-downtime.md, "A drain that waits for the
+#: provider").
+DRAIN_VALUES: dict[str, Any] = {"drainWaiter": {"enabled": True}, "networkPolicy": {"enabled": True}}
+
+
 @pytest.mark.parametrize(
-    "values", [None, NON_DEFAULT_VALUES, SHARDING_VALUES], ids=["default", "non-default", "sharding"]
+    "values",
+    [None, NON_DEFAULT_VALUES, SHARDING_VALUES, DRAIN_VALUES, {**SHARDING_VALUES, **DRAIN_VALUES}],
+    ids=["default", "non-default", "sharding", "wait-drain", "sharded-wait-drain"],
 )
 def test_helm_lint_is_clean(values: dict[str, Any] | None, tmp_path: Path) -> None:
     args = ["lint", "--strict", str(CHART)]
@@ -927,3 +935,182 @@ def test_uninstall_waits_for_the_uninstall_check_hook(tmp_path: Path) -> None:
     assert "app.kubernetes.io/name" not in job["spec"]["template"]["metadata"]["labels"]
     off = _by_kind(_template("resourceconsist", {"uninstallCheck": {"enabled": False}}, tmp_path))
     assert ("Job", "resourceconsist-uninstall-check") not in off
+
+
+def _parsed(args: list[str]) -> tuple[Any, Any]:
+    """The ``ManagerOptions`` and ``WebhookOptions`` the real command line builds from a container's
+    rendered args (click's own parsing and the options' checks; nothing run), $(POD_NAME) put in
+    as the kubelet does."""
+    command = {"run": cli.run, "webhook": cli.webhook}[args[0]]
+    given = [a.replace("$(POD_NAME)", "resourceconsist-manager-0") for a in args[1:]]
+    with command.make_context(args[0], given) as ctx:
+        flags = dict(ctx.params)
+    managed = cli._manager_options(flags) if args[0] == "run" else None
+    return managed, cli._webhook_options(flags)
+
+
+def _drain_rule(policy: dict[str, Any], port: int) -> list[dict[str, Any]]:
+    """The NetworkPolicy's ingress rules on ``port``."""
+    return [r for r in policy["spec"]["ingress"] if [p["port"] for p in r["ports"]] == [port]]
+
+
+def test_the_wait_drain_serves_the_endpoint_on_every_replica_and_tells_the_webhook(tmp_path: Path) -> None:
+    """drainWaiter.enabled (docs/zero-downtime.md, "A drain that waits for the provider"): every
+    manager replica serves the drain endpoint on its own port, a ClusterIP Service selecting all of
+    them fronts it, the webhook gives the waiters the manager's image and that Service's address,
+    and the NetworkPolicy lets the pods the webhook admits reach the port; the real command line
+    takes the rendered flags."""
+    namespace = "platform-lb"
+    found = _by_kind(_template(namespace, DRAIN_VALUES, tmp_path))
+    manager = found[("Deployment", "resourceconsist-manager")]
+    container = _container(manager)
+    args = container["args"]
+    endpoint = f"http://resourceconsist-manager-drain.{namespace}.svc:8082"
+    for flag in ("--drain-bind-address=:8082", "--drain-waiter-image=resourceconsist:0.1.0"):
+        assert flag in args
+    assert [a for a in args if a.startswith("--drain-waiter-endpoint")] == [
+        f"--drain-waiter-endpoint={endpoint}"
+    ]
+    assert {"name": "drain", "containerPort": 8082} in container["ports"]
+    managed, webhook = _parsed(args)
+    assert managed.drain_address == ("", 8082)
+    assert webhook.drain_waiter.image == "resourceconsist:0.1.0"
+    assert webhook.drain_waiter.endpoints == (endpoint,)
+
+    service = found[("Service", "resourceconsist-manager-drain")]
+    assert service["metadata"]["namespace"] == namespace
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["ports"] == [
+        {"name": "drain", "port": 8082, "protocol": "TCP", "targetPort": "drain"}
+    ]
+    # Every replica, the standby too: the selector is the Deployment's own.
+    assert service["spec"]["selector"] == manager["spec"]["selector"]["matchLabels"]
+    assert (
+        endpoint
+        == f"http://{service['metadata']['name']}.{namespace}.svc:{service['spec']['ports'][0]['port']}"
+    )
+
+    # From the pods the webhook admits (its object selector, every namespace), nothing else.
+    policy = found[("NetworkPolicy", "resourceconsist-manager")]
+    (rule,) = _drain_rule(policy, 8082)
+    assert rule["ports"] == [{"port": 8082, "protocol": "TCP"}]
+    assert rule["from"] == [
+        {
+            "podSelector": {"matchLabels": {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}},
+            "namespaceSelector": {},
+        }
+    ]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= pod_labels(manager).items()
+
+    # Off (the default): none of it, and the NetworkPolicy has no drain rule.
+    off = _by_kind(_template(namespace, {"networkPolicy": {"enabled": True}}, tmp_path))
+    container = _container(off[("Deployment", "resourceconsist-manager")])
+    assert not [a for a in container["args"] if a.startswith("--drain")]
+    assert "drain" not in {p["name"] for p in container["ports"]}
+    assert not [name for kind, name in off if name.endswith("-drain")]
+    assert not _drain_rule(off[("NetworkPolicy", "resourceconsist-manager")], 8082)
+    managed, webhook = _parsed(container["args"])
+    assert managed.drain_address is None and webhook.drain_waiter is None
+
+
+def test_the_wait_drain_when_sharded_is_served_by_the_shards_and_told_by_the_webhook(tmp_path: Path) -> None:
+    """Sharded, the shards serve the endpoint (a pod outside a shard's cache is read from the API
+    server) and the Service selects them, not the webhook's pods, which serve none; the webhook
+    Deployment gives the waiters the address."""
+    found = _by_kind(_template("resourceconsist", {**SHARDING_VALUES, **DRAIN_VALUES}, tmp_path))
+    shards = found[("Deployment", "resourceconsist-manager")]
+    hooks = found[("Deployment", "resourceconsist-webhook")]
+    shard_args, hook_args = _container(shards)["args"], _container(hooks)["args"]
+    assert "--drain-bind-address=:8082" in shard_args
+    assert not [a for a in shard_args if a.startswith("--drain-waiter")]
+    assert "drain" in {p["name"] for p in _container(shards)["ports"]}
+    assert not [a for a in hook_args if a.startswith("--drain-bind")]
+    assert "drain" not in {p["name"] for p in _container(hooks)["ports"]}
+    _, webhook = _parsed(hook_args)
+    assert webhook.drain_waiter.endpoints == (
+        "http://resourceconsist-manager-drain.resourceconsist.svc:8082",
+    )
+    managed, _ = _parsed(shard_args)
+    assert managed.drain_address == ("", 8082) and managed.sharding is not None
+    service = found[("Service", "resourceconsist-manager-drain")]
+    assert service["spec"]["selector"] == shards["spec"]["selector"]["matchLabels"]
+    assert not service["spec"]["selector"].items() <= pod_labels(hooks).items()
+
+
+def test_the_wait_drain_s_image_endpoints_and_peers_can_be_given(tmp_path: Path) -> None:
+    """The waiter's image from a mirror the gated pods can pull (the tag still the manager's),
+    endpoints of your own (each one a flag), the peers allowed to ask, and in a namespaced install
+    the default peers are the watched namespaces' pods, as the webhook's."""
+    values = {
+        "image": {"tag": "0.1.0-rc1"},
+        "drainWaiter": {
+            "enabled": True,
+            "port": 18082,
+            "image": {"repository": "mirror.example.com/resourceconsist"},
+            "endpoints": ["http://10.96.0.50:18082", "http://lb-drain.example:18082/"],
+        },
+        "networkPolicy": {"enabled": True, "drainFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]},
+    }
+    found = _by_kind(_template("resourceconsist", values, tmp_path))
+    args = _container(found[("Deployment", "resourceconsist-manager")])["args"]
+    assert "--drain-bind-address=:18082" in args
+    _, webhook = _parsed(args)
+    assert webhook.drain_waiter.image == "mirror.example.com/resourceconsist:0.1.0-rc1"
+    assert webhook.drain_waiter.endpoints == ("http://10.96.0.50:18082", "http://lb-drain.example:18082/")
+    assert found[("Service", "resourceconsist-manager-drain")]["spec"]["ports"][0]["port"] == 18082
+    (rule,) = _drain_rule(found[("NetworkPolicy", "resourceconsist-manager")], 18082)
+    assert rule["from"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+
+    namespaced = {**DRAIN_VALUES, "watchNamespaces": ["web", "shop"]}
+    found = _by_kind(_template("resourceconsist", namespaced, tmp_path))
+    (rule,) = _drain_rule(found[("NetworkPolicy", "resourceconsist-manager")], 8082)
+    (hook,) = found[("MutatingWebhookConfiguration", wire.MUTATING_WEBHOOK_CONFIGURATION)]["webhooks"]
+    assert rule["from"] == [
+        {"podSelector": hook["objectSelector"], "namespaceSelector": hook["namespaceSelector"]}
+    ]
+    assert hook["namespaceSelector"]["matchExpressions"][0]["values"] == ["shop", "web"]
+    # Without the webhook here (served elsewhere), the port is open to any peer.
+    found = _by_kind(_template("resourceconsist", {**DRAIN_VALUES, "webhook": {"enabled": False}}, tmp_path))
+    (rule,) = _drain_rule(found[("NetworkPolicy", "resourceconsist-manager")], 8082)
+    assert "from" not in rule
+    assert ("Service", "resourceconsist-manager-drain") in found
+
+
+@pytest.mark.parametrize(
+    ("settings", "error"),
+    [
+        (["drainWaiter.port=8081"], "drainWaiter.port 8081 is healthProbe.port too"),
+        (["drainWaiter.port=9443"], "drainWaiter.port 9443 is webhook.port too"),
+        (["drainWaiter.port=8080"], "drainWaiter.port 8080 is metrics.port too"),
+        (["drainWaiter.image.tag=latest"], "drainWaiter.image.tag: latest is a moving tag"),
+        (["drainWaiter.port=0"], "at '/drainWaiter/port': minimum: got 0, want 1"),
+        (
+            ["drainWaiter.endpoints={resourceconsist-manager-drain:8082}"],
+            "at '/drainWaiter/endpoints/0': 'resourceconsist-manager-drain:8082' does not match pattern",
+        ),
+    ],
+)
+def test_drain_values_that_cannot_work_are_refused(settings: list[str], error: str) -> None:
+    sets = [arg for setting in ["drainWaiter.enabled=true", *settings] for arg in ("--set", setting)]
+    refused = _helm("template", "x", str(CHART), *sets)
+    assert refused.returncode != 0
+    assert error in refused.stderr, refused.stderr
+
+
+def test_helm_install_with_the_wait_drain_on_a_real_api_server(
+    chart_cluster: ChartCluster, tmp_path: Path
+) -> None:
+    """The API server takes the drain Service and the NetworkPolicy's rule as rendered (a named
+    target port, a peer of both selectors), gives the Service a cluster IP, and the notes say where
+    the managers answer."""
+    stored = chart_cluster.install("platform-lb", DRAIN_VALUES, tmp_path)
+    service = stored[("Service", "resourceconsist-manager-drain")]
+    assert service["spec"]["clusterIP"] not in ("", "None")
+    assert service["spec"]["ports"][0]["targetPort"] == "drain"
+    deployment = stored[("Deployment", "resourceconsist-manager")]
+    assert service["spec"]["selector"].items() <= pod_labels(deployment).items()
+    (rule,) = _drain_rule(stored[("NetworkPolicy", "resourceconsist-manager")], 8082)
+    assert rule["from"][0]["namespaceSelector"] == {}
+    notes = _helm("get", "notes", "resourceconsist", "--namespace", "platform-lb", env=chart_cluster.helm_env)
+    assert "http://resourceconsist-manager-drain.platform-lb.svc:8082" in notes.stdout
+    assert "drain-mode=wait" in notes.stdout

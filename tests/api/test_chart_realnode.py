@@ -4,15 +4,18 @@ manager's Pods Ready under the chart's securityContext, the API server calling t
 through its Service, a controlled Deployment's Pods getting their entries, finalizers, gate and
 preStop, and served by the provider. Its modes: the default (the alibabacloudslb adapter against
 the SLB emulator served on the node's bridge address, its Secret, endpoint and CA given through
-values), `adapters: [demo]`, a namespaced install, and sharding with 3 replicas reached by
-`helm upgrade` from the default and back; `helm uninstall` refused while a controlled Service
-exists (docs/install.md, "Uninstalling"), then leaving no Pod stuck on a finalizer.
+values), `adapters: [demo]`, a namespaced install, sharding with 3 replicas reached by
+`helm upgrade` from the default and back, and the wait drain (`drainWaiter`); `helm uninstall`
+refused while a controlled Service exists (docs/install.md, "Uninstalling"), then leaving no Pod
+stuck on a finalizer.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +36,9 @@ from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import RealNodeCluster, condition, finalizers, find_helm, wait_for
 from resourceconsist.testing.cluster import DEPLOYMENT, rolled_out
-from resourceconsist.testing.realnode import BRIDGE_ADDRESS, NODE_NAME, http_server_pod_spec
+from resourceconsist.testing.realnode import BRIDGE_ADDRESS, NODE_NAME, http_server_log, http_server_pod_spec
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "resourceconsist"
 RELEASE, RELEASE_NS = "resourceconsist", "resourceconsist"
@@ -47,6 +51,7 @@ CONFIG_MAP = kube.Resource("", "v1", "ConfigMap", "configmaps")
 SECRET = kube.Resource("", "v1", "Secret", "secrets")
 JOB = kube.Resource("batch", "v1", "Job", "jobs")
 LEASE = kube.Resource("coordination.k8s.io", "v1", "Lease", "leases")
+ENDPOINT_SLICE = kube.Resource("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices")
 
 
 def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
@@ -227,8 +232,16 @@ def _assert_hardened(pod: KubeObject) -> None:
     assert container["image"].startswith("localhost/resourceconsist:")
 
 
-def _workload(release: Release, namespace: str, name: str, replicas: int, service: dict[str, Any]) -> None:
-    """A controlled Service and a Deployment of the HTTP test server behind it."""
+def _workload(
+    release: Release,
+    namespace: str,
+    name: str,
+    replicas: int,
+    service: dict[str, Any],
+    pod_spec: dict[str, Any] | None = None,
+) -> None:
+    """A controlled Service and a Deployment of the HTTP test server (``pod_spec``, else
+    ``http_server_pod_spec()``) behind it."""
     body = {
         "metadata": {"name": name, **service},
         "spec": {"selector": {"app": name}, "ports": [{"port": 80, "targetPort": 8080}]},
@@ -241,7 +254,10 @@ def _workload(release: Release, namespace: str, name: str, replicas: int, servic
             "replicas": replicas,
             "selector": {"matchLabels": {"app": name}},
             "strategy": {"rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
-            "template": {"metadata": {"labels": {"app": name, **CONTROLLED}}, "spec": http_server_pod_spec()},
+            "template": {
+                "metadata": {"labels": {"app": name, **CONTROLLED}},
+                "spec": pod_spec or http_server_pod_spec(),
+            },
         },
     }
     release.client.create(DEPLOYMENT, namespace, deployment)
@@ -520,3 +536,149 @@ def test_a_namespaced_install_controls_its_namespaces_only(release: Release, rea
             if release.client.get_or_none(kube.SERVICE, name, "web") is not None:
                 release.client.delete(kube.SERVICE, name, "web")
             core.delete_namespace(name)
+
+
+#: The wait drain's bound in the test below: what a pod waits when no manager answers.
+DRAIN_BOUND = 20
+
+
+def _live_pod(release: Release, namespace: str, name: str) -> KubeObject | None:
+    pods = [p for p in release.pods(namespace, f"app={name}") if not p["metadata"].get("deletionTimestamp")]
+    return pods[0] if len(pods) == 1 else None
+
+
+def _sigterm_after_delete(release: Release, namespace: str, pod: str, logs: Path) -> float:
+    """Delete ``pod``; the seconds until its test server got SIGTERM (its log outlives it), i.e.
+    until the kubelet's preStop call to the drain waiter ended. The call answered (the waiter's
+    200, "released" or "bound"): a failed hook, which the kubelet follows with SIGTERM at once, is
+    an Event FailedPreStopHook on the pod, and there is none once the pod is gone."""
+    deleted = time.time()
+    release.client.delete(kube.POD, namespace, pod)
+
+    def sigterm() -> float | None:
+        return next((e["t"] for e in http_server_log(logs, pod) if e["event"] == "sigterm"), None)
+
+    at = wait_for(sigterm, timeout=DRAIN_BOUND + 60, interval=0.2, message=f"{pod}'s SIGTERM")
+    assert at is not None
+    wait_for(
+        lambda: release.client.get_or_none(kube.POD, namespace, pod) is None,
+        timeout=60,
+        message=f"{pod} gone",
+    )
+    events = release.client.list(kube.EVENT, namespace, field_selector=f"involvedObject.name={pod}")["items"]
+    assert not [e for e in events if e.get("reason") == "FailedPreStopHook"], events
+    return float(at) - deleted
+
+
+def _waiter_endpoints(pod: KubeObject) -> list[str]:
+    (waiter,) = [
+        c for c in pod["spec"].get("initContainers") or [] if c["name"] == wire.DRAIN_WAITER_CONTAINER
+    ]
+    return [a.split("=", 1)[1] for a in waiter["args"] if a.startswith("--endpoint=")]
+
+
+def test_the_wait_drain_through_the_chart_ends_a_gated_pod_s_prestop_on_the_managers_answer(
+    release: Release, real_node_namespace: str, tmp_path: Path
+) -> None:
+    """drainWaiter.enabled (docs/zero-downtime.md, "A drain that waits for the provider"): both
+    manager replicas serve the drain endpoint behind the chart's Service, the webhook gives a pod
+    of an employer annotated drain-mode: wait the waiter sidecar from the manager's image, and the
+    pod's preStop ends when the manager says the provider let go. This node has no cluster DNS, so
+    the Service's name the chart gives by default cannot be reached from a pod: the first pod waits
+    the whole bound (the contrast); with the Service's address given (drainWaiter.endpoints) the
+    next one stops within seconds. (The NetworkPolicy rule is not exercised: the node's CNI
+    enforces none.)"""
+    ns = real_node_namespace
+    logs = tmp_path / "server-logs"
+    values: dict[str, Any] = {"adapters": ["demo"], "drainWaiter": {"enabled": True}}
+    release.install(values)
+    managers = _manager_pods_ready(release, "control-plane=resourceconsist-manager", 2)
+    service = release.client.get(kube.SERVICE, RELEASE_NS, "resourceconsist-manager-drain")
+    port = service["spec"]["ports"][0]["port"]
+    assert port == 8082
+
+    def endpoints() -> set[str] | None:
+        slices = release.client.list(
+            ENDPOINT_SLICE,
+            RELEASE_NS,
+            label_selector="kubernetes.io/service-name=resourceconsist-manager-drain",
+        )["items"]
+        ready = {
+            address
+            for found in slices
+            for endpoint in found.get("endpoints") or []
+            if (endpoint.get("conditions") or {}).get("ready")
+            for address in endpoint["addresses"]
+        }
+        return ready if len(ready) == 2 else None
+
+    # Both replicas, the leader and the standby, answer: the Service sends to both.
+    assert endpoints() == {p["status"]["podIP"] for p in managers} or wait_for(
+        endpoints, timeout=60, message="both managers behind the drain Service"
+    ) == {p["status"]["podIP"] for p in managers}
+
+    # The namespace opts in to the webhook's spec changes; the Service asks for the wait drain.
+    release.client.patch(
+        kube.NAMESPACE,
+        None,
+        ns,
+        {"metadata": {"labels": {wire.READINESS_GATE_INJECT_LABEL: wire.READINESS_GATE_INJECT_VALUE}}},
+    )
+    annotations = {wire.DRAIN_SECONDS_ANNOTATION: str(DRAIN_BOUND), wire.DRAIN_MODE_ANNOTATION: "wait"}
+    _workload(release, ns, "web", 1, {"annotations": annotations}, http_server_pod_spec(logs))
+    wait_for(lambda: _guarded(release, ns, "web", 1), timeout=180, interval=0.5, message="web guarded")
+    pod = _live_pod(release, ns, "web")
+    assert pod is not None
+    image = managers[0]["spec"]["containers"][0]["image"]
+    (waiter,) = [c for c in pod["spec"]["initContainers"] if c["name"] == wire.DRAIN_WAITER_CONTAINER]
+    assert waiter["image"] == image and waiter["restartPolicy"] == "Always"
+    assert f"--bound={DRAIN_BOUND}" in waiter["args"]
+    assert _waiter_endpoints(pod) == [f"http://resourceconsist-manager-drain.{RELEASE_NS}.svc:{port}"]
+    hook = pod["spec"]["containers"][0]["lifecycle"]["preStop"]
+    assert (
+        hook["httpGet"]["path"] == wire.DRAIN_WAITER_PATH
+        and hook["httpGet"]["port"] == wire.DRAIN_WAITER_PORT
+    )
+
+    # The name does not resolve here: the waiter never hears the managers and waits the bound.
+    unheard = _sigterm_after_delete(release, ns, pod["metadata"]["name"], logs)
+    log.info(
+        "wait drain through the chart: SIGTERM %.2f s after the delete, unheard (bound %s s)",
+        unheard,
+        DRAIN_BOUND,
+    )
+    assert unheard >= DRAIN_BOUND - 0.5, unheard
+
+    # The Service's cluster IP given instead: the webhook's next pods ask the managers there.
+    ip = service["spec"]["clusterIP"]
+    done = release.upgrade(_merge(values, {"drainWaiter": {"endpoints": [f"http://{ip}:{port}"]}}))
+    assert done.returncode == 0, done.stdout + done.stderr + release.diagnose()
+    _manager_pods_ready(release, "control-plane=resourceconsist-manager", 2)
+    release.client.patch(
+        DEPLOYMENT, ns, "web", {"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}}
+    )
+
+    def rolled() -> KubeObject | None:
+        found = _live_pod(release, ns, "web")
+        if found is None or not _guarded(release, ns, "web", 1) or len(release.pods(ns, "app=web")) != 1:
+            return None
+        return found if _waiter_endpoints(found) == [f"http://{ip}:{port}"] else None
+
+    pod = wait_for(
+        rolled, timeout=DRAIN_BOUND + 180, interval=0.5, message="web rolled onto the Service's IP"
+    )
+    assert pod is not None
+    heard = _sigterm_after_delete(release, ns, pod["metadata"]["name"], logs)
+    # The demo provider lets go at once: the preStop ends on the managers' answer, far inside the bound.
+    log.info(
+        "wait drain through the chart: SIGTERM %.2f s after the delete, heard (bound %s s)",
+        heard,
+        DRAIN_BOUND,
+    )
+    assert heard < DRAIN_BOUND / 2, heard
+
+    release.client.delete(kube.SERVICE, ns, "web")
+    release.client.delete(DEPLOYMENT, ns, "web")
+    wait_for(lambda: not release.pods(ns, "app=web"), timeout=120, message="web's pods gone")
+    done = release.uninstall()
+    assert done.returncode == 0, done.stdout + done.stderr + release.diagnose()

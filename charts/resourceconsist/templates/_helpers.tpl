@@ -81,6 +81,31 @@ The image: the tag defaults to the chart's appVersion, the package version.
 {{- end }}
 
 {{/*
+The wait drain (drainWaiter; docs/zero-downtime.md, "A drain that waits for the provider").
+The drain waiter's image: drainWaiter.image, each part defaulting to the manager's.
+*/}}
+{{- define "resourceconsist.drainWaiterImage" -}}
+{{- $own := .Values.drainWaiter.image -}}
+{{- $tag := $own.tag | default .Values.image.tag | default .Chart.AppVersion -}}
+{{- if eq (toString $tag) "latest" -}}
+{{- fail "drainWaiter.image.tag: latest is a moving tag (pods created at different times would run different waiters); set a version, e.g. the chart's appVersion" -}}
+{{- end -}}
+{{ $own.repository | default .Values.image.repository }}:{{ $tag }}
+{{- end }}
+
+{{/*
+The drain endpoints the waiters ask, one a line: drainWaiter.endpoints, else the Service in front
+of every manager replica (manager/drain.yaml) by its DNS name.
+*/}}
+{{- define "resourceconsist.drainEndpoints" -}}
+{{- if .Values.drainWaiter.endpoints -}}
+{{- join "\n" .Values.drainWaiter.endpoints -}}
+{{- else -}}
+http://{{ include "resourceconsist.manager" . }}-drain.{{ .Release.Namespace }}.svc:{{ .Values.drainWaiter.port }}
+{{- end -}}
+{{- end }}
+
+{{/*
 Whether the manager makes its own webhook certificates (neither cert-manager nor a certificate
 you bring, webhook.tls).
 */}}
@@ -95,6 +120,23 @@ watchNamespace (the one-namespace value of earlier charts), each once, sorted.
 {{- define "resourceconsist.watchNamespaces" -}}
 {{- $names := concat (.Values.watchNamespaces | default list) (compact (list .Values.watchNamespace)) }}
 {{- join "," (sortAlpha (uniq $names)) }}
+{{- end }}
+
+{{/*
+The namespaces the webhook is sent pods from, as a namespaceSelector (empty: every namespace):
+webhook.namespaceSelector, else, in a namespaced install, the watched namespaces. The webhook
+configuration and the drain port's NetworkPolicy rule (the pods the webhook admits) use it.
+*/}}
+{{- define "resourceconsist.webhookNamespaceSelector" -}}
+{{- $watched := include "resourceconsist.watchNamespaces" . }}
+{{- if .Values.webhook.namespaceSelector }}
+{{- toYaml .Values.webhook.namespaceSelector }}
+{{- else if $watched }}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ splitList "," $watched | toJson }}
+{{- end }}
 {{- end }}
 
 {{/*
