@@ -11,7 +11,7 @@ reports its peak RSS (``VmHWM``): the import baseline. The heaviest top-level pa
 listed with what each one alone adds on top of the rest.
 
     .venv/bin/python bench/bench_imports.py
-    .venv/bin/python bench/bench_imports.py --adapters demo,haproxy --against-tree /work/main
+    .venv/bin/python bench/bench_imports.py --adapters demo,haproxy --against-tree ../main-checkout
 """
 
 from __future__ import annotations

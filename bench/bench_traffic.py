@@ -22,7 +22,7 @@ gate and a preStop sleep of ``--drain-seconds``) and ``gates+wait`` (the gate an
 the preStop ends when a manager says HAProxy let go, at most the drain time), ``--runs`` rounds (3),
 each round every scenario under every protection once.
 
-    flock /work/wt/node.lock flock /work/wt/bench.lock make bench-traffic
+    make bench-traffic                                                   # every scenario, 3 rounds
     python bench/bench_traffic.py --runs 1 --only roll --protection off   # one quick look
     python bench/bench_traffic.py --report build/bench-traffic.json      # the table again
 
