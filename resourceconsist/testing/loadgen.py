@@ -26,6 +26,7 @@ with their pod's name).
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 import json
 import shutil
@@ -161,43 +162,45 @@ class LoadGenerator:
         count = max(1, round(rate * limit_seconds))
         self._rate, self._finished, self._read = rate, 0, 0
         self._dir = Path(tempfile.mkdtemp(prefix="resourceconsist-loadgen-"))
-        niceness = self.niceness
-
-        def prioritise() -> None:
-            set_priority(niceness)
-
-        # Request n is due (n + 1) / rate after the attack began; vegeta stops sending once the
-        # duration has passed, checked before each wait: half an interval short of the
-        # count's end sends exactly ``count``.
-        duration_ms = max(1.0, (count - 0.5) / rate * 1000)
-        self._attack = subprocess.Popen(
-            [
-                vegeta,
-                "attack",
-                f"-rate={rate * 1000:.0f}/1000s",
-                f"-duration={duration_ms:.3f}ms",
-                f"-timeout={self.timeout * 1000:.0f}ms",
-                "-http2=false",
-                "-redirects=-1",
-                "-max-body=256",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=open(self._dir / "attack.err", "wb"),  # noqa: SIM115 - the child owns it
-            start_new_session=bool(niceness),
-            preexec_fn=prioritise if niceness else None,  # noqa: PLW1509 - only sets the priority
-        )
-        assert self._attack.stdin is not None and self._attack.stdout is not None
-        self._attack.stdin.write(f"GET http://{self.host}:{self.port}{self.path}\n".encode())
-        self._attack.stdin.close()
-        self._encode = subprocess.Popen(
-            [vegeta, "encode", "-to=json", f"-output={self._dir / 'results.json'}"],
-            stdin=self._attack.stdout,
-            stderr=open(self._dir / "encode.err", "wb"),  # noqa: SIM115 - the child owns it
-            start_new_session=bool(niceness),
-            preexec_fn=prioritise if niceness else None,  # noqa: PLW1509 - only sets the priority
-        )
-        self._attack.stdout.close()
+        # The children get the priority and their own copies of the stderr files, so the parent
+        # closes its own once they are started.
+        prioritise = functools.partial(set_priority, self.niceness) if self.niceness else None
+        with (
+            open(self._dir / "attack.err", "wb") as attack_err,
+            open(self._dir / "encode.err", "wb") as encode_err,
+        ):
+            # Request n is due (n + 1) / rate after the attack began; vegeta stops sending once the
+            # duration has passed, checked before each wait: half an interval short of the
+            # count's end sends exactly ``count``.
+            duration_ms = max(1.0, (count - 0.5) / rate * 1000)
+            self._attack = subprocess.Popen(
+                [
+                    vegeta,
+                    "attack",
+                    f"-rate={rate * 1000:.0f}/1000s",
+                    f"-duration={duration_ms:.3f}ms",
+                    f"-timeout={self.timeout * 1000:.0f}ms",
+                    "-http2=false",
+                    "-redirects=-1",
+                    "-max-body=256",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=attack_err,
+                start_new_session=prioritise is not None,
+                preexec_fn=prioritise,  # noqa: PLW1509 - only sets the priority
+            )
+            assert self._attack.stdin is not None and self._attack.stdout is not None
+            self._attack.stdin.write(f"GET http://{self.host}:{self.port}{self.path}\n".encode())
+            self._attack.stdin.close()
+            self._encode = subprocess.Popen(
+                [vegeta, "encode", "-to=json", f"-output={self._dir / 'results.json'}"],
+                stdin=self._attack.stdout,
+                stderr=encode_err,
+                start_new_session=prioritise is not None,
+                preexec_fn=prioritise,  # noqa: PLW1509 - only sets the priority
+            )
+            self._attack.stdout.close()
 
     @property
     def finished_so_far(self) -> int:
