@@ -18,7 +18,7 @@ only, so the image needs nothing but python3; it also runs on the host, for its 
   ``{"t": <unix time, float>, "pod": ..., "event": ...}`` with events ``listening`` (``port``),
   ``sleeping`` (a ``/sleep`` request began: ``seconds``, ``client``), ``served`` (``path``,
   ``id``, ``client``), ``sigterm``, ``stopped-accepting``, ``drained``
-  (``in_flight``: how many were finished after the signal) and ``exit``.
+  (``in_flight``: how many requests were answered after the signal) and ``exit``.
 
 ``$PORT`` is the port (default 8080), on every address of the Pod's own network namespace;
 ``$LOG_SERVED=0`` leaves the ``served`` lines out (a load generator's hundreds a second).
@@ -78,7 +78,8 @@ class Server(ThreadingHTTPServer):
         self.log = log
         self.log_served = log_served
         self.in_flight = 0
-        self.finished_after_stop = 0
+        #: Requests answered after the stop began (each with ``Connection: close``).
+        self.answered_after_stop = 0
         self.stopping = False
         self._idle = threading.Condition()
         #: Connections waiting for their next request (HTTP/1.1 keep-alive).
@@ -105,9 +106,16 @@ class Server(ThreadingHTTPServer):
             self._waiting.discard(connection)
             if answered:
                 self.in_flight -= 1
-                if self.stopping:
-                    self.finished_after_stop += 1
             self._idle.notify_all()
+
+    def answering(self) -> bool:
+        """An answer is about to go out; True once stopping (its connection closes after it).
+        Counted here, not when the handler ends: a handler that answered before the signal may
+        reach its end after it, and that request was not one the stop had to wait for."""
+        with self._idle:
+            if self.stopping:
+                self.answered_after_stop += 1
+            return self.stopping
 
     def stop(self) -> None:
         """Stop accepting (close the listening socket), close the idle kept-alive connections,
@@ -124,7 +132,7 @@ class Server(ThreadingHTTPServer):
         self.log("stopped-accepting", in_flight=self.in_flight)
         with self._idle:
             self._idle.wait_for(lambda: self.in_flight == 0)
-        self.log("drained", in_flight=self.finished_after_stop)
+        self.log("drained", in_flight=self.answered_after_stop)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -175,7 +183,7 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Type", "text/plain; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
-        if self.server.stopping:
+        if self.server.answering():
             # A stopping server closes each connection once its request is answered.
             self.close_connection = True
             self.send_header("Connection", "close")
