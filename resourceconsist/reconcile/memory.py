@@ -82,6 +82,12 @@ class Memories:
             return None
         return frozenset(pending)
 
+    def changes_so_far(self, key: str) -> frozenset[str] | None:
+        """The employee names changed since the employer's pass began, kept for its next pass;
+        None when the employer itself changed meanwhile."""
+        pending = self.of(key).changes
+        return None if pending is None else frozenset(pending)
+
     def pass_ended(self, key: str, *, began: float, completed: bool, full: bool) -> None:
         """A pass of the employer that ``began`` (monotonic seconds) ended: a ``full`` one that
         ``completed`` is its last full pass; one that did not complete leaves a full pass next,

@@ -51,6 +51,12 @@ from resourceconsist.rules.diff import Diff
 
 log = logging.getLogger(__package__)
 
+#: When the guard's writes before the calls took this long (seconds), the pass makes its plan
+#: again from the cache before calling (``sync.replanned``): pods turned Ready meanwhile are
+#: registered as serving at once instead of a pass later. Shorter writes leave too little time
+#: for the pods to move to be worth a second read of the expected items.
+REPLAN_AFTER = 0.25
+
 
 class Reconciler:
     """Runs the reconcile steps of one adapter against one (main) cluster."""
@@ -247,12 +253,14 @@ class Reconciler:
         (``readiness.Gatekeeper.in_flight``)."""
         registering: asyncio.Task[None] | None = None
         writing = asyncio.Event()
+        guard_took = 0.0
 
         async def before_calls(planned: Diff[Employee], current: Sequence[Employee]) -> set[str]:
-            nonlocal registering
+            nonlocal registering, guard_took
             blocked: set[str] = set()
             if p.follows_lifecycle:
                 p.carriers = self.passes.carriers(p)
+                began = time.monotonic()
                 guarding = await guard.before_calls(
                     planned,
                     current,
@@ -264,6 +272,7 @@ class Reconciler:
                     controller=self.name,
                     key=p.key,
                 )
+                guard_took = time.monotonic() - began
                 p.carriers |= guarding.carrying
                 self.telling.guarded(p.key, guarding.guarding)
                 blocked = guarding.blocked
@@ -291,10 +300,31 @@ class Reconciler:
             if planned:
                 settling.append(asyncio.create_task(p.writer.flush(only=planned)))
 
+        def replan() -> Callable[[Employee], bool] | None:
+            # Pods turned Ready while the guard wrote for seconds are called for as they are
+            # now, not left to the next pass; only pods that carry the guard now may be called
+            # for (sync.replanned; docs/concepts.md, "The guard").
+            if p.deleting or guard_took < REPLAN_AFTER:
+                return None
+            if p.ctx.changed is not None:
+                # The adapter may read only the pods named changed (ReconcileContext.changed):
+                # those of this pass and those that changed since it began.
+                since = self._memory.changes_so_far(p.key)
+                p.ctx.changed = None if since is None else p.ctx.changed | since
+
+            def may_call(item: Employee) -> bool:
+                if not item.name or not item.registered():
+                    return True  # the guard asks nothing of it (guard.before_calls)
+                return item.name not in p.written.failed and finalizers.still_carries(
+                    p.written, item.name, p.pod_of, p.entry
+                )
+
+            return may_call
+
         hook, heard = (before_calls, after_call) if self.employees_are_pods else (None, None)
         try:
             p.employee_results, current_by_id, refused = await sync.sync_employees(
-                self.adapter, p.ctx, p.employer, p.failures, hook, heard
+                self.adapter, p.ctx, p.employer, p.failures, hook, heard, replan if hook else None
             )
         finally:
             if registering is not None:

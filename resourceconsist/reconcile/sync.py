@@ -34,6 +34,12 @@ BeforeCalls = Callable[[Diff[Any], Sequence[Any]], Awaitable[set[str]]]
 #: Runs, without waiting, after each create, update or delete call that answered: the results so
 #: far and the items of the calls still to come (the guard writes what the answers so far settle).
 AfterCall = Callable[[CUDResults[Any], Sequence[Any]], None]
+#: Runs after ``before_calls``: None to call the plan as it is; or which items of a plan made
+#: again from the cache now may be called (their pod carries the guard): the guard's writes took
+#: long enough for the pods to have moved under them (docs/concepts.md, "The guard").
+Replan = Callable[[], Callable[[Any], bool] | None]
+#: Makes the plan again after ``before_calls`` (``replanned``), or answers None: call it as it is.
+Refresh = Callable[[Diff[Any], set[str]], Awaitable[Diff[Any] | None]]
 
 
 async def sync(
@@ -47,21 +53,26 @@ async def sync(
     what: str,
     before_calls: BeforeCalls | None = None,
     after_call: AfterCall | None = None,
+    refresh: Refresh | None = None,
 ) -> CUDResults[ItemT]:
     """Diff, then create, update, delete; an error aborts, failed items do not.
 
     Items ``before_calls`` holds back count as failed (so the employer is looked at again);
-    ``after_call`` hears of each call's answer as it comes."""
+    ``refresh`` may then make the plan again from what the cache holds now; ``after_call``
+    hears of each call's answer as it comes."""
     try:
         planned = diff(expected, current)
     except Exception as err:
         raise SyncError(f"diff {what} failed, err: {err}") from err
     held_back: set[str] = await before_calls(planned, current) if before_calls is not None else set()
-    results: CUDResults[ItemT] = CUDResults(unchanged=list(planned.unchanged))
+    results: CUDResults[ItemT] = CUDResults()
     results.fail_created = [i for i in planned.to_create if i.id in held_back]
     results.fail_updated = [i for i in planned.to_update if i.id in held_back]
     planned.to_create = [i for i in planned.to_create if i.id not in held_back]
     planned.to_update = [i for i in planned.to_update if i.id not in held_back]
+    if refresh is not None:
+        planned = await refresh(planned, held_back) or planned
+    results.unchanged = list(planned.unchanged)
     batches = (planned.to_create, planned.to_update, planned.to_delete)
     for i, (call, fn, items) in enumerate(zip(CALLS, (create, update, delete), batches, strict=True)):
         try:
@@ -74,6 +85,50 @@ async def sync(
         if after_call is not None and items:
             after_call(results, [item for later in batches[i + 1 :] for item in later])
     return results
+
+
+def replanned(
+    planned: Diff[ItemT], fresh: Diff[ItemT], held_back: set[str], may_call: Callable[[ItemT], bool]
+) -> Diff[ItemT]:
+    """The plan a pass calls after looking again once the guard's writes are in: ``planned``
+    (the first plan, less what the guard held back) and ``fresh`` (expected from the cache now,
+    against the same current items). A pass that wrote 1000 guards for seconds would otherwise
+    register pods as not ready that turned Ready meanwhile, and leave their update to the next
+    pass (docs/concepts.md, "The guard"; docs/benchmarks.md, "The tail").
+
+    Item by item, ``fresh`` wins where it only brings the plan up to date: an item now unchanged,
+    or a create or update ``may_call`` allows (its pod carries the guard). Otherwise the first
+    plan stands: a delete found only now waits for the next pass, and so does a create or update
+    whose pod lacks the guard (a pod that came while the guard wrote: the next pass guards it
+    first). A create whose pod is no longer expected is dropped (the provider holds nothing of
+    it). Every item the provider holds stays in the plan in one of its lists, so the guard
+    judges each of their pods after the calls (guard.after_calls)."""
+    now: dict[str, tuple[list[ItemT], ItemT]] = {}
+    out: Diff[ItemT] = Diff()
+    kinds = [(fresh.to_create, out.to_create), (fresh.to_update, out.to_update)]
+    kinds += [(fresh.to_delete, out.to_delete), (fresh.unchanged, out.unchanged)]
+    for fresh_items, into in kinds:
+        for item in fresh_items:
+            now[item.id] = (into, item)
+    first = [(planned.to_create, out.to_create), (planned.to_update, out.to_update)]
+    first += [(planned.to_delete, out.to_delete), (planned.unchanged, out.unchanged)]
+    seen: set[str] = set()
+    for items, into in first:
+        for item in items:
+            seen.add(item.id)
+            found = now.get(item.id)
+            if found is None:
+                continue  # a create whose pod is gone from the expected items
+            fresh_into, fresh_item = found
+            brings_up_to_date = fresh_into is out.unchanged or (
+                fresh_into is not out.to_delete and may_call(fresh_item)
+            )
+            if brings_up_to_date:
+                fresh_into.append(fresh_item)
+            else:
+                into.append(item)
+    out.to_create += [i for i in fresh.to_create if i.id not in seen | held_back and may_call(i)]
+    return out
 
 
 def _priority(label: str, what: str, items: Sequence[Any]) -> Priority:
@@ -121,10 +176,12 @@ async def sync_side(
     failures: PassFailures,
     before_calls: BeforeCalls | None = None,
     after_call: AfterCall | None = None,
+    replan: Replan | None = None,
 ) -> tuple[CUDResults[Any], dict[str, Any], dict[str, str]]:
     """Expected, current, diff and create/update/delete for one side, with the Go events;
     what the provider did, its current items by id, and the provider's reason for each pod
-    whose item it refused (for the readiness gates)."""
+    whose item it refused (for the readiness gates). ``replan`` may have the plan made again
+    after ``before_calls`` (``replanned``)."""
     # Both reads in one hand-off for a plain adapter (``call_adapter_pair``), in this order.
     got_expected, got_current = await call_adapter_pair(get_expected, get_current, ctx, employer)
     try:
@@ -140,8 +197,28 @@ async def sync_side(
         current = list(got_current.value)
     except Exception as err:
         raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
+
+    async def refresh(planned: Diff[Any], held_back: set[str]) -> Diff[Any] | None:
+        may_call = replan() if replan is not None else None
+        if may_call is None:
+            return None
+        try:
+            fresh = diff(list(await call_adapter(get_expected, ctx, employer)), current)
+        except Exception as err:  # the first plan stands; the next pass reads again
+            log.info(
+                "%s %s: %s planned as first read: reading again failed: %s",
+                failures.controller,
+                failures.key,
+                side.what,
+                err,
+            )
+            return None
+        return replanned(planned, fresh, held_back, may_call)
+
     try:
-        results = await sync(ctx, employer, expected, current, *cud, side.what, before_calls, after_call)
+        results = await sync(
+            ctx, employer, expected, current, *cud, side.what, before_calls, after_call, refresh
+        )
     except SyncError as err:
         raise await failures.fail(side.sync_reason, f"sync {side.what} failed: {err}") from err
     log_changes(failures.controller, failures.key, side.what, results)
@@ -168,10 +245,11 @@ async def sync_employees(
     failures: PassFailures,
     before_calls: BeforeCalls | None,
     after_call: AfterCall | None = None,
+    replan: Replan | None = None,
 ) -> tuple[CUDResults[Employee], dict[str, Any], dict[str, str]]:
     """Step 5: the employees' items, ``before_calls`` (the guard) between the diff and the calls,
-    ``after_call`` after each call; what the provider did, its current items by id, and the
-    reasons it refused, by pod."""
+    ``replan`` after it, ``after_call`` after each call; what the provider did, its current
+    items by id, and the reasons it refused, by pod."""
     a = adapter
     cud = (a.create_employees, a.update_employees, a.delete_employees)
     return await sync_side(
@@ -184,4 +262,5 @@ async def sync_employees(
         failures,
         before_calls,
         after_call,
+        replan,
     )

@@ -29,6 +29,7 @@ from resourceconsist.experimental.demo import (
     RealServer,
     VipStatus,
 )
+from resourceconsist.reconcile import reconciler
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodIntent, PodWriter
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, WaitTimeout, async_wait_for, finalizers, wait_for
@@ -524,3 +525,88 @@ async def test_a_registered_pods_lifecycle_finalizer_goes_out_once_confirmed_bef
     assert finalizers(at_create) == [G], "guarded, not yet served, when its create call began"
     assert L in lifecycle.expected_finalizers(at_create).values(), "the entry before the call"
     assert adapter.served_before_delete == [True], "served before the pass's delete call"
+
+
+class PodsMoveWhileTheGuardWrites(DemoAdapter):
+    """Demo adapter whose first expected read of the Service's pods, once it has built its items,
+    turns ``ready`` Ready and creates ``late`` (selected by the Service) through the API server
+    and waits until the controller's cache shows both, as a kubelet and a ReplicaSet would while
+    the guard writes; it records which pods each create and update call carried, and whether
+    each served."""
+
+    def __init__(self, provider: FakeProvider, cluster: Cluster, ready: str, late: str) -> None:
+        super().__init__(provider)
+        self.cluster, self.ready, self.late = cluster, ready, late
+        self.moved = False
+        self.calls: list[tuple[str, dict[str, bool]]] = []
+
+    def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        items = super().get_expected_employee(ctx, employer)
+        if not self.moved and any(i.name == self.ready for i in items):
+            self.moved = True
+            client, namespace = self.cluster.client, self.cluster.namespace
+            status = {
+                "status": {
+                    "podIP": self.cluster.ip_of(self.ready),
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }
+            }
+            client.patch(kube.POD, namespace, self.ready, status, subresource="status")
+            body = {
+                "metadata": {"name": self.late, "labels": {"app": "svc"}},
+                "spec": {"containers": [{"name": "app", "image": "nginx"}]},
+            }
+            client.create(kube.POD, namespace, body)
+
+            def cache_shows_both() -> bool:
+                ready = ctx.reader.get(kube.POD, namespace, self.ready)
+                conditions = (ready or {}).get("status", {}).get("conditions") or []
+                return ctx.reader.get(kube.POD, namespace, self.late) is not None and any(
+                    c["type"] == "Ready" and c["status"] == "True" for c in conditions
+                )
+
+            wait_for(cache_shows_both, timeout=10, message="the cache shows the Ready pod and the new one")
+        return items
+
+    def create_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employee]
+    ) -> tuple[list[Employee], list[Employee]]:
+        self.calls.append(("create", {i.name: i.serves() for i in to_create}))
+        return super().create_employees(ctx, employer, to_create)
+
+    def update_employees(
+        self, ctx: ReconcileContext, employer: KubeObject, to_update: list[Employee]
+    ) -> tuple[list[Employee], list[Employee]]:
+        self.calls.append(("update", {i.name: i.serves() for i in to_update}))
+        return super().update_employees(ctx, employer, to_update)
+
+
+async def test_a_pod_turned_ready_while_the_guard_wrote_is_registered_serving_in_that_pass(
+    cluster: Cluster, run_manager: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's writes before the calls take time (seconds at 1000 pods); a pod that turned
+    Ready meanwhile is registered as serving by that pass's create call, not as not ready and
+    updated a pass later; a pod that came meanwhile, not guarded, is not registered by it, and
+    the next pass guards it first (docs/concepts.md, "The guard")."""
+    # Any guard write counts as long here: the test moves the pods inside the pass itself.
+    monkeypatch.setattr(reconciler, "REPLAN_AFTER", 0.0)
+    await cluster.service("svc")
+    await cluster.pod("pod-a", {"app": "svc"})
+    await cluster.set_status("pod-a", ready=False)
+    await cluster.pod("pod-b", {"app": "svc"})
+    await cluster.set_status("pod-b", ready=False)
+    adapter = PodsMoveWhileTheGuardWrites(FakeProvider(), cluster, ready="pod-a", late="pod-late")
+    async with run_manager(adapter):
+
+        async def converged() -> bool:
+            return await _finalizers_of(cluster, "pod-a") == [L] and await _finalizers_of(
+                cluster, "pod-late"
+            ) == [G]
+
+        await async_wait_for(converged, timeout=60, message="pod-a served, pod-late guarded")
+    first, *later = adapter.calls
+    assert first == ("create", {"pod-a": True, "pod-b": False}), (
+        "pod-a registered serving in the pass that guarded it"
+    )
+    assert all("pod-a" not in called for _, called in later), "no later call for pod-a"
+    assert ("create", {"pod-late": False}) in later, "pod-late registered by a later pass"

@@ -34,6 +34,7 @@ from resourceconsist.reconcile.memory import Memories
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter
 from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.rules import lifecycle
+from resourceconsist.rules.diff import diff
 from resourceconsist.rules.labels import map_selects
 
 NS = "ns"
@@ -553,6 +554,29 @@ async def test_the_sync_puts_each_calls_items_in_its_own_results_and_holds_back_
     assert [i.id for i in results.succ_deleted] == ["z"]
     assert not (results.succ_updated or results.fail_updated or results.fail_deleted)
     assert [c.label for c in failures.CALLS] == ["syncCreate", "syncUpdate", "syncDelete"]
+
+
+def test_a_plan_made_again_after_the_guard_calls_only_for_guarded_pods_and_keeps_every_held_item() -> None:
+    # reconcile/sync.py: replanned, the plan of a pass that looked again once the guard wrote.
+    def item(name: str, ready: bool) -> Employee:
+        return Employee(id=name, name=name, statuses=PodEmployeeStatuses(lifecycle_ready=ready))
+
+    current = [item("a", False), item("d", True), item("e", True), item("g", True), item("h", True)]
+    first = diff([item(n, False) for n in "abcfh"] + [item("g", True)], current)
+    assert ([i.id for i in first.to_create], [i.id for i in first.to_update]) == (["b", "c", "f"], ["h"])
+    first.to_create = [i for i in first.to_create if i.id != "c"]  # held back by the guard
+    # Meanwhile: a and b turned Ready, c too, n came (not guarded), e is expected again, f's pod
+    # left before it was registered, g's and h's pods left after.
+    fresh = diff([item(n, True) for n in "abce"] + [item("n", False)], current)
+    plan = sync.replanned(first, fresh, held_back={"c"}, may_call=lambda i: i.name != "n")
+
+    def ids(items: list[Employee]) -> list[tuple[str, bool]]:
+        return [(i.id, i.statuses.lifecycle_ready) for i in items]
+
+    assert ids(plan.to_create) == [("b", True)], "c held back, f gone, n not guarded"
+    assert ids(plan.to_update) == [("h", False), ("a", True)], "h's update as first planned"
+    assert ids(plan.to_delete) == [("d", True)], "a delete found only now (g, h) waits"
+    assert ids(plan.unchanged) == [("e", True), ("g", True)], "every item the provider holds is judged"
 
 
 def test_after_the_calls_the_guard_returns_each_pods_verdict_and_the_gate_facts() -> None:
