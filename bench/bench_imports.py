@@ -26,6 +26,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench_pace import package_view
+
 #: Runs the CLI in this process; once it has run DELAY seconds and loaded no module for 1.5 s,
 #: prints the loaded modules and VmHWM, and exits.
 RUN_CHILD = r"""
@@ -88,7 +90,7 @@ def python_of(tree: Path | None) -> tuple[list[str], dict[str, str]]:
     venv = tree / ".venv" / "bin" / "python"
     if venv.exists():
         return [str(venv), "-P"], env
-    env["PYTHONPATH"] = str(tree)
+    env["PYTHONPATH"] = str(package_view(tree))
     return [sys.executable, "-P"], env
 
 

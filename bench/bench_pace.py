@@ -674,15 +674,26 @@ def _fmt(value: float, unit: str) -> str:
     return f"{value:.2f} {unit}".strip() if unit else f"{value:.2f}"
 
 
+def package_view(tree: Path) -> Path:
+    """A symlink view of ``tree``'s package as it installs (its own hack/package-view.sh), to
+    put first on the path. The tree's root alone would not do: its ``resourceconsist`` has no
+    ``experimental`` or ``adapters`` inside, so those would come through this checkout's
+    editable install, and the tree would run this checkout's adapters."""
+    view = Path(tempfile.mkdtemp(prefix="tree-view-"))
+    subprocess.run([str(tree / "hack" / "package-view.sh"), str(view)], check=True)
+    return view
+
+
 def main_tree(path: Path) -> Kind:
     """Ours from another checkout of this repository (the code at a branch point, say), started
-    the same way: its package first on the path."""
+    the same way: its package, adapters included, first on the path."""
+    view = package_view(path)
 
     def argv(kubeconfig: Path, ns: str) -> list[str]:
         python, *rest = ours_argv(kubeconfig, ns)
         # -P: ``python -m`` puts the working directory first on the path, and run from a
         # checkout that would import that checkout's package, not the tree's.
-        return ["env", f"PYTHONPATH={path}", python, "-P", *rest]
+        return ["env", f"PYTHONPATH={view}", python, "-P", *rest]
 
     return Kind(f"tree {path.name}", argv)
 
