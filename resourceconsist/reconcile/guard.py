@@ -197,6 +197,13 @@ def announcements(
     return found
 
 
+def carries_guard(name: str, written: PodWriteResult, pod_of: PodOf, entry: EmployerEntry) -> bool:
+    """Pod ``name`` may be registered: its writes did not fail and it carries this employer's
+    guard or lifecycle finalizer after them (``before_calls``; a pass that plans again asks the
+    same of each item it calls for)."""
+    return name not in written.failed and still_carries(written, name, pod_of, entry)
+
+
 @dataclass(frozen=True)
 class Guarding:
     """What the guard before the calls did: the pods whose writes left them carrying this
@@ -239,9 +246,7 @@ async def before_calls(
     if adding:
         written.merge(await writer.flush(only=adding))
     blocked = {
-        item_id
-        for name, item_id in registering.items()
-        if name in written.failed or not still_carries(written, name, pod_of, entry)
+        item_id for name, item_id in registering.items() if not carries_guard(name, written, pod_of, entry)
     }
     if blocked:
         log.info(

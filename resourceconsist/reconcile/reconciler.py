@@ -315,9 +315,7 @@ class Reconciler:
             def may_call(item: Employee) -> bool:
                 if not item.name or not item.registered():
                     return True  # the guard asks nothing of it (guard.before_calls)
-                return item.name not in p.written.failed and finalizers.still_carries(
-                    p.written, item.name, p.pod_of, p.entry
-                )
+                return guard.carries_guard(item.name, p.written, p.pod_of, p.entry)
 
             return may_call
 

@@ -112,7 +112,8 @@ def replanned(
             now[item.id] = (into, item)
     first = [(planned.to_create, out.to_create), (planned.to_update, out.to_update)]
     first += [(planned.to_delete, out.to_delete), (planned.unchanged, out.unchanged)]
-    seen: set[str] = set()
+    # Ids the first plan had, and those the guard held back: not created from ``fresh`` below.
+    seen: set[str] = set(held_back)
     for items, into in first:
         for item in items:
             seen.add(item.id)
@@ -127,7 +128,7 @@ def replanned(
                 fresh_into.append(fresh_item)
             else:
                 into.append(item)
-    out.to_create += [i for i in fresh.to_create if i.id not in seen | held_back and may_call(i)]
+    out.to_create += [i for i in fresh.to_create if i.id not in seen and may_call(i)]
     return out
 
 
@@ -199,7 +200,8 @@ async def sync_side(
         raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
 
     async def refresh(planned: Diff[Any], held_back: set[str]) -> Diff[Any] | None:
-        may_call = replan() if replan is not None else None
+        assert replan is not None  # passed to sync only with one
+        may_call = replan()
         if may_call is None:
             return None
         try:
@@ -217,7 +219,15 @@ async def sync_side(
 
     try:
         results = await sync(
-            ctx, employer, expected, current, *cud, side.what, before_calls, after_call, refresh
+            ctx,
+            employer,
+            expected,
+            current,
+            *cud,
+            side.what,
+            before_calls,
+            after_call,
+            refresh if replan is not None else None,
         )
     except SyncError as err:
         raise await failures.fail(side.sync_reason, f"sync {side.what} failed: {err}") from err
