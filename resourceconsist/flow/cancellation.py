@@ -35,13 +35,15 @@ One rule for sync and async (docs/concepts.md, "The runtime"):
 from __future__ import annotations
 
 import asyncio
-import collections
+import contextlib
 import contextvars
 import functools
 import inspect
 import itertools
+import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -135,6 +137,12 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
     abandoned; queued ones are cancelled. Idle workers exit after ``idle_seconds``. It is a
     ``ThreadPoolExecutor`` by type only (none of its machinery runs), because asyncio accepts
     nothing else as a loop's default executor, the one ``asyncio.to_thread`` uses.
+
+    A hand-off is made cheap where calls come in bursts (docs/benchmarks.md, "Thread
+    hand-offs"): calls wait in a ``queue.SimpleQueue``, whose ``put`` wakes a waiting worker
+    without Python-level bookkeeping, and a worker that finds more calls queued takes the next
+    without sleeping; ``run_soon`` hands an event loop the outcomes of the calls that finished
+    while it was busy in one wake-up, where ``run_in_executor`` wakes it once per call.
     """
 
     _ids = itertools.count(1)
@@ -148,68 +156,164 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
         self._max_workers = max_workers
         self._name = name
         self._idle_seconds = idle_seconds
-        # Everything below is guarded by one condition: the queued calls, the workers, and how
-        # many of them wait for a call right now (so a submit knows whether one will take it).
-        self._cond = threading.Condition()
-        self._calls: collections.deque[tuple[Future[Any], Callable[[], Any]]] = collections.deque()
+        #: Queued calls, each with what cancels it; None tells a worker to leave (shutdown).
+        self._queue: queue.SimpleQueue[_Queued | None] = queue.SimpleQueue()
+        # Guarded by the lock: the workers, how many of them run a call now, how many calls
+        # wait in the queue (so a put knows whether a worker will take it or one must start).
+        self._lock = threading.Lock()
         self._workers: set[threading.Thread] = set()
-        self._waiting = 0
+        self._busy = 0
+        self._pending = 0
         self._closed = False
+        self._outboxes: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Outbox] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
         future: Future[T] = Future()
-        with self._cond:
-            if self._closed:
-                raise RuntimeError("cannot schedule new calls after shutdown")
-            self._calls.append((future, lambda: fn(*args, **kwargs)))
-            if self._waiting >= len(self._calls):
-                self._cond.notify()
-            elif len(self._workers) < self._max_workers:
-                thread = threading.Thread(
-                    target=self._work, name=f"{self._name}-{next(self._ids)}", daemon=True
-                )
-                self._workers.add(thread)
-                thread.start()
-            # else: every worker is busy; the first one to finish takes it.
-        return future
 
-    def _next(self) -> tuple[Future[Any], Callable[[], Any]] | None:
-        """The next call to run; None when this worker should leave (idle too long, or closed)."""
-        me = threading.current_thread()
-        with self._cond:
-            while not self._calls:
-                if self._closed:
-                    self._workers.discard(me)
-                    return None
-                self._waiting += 1
-                woken = self._cond.wait(self._idle_seconds)
-                self._waiting -= 1
-                if not woken and not self._calls:
-                    self._workers.discard(me)
-                    return None
-            return self._calls.popleft()
-
-    def _work(self) -> None:
-        while (item := self._next()) is not None:
-            future, call = item
+        def work() -> None:
             if future.set_running_or_notify_cancel():
                 try:
-                    result = call()
+                    result = fn(*args, **kwargs)
                 except BaseException as err:
                     future.set_exception(err)
                 else:
                     future.set_result(result)
-            del item, future, call  # drop the result before waiting for the next call
+
+        self._put(_Queued(work, future.cancel))
+        return future
+
+    def run_soon(self, fn: Callable[[], T]) -> asyncio.Future[T]:
+        """Run ``fn`` in a worker; its outcome on the running loop's future. Outcomes that
+        come while the loop is busy reach it in one wake-up. A call whose future is cancelled
+        before a worker takes it does not run; one already running is abandoned."""
+        loop = asyncio.get_running_loop()
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            outbox = self._outboxes.setdefault(loop, _Outbox(loop))
+        future: asyncio.Future[T] = loop.create_future()
+
+        def work() -> None:
+            # Read from this thread: a stale "not cancelled" only runs a call nobody awaits.
+            if future.cancelled():
+                return
+            try:
+                result = fn()
+            except BaseException as err:
+                outbox.post(future, None, err)
+            else:
+                outbox.post(future, result, None)
+
+        self._put(_Queued(work, lambda: outbox.cancel(future)))
+        return future
+
+    def _put(self, queued: _Queued) -> None:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("cannot schedule new calls after shutdown")
+            self._pending += 1
+            self._queue.put(queued)
+            # Workers not running a call are waiting for one (or about to): a new one starts
+            # only when the calls waiting outnumber them.
+            if self._pending > len(self._workers) - self._busy and len(self._workers) < self._max_workers:
+                name = f"{self._name}-{next(self._ids)}"
+                thread = threading.Thread(target=self._work, name=name, daemon=True)
+                self._workers.add(thread)
+                thread.start()
+            # else: a waiting worker takes it, or the first busy one to finish.
+
+    def _next(self) -> _Queued | None:
+        """The next call to run; None when this worker should leave (idle too long, or closed)."""
+        me = threading.current_thread()
+        while True:
+            try:
+                queued = self._queue.get(timeout=self._idle_seconds)
+            except queue.Empty:
+                with self._lock:
+                    if self._pending and not self._closed:
+                        continue  # a call came as the wait ended: it is this worker's to take
+                    self._workers.discard(me)
+                    return None
+            with self._lock:
+                if queued is None:
+                    self._workers.discard(me)
+                    return None
+                self._pending -= 1
+                self._busy += 1
+                return queued
+
+    def _work(self) -> None:
+        while (queued := self._next()) is not None:
+            try:
+                queued.work()
+            finally:
+                with self._lock:
+                    self._busy -= 1
+            del queued  # drop the call and its outcome before waiting for the next
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stop taking calls and cancel queued ones; running calls are abandoned, never awaited."""
-        with self._cond:
+        with self._lock:
             self._closed = True
-            queued = list(self._calls)
-            self._calls.clear()
-            self._cond.notify_all()
-        for future, _ in queued:
-            future.cancel()
+            queued: list[_Queued] = []
+            while True:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    queued.append(item)
+            self._pending = 0
+            for _ in self._workers:
+                self._queue.put(None)
+        for item in queued:
+            item.cancel()
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    """A call waiting for a worker: what runs it and delivers its outcome, and what cancels it."""
+
+    work: Callable[[], None]
+    cancel: Callable[[], object]
+
+
+class _Outbox:
+    """The outcomes of ``run_soon`` calls on their way to one event loop: the first of a batch
+    schedules the delivery; those that come before it runs ride along."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._ready: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+
+    def post(self, future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+        if isinstance(error, StopIteration):  # an asyncio future refuses it (as a coroutine does)
+            error = RuntimeError(f"the call raised StopIteration: {error!r}")
+        with self._lock:
+            first = not self._ready
+            self._ready.append((future, result, error))
+        if first:
+            self._schedule(self._deliver)
+
+    def cancel(self, future: asyncio.Future[Any]) -> None:
+        self._schedule(future.cancel)
+
+    def _schedule(self, callback: Callable[[], object]) -> None:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nothing awaits its futures
+            self._loop.call_soon_threadsafe(callback)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            ready, self._ready = self._ready, []
+        for future, result, error in ready:
+            if future.done():
+                continue  # cancelled while the call ran
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result)
 
 
 def _fenced(fn: Callable[..., T], *args: Any) -> T:
@@ -238,8 +342,7 @@ async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
         check_fence()
         return await fn(*args)
     context = contextvars.copy_context()
-    loop = asyncio.get_running_loop()
-    result = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, _fenced, fn, *args))
+    result = await ADAPTER_THREADS.run_soon(functools.partial(context.run, _fenced, fn, *args))
     if inspect.isawaitable(result):
         return await result
     return result
@@ -264,7 +367,6 @@ async def call_adapter_pair(
     if inspect.iscoroutinefunction(first) or inspect.iscoroutinefunction(second):
         return await _in_turn(first, second, *args)
     context = contextvars.copy_context()
-    loop = asyncio.get_running_loop()
 
     def both() -> tuple[Outcome, Outcome | None, bool]:
         try:
@@ -278,7 +380,7 @@ async def call_adapter_pair(
         except Exception as err:
             return Outcome(value), Outcome(error=err), False
 
-    one, two, pending = await loop.run_in_executor(ADAPTER_THREADS, functools.partial(context.run, both))
+    one, two, pending = await ADAPTER_THREADS.run_soon(functools.partial(context.run, both))
     if pending:
         try:
             one = Outcome(await one.value)

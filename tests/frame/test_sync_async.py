@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from resourceconsist.experimental.demo import DemoAdapter
 from resourceconsist.flow.cancellation import (
     ADAPTER_THREADS,
     Cancellation,
+    DaemonThreadExecutor,
     call_adapter,
     call_adapter_pair,
     current_cancellation,
@@ -278,3 +280,116 @@ async def test_a_pair_stops_at_the_first_error_and_awaits_coroutines_on_the_loop
 
     one, two = await call_adapter_pair(on_loop, broken, 2)
     assert one.value == 20 and two is not None and isinstance(two.error, KeyError)
+
+
+async def test_outcomes_that_finish_while_the_loop_is_busy_reach_it_in_one_wake_up() -> None:
+    """``DaemonThreadExecutor.run_soon``: calls that finish while the loop runs other code hand
+    it their outcomes together (one ``call_soon_threadsafe``), errors included, each to its own
+    awaiter; ``run_in_executor`` would wake the loop once per call."""
+    executor = DaemonThreadExecutor(max_workers=4, name="test-outbox")
+    loop = asyncio.get_running_loop()
+    wake_ups: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback: Callable[..., object], *args: Any, **kwargs: Any) -> asyncio.Handle:
+        wake_ups.append(callback)
+        return original(callback, *args, **kwargs)
+
+    def answer(i: int) -> int:
+        if i == 3:
+            raise ValueError("provider down for 3")
+        return i * 10
+
+    calls = 8
+    finished = threading.Semaphore(0)
+
+    def counted(i: int) -> Callable[[], int]:
+        def call() -> int:
+            try:
+                return answer(i)
+            finally:
+                finished.release()
+
+        return call
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        futures = [executor.run_soon(counted(i)) for i in range(calls)]
+        for _ in range(calls):  # the loop is busy (blocked here) while every call finishes
+            assert finished.acquire(timeout=10), "a call never ran"
+        outcomes = await asyncio.gather(*futures, return_exceptions=True)
+    finally:
+        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+        executor.shutdown()
+    assert [o if isinstance(o, int) else str(o) for o in outcomes] == [
+        0,
+        10,
+        20,
+        "provider down for 3",
+        40,
+        50,
+        60,
+        70,
+    ]
+    assert len(wake_ups) == 1, f"{len(wake_ups)} wake-ups for {calls} calls finished together"
+
+
+async def test_a_call_cancelled_before_a_worker_takes_it_never_runs() -> None:
+    executor = DaemonThreadExecutor(max_workers=1, name="test-cancel")
+    release = threading.Event()
+    ran: list[str] = []
+
+    def blocking() -> str:
+        release.wait(10)
+        ran.append("first")
+        return "first"
+
+    def queued() -> str:
+        ran.append("second")
+        return "second"
+
+    first = executor.run_soon(blocking)
+    second = executor.run_soon(queued)  # waits: the only worker is busy
+    second.cancel()
+    release.set()
+    assert await first == "first"
+    third = executor.run_soon(lambda: "third")  # runs after the cancelled one was passed over
+    assert await third == "third"
+    executor.shutdown()
+    assert ran == ["first"]
+
+
+async def test_run_soon_runs_every_call_while_workers_come_and_go() -> None:
+    """Bursts of more calls than workers from the loop, with pauses long enough for idle workers
+    to retire between them: every call runs once, in a daemon thread, and its awaiter gets its
+    value (the race of a call put as a worker's wait ends is hit many times here)."""
+    executor = DaemonThreadExecutor(max_workers=3, name="test-churn", idle_seconds=0.002)
+    daemons: list[bool] = []
+
+    def call(value: int) -> int:
+        daemons.append(threading.current_thread().daemon)
+        return value
+
+    for burst in range(150):
+        size = 1 + burst % 12
+        got = await asyncio.wait_for(
+            asyncio.gather(*(executor.run_soon(functools.partial(call, i)) for i in range(size))), 10
+        )
+        assert got == list(range(size)), f"burst {burst}"
+        await asyncio.sleep(0.001 * (burst % 8))  # sometimes every worker retires
+    assert len(daemons) == sum(1 + b % 12 for b in range(150)) and all(daemons)
+    executor.shutdown()
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        executor.run_soon(lambda: 1)
+
+
+async def test_shutdown_cancels_the_calls_still_queued() -> None:
+    executor = DaemonThreadExecutor(max_workers=1, name="test-shutdown")
+    release = threading.Event()
+    running = executor.run_soon(lambda: release.wait(10))
+    queued = executor.run_soon(lambda: "never")
+    executor.shutdown()
+    release.set()
+    assert await running is True, "a running call is abandoned, not stopped: its outcome still comes"
+    with pytest.raises(asyncio.CancelledError):
+        await queued
