@@ -10,6 +10,10 @@
    the frame's pod writes per pod at each stage and in all, with the demo adapter (which keeps
    a not-ready pod registered at weight 0) and with the tutorial-style "register only when
    ready" adapter, so the guard's cost is visible where it is paid (docs/concepts.md).
+5. The hand-off of a plain adapter call (``call_adapter`` on a trivial function, its thread and
+   back) at 1, 8 and 32 calls in flight: CPU microseconds per call, against asyncio's own
+   ``run_in_executor`` on a stock ``ThreadPoolExecutor``; interleaved rounds, medians and spread
+   (docs/benchmarks.md, "Thread hand-offs").
 
 Run: ``python bench/bench_frame.py [--services 50 --pods 10]`` (``make bench``).
 """
@@ -18,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
+import statistics
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -27,6 +34,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.cache import SERVICE_SELECTOR_INDEX, Store, index_by_service_selector
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.options import ManagerOptions
 from resourceconsist.rules import lifecycle
 from resourceconsist.rules.labels import map_selects
@@ -279,6 +287,46 @@ def bench_lookup(services: int = 1000, rounds: int = 20000) -> dict[str, float]:
     return results
 
 
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+async def _handoffs(in_flight: int, calls: int, hand_off: Callable[[], Awaitable[object]]) -> float:
+    """CPU microseconds per call of ``calls`` hand-offs, ``in_flight`` at a time."""
+
+    async def one_after_another(n: int) -> None:
+        for _ in range(n):
+            await hand_off()
+
+    began = _cpu()
+    await asyncio.gather(*(one_after_another(calls // in_flight) for _ in range(in_flight)))
+    return (_cpu() - began) / calls * 1e6
+
+
+async def bench_handoff(rounds: int = 7, calls: int = 8000) -> dict[int, tuple[list[float], list[float]]]:
+    """Per number of calls in flight: the frame's per-call CPU and asyncio's, one list each."""
+    stock = ThreadPoolExecutor(max_workers=32)
+    loop = asyncio.get_running_loop()
+
+    def trivial() -> int:
+        return 1
+
+    async def frame() -> object:
+        return await call_adapter(trivial)
+
+    async def asyncio_stock() -> object:
+        return await loop.run_in_executor(stock, trivial)
+
+    figures: dict[int, tuple[list[float], list[float]]] = {n: ([], []) for n in (1, 8, 32)}
+    for _ in range(rounds):
+        for n, (ours, theirs) in figures.items():
+            ours.append(await _handoffs(n, calls, frame))
+            theirs.append(await _handoffs(n, calls, asyncio_stock))
+    stock.shutdown()
+    return figures
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--services", type=int, default=50)
@@ -319,6 +367,14 @@ async def main() -> None:
         f"index {lookup['index_lookups_per_second']:.0f}/s, scan {lookup['scan_lookups_per_second']:.0f}/s, "
         f"ratio {lookup['index_vs_scan_ratio']:.1f}x"
     )
+    print("hand-off of a plain adapter call, CPU us per call: frame / asyncio run_in_executor (spread):")
+    for n, (ours, theirs) in (await bench_handoff()).items():
+        ratios = sorted(o / t for o, t in zip(ours, theirs, strict=True))
+        print(
+            f"  {n:>2} in flight: {statistics.median(ours):6.1f} ({min(ours):.1f}-{max(ours):.1f}) / "
+            f"{statistics.median(theirs):6.1f} ({min(theirs):.1f}-{max(theirs):.1f}), "
+            f"ratio {statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+        )
 
 
 if __name__ == "__main__":

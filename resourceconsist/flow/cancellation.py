@@ -44,7 +44,7 @@ import queue
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -350,58 +350,55 @@ async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one adapter call of ``call_adapter_pair`` came to: its value, or the error it raised."""
+    """What one adapter call of ``call_adapter_in_turn`` came to: its value, or the error it raised."""
 
     value: Any = None
     error: BaseException | None = None
 
 
-async def call_adapter_pair(
-    first: Callable[..., Any], second: Callable[..., Any], *args: Any
-) -> tuple[Outcome, Outcome | None]:
-    """``call_adapter(first, *args)``, then, unless it raised, ``call_adapter(second, *args)``;
-    each one's ``Outcome`` (the second's None when the first raised). Two plain functions run in
-    one worker thread, one after the other: one hand-off instead of two (a pass reads a side's
-    expected and current items this way; a hand-off costs 65-100 us of CPU, docs/benchmarks.md).
-    Each call is fenced as ``call_adapter``'s is, right before it."""
-    if inspect.iscoroutinefunction(first) or inspect.iscoroutinefunction(second):
-        return await _in_turn(first, second, *args)
+async def call_adapter_in_turn(fns: Sequence[Callable[..., Any]], *args: Any) -> list[Outcome]:
+    """``call_adapter(fn, *args)`` for each of ``fns`` in turn, until one raises: the outcome of
+    each one called, the last an error when one raised. Plain functions run one after the other
+    in one worker thread: one hand-off instead of one each (a pass reads both sides' expected and
+    current items this way; a hand-off costs tens of microseconds of CPU, docs/benchmarks.md,
+    "Thread hand-offs"). Each call is fenced as ``call_adapter``'s is, right before it; an
+    awaitable a plain function returns is awaited on the loop before the next is called."""
+    if any(inspect.iscoroutinefunction(fn) for fn in fns):
+        return await _in_turn(fns, *args)
     context = contextvars.copy_context()
 
-    def both() -> tuple[Outcome, Outcome | None, bool]:
-        try:
-            value = _fenced(first, *args)
-        except Exception as err:
-            return Outcome(error=err), None, False
-        if inspect.isawaitable(value):
-            return Outcome(value), None, True  # awaited on the loop before ``second`` is called
-        try:
-            return Outcome(value), Outcome(_fenced(second, *args)), False
-        except Exception as err:
-            return Outcome(value), Outcome(error=err), False
+    def each() -> list[Outcome]:
+        outcomes: list[Outcome] = []
+        for fn in fns:
+            try:
+                value = _fenced(fn, *args)
+            except Exception as err:
+                outcomes.append(Outcome(error=err))
+                break
+            outcomes.append(Outcome(value))
+            if inspect.isawaitable(value):
+                break  # awaited on the loop before the next is called
+        return outcomes
 
-    one, two, pending = await ADAPTER_THREADS.run_soon(functools.partial(context.run, both))
-    if pending:
+    outcomes: list[Outcome] = await ADAPTER_THREADS.run_soon(functools.partial(context.run, each))
+    last = outcomes[-1]
+    if last.error is None and inspect.isawaitable(last.value):
         try:
-            one = Outcome(await one.value)
+            outcomes[-1] = Outcome(await last.value)
         except Exception as err:
-            return Outcome(error=err), None
-        return one, await _outcome(second, *args)
-    if two is not None and inspect.isawaitable(two.value):
-        try:
-            two = Outcome(await two.value)
-        except Exception as err:
-            two = Outcome(error=err)
-    return one, two
+            outcomes[-1] = Outcome(error=err)
+            return outcomes
+        outcomes += await _in_turn(fns[len(outcomes) :], *args)
+    return outcomes
 
 
-async def _in_turn(
-    first: Callable[..., Any], second: Callable[..., Any], *args: Any
-) -> tuple[Outcome, Outcome | None]:
-    one = await _outcome(first, *args)
-    if one.error is not None:
-        return one, None
-    return one, await _outcome(second, *args)
+async def _in_turn(fns: Sequence[Callable[..., Any]], *args: Any) -> list[Outcome]:
+    outcomes: list[Outcome] = []
+    for fn in fns:
+        outcomes.append(await _outcome(fn, *args))
+        if outcomes[-1].error is not None:
+            break
+    return outcomes
 
 
 async def _outcome(fn: Callable[..., Any], *args: Any) -> Outcome:

@@ -39,6 +39,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.flow.budget import spending_for
+from resourceconsist.flow.cancellation import Outcome
 from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile import finalizers, guard, readiness, statuses, sync
 from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
@@ -223,11 +224,14 @@ class Reconciler:
                 # The pass's provider reads spend the budget at the pass's priority
                 # (docs/concepts.md, "The provider budget").
                 with spending_for(self.passes.priority(p)):
+                    employer_reads, employee_reads = await sync.read_sides(self.adapter, p.ctx, p.employer)
                     p.employer_results, refused = await sync.sync_employer(  # 4.
-                        self.adapter, p.ctx, p.employer, p.failures
+                        self.adapter, p.ctx, p.employer, p.failures, employer_reads
                     )
                     p.refused.update(refused)
-                    await self._sync_employees(p)  # 5.
+                    if not sync.called_nothing(p.employer_results):
+                        employee_reads = []  # read after the employer's calls (sync.read_sides)
+                    await self._sync_employees(p, employee_reads)  # 5.
             finally:
                 # Pod entries planned before a failed step still land: a pod must list the
                 # finalizers it needs even while the provider is failing.
@@ -247,10 +251,11 @@ class Reconciler:
         result.sooner(p.gates.recheck, p.ctx.look_again)
         return result
 
-    async def _sync_employees(self, p: PassState) -> None:
+    async def _sync_employees(self, p: PassState, reads: Sequence[Outcome]) -> None:
         """5. The employee sync under the guard: before the calls, after them. Calls that are
         slow to answer have their pods' gates say they wait for the registration meanwhile
-        (``readiness.Gatekeeper.in_flight``)."""
+        (``readiness.Gatekeeper.in_flight``). ``reads``: the employees' reads made already
+        (``sync.read_sides``; empty: read them here)."""
         registering: asyncio.Task[None] | None = None
         writing = asyncio.Event()
         guard_took = 0.0
@@ -322,7 +327,7 @@ class Reconciler:
         hook, heard = (before_calls, after_call) if self.employees_are_pods else (None, None)
         try:
             p.employee_results, current_by_id, refused = await sync.sync_employees(
-                self.adapter, p.ctx, p.employer, p.failures, hook, heard, replan if hook else None
+                self.adapter, p.ctx, p.employer, p.failures, hook, heard, replan if hook else None, reads
             )
         finally:
             if registering is not None:

@@ -14,7 +14,7 @@ from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileAda
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.budget import Priority, spending_for
-from resourceconsist.flow.cancellation import call_adapter, call_adapter_pair
+from resourceconsist.flow.cancellation import Outcome, call_adapter, call_adapter_in_turn
 from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
 from resourceconsist.rules.diff import Diff, diff
 
@@ -178,13 +178,16 @@ async def sync_side(
     before_calls: BeforeCalls | None = None,
     after_call: AfterCall | None = None,
     replan: Replan | None = None,
+    reads: Sequence[Outcome] | None = None,
 ) -> tuple[CUDResults[Any], dict[str, Any], dict[str, str]]:
     """Expected, current, diff and create/update/delete for one side, with the Go events;
     what the provider did, its current items by id, and the provider's reason for each pod
     whose item it refused (for the readiness gates). ``replan`` may have the plan made again
-    after ``before_calls`` (``replanned``)."""
-    # Both reads in one hand-off for a plain adapter (``call_adapter_pair``), in this order.
-    got_expected, got_current = await call_adapter_pair(get_expected, get_current, ctx, employer)
+    after ``before_calls`` (``replanned``). ``reads``: the side's two reads made already
+    (``read_sides``); else both are made here, in one hand-off for a plain adapter."""
+    if not reads:
+        reads = await call_adapter_in_turn((get_expected, get_current), ctx, employer)
+    got_expected, got_current = reads[0], reads[1] if len(reads) > 1 else None
     try:
         if got_expected.error is not None:
             raise got_expected.error
@@ -236,14 +239,38 @@ async def sync_side(
     return results, {item.id: item for item in current}, refused
 
 
+async def read_sides(
+    adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject
+) -> tuple[list[Outcome], list[Outcome]]:
+    """Steps 4 and 5's reads in one hand-off for a plain adapter, in the order of the steps
+    (expected, then current; the employer's, then the employees'), stopping at the first that
+    raises: the employer's two outcomes, and the employees' (none when an employer read raised).
+    The employees' stand only while the employer's sync calls nothing (``called_nothing``):
+    a create, update or delete of the employer may change what its employees' reads answer, so
+    after one they are made again (docs/concepts.md, "One reconcile")."""
+    a = adapter
+    reads = (a.get_expected_employer, a.get_current_employer, a.get_expected_employee, a.get_current_employee)
+    outcomes = await call_adapter_in_turn(reads, ctx, employer)
+    return outcomes[:2], outcomes[2:]
+
+
+def called_nothing(results: CUDResults[Any]) -> bool:
+    """The side's sync made no create, update or delete call."""
+    return not (results.any_failed or results.succ_created or results.succ_updated or results.succ_deleted)
+
+
 async def sync_employer(
-    adapter: ReconcileAdapter, ctx: ReconcileContext, employer: KubeObject, failures: PassFailures
+    adapter: ReconcileAdapter,
+    ctx: ReconcileContext,
+    employer: KubeObject,
+    failures: PassFailures,
+    reads: Sequence[Outcome] | None = None,
 ) -> tuple[CUDResults[Employer], dict[str, str]]:
     """Step 4: the employer's items; what the provider did, and the reasons it refused."""
     a = adapter
     cud = (a.create_employer, a.update_employer, a.delete_employer)
     results, _, refused = await sync_side(
-        ctx, employer, EMPLOYER, a.get_expected_employer, a.get_current_employer, cud, failures
+        ctx, employer, EMPLOYER, a.get_expected_employer, a.get_current_employer, cud, failures, reads=reads
     )
     return results, refused
 
@@ -256,10 +283,11 @@ async def sync_employees(
     before_calls: BeforeCalls | None,
     after_call: AfterCall | None = None,
     replan: Replan | None = None,
+    reads: Sequence[Outcome] | None = None,
 ) -> tuple[CUDResults[Employee], dict[str, Any], dict[str, str]]:
     """Step 5: the employees' items, ``before_calls`` (the guard) between the diff and the calls,
     ``replan`` after it, ``after_call`` after each call; what the provider did, its current
-    items by id, and the reasons it refused, by pod."""
+    items by id, and the reasons it refused, by pod. ``reads``: as ``sync_side``'s."""
     a = adapter
     cud = (a.create_employees, a.update_employees, a.delete_employees)
     return await sync_side(
@@ -273,4 +301,5 @@ async def sync_employees(
         before_calls,
         after_call,
         replan,
+        reads,
     )

@@ -595,7 +595,11 @@ async def test_a_pod_turned_ready_while_the_guard_wrote_is_registered_serving_in
     await cluster.set_status("pod-a", ready=False)
     await cluster.pod("pod-b", {"app": "svc"})
     await cluster.set_status("pod-b", ready=False)
-    adapter = PodsMoveWhileTheGuardWrites(FakeProvider(), cluster, ready="pod-a", late="pod-late")
+    # The Service's load balancer is there already: the pass's first read of the pods is the
+    # one its plan is made from (after an employer create they are read again: sync.read_sides).
+    provider = FakeProvider()
+    provider.put_vip("create_vip", f"{cluster.namespace}/svc", VipStatus(vip=DEMO_VIP, qps=DEMO_QPS))
+    adapter = PodsMoveWhileTheGuardWrites(provider, cluster, ready="pod-a", late="pod-late")
     async with run_manager(adapter):
 
         async def converged() -> bool:

@@ -10,6 +10,7 @@ tests/frame/test_go_scenarios.py, which stay the authority.
 from __future__ import annotations
 
 import copy
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -406,10 +407,14 @@ class Noting(DemoAdapter):
         super().__init__(provider, record_expected_finalizers=False)
         self.changed: list[frozenset[str] | None] = []
         self.results: list[tuple[list[Any], list[Any]]] = []
+        self._last_pass: ReconcileContext | None = None
 
     def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
-        self.changed.append(ctx.changed)
         items = super().get_expected_employee(ctx, employer)
+        if ctx is self._last_pass:
+            return items  # read again in the same pass (after the employer's create): noted once
+        self._last_pass = ctx
+        self.changed.append(ctx.changed)
         fresh = ReconcileContext(reader=ctx.reader, controller=ctx.controller, employer_key=ctx.employer_key)
         full = super().get_expected_employee(fresh, employer)
         self.results.append((_items(items), _items(full)))
@@ -690,3 +695,59 @@ def test_the_next_pass_comes_at_the_earliest_ask() -> None:
     assert result.requeue_after == 2.0
     result.sooner(3.0, None)
     assert result.requeue_after == 2.0
+
+
+class Reading(DemoAdapter):
+    """Demo adapter that notes each read and call with the thread it ran in, and whose employees'
+    current read needs the employer on the provider (as a backend group needs its load balancer)."""
+
+    def __init__(self, provider: FakeProvider) -> None:
+        super().__init__(provider, record_expected_finalizers=False)
+        self.calls: list[tuple[str, int]] = []
+
+    def _note(self, what: str) -> None:
+        self.calls.append((what, threading.get_ident()))
+
+    def get_expected_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Any]:
+        self._note("expected employer")
+        return super().get_expected_employer(ctx, employer)
+
+    def get_current_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Any]:
+        self._note("current employer")
+        return super().get_current_employer(ctx, employer)
+
+    def create_employer(self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Any]) -> Any:
+        self._note("create employer")
+        return super().create_employer(ctx, employer, to_create)
+
+    def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        self._note("expected employees")
+        return super().get_expected_employee(ctx, employer)
+
+    def get_current_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        self._note("current employees")
+        if self.provider.query_vip(f"{NS}/svc") is None:
+            raise RuntimeError("no load balancer for ns/svc")
+        return super().get_current_employee(ctx, employer)
+
+
+async def test_both_sides_are_read_in_one_hand_off_and_the_employees_again_after_an_employer_call() -> None:
+    """``sync.read_sides``: a pass reads expected and current, the employer's then the employees',
+    in one worker thread; when the employer's sync calls the provider, the employees' reads are
+    made again after it (here the first read fails: the load balancer did not exist yet)."""
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    adapter = Reading(provider)
+    reconciler = _reconciler(api, adapter)
+    reads = ["expected employer", "current employer", "expected employees", "current employees"]
+
+    await reconciler.reconcile(f"{NS}/svc")
+    assert [what for what, _ in adapter.calls] == [*reads, "create employer", *reads[2:]]
+    assert len({thread for _, thread in adapter.calls[:4]}) == 1, "the four reads in one hand-off"
+    assert provider.serving(f"{NS}/svc") == {"web-0"}, "registered on the reads made after the create"
+
+    adapter.calls.clear()
+    await reconciler.reconcile(f"{NS}/svc")
+    assert [what for what, _ in adapter.calls] == reads, "nothing to call on the employer: read once"
+    assert len({thread for _, thread in adapter.calls}) == 1

@@ -25,7 +25,7 @@ from resourceconsist.flow.cancellation import (
     Cancellation,
     DaemonThreadExecutor,
     call_adapter,
-    call_adapter_pair,
+    call_adapter_in_turn,
     current_cancellation,
     running_pass,
 )
@@ -236,7 +236,7 @@ def _service(name: str) -> KubeObject:
     }
 
 
-async def test_a_pair_of_plain_reads_runs_in_one_worker_thread_in_order() -> None:
+async def test_plain_reads_in_turn_run_in_one_worker_thread_in_order() -> None:
     loop_thread = threading.get_ident()
     seen: list[tuple[str, int]] = []
 
@@ -248,14 +248,14 @@ async def test_a_pair_of_plain_reads_runs_in_one_worker_thread_in_order() -> Non
         seen.append(("current", threading.get_ident()))
         return x + 2
 
-    one, two = await call_adapter_pair(expected, current, 1)
-    assert (one.value, two.value if two else None) == (2, 3)
+    one, two = await call_adapter_in_turn((expected, current), 1)
+    assert (one.value, two.value) == (2, 3)
     assert [what for what, _ in seen] == ["expected", "current"]
     threads = {thread for _, thread in seen}
     assert len(threads) == 1 and loop_thread not in threads, "one hand-off, off the loop"
 
 
-async def test_a_pair_stops_at_the_first_error_and_awaits_coroutines_on_the_loop() -> None:
+async def test_reads_in_turn_stop_at_the_first_error_and_await_coroutines_on_the_loop() -> None:
     called: list[str] = []
 
     def failing(x: int) -> int:
@@ -266,8 +266,8 @@ async def test_a_pair_stops_at_the_first_error_and_awaits_coroutines_on_the_loop
         called.append("second")
         return x
 
-    one, two = await call_adapter_pair(failing, never, 1)
-    assert isinstance(one.error, ValueError) and two is None and called == ["first"]
+    outcomes = await call_adapter_in_turn((failing, never), 1)
+    assert len(outcomes) == 1 and isinstance(outcomes[0].error, ValueError) and called == ["first"]
 
     loop_thread = threading.get_ident()
 
@@ -278,8 +278,8 @@ async def test_a_pair_stops_at_the_first_error_and_awaits_coroutines_on_the_loop
     def broken(x: int) -> int:
         raise KeyError("gone")
 
-    one, two = await call_adapter_pair(on_loop, broken, 2)
-    assert one.value == 20 and two is not None and isinstance(two.error, KeyError)
+    one, two = await call_adapter_in_turn((on_loop, broken), 2)
+    assert one.value == 20 and isinstance(two.error, KeyError)
 
 
 async def test_outcomes_that_finish_while_the_loop_is_busy_reach_it_in_one_wake_up() -> None:
