@@ -292,7 +292,9 @@ class DemoAdapter(ReconcileAdapter):
     def need_record_expected_finalizer_condition(self) -> bool:
         return self.record_expected_finalizers
 
-    def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
+    async def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
+        # A read of the frame's cache never blocks: a coroutine, run on the loop with no hand-off
+        # to a worker thread (docs/concepts.md, "The runtime").
         return [pod["metadata"]["name"] for pod in ctx.reader.pods_selected_by(employer)]
 
     def record_statuses(

@@ -34,7 +34,7 @@ class MemberPodsDemo(DemoAdapter):
             for pod in reader.pods_selected_by(employer)
         ]
 
-    def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
+    async def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
         return [f"{p['metadata']['name']}#{c}" for c, p in self._member_pods(ctx, employer)]
 
     def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:

@@ -119,8 +119,8 @@ class HangingForOneEmployer(DemoAdapter):
             await asyncio.gather(*(call_adapter(self._hang) for _ in range(ADAPTER_THREADS._max_workers)))
         return super().get_current_employee(ctx, employer)
 
-    async def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:  # type: ignore[override]
-        return super().get_selected_employee_names(ctx, employer)
+    async def get_selected_employee_names(self, ctx: ReconcileContext, employer: KubeObject) -> list[str]:
+        return await super().get_selected_employee_names(ctx, employer)
 
     async def get_expected_employer(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employer]:  # type: ignore[override]
         return super().get_expected_employer(ctx, employer)
