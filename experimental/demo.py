@@ -37,6 +37,7 @@ from resourceconsist.adapter import (
 )
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.flow.cancellation import call_adapter
 from resourceconsist.rules.labels import map_selects
 
 DEMO_VIP = "demo-remote-VIP"
@@ -297,7 +298,7 @@ class DemoAdapter(ReconcileAdapter):
         # to a worker thread (docs/concepts.md, "The runtime").
         return [pod["metadata"]["name"] for pod in ctx.reader.pods_selected_by(employer)]
 
-    def record_statuses(
+    async def record_statuses(
         self,
         ctx: ReconcileContext,
         employer: KubeObject,
@@ -305,8 +306,10 @@ class DemoAdapter(ReconcileAdapter):
         employee_results: CUDResults[Employee],
     ) -> None:
         # Erase the error condition once a reconcile succeeds; write nothing when there is none.
+        # A coroutine: most passes have nothing to erase, and only the write, which blocks, is
+        # handed to a worker thread (docs/concepts.md, "The runtime").
         if (employer["metadata"].get("annotations") or {}).get(DEMO_CONDITION_ANNOTATION):
-            self._set_condition(ctx, employer, None)
+            await call_adapter(self._set_condition, ctx, employer, None)
 
     def record_error_conditions(
         self, ctx: ReconcileContext, employer: KubeObject, err: BaseException

@@ -161,8 +161,8 @@ class HangingForOneEmployer(DemoAdapter):
     ) -> Any:  # type: ignore[override]
         return super().delete_employees(ctx, employer, items)
 
-    async def record_statuses(self, *args: Any) -> None:  # type: ignore[override]
-        super().record_statuses(*args)
+    async def record_statuses(self, *args: Any) -> None:
+        await super().record_statuses(*args)
 
     async def record_error_conditions(self, *args: Any) -> None:  # type: ignore[override]
         super().record_error_conditions(*args)
