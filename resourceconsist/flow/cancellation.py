@@ -284,7 +284,9 @@ class _Outbox:
     schedules the delivery; those that come before it runs ride along."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the pool keeps an outbox per loop in a weak mapping, which a strong reference
+        # from the value back to its key would keep alive for ever.
+        self._loop = weakref.ref(loop)
         self._lock = threading.Lock()
         self._ready: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
 
@@ -301,8 +303,11 @@ class _Outbox:
         self._schedule(future.cancel)
 
     def _schedule(self, callback: Callable[[], object]) -> None:
+        loop = self._loop()
+        if loop is None:
+            return  # the loop is gone, and with it whatever awaited its futures
         with contextlib.suppress(RuntimeError):  # a closed loop: nothing awaits its futures
-            self._loop.call_soon_threadsafe(callback)
+            loop.call_soon_threadsafe(callback)
 
     def _deliver(self) -> None:
         with self._lock:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import gc
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -393,3 +395,21 @@ async def test_shutdown_cancels_the_calls_still_queued() -> None:
     assert await running is True, "a running call is abandoned, not stopped: its outcome still comes"
     with pytest.raises(asyncio.CancelledError):
         await queued
+
+
+def test_the_pool_keeps_nothing_of_a_loop_once_it_is_gone() -> None:
+    """``run_soon``'s outbox per loop is kept weakly: a finished loop (a test's, a short
+    ``asyncio.run``) is not held alive by the pool."""
+    executor = DaemonThreadExecutor(max_workers=1, name="test-weak")
+
+    async def once() -> int:
+        return await executor.run_soon(lambda: 7)
+
+    loop = asyncio.new_event_loop()
+    assert loop.run_until_complete(once()) == 7
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop
+    gc.collect()
+    executor.shutdown()
+    assert gone() is None, "the pool still holds the loop"
