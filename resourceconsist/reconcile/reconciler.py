@@ -225,13 +225,12 @@ class Reconciler:
                 # (docs/concepts.md, "The provider budget").
                 with spending_for(self.passes.priority(p)):
                     employer_reads, employee_reads = await sync.read_sides(self.adapter, p.ctx, p.employer)
-                    p.employer_results, refused = await sync.sync_employer(  # 4.
+                    p.employer_results, refused, called = await sync.sync_employer(  # 4.
                         self.adapter, p.ctx, p.employer, p.failures, employer_reads
                     )
                     p.refused.update(refused)
-                    if not sync.called_nothing(p.employer_results):
-                        employee_reads = []  # read after the employer's calls (sync.read_sides)
-                    await self._sync_employees(p, employee_reads)  # 5.
+                    # After an employer call, the employees are read again (sync.read_sides).
+                    await self._sync_employees(p, None if called else employee_reads)  # 5.
             finally:
                 # Pod entries planned before a failed step still land: a pod must list the
                 # finalizers it needs even while the provider is failing.
@@ -251,11 +250,11 @@ class Reconciler:
         result.sooner(p.gates.recheck, p.ctx.look_again)
         return result
 
-    async def _sync_employees(self, p: PassState, reads: Sequence[Outcome]) -> None:
+    async def _sync_employees(self, p: PassState, reads: Sequence[Outcome] | None) -> None:
         """5. The employee sync under the guard: before the calls, after them. Calls that are
         slow to answer have their pods' gates say they wait for the registration meanwhile
         (``readiness.Gatekeeper.in_flight``). ``reads``: the employees' reads made already
-        (``sync.read_sides``; empty: read them here)."""
+        (``sync.read_sides``; None: read them here)."""
         registering: asyncio.Task[None] | None = None
         writing = asyncio.Event()
         guard_took = 0.0

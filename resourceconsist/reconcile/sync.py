@@ -185,7 +185,7 @@ async def sync_side(
     whose item it refused (for the readiness gates). ``replan`` may have the plan made again
     after ``before_calls`` (``replanned``). ``reads``: the side's two reads made already
     (``read_sides``); else both are made here, in one hand-off for a plain adapter."""
-    if not reads:
+    if reads is None:
         reads = await call_adapter_in_turn((get_expected, get_current), ctx, employer)
     got_expected, got_current = reads[0], reads[1] if len(reads) > 1 else None
     try:
@@ -245,18 +245,14 @@ async def read_sides(
     """Steps 4 and 5's reads in one hand-off for a plain adapter, in the order of the steps
     (expected, then current; the employer's, then the employees'), stopping at the first that
     raises: the employer's two outcomes, and the employees' (none when an employer read raised).
-    The employees' stand only while the employer's sync calls nothing (``called_nothing``):
-    a create, update or delete of the employer may change what its employees' reads answer, so
-    after one they are made again (docs/concepts.md, "One reconcile")."""
+    The employees' stand only while the employer's sync calls nothing (``sync_employer`` says
+    whether it called): a create, update or delete of the employer may change what its
+    employees' reads answer, so after one they are made again (docs/concepts.md, "One
+    reconcile")."""
     a = adapter
     reads = (a.get_expected_employer, a.get_current_employer, a.get_expected_employee, a.get_current_employee)
     outcomes = await call_adapter_in_turn(reads, ctx, employer)
     return outcomes[:2], outcomes[2:]
-
-
-def called_nothing(results: CUDResults[Any]) -> bool:
-    """The side's sync made no create, update or delete call."""
-    return not (results.any_failed or results.succ_created or results.succ_updated or results.succ_deleted)
 
 
 async def sync_employer(
@@ -265,14 +261,25 @@ async def sync_employer(
     employer: KubeObject,
     failures: PassFailures,
     reads: Sequence[Outcome] | None = None,
-) -> tuple[CUDResults[Employer], dict[str, str]]:
-    """Step 4: the employer's items; what the provider did, and the reasons it refused."""
+) -> tuple[CUDResults[Employer], dict[str, str], bool]:
+    """Step 4: the employer's items; what the provider did, the reasons it refused, and whether
+    it made any create, update or delete call (told by the calls themselves, not by what the
+    adapter reported of their items)."""
     a = adapter
     cud = (a.create_employer, a.update_employer, a.delete_employer)
+    called: list[bool] = []
     results, _, refused = await sync_side(
-        ctx, employer, EMPLOYER, a.get_expected_employer, a.get_current_employer, cud, failures, reads=reads
+        ctx,
+        employer,
+        EMPLOYER,
+        a.get_expected_employer,
+        a.get_current_employer,
+        cud,
+        failures,
+        after_call=lambda *_: called.append(True),
+        reads=reads,
     )
-    return results, refused
+    return results, refused, bool(called)
 
 
 async def sync_employees(

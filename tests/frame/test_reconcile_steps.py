@@ -751,3 +751,24 @@ async def test_both_sides_are_read_in_one_hand_off_and_the_employees_again_after
     await reconciler.reconcile(f"{NS}/svc")
     assert [what for what, _ in adapter.calls] == reads, "nothing to call on the employer: read once"
     assert len({thread for _, thread in adapter.calls}) == 1
+
+
+class ReportingNothing(Reading):
+    """Creates the load balancer but reports no item of the call as done or failed."""
+
+    def create_employer(self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Any]) -> Any:
+        super().create_employer(ctx, employer, to_create)
+        return [], []
+
+
+async def test_the_employees_are_read_again_after_an_employer_call_whatever_the_adapter_reported() -> None:
+    """Whether the employer's sync called the provider is told by the call, not by the items
+    the adapter reported: a create that reports nothing still has the employees read again."""
+    api, provider = FakeApi(), FakeProvider()
+    _service(api)
+    _pod(api, "web-0", ready=True)
+    adapter = ReportingNothing(provider)
+    await _reconciler(api, adapter).reconcile(f"{NS}/svc")
+    reads = ["expected employer", "current employer", "expected employees", "current employees"]
+    assert [what for what, _ in adapter.calls] == [*reads, "create employer", *reads[2:]]
+    assert provider.serving(f"{NS}/svc") == {"web-0"}
