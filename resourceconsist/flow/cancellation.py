@@ -368,8 +368,8 @@ async def call_adapter_in_turn(fns: Sequence[Callable[..., Any]], *args: Any) ->
     current items this way; a hand-off costs tens of microseconds of CPU, docs/benchmarks.md,
     "Thread hand-offs"). Each call is fenced as ``call_adapter``'s is, right before it; an
     awaitable a plain function returns is awaited on the loop before the next is called."""
-    if any(inspect.iscoroutinefunction(fn) for fn in fns):
-        return await _in_turn(fns, *args)
+    if not fns or any(inspect.iscoroutinefunction(fn) for fn in fns):
+        return await _in_turn(fns, *args)  # nothing to hand off, or some run on the loop
     context = contextvars.copy_context()
 
     def each() -> list[Outcome]:

@@ -282,6 +282,7 @@ async def test_reads_in_turn_stop_at_the_first_error_and_await_coroutines_on_the
 
     one, two = await call_adapter_in_turn((on_loop, broken), 2)
     assert one.value == 20 and isinstance(two.error, KeyError)
+    assert await call_adapter_in_turn((), 3) == [], "nothing to call: no outcome, no hand-off"
 
 
 async def test_outcomes_that_finish_while_the_loop_is_busy_reach_it_in_one_wake_up() -> None:
