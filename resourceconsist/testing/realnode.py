@@ -244,6 +244,20 @@ class RealNodeCluster(LocalCluster):
             self._teardown_node()
             raise
 
+    def sweep_leftovers(self) -> None:
+        """Remove what a killed run left on this host (its processes, mounts, links, rules,
+        cgroups, kernel settings), as :meth:`start` does first, without starting a node: for a
+        caller that wants the host clean before it looks at it (a killed session, a restarted
+        machine). Names in one line what it cannot remove; refuses while a node runs here."""
+        if not self._lock.acquire():
+            raise RealNodeUnavailable(
+                "another real node runs on this host: one at a time (docs/testing.md, 'A real node')"
+            )
+        try:
+            self._sweep_leftovers()
+        finally:
+            self._lock.release()
+
     def _sweep_leftovers(self) -> None:
         """A killed run's leftovers: swept, or named in one line."""
         footprint = hoststate.Footprint.load(NODE_ROOT / "footprint.json")

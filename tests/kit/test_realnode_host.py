@@ -99,7 +99,17 @@ def kernel_setting_the_node_changes() -> Iterator[None]:
         _OVERCOMMIT.write_text(original)
 
 
-@pytest.mark.usefixtures("kernel_setting_the_node_changes")
+@pytest.fixture
+def swept_host() -> None:
+    """The host without what an earlier killed run left (a session killed with its node, a
+    restarted machine): ``before`` below is the host as it is without any node, which is what
+    a stop must give back. The next start would sweep those leftovers too, and the comparison
+    would then count their removal as a change."""
+    RealNodeCluster().sweep_leftovers()
+    assert not NODE_ROOT.exists() and not NODE_STATE.exists()
+
+
+@pytest.mark.usefixtures("swept_host", "kernel_setting_the_node_changes")
 def test_two_starts_and_stops_leave_the_host_as_it_was(images: list[Path]) -> None:
     before = HostState.capture()
     for round_ in range(2):
@@ -137,6 +147,7 @@ _KILLED_RUN = textwrap.dedent(
 )
 
 
+@pytest.mark.usefixtures("swept_host")
 def test_a_start_after_a_killed_run_removes_what_it_left(images: list[Path]) -> None:
     before = HostState.capture()
     run = subprocess.Popen(
