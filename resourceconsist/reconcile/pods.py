@@ -69,6 +69,19 @@ class PodPlaces:
         }
 
     def gated(self, namespace: str, gate: str) -> list[tuple[str, KubeObject]]:
-        """(employee name, pod) of the cached pods that carry the readiness gate ``gate``."""
+        """(employee name, freshest copy) of the cached pods that carry the readiness gate
+        ``gate``: a gate this reconciler wrote a moment ago is seen written, whether or not its
+        watch event reached the cache (podwriter.RecentWrites)."""
         members = {c: reader for c, (_, reader) in self._clusters.items()} if self.in_members() else None
-        return readiness.gated_pods(namespace, gate, self._reader, members)
+        found = readiness.gated_pods(namespace, gate, self._reader, members)
+        if not self._recent:
+            return found
+        fresh: list[tuple[str, KubeObject]] = []
+        for name, cached in found:
+            reader, pod_name = self._reader, name
+            if members is not None:
+                where = self.locate(name)
+                reader, pod_name = where.reader, where.name
+            pod = self._recent.fresher(reader, namespace, pod_name, cached)
+            fresh.append((name, pod if pod is not None else cached))
+        return fresh

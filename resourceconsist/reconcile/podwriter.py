@@ -143,6 +143,27 @@ class RecentWrites:
             older.discard(_version(after))
             self._after[key] = (frozenset(older), trim(after))
 
+    def __bool__(self) -> bool:
+        """Whether any answer is held (most of the time none: the cache keeps up)."""
+        return bool(self._after)
+
+    def wrote(
+        self,
+        reader: ObjectReader,
+        namespace: str,
+        name: str,
+        cached: KubeObject | None,
+        used: KubeObject | None,
+        answer: KubeObject,
+    ) -> None:
+        """A write of this controller was answered: ``cached``, the cache's copy when it went
+        out, and ``used``, the copy it started from, are older than ``answer`` (the pod writes'
+        and the readiness gates' writes alike)."""
+        if cached is None:
+            return  # not cached yet: its first event brings the cache past any answer
+        before = {_version(cached)} | ({_version(used)} if used is not None else set())
+        self.note(reader, namespace, name, before, answer)
+
     def settle(self, reader: ObjectReader, namespace: str, name: str) -> None:
         """The pod's watch event reached the cache: drop its entry once the cache moved on."""
         if self._after:
@@ -150,7 +171,12 @@ class RecentWrites:
 
     def get(self, reader: ObjectReader, namespace: str, name: str) -> KubeObject | None:
         """The freshest known copy of the pod: the cache's, or this controller's last answer."""
-        cached = reader.get(kube.POD, namespace, name)
+        return self.fresher(reader, namespace, name, reader.get(kube.POD, namespace, name))
+
+    def fresher(
+        self, reader: ObjectReader, namespace: str, name: str, cached: KubeObject | None
+    ) -> KubeObject | None:
+        """``get`` for a pod whose cached copy the caller read already (an index lookup)."""
         key = (id(reader), namespace, name)
         # Without the lock first: most pods have no entry, and one dict read is atomic.
         if key not in self._after:
@@ -326,9 +352,8 @@ class PodWriter:
         # A copy read again after a conflict is as fresh as a write's answer: the next pass
         # starts from it, not from the cache that conflicted (docs/scaling.md).
         read_again = after is not None and (pod is None or _version(after) != _version(pod))
-        if (wrote or read_again) and after is not None and cached is not None:
-            before = {_version(cached)} | ({_version(pod)} if pod is not None else set())
-            self.recent.note(where.reader, self.namespace, where.name, before, after)
+        if (wrote or read_again) and after is not None:
+            self.recent.wrote(where.reader, self.namespace, where.name, cached, pod, after)
         return after, wrote, deferred
 
     @staticmethod

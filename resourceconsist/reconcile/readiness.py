@@ -17,7 +17,7 @@ from resourceconsist.cluster.interfaces import EventSink, ObjectReader
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.outcome import ReconcileError
-from resourceconsist.reconcile.podwriter import PodLocation
+from resourceconsist.reconcile.podwriter import PodLocation, RecentWrites
 from resourceconsist.rules import gates, lifecycle
 
 log = logging.getLogger(__package__)
@@ -129,9 +129,12 @@ async def write_gates(
     locate: Callable[[str], PodLocation],
     recorder: EventSink,
     controller: str,
+    recent: RecentWrites,
 ) -> dict[str, BaseException]:
     """Write each changed gate condition (status subresource), on the event loop's transport
-    (resourceconsist.cluster.aiokube); the failures by pod."""
+    (resourceconsist.cluster.aiokube); the failures by pod. Each answer is noted in ``recent``,
+    so a pass that starts before its watch event reaches the cache does not write the same
+    condition again (podwriter.RecentWrites)."""
     limit = asyncio.Semaphore(8)
     failures: dict[str, BaseException] = {}
 
@@ -139,8 +142,9 @@ async def write_gates(
         where = locate(name)
         body = gates.condition_patch(pod, gate, want, now)
         async with limit:
+            cached = where.reader.get(kube.POD, namespace, where.name)
             try:
-                await aiokube.patch(
+                answer = await aiokube.patch(
                     where.client,
                     kube.POD,
                     namespace,
@@ -154,6 +158,7 @@ async def write_gates(
             except Exception as err:
                 failures[name] = err
                 return
+        recent.wrote(where.reader, namespace, where.name, cached, pod, answer)
         log.info(
             "%s: pod %s: readiness gate %s %s (%s)",
             *(controller, name, gate, want.status, want.reason),
@@ -222,6 +227,8 @@ class Gatekeeper:
     gated: Callable[[str, str], Sequence[tuple[str, KubeObject]]]
     locate: Callable[[str], PodLocation]
     recorder: EventSink
+    #: This reconciler's recent pod writes: the gates' answers are noted there too.
+    recent: RecentWrites
 
     async def update(
         self,
@@ -307,6 +314,7 @@ class Gatekeeper:
             locate=self.locate,
             recorder=self.recorder,
             controller=self.controller,
+            recent=self.recent,
         )
 
     async def release_gone(self, namespace: str, name: str) -> None:

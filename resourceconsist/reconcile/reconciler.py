@@ -131,6 +131,7 @@ class Reconciler:
             gated=self.pods.gated,
             locate=self.pods.locate,
             recorder=recorder,
+            recent=self.recent,
         )
 
     # -- capabilities and their defaults ------------------------------------------------------------

@@ -4,15 +4,24 @@ resourceconsist/reconcile/podwriter.py; docs/scaling.md, "Conflicts at a cold st
 A pass writes a pod twice (its guard, then its lifecycle finalizer). When the pod watch lags, the
 cache shows the first write's copy while the second's answer is already known; a pass that took
 that copy for current wrote the pod a third time, into a 409 Conflict, and met the same stale
-copy on every pass until the watch caught up. The pods live on the real API server; the cache is
-a real store whose watch events the test delivers by hand, the lag made explicit.
+copy on every pass until the watch caught up. The same holds for the readiness gates this
+controller writes. The pods live on the real API server; the cache is a real store whose watch
+events the test delivers by hand, the lag made explicit.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+import pytest
+
+from resourceconsist import wire
 from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import Store, StoreReader
+from resourceconsist.cluster.cache import Store, StoreReader, indexers_for
 from resourceconsist.cluster.kube import KubeObject, Resource
+from resourceconsist.reconcile import readiness
+from resourceconsist.reconcile.pods import PodPlaces
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter, RecentWrites
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, finalizers
@@ -28,7 +37,7 @@ class LaggingPodCache(StoreReader):
     """A pod cache whose watch events arrive only when the test delivers them."""
 
     def __init__(self) -> None:
-        self.store = Store()
+        self.store = Store(indexers_for(kube.POD))
 
     def _store(self, resource: Resource, namespace: str | None) -> Store:
         return self.store
@@ -109,3 +118,62 @@ async def test_a_copy_read_again_after_a_conflict_spares_the_next_pass_the_same_
     assert client.conflicts["pods"] == conflicts + 1, "the next pass conflicted on the same stale copy"
     assert client.requests_by_resource["patch pods"] == patches
     assert ENTRY.guard_finalizer in again.finalizers["p"]
+
+
+async def test_a_gate_written_a_moment_ago_is_not_written_again_while_the_cache_lags(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The next pass began before the watch brought the gate's write to the cache (CI saw the
+    # same True gate written twice this way); it must see the condition as written.
+    cache, recent = LaggingPodCache(), RecentWrites()
+    gate = lifecycle.readiness_gate("svc")
+    spec = {"containers": [{"name": "app", "image": "nginx"}], "readinessGates": [{"conditionType": gate}]}
+    body = {"metadata": {"name": "p", "labels": {"app": "svc"}}, "spec": spec}
+    created = await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    cache.deliver(created)
+    places = PodPlaces(cluster.client, cache, {}, lambda: False, recent)
+    keeper = readiness.Gatekeeper(
+        controller="c",
+        employer_kind="Service",
+        gated=places.gated,
+        locate=places.locate,
+        recorder=_NoEvents(),
+        recent=recent,
+    )
+    service = {"kind": "Service", "metadata": {"name": "svc", "namespace": cluster.namespace}}
+    caplog.set_level(logging.INFO, logger="resourceconsist.reconcile")
+
+    async def selected() -> list[str]:
+        return ["p"]
+
+    async def update(serving: set[str]) -> list[str]:
+        """One pass's gates; the conditions it wrote."""
+        caplog.clear()
+        facts = readiness.GateFacts(deleting=False, synced=True, serving=serving)
+        outcome = await keeper.update(service, "svc", confirmed=facts, expected={"p"}, selected=selected)
+        assert outcome.failures == {}
+        return [
+            r.getMessage().rsplit("(", 1)[1].rstrip(")")
+            for r in caplog.records
+            if "readiness gate" in r.getMessage()
+        ]
+
+    assert await update(set()) == [wire.GateReason.CONTAINERS_NOT_READY]
+    assert await update(set()) == [], "the pass after saw the cache's copy, not the gate it wrote"
+    assert await update({"p"}) == [wire.GateReason.SERVING]
+    assert await update({"p"}) == []
+    # The watch catches up: the cache is current, and used again (nothing more to write).
+    served = await cluster.get(kube.POD, "p")
+    assert served is not None
+    cache.deliver(served)
+    assert recent.get(cache, cluster.namespace, "p") is cache.get(kube.POD, cluster.namespace, "p")
+    assert await update({"p"}) == []
+
+
+class _NoEvents:
+    """An Event sink that records nothing (no gate here times out)."""
+
+    async def event(
+        self, obj: KubeObject, type_: Any, reason: str, message: str, annotations: Any = None
+    ) -> None:
+        return None
