@@ -220,10 +220,16 @@ async def plan_expected_entries(
     writer: PodWriter,
     failures: PassFailures,
     unselected: Iterable[KubeObject] = (),
+    changed: Collection[str] | None = None,
 ) -> EntryPlan:
     """Plan this employer's entry in each pod it selects (removal when deleting) on the pass's
     writer; ``unselected``: pods that may hold the entry though nothing selects them any more
-    (the namespace of a gone employer's stand-in), whose entry goes too."""
+    (the namespace of a gone employer's stand-in), whose entry goes too.
+
+    ``changed`` (``ReconcileContext.changed``): the pods whose events arrived since the last
+    pass, which ran to its end; a recorded pod outside it held the entry then and had no event
+    since, so only these are read for it (None: every recorded pod is; docs/concepts.md, "Work
+    proportional to change")."""
     try:
         names = await selected()
     except Exception as err:
@@ -236,6 +242,8 @@ async def plan_expected_entries(
     def has_entry(name: str) -> bool:
         """The cached pod holds the entry (a pod not cached yet counts as holding it: its watch
         event brings it to the next pass)."""
+        if changed is not None and name not in changed:
+            return True
         pod = pod_of(name)
         # A malformed annotation counts as lacking it; the write reports it.
         return pod is None or holds_entry(pod, entry.key)

@@ -221,6 +221,7 @@ class Reconciler:
                         writer=p.writer,
                         failures=p.failures,
                         unselected=self.passes.unselected(p),
+                        changed=p.ctx.changed,
                     )
                 # The pass's provider reads spend the budget at the pass's priority
                 # (docs/concepts.md, "The provider budget").

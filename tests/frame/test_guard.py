@@ -424,6 +424,41 @@ async def test_record_mode_gives_a_pod_recreated_under_a_recorded_name_its_entry
         await async_wait_for(entry_back, timeout=20, message="the re-created pod's entry")
 
 
+async def test_record_mode_gives_back_an_entry_taken_off_a_pod_while_it_runs(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    # The passes after the first read only the pods whose events arrived (ReconcileContext.changed):
+    # an entry taken off a recorded pod comes back from the pod's own event, not a full pass. The
+    # pods are not ready (registered, guarded), so no lifecycle-finalizer swap brings the entry.
+    provider = FakeProvider()
+    entry = lifecycle.expected_finalizer_key("Service", cluster.namespace, "svc")
+    await cluster.service("svc")
+    for name in ("pod-1", "pod-2"):
+        await cluster.pod(name, {"app": "svc"})
+        await cluster.set_status(name, ready=False)
+
+    async def has_entry(name: str) -> bool:
+        pod = await cluster.get(kube.POD, name)
+        return lifecycle.expected_finalizers(pod or {}).get(entry) == lifecycle.lifecycle_finalizer("svc")
+
+    async with run_manager(DemoAdapter(provider), full_pass_every=3600.0):
+
+        async def recorded() -> bool:
+            svc = await cluster.get(kube.SERVICE, "svc")
+            annotations = (svc or {}).get("metadata", {}).get("annotations", {})
+            return annotations.get(wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) == "pod-1,pod-2"
+
+        await async_wait_for(recorded, timeout=20, message="entries recorded")
+        assert await has_entry("pod-1") and await has_entry("pod-2")
+        # Someone empties pod-1's available conditions while the controller runs.
+        await cluster.patch(
+            kube.POD, "pod-1", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
+        )
+        assert not await has_entry("pod-1")
+        await async_wait_for(lambda: has_entry("pod-1"), timeout=20, message="the entry given back")
+        assert await has_entry("pod-2")
+
+
 async def test_the_unguarded_gauge_shows_a_routed_pod_that_cannot_be_guarded(
     cluster: Cluster, run_manager: Any
 ) -> None:
