@@ -387,23 +387,29 @@ async def test_deleting_a_service_served_by_the_tutorial_adapter_releases_its_po
         await async_wait_for(pod_gone, timeout=10, message="an unguarded pod deletes at once")
 
 
+async def _recorded(cluster: Cluster, names: str) -> bool:
+    """The Service ``svc`` records that the pods ``names`` (comma-separated) got its entry."""
+    svc = await cluster.get(kube.SERVICE, "svc")
+    annotations = (svc or {}).get("metadata", {}).get("annotations", {})
+    return bool(annotations.get(wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) == names)
+
+
+async def _has_entry(cluster: Cluster, name: str) -> bool:
+    """Pod ``name`` holds the Service ``svc``'s entry in its expectedFinalizers."""
+    entry = lifecycle.expected_finalizer_key("Service", cluster.namespace, "svc")
+    pod = await cluster.get(kube.POD, name)
+    return lifecycle.expected_finalizers(pod or {}).get(entry) == lifecycle.lifecycle_finalizer("svc")
+
+
 async def test_record_mode_gives_a_pod_recreated_under_a_recorded_name_its_entry(
     cluster: Cluster, run_manager: Any
 ) -> None:
     provider = FakeProvider()
-    entry = lifecycle.expected_finalizer_key("Service", cluster.namespace, "svc")
     await cluster.service("svc")
     await cluster.pod("pod-1", {"app": "svc"})
     await cluster.set_status("pod-1", ready=True)
     async with run_manager(DemoAdapter(provider)) as manager:  # records which pods got the entry
-
-        async def recorded() -> bool:
-            svc = await cluster.get(kube.SERVICE, "svc")
-            return (svc or {}).get("metadata", {}).get("annotations", {}).get(
-                wire.EXPECTED_FINALIZER_ADDED_ANNOTATION
-            ) == "pod-1"
-
-        await async_wait_for(recorded, timeout=20, message="entry recorded")
+        await async_wait_for(lambda: _recorded(cluster, "pod-1"), timeout=20, message="entry recorded")
         await manager.stop_controller("demo-controller")
         # While no controller runs, the pod is force-removed and re-created under its name.
         await cluster.patch(kube.POD, "pod-1", {"metadata": {"finalizers": None}})
@@ -416,12 +422,9 @@ async def test_record_mode_gives_a_pod_recreated_under_a_recorded_name_its_entry
         await cluster.pod("pod-1", {"app": "svc"})
         await cluster.set_status("pod-1", ready=True)
         await manager.add(DemoAdapter(provider))
-
-        async def entry_back() -> bool:
-            pod = await cluster.get(kube.POD, "pod-1")
-            return lifecycle.expected_finalizers(pod or {}).get(entry) == lifecycle.lifecycle_finalizer("svc")
-
-        await async_wait_for(entry_back, timeout=20, message="the re-created pod's entry")
+        await async_wait_for(
+            lambda: _has_entry(cluster, "pod-1"), timeout=20, message="the re-created pod's entry"
+        )
 
 
 async def test_record_mode_gives_back_an_entry_taken_off_a_pod_while_it_runs(
@@ -430,33 +433,21 @@ async def test_record_mode_gives_back_an_entry_taken_off_a_pod_while_it_runs(
     # The passes after the first read only the pods whose events arrived (ReconcileContext.changed):
     # an entry taken off a recorded pod comes back from the pod's own event, not a full pass. The
     # pods are not ready (registered, guarded), so no lifecycle-finalizer swap brings the entry.
-    provider = FakeProvider()
-    entry = lifecycle.expected_finalizer_key("Service", cluster.namespace, "svc")
     await cluster.service("svc")
     for name in ("pod-1", "pod-2"):
         await cluster.pod(name, {"app": "svc"})
         await cluster.set_status(name, ready=False)
-
-    async def has_entry(name: str) -> bool:
-        pod = await cluster.get(kube.POD, name)
-        return lifecycle.expected_finalizers(pod or {}).get(entry) == lifecycle.lifecycle_finalizer("svc")
-
-    async with run_manager(DemoAdapter(provider), full_pass_every=3600.0):
-
-        async def recorded() -> bool:
-            svc = await cluster.get(kube.SERVICE, "svc")
-            annotations = (svc or {}).get("metadata", {}).get("annotations", {})
-            return annotations.get(wire.EXPECTED_FINALIZER_ADDED_ANNOTATION) == "pod-1,pod-2"
-
-        await async_wait_for(recorded, timeout=20, message="entries recorded")
-        assert await has_entry("pod-1") and await has_entry("pod-2")
-        # Someone empties pod-1's available conditions while the controller runs.
-        await cluster.patch(
-            kube.POD, "pod-1", {"metadata": {"annotations": {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}}}
+    async with run_manager(DemoAdapter(FakeProvider()), full_pass_every=3600.0):
+        await async_wait_for(
+            lambda: _recorded(cluster, "pod-1,pod-2"), timeout=20, message="entries recorded"
         )
-        assert not await has_entry("pod-1")
-        await async_wait_for(lambda: has_entry("pod-1"), timeout=20, message="the entry given back")
-        assert await has_entry("pod-2")
+        assert await _has_entry(cluster, "pod-1") and await _has_entry(cluster, "pod-2")
+        # Someone empties pod-1's available conditions while the controller runs.
+        gone = {wire.AVAILABLE_CONDITIONS_ANNOTATION: None}
+        await cluster.patch(kube.POD, "pod-1", {"metadata": {"annotations": gone}})
+        assert not await _has_entry(cluster, "pod-1")
+        await async_wait_for(lambda: _has_entry(cluster, "pod-1"), timeout=20, message="the entry given back")
+        assert await _has_entry(cluster, "pod-2")
 
 
 async def test_the_unguarded_gauge_shows_a_routed_pod_that_cannot_be_guarded(
