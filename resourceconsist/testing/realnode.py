@@ -230,10 +230,7 @@ class RealNodeCluster(LocalCluster):
             what = str(err).splitlines()[0].split(". Get them")[0]
             raise RealNodeUnavailable(f"{what}: build them with hack/build-controlplane.sh") from None
         find_image("pause")
-        if not self._lock.acquire():
-            raise RealNodeUnavailable(
-                "another real node runs on this host: one at a time (docs/testing.md, 'A real node')"
-            )
+        self._hold_host()
         try:
             self._sweep_leftovers()
             self._refuse_foreign_state()
@@ -249,14 +246,18 @@ class RealNodeCluster(LocalCluster):
         cgroups, kernel settings), as :meth:`start` does first, without starting a node: for a
         caller that wants the host clean before it looks at it (a killed session, a restarted
         machine). Names in one line what it cannot remove; refuses while a node runs here."""
-        if not self._lock.acquire():
-            raise RealNodeUnavailable(
-                "another real node runs on this host: one at a time (docs/testing.md, 'A real node')"
-            )
+        self._hold_host()
         try:
             self._sweep_leftovers()
         finally:
             self._lock.release()
+
+    def _hold_host(self) -> None:
+        """Take the host's lock, or refuse in one line: one real node at a time on a host."""
+        if not self._lock.acquire():
+            raise RealNodeUnavailable(
+                "another real node runs on this host: one at a time (docs/testing.md, 'A real node')"
+            )
 
     def _sweep_leftovers(self) -> None:
         """A killed run's leftovers: swept, or named in one line."""

@@ -84,6 +84,16 @@ def test_short_names_stay_readable_and_long_names_never_share_a_gate() -> None:
     assert len({lifecycle.readiness_gate(n) for n in LONG_NAMES}) == len(LONG_NAMES)
 
 
+def gate_writes(records: list[logging.LogRecord], pod: str, gate: str = "") -> list[str]:
+    """The reasons of the gate conditions written on ``pod`` (of ``gate``, or any), from the
+    line readiness logs for each write (resourceconsist/reconcile/readiness.py)."""
+    return [
+        r.getMessage().rsplit("(", 1)[1].rstrip(")")
+        for r in records
+        if f"pod {pod}: readiness gate {gate}" in r.getMessage()
+    ]
+
+
 async def test_the_api_server_accepts_every_gate_as_a_readiness_gate(
     control_plane: LocalControlPlane, namespace: str
 ) -> None:
@@ -599,14 +609,6 @@ async def test_slow_provider_calls_show_on_the_gate_with_one_write_each_and_expl
     lc = Cluster(client, namespace)
     caplog.set_level(logging.INFO, logger="resourceconsist.reconcile")
 
-    def gate_writes(pod: str) -> list[str]:
-        """The gate conditions the manager wrote on ``pod`` (readiness logs each write)."""
-        return [
-            r.getMessage().rsplit("(", 1)[1].rstrip(")")
-            for r in caplog.records
-            if f"pod {pod}: readiness gate {gate}" in r.getMessage()
-        ]
-
     await lc.service("web", {"app": "web"})
 
     async def gated_pod(name: str) -> None:
@@ -652,7 +654,7 @@ async def test_slow_provider_calls_show_on_the_gate_with_one_write_each_and_expl
             timeout=60,
             message="registered",
         )
-        writes = len(gate_writes("web-0"))
+        writes = len(gate_writes(caplog.records, "web-0", gate))
         # 2. Its containers turn ready: the call that turns traffic on takes 4 s.
         await kubelet("web-0", containers_ready=True)
         await async_wait_for(
@@ -668,7 +670,8 @@ async def test_slow_provider_calls_show_on_the_gate_with_one_write_each_and_expl
         )
         assert seen == [GateReason.CONTAINERS_NOT_READY, GateReason.NOT_SERVING, GateReason.SERVING]
         # One write to say it waits for the provider, one to open the gate: none per pass.
-        assert gate_writes("web-0")[writes:] == [GateReason.NOT_SERVING, GateReason.SERVING]
+        written = gate_writes(caplog.records, "web-0", gate)[writes:]
+        assert written == [GateReason.NOT_SERVING, GateReason.SERVING]
 
         # 3. A new pod ready at once: while its registration is in flight, the gate and explain say so.
         await gated_pod("web-1")

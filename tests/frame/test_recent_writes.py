@@ -25,6 +25,7 @@ from resourceconsist.reconcile.pods import PodPlaces
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodLocation, PodWriter, RecentWrites
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, finalizers
+from tests.extensions.test_gates import gate_writes
 
 ENTRY = EmployerEntry(
     key="Service/ns/svc",
@@ -152,11 +153,7 @@ async def test_a_gate_written_a_moment_ago_is_not_written_again_while_the_cache_
         facts = readiness.GateFacts(deleting=False, synced=True, serving=serving)
         outcome = await keeper.update(service, "svc", confirmed=facts, expected={"p"}, selected=selected)
         assert outcome.failures == {}
-        return [
-            r.getMessage().rsplit("(", 1)[1].rstrip(")")
-            for r in caplog.records
-            if "readiness gate" in r.getMessage()
-        ]
+        return gate_writes(caplog.records, "p")
 
     assert await update(set()) == [wire.GateReason.CONTAINERS_NOT_READY]
     assert await update(set()) == [], "the pass after saw the cache's copy, not the gate it wrote"
