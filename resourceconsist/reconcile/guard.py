@@ -8,7 +8,7 @@ the pass's ``PodWriter``; the orchestrator (resourceconsist/reconcile/reconciler
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
@@ -16,6 +16,7 @@ from typing import Any
 from resourceconsist import wire
 from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses
 from resourceconsist.reconcile.finalizers import PodOf, guarded, holds_entry, still_carries
+from resourceconsist.reconcile.memory import GuardMemo
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult
 from resourceconsist.rules import lifecycle
 from resourceconsist.rules.diff import Diff
@@ -34,18 +35,79 @@ class Verdict(IntEnum):
     UNKNOWN = 3  # a call failed or was skipped: the outcome is unknown, change nothing
 
 
+class GuardRecall:
+    """One pass's use of the ``GuardMemo`` of the employer's last pass (docs/concepts.md, "Work
+    proportional to change"): a pod that had no event since that pass ran to its end is as that
+    pass found it, so what the pass read of it holds without reading it again; ``now`` is filled
+    with what this pass finds, for the next one.
+
+    ``changed`` tells which pods had an event since then, asked at the moment of each use (the
+    events of this pass's own writes and of pods that changed during it count as they arrive);
+    it answers None when the pass must read every pod (a full pass, or the employer changed)."""
+
+    def __init__(self, last: GuardMemo | None, changed: Callable[[], Collection[str] | None]) -> None:
+        self._last = last
+        self._changed = changed
+        self.now = GuardMemo()
+
+    def unchanged(self) -> Callable[[str], bool] | None:
+        """Whether a pod had no event since the last pass that ran to its end, as of now; None
+        when no pod may be taken as that pass found it."""
+        if self._last is None:
+            return None
+        changed = self._changed()
+        if changed is None:
+            return None
+        return lambda name: name not in changed
+
+    def still_guarded(self, unchanged: Callable[[str], bool] | None, name: str) -> bool:
+        """The pod carried the guard or lifecycle finalizer at the last pass and had no event since."""
+        return (
+            unchanged is not None
+            and self._last is not None
+            and name in self._last.guarded
+            and unchanged(name)
+        )
+
+    def still_settled(self, unchanged: Callable[[str], bool] | None, name: str, verdict: Verdict) -> bool:
+        """The pod's finalizers matched this same verdict at the last pass, and it had no event since."""
+        return (
+            unchanged is not None
+            and self._last is not None
+            and self._last.settled.get(name) == verdict
+            and unchanged(name)
+        )
+
+
+def no_recall() -> GuardRecall:
+    """A pass that remembers nothing and reads every pod (a stand-in's, a full one, tests)."""
+    return GuardRecall(None, lambda: None)
+
+
 def plan_guard(
-    held: Iterable[str], registering: Iterable[str], pod_of: PodOf, entry: EmployerEntry, writer: PodWriter
+    held: Iterable[str],
+    registering: Iterable[str],
+    pod_of: PodOf,
+    entry: EmployerEntry,
+    writer: PodWriter,
+    recall: GuardRecall | None = None,
 ) -> tuple[set[str], int]:
     """Plan the guard on every pod the provider holds (``held``) or is about to hold
     (``registering``) a registration of, that lacks it; the pods planned, and how many
-    registrations the provider held without their pod's guard (the invariant, live)."""
+    registrations the provider held without their pod's guard (the invariant, live). A pod
+    ``recall`` knows carried it and had no event since is not read again."""
+    recall = recall or no_recall()
+    unchanged = recall.unchanged()
     held = set(held)
     unguarded = 0
     guarding: set[str] = set()
     for name in sorted(held | set(registering)):
+        if recall.still_guarded(unchanged, name):
+            recall.now.guarded.add(name)
+            continue
         pod = pod_of(name)
         if pod is not None and guarded(lifecycle.held_finalizers(pod), entry):
+            recall.now.guarded.add(name)
             continue
         if pod is not None and name in held:
             unguarded += 1  # the provider's view and the cache: the invariant, live
@@ -93,9 +155,13 @@ def plan_after_calls(
     entry: EmployerEntry,
     pod_of: PodOf,
     writer: PodWriter,
+    recall: GuardRecall | None = None,
 ) -> dict[str, Verdict]:
     """Plan each pod's guard and lifecycle finalizer from what the provider confirmed; the
-    verdicts, the carriers the provider holds nothing for included (IDLE)."""
+    verdicts, the carriers the provider holds nothing for included (IDLE). A pod ``recall``
+    knows matched the same verdict and had no event since is not read again."""
+    recall = recall or no_recall()
+    unchanged = recall.unchanged()
     carriers = set(carriers)
     verdicts = dict(judged)
     # Pods carrying our finalizers that the provider holds nothing for: release them,
@@ -103,12 +169,15 @@ def plan_after_calls(
     for name in carriers:
         verdicts.setdefault(name, Verdict.IDLE)
     for name, verdict in sorted(verdicts.items()):
-        if verdict is Verdict.SERVED:
-            if not swapped(name, entry.lifecycle_finalizer, entry.guard_finalizer, entry, pod_of, writer):
-                writer.swap(name, to_lifecycle=True)
-        elif verdict is Verdict.ROUTING:
-            if not swapped(name, entry.guard_finalizer, entry.lifecycle_finalizer, entry, pod_of, writer):
-                writer.swap(name, to_lifecycle=False)
+        if verdict is Verdict.SERVED or verdict is Verdict.ROUTING:
+            on, off = entry.lifecycle_finalizer, entry.guard_finalizer
+            if verdict is Verdict.ROUTING:
+                on, off = off, on
+            remembered = recall.still_settled(unchanged, name, verdict) and not writer.planned(name)
+            if remembered or swapped(name, on, off, entry, pod_of, writer):
+                recall.now.settled[name] = verdict
+            else:
+                writer.swap(name, to_lifecycle=verdict is Verdict.SERVED)
         elif verdict is Verdict.IDLE and name in carriers:
             writer.remove_finalizer(name, entry.lifecycle_finalizer)
             writer.remove_finalizer(name, entry.guard_finalizer)
@@ -226,6 +295,7 @@ async def before_calls(
     report_unguarded: Callable[[int], None],
     controller: str,
     key: str,
+    recall: GuardRecall | None = None,
 ) -> Guarding:
     """Guard every pod the provider holds, or is about to hold, a registration of, before any
     call (folding the writes into ``written``, the pass's); ``report_unguarded`` gets how many
@@ -238,7 +308,7 @@ async def before_calls(
     registering = {
         e.name: e.id for e in [*planned.to_create, *planned.to_update] if e.name and e.registered()
     }
-    guarding, unguarded = plan_guard(held, registering, pod_of, entry, writer)
+    guarding, unguarded = plan_guard(held, registering, pod_of, entry, writer, recall)
     report_unguarded(unguarded)
     # Additions go out now; removals wait for the calls (an entry stays while its
     # lifecycle finalizer does).
@@ -283,11 +353,12 @@ def after_calls(
     entry: EmployerEntry,
     pod_of: PodOf,
     writer: PodWriter,
+    recall: GuardRecall | None = None,
 ) -> AfterCalls:
     """Judge each pod from what the provider confirmed and, when the employer follows
     PodOpsLifecycle, plan its swaps and releases (``plan_after_calls``)."""
     verdicts, serves = judge(results, current_by_id)
-    planned = plan_after_calls(verdicts, carriers, entry, pod_of, writer) if follows_lifecycle else {}
+    planned = plan_after_calls(verdicts, carriers, entry, pod_of, writer, recall) if follows_lifecycle else {}
     expected: list[list[Employee]] = [results.succ_created, results.fail_created]
     expected += [results.succ_updated, results.fail_updated, results.unchanged]
     return AfterCalls(

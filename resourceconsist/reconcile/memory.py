@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,17 @@ class Streak:
 
     since: float
     passes: int = 0
+
+
+@dataclass
+class GuardMemo:
+    """What the guard found of an employer's pods on its last pass that ran to its end
+    (``guard.GuardRecall`` reads it): the pods that carried its guard or lifecycle finalizer, and
+    those whose finalizers already matched their verdict (nothing was planned), with that
+    verdict (a ``guard.Verdict``)."""
+
+    guarded: set[str] = field(default_factory=set)
+    settled: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -31,6 +42,9 @@ class EmployerMemory:
     #: Registrations the provider held without their pod's guard, as the last pass found them
     #: (the invariant, live: it should read 0; docs/concepts.md); None: not counted yet.
     unguarded: int | None = None
+    #: What the guard found of its pods on its last pass that ran to its end (None: nothing
+    #: known; ``guard.GuardRecall``).
+    guard: GuardMemo | None = None
     #: What its subscribers were last told, by pod ("": the employer itself).
     told: dict[str, str] = field(default_factory=dict)
     #: The failures left to retries its consecutive passes met.
@@ -88,12 +102,22 @@ class Memories:
         pending = self.of(key).changes
         return None if pending is None else frozenset(pending)
 
+    def changed_since_last_pass(self, key: str, taken: frozenset[str] | None) -> Collection[str] | None:
+        """The employee names with an event since the employer's last pass began, as of now:
+        those its current pass took (``taken``, from ``take_changes``) and those since; None
+        when the current pass is a full one or the employer changed meanwhile."""
+        pending = self.of(key).changes
+        if taken is None or pending is None:
+            return None
+        return taken | pending
+
     def pass_ended(self, key: str, *, began: float, completed: bool, full: bool) -> None:
         """A pass of the employer that ``began`` (monotonic seconds) ended: a ``full`` one that
         ``completed`` is its last full pass; one that did not complete leaves a full pass next,
         since whatever the adapter kept from it may be wrong."""
         if not completed:
             self.employer_changed(key)
+            self.of(key).guard = None
         elif full:
             self.of(key).full_pass_at = began
 

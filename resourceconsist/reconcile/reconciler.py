@@ -181,7 +181,13 @@ class Reconciler:
         )
         began = time.monotonic()
         if not p.stand_in:
-            p.ctx.changed = self._memory.take_changes(key, self.full_pass_every)
+            p.ctx.changed = taken = self._memory.take_changes(key, self.full_pass_every)
+            # Pods with no event since the last pass that ran to its end are as it found them
+            # (docs/concepts.md, "Work proportional to change").
+            last = self._memory.of(key).guard if taken is not None else None
+            p.recall = guard.GuardRecall(
+                last, functools.partial(self._memory.changed_since_last_pass, key, taken)
+            )
         completed = False
         try:
             if await finalizers.ensure_clean_finalizer(p.employer, self.employer_writes, p.failures):
@@ -199,6 +205,8 @@ class Reconciler:
         finally:
             p.failures.end_streaks()
             if not p.stand_in:
+                if completed:
+                    self._memory.of(key).guard = p.recall.now
                 self._memory.pass_ended(key, began=began, completed=completed, full=p.ctx.changed is None)
         result.collected = p.collected
         if p.collected:
@@ -277,6 +285,7 @@ class Reconciler:
                     report_unguarded=functools.partial(self._memory.count_unguarded, p.key),
                     controller=self.name,
                     key=p.key,
+                    recall=p.recall,
                 )
                 guard_took = time.monotonic() - began
                 p.carriers |= guarding.carrying
@@ -352,6 +361,7 @@ class Reconciler:
             entry=p.entry,
             pod_of=p.pod_of,
             writer=p.writer,
+            recall=p.recall,
         )
         p.lifecycle_record = p.follows_lifecycle and self.profile.records_lifecycle_finalizers
 

@@ -11,7 +11,7 @@ from resourceconsist.adapter import CUDResults, Employee, Employer, ReconcileCon
 from resourceconsist.cluster.kube import EmployerKey, KubeObject
 from resourceconsist.reconcile.failures import PassFailures
 from resourceconsist.reconcile.finalizers import EntryPlan, PodOf
-from resourceconsist.reconcile.guard import AfterCalls
+from resourceconsist.reconcile.guard import AfterCalls, GuardRecall, no_recall
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult
 from resourceconsist.reconcile.readiness import GateFacts, GateOutcome
 from resourceconsist.reconcile.sync import is_clean
@@ -67,6 +67,8 @@ class PassState:
     confirmed: AfterCalls | None = None
     #: The provider's reason for each pod whose item it refused (for the readiness gates).
     refused: dict[str, str] = field(default_factory=dict)
+    #: What the guard may take from the employer's last pass, and what it finds in this one.
+    recall: GuardRecall = field(default_factory=no_recall)
     #: The readiness gates: when the fail-safe wants the employer looked at again, the failed writes.
     gates: GateOutcome = field(default_factory=GateOutcome)
     collected: bool = False

@@ -29,7 +29,8 @@ from resourceconsist.experimental.demo import (
     RealServer,
     VipStatus,
 )
-from resourceconsist.reconcile import reconciler
+from resourceconsist.reconcile import guard, reconciler
+from resourceconsist.reconcile.memory import GuardMemo
 from resourceconsist.reconcile.podwriter import EmployerEntry, PodIntent, PodWriter
 from resourceconsist.rules import lifecycle
 from resourceconsist.testing import Cluster, WaitTimeout, async_wait_for, finalizers, wait_for
@@ -115,6 +116,45 @@ def test_a_swap_on_a_live_pod_is_one_write_with_both_changes() -> None:
     body, _ = PodWriter._patch_for(pod, writer._intents["p"], ENTRY)
     assert body is not None
     assert finalizers(_apply(pod, body)) == ["x/keep", G]
+
+
+def test_a_pod_remembered_as_settled_is_read_again_once_its_event_arrives_mid_pass() -> None:
+    # The last pass found p's finalizers matching SERVED; p lost its lifecycle finalizer since.
+    # While no event of p has arrived the pass takes it as the last pass found it; once one has
+    # (even during this pass), p is read again and its swap planned.
+    pods = {"p": _pod([G], entries={ENTRY.key: L})}
+    events: set[str] = set()
+    reads: list[str] = []
+
+    def pod_of(name: str) -> KubeObject | None:
+        reads.append(name)
+        return pods.get(name)
+
+    last = GuardMemo(guarded={"p"}, settled={"p": guard.Verdict.SERVED})
+    quiet = guard.GuardRecall(last, lambda: frozenset(events))
+    writer = PodWriter("ns", lambda n: None, ENTRY)  # type: ignore[arg-type,return-value]
+    guard.plan_after_calls({"p": guard.Verdict.SERVED}, {"p"}, ENTRY, pod_of, writer, quiet)
+    assert reads == [] and not writer.planned("p"), "no event: taken as the last pass found it"
+    assert quiet.now.settled == {"p": guard.Verdict.SERVED}, "and remembered for the next pass"
+
+    events.add("p")
+    woken = guard.GuardRecall(last, lambda: frozenset(events))
+    guard.plan_after_calls({"p": guard.Verdict.SERVED}, {"p"}, ENTRY, pod_of, writer, woken)
+    assert reads == ["p"] and writer.planned("p"), "its event arrived: read again, the swap planned"
+    assert woken.now.settled == {}
+
+    # A different verdict, or a full pass (None), reads the pod whatever its events.
+    reads.clear()
+    other = guard.GuardRecall(last, frozenset)
+    routing = {"p": guard.Verdict.ROUTING}
+    guard.plan_after_calls(routing, {"p"}, ENTRY, pod_of, PodWriter("ns", lambda n: None, ENTRY), other)  # type: ignore[arg-type,return-value]
+    assert reads == ["p"] and other.now.settled == routing, (
+        "read: it carries the guard alone, as ROUTING wants"
+    )
+    full = PodWriter("ns", lambda n: None, ENTRY)  # type: ignore[arg-type,return-value]
+    served = {"p": guard.Verdict.SERVED}
+    guard.plan_after_calls(served, {"p"}, ENTRY, pod_of, full, guard.GuardRecall(last, lambda: None))
+    assert reads == ["p", "p"] and full.planned("p")
 
 
 # -- against the real API server ------------------------------------------------------------------
@@ -448,6 +488,42 @@ async def test_record_mode_gives_back_an_entry_taken_off_a_pod_while_it_runs(
         assert not await _has_entry(cluster, "pod-1")
         await async_wait_for(lambda: _has_entry(cluster, "pod-1"), timeout=20, message="the entry given back")
         assert await _has_entry(cluster, "pod-2")
+
+
+async def test_finalizers_taken_off_pods_while_it_runs_come_back_from_the_pods_own_events(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    # The passes after the first take a pod with no event since the last pass as that pass found
+    # it (guard.GuardRecall); a finalizer taken off comes back from the pod's own event, not a
+    # full pass an hour later: the served pod's lifecycle finalizer, the routed pod's guard.
+    await cluster.service("svc")
+    await cluster.pod("served", {"app": "svc"})
+    await cluster.set_status("served", ready=True)
+    await cluster.pod("routed", {"app": "svc"})
+    await cluster.set_status("routed", ready=False)
+    lifecycle_finalizer, guard_finalizer = (
+        lifecycle.lifecycle_finalizer("svc"),
+        lifecycle.guard_finalizer("svc"),
+    )
+
+    async def carries(name: str, finalizer: str) -> bool:
+        return finalizer in finalizers(await cluster.get(kube.POD, name) or {})
+
+    async def both_held() -> bool:
+        return await carries("served", lifecycle_finalizer) and await carries("routed", guard_finalizer)
+
+    async with run_manager(DemoAdapter(FakeProvider()), full_pass_every=3600.0):
+        await async_wait_for(
+            both_held, timeout=20, message="the served pod's and the routed pod's finalizers"
+        )
+        for _ in range(3):  # steady passes: every pod remembered as settled
+            await cluster.patch(kube.SERVICE, "svc", {"metadata": {"labels": {"poke": str(_)}}})
+        for name in ("served", "routed"):
+            taken = await cluster.patch(kube.POD, name, {"metadata": {"finalizers": None}})
+            assert not finalizers(taken), (
+                "the patch took them off (the controller may give them back at once)"
+            )
+        await async_wait_for(both_held, timeout=20, message="the finalizers given back")
 
 
 async def test_the_unguarded_gauge_shows_a_routed_pod_that_cannot_be_guarded(
