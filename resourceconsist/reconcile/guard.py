@@ -78,6 +78,15 @@ class GuardRecall:
             and unchanged(name)
         )
 
+    def found(self, written: Collection[str]) -> GuardMemo:
+        """What this pass found, for the next one, but for the pods it wrote or tried to write
+        (``written``): their finalizers may differ from what it found before its writes, and the
+        events of those writes may reach the next pass late."""
+        return GuardMemo(
+            guarded=self.now.guarded.difference(written),
+            settled={name: v for name, v in self.now.settled.items() if name not in written},
+        )
+
 
 def no_recall() -> GuardRecall:
     """A pass that remembers nothing and reads every pod (a stand-in's, a full one, tests)."""

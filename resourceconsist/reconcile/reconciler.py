@@ -206,7 +206,7 @@ class Reconciler:
             p.failures.end_streaks()
             if not p.stand_in:
                 if completed:
-                    self._memory.of(key).guard = p.recall.now
+                    self._memory.of(key).guard = p.recall.found(p.written.done | p.written.failed.keys())
                 self._memory.pass_ended(key, began=began, completed=completed, full=p.ctx.changed is None)
         result.collected = p.collected
         if p.collected:

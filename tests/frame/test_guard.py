@@ -157,6 +157,17 @@ def test_a_pod_remembered_as_settled_is_read_again_once_its_event_arrives_mid_pa
     assert reads == ["p", "p"] and full.planned("p")
 
 
+def test_a_pod_the_pass_wrote_is_not_remembered_for_the_next_pass() -> None:
+    # A pod found guarded before the calls and released after them (or written at all) is read
+    # again by the next pass, whether or not its write's event reached the cache by then.
+    recall = guard.GuardRecall(None, lambda: None)
+    recall.now.guarded |= {"released", "untouched"}
+    recall.now.settled.update({"swapped": guard.Verdict.SERVED, "untouched": guard.Verdict.SERVED})
+    kept = recall.found({"released", "swapped"})
+    assert kept.guarded == {"untouched"}
+    assert kept.settled == {"untouched": guard.Verdict.SERVED}
+
+
 # -- against the real API server ------------------------------------------------------------------
 
 

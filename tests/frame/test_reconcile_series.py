@@ -121,8 +121,8 @@ async def test_a_pass_past_the_reconcile_timeout_is_a_timeout(cluster: Cluster, 
         )
         timeouts = _series(manager)["reconcile_timeouts"]
         # Passes within the deadline are no timeouts.
+        reads = adapter.reads  # read before the change: its pass may end before the patch returns
         await cluster.patch(kube.SERVICE, "svc", {"metadata": {"annotations": {"touched": "yes"}}})
-        reads = adapter.reads
         await async_wait_for(lambda: adapter.reads > reads, timeout=30, message="a pass after the change")
         assert _series(manager)["reconcile_timeouts"] == timeouts
         assert _series(manager)["reconcile_panics"] == 0
