@@ -101,6 +101,8 @@ class Sharder:
         self._last_full = 0.0
         self._seen: dict[str, ShardState] = {}
         self._task: asyncio.Task[None] | None = None
+        #: The round running in its worker thread, if any (``stop`` waits for it).
+        self._round: asyncio.Future[SharderRound] | None = None
         self._unsubscribe: list[Callable[[], None]] = []
 
     async def start(self) -> None:
@@ -128,6 +130,10 @@ class Sharder:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
+        if self._round is not None:
+            # A round still running in its thread ends (and reports) before the sharder stops.
+            await asyncio.gather(self._round, return_exceptions=True)
+            self._round = None
         if self._informers is not None:
             await asyncio.to_thread(self._informers.stop)
             self._informers = None
@@ -154,7 +160,10 @@ class Sharder:
             self._full, self._pending = False, set()
             try:
                 now = datetime.datetime.now(datetime.UTC)
-                done = await asyncio.to_thread(self.round, now, only)
+                # Shielded: a stop cancels this task, not the round in its thread, and waits for
+                # that round (``stop``), whose report must not land after the replica cleared it.
+                self._round = asyncio.ensure_future(asyncio.to_thread(self.round, now, only))
+                done = await asyncio.shield(self._round)
                 if done.next_in is not None:
                     delay = min(delay, done.next_in)
             except LeaseLost as err:
