@@ -46,37 +46,27 @@ class GuardRecall:
     it answers None when the pass must read every pod (a full pass, or the employer changed)."""
 
     def __init__(self, last: GuardMemo | None, changed: Callable[[], Collection[str] | None]) -> None:
-        self._last = last
+        #: Whether anything is known of the last pass (None: every pod is read).
+        self._known = last is not None
+        self._last = last if last is not None else GuardMemo()
         self._changed = changed
         self.now = GuardMemo()
 
     def unchanged(self) -> Callable[[str], bool] | None:
         """Whether a pod had no event since the last pass that ran to its end, as of now; None
         when no pod may be taken as that pass found it."""
-        if self._last is None:
-            return None
-        changed = self._changed()
+        changed = self._changed() if self._known else None
         if changed is None:
             return None
         return lambda name: name not in changed
 
     def still_guarded(self, unchanged: Callable[[str], bool] | None, name: str) -> bool:
         """The pod carried the guard or lifecycle finalizer at the last pass and had no event since."""
-        return (
-            unchanged is not None
-            and self._last is not None
-            and name in self._last.guarded
-            and unchanged(name)
-        )
+        return unchanged is not None and name in self._last.guarded and unchanged(name)
 
     def still_settled(self, unchanged: Callable[[str], bool] | None, name: str, verdict: Verdict) -> bool:
         """The pod's finalizers matched this same verdict at the last pass, and it had no event since."""
-        return (
-            unchanged is not None
-            and self._last is not None
-            and self._last.settled.get(name) == verdict
-            and unchanged(name)
-        )
+        return unchanged is not None and self._last.settled.get(name) == verdict and unchanged(name)
 
     def found(self, written: Collection[str]) -> GuardMemo:
         """What this pass found, for the next one, but for the pods it wrote or tried to write
