@@ -10,6 +10,7 @@ provider budget").
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 
 from resourceconsist.adapter import ReconcileContext
@@ -27,6 +28,20 @@ from resourceconsist.reconcile.podwriter import PodWriter, RecentWrites
 from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState, employer_entry
 from resourceconsist.rules import lifecycle
+
+
+def _current_employer(state: weakref.ref[PassState]) -> Callable[[], KubeObject]:
+    """The employer a pass holds now (a step may read it again), for its failure reports. Held
+    through a weak reference: the pass owns its failures, and a failure report reaching back to
+    the pass by a strong one would make every pass a reference cycle, whose thousands of objects
+    only the garbage collector frees (docs/benchmarks.md, "Garbage a pass leaves")."""
+
+    def employer() -> KubeObject:
+        alive = state()
+        assert alive is not None, "a pass's failures outlived the pass"
+        return alive.employer
+
+    return employer
 
 
 class PassFactory:
@@ -108,7 +123,7 @@ class PassFactory:
         p.failures = PassFailures(
             controller=self.name,
             key=key,
-            employer=lambda: p.employer,
+            employer=_current_employer(weakref.ref(p)),
             recorder=self.recorder,
             streaks=self.memory.of(key).streaks,
             api_down=self.api_down,
