@@ -8,8 +8,6 @@ import gc
 from collections import Counter
 from typing import Any
 
-from resourceconsist import wire
-from resourceconsist.cluster import kube
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.testing import Cluster, async_wait_for
@@ -17,30 +15,11 @@ from resourceconsist.testing import Cluster, async_wait_for
 PODS = 5
 
 
-def _populate(cluster: Cluster) -> None:
-    """A controlled Service ``web`` and its Ready pods."""
-    cluster.client.create(
-        kube.SERVICE,
-        cluster.namespace,
-        {
-            "metadata": {"name": "web", "labels": {wire.CONTROL_LABEL: "true"}},
-            "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]},
-        },
-    )
-    for j in range(PODS):
-        name = f"web-{j}"
-        pod = {
-            "metadata": {"name": name, "labels": {"app": "web"}},
-            "spec": {"containers": [{"name": "c", "image": "x"}]},
-        }
-        cluster.client.create(kube.POD, cluster.namespace, pod)
-        ip = cluster.ip_of(name)
-        status = {"podIP": ip, "podIPs": [{"ip": ip}], "conditions": [{"type": "Ready", "status": "True"}]}
-        cluster.client.patch(kube.POD, cluster.namespace, name, {"status": status}, subresource="status")
-
-
 async def test_passes_leave_nothing_for_the_garbage_collector(cluster: Cluster, run_manager: Any) -> None:
-    await cluster.call(_populate, cluster)
+    await cluster.service("web")
+    for j in range(PODS):
+        await cluster.pod(f"web-{j}", {"app": "web"})
+        await cluster.set_status(f"web-{j}")
     provider = FakeProvider()
     async with run_manager(DemoAdapter(provider), resync_period=0.2) as manager:
         controller = manager.controllers["demo-controller"]
