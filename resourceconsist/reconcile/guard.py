@@ -52,21 +52,27 @@ class GuardRecall:
         self._changed = changed
         self.now = GuardMemo()
 
-    def unchanged(self) -> Callable[[str], bool] | None:
-        """Whether a pod had no event since the last pass that ran to its end, as of now; None
-        when no pod may be taken as that pass found it."""
-        changed = self._changed() if self._known else None
+    def _changed_now(self) -> Collection[str] | None:
+        """The pods with an event since the last pass that ran to its end, as of now; None when
+        no pod may be taken as that pass found it."""
+        return self._changed() if self._known else None
+
+    def still_guarded(self, names: set[str]) -> set[str]:
+        """Of ``names``, the pods that carried the guard or lifecycle finalizer at the last pass
+        and had no event since. In bulk, as of one moment: a pass asks it of every pod."""
+        changed = self._changed_now()
         if changed is None:
-            return None
-        return lambda name: name not in changed
+            return set()
+        return (names & self._last.guarded).difference(changed)
 
-    def still_guarded(self, unchanged: Callable[[str], bool] | None, name: str) -> bool:
-        """The pod carried the guard or lifecycle finalizer at the last pass and had no event since."""
-        return unchanged is not None and name in self._last.guarded and unchanged(name)
-
-    def still_settled(self, unchanged: Callable[[str], bool] | None, name: str, verdict: Verdict) -> bool:
-        """The pod's finalizers matched this same verdict at the last pass, and it had no event since."""
-        return unchanged is not None and self._last.settled.get(name) == verdict and unchanged(name)
+    def still_settled(self, verdicts: Mapping[str, Verdict]) -> dict[str, Verdict]:
+        """Of ``verdicts``, the pods whose finalizers matched this same verdict at the last pass
+        and that had no event since, with their verdict (in bulk, as ``still_guarded``)."""
+        changed = self._changed_now()
+        if changed is None:
+            return {}
+        last = self._last.settled
+        return {n: v for n, v in verdicts.items() if last.get(n) == v and n not in changed}
 
     def found(self, written: Collection[str]) -> GuardMemo:
         """What this pass found, for the next one, but for the pods it wrote or tried to write
@@ -96,14 +102,13 @@ def plan_guard(
     registrations the provider held without their pod's guard (the invariant, live). A pod
     ``recall`` knows carried it and had no event since is not read again."""
     recall = recall or no_recall()
-    unchanged = recall.unchanged()
     held = set(held)
+    names = held | set(registering)
+    remembered = recall.still_guarded(names)
+    recall.now.guarded |= remembered
     unguarded = 0
     guarding: set[str] = set()
-    for name in sorted(held | set(registering)):
-        if recall.still_guarded(unchanged, name):
-            recall.now.guarded.add(name)
-            continue
+    for name in sorted(names - remembered):
         pod = pod_of(name)
         if pod is not None and guarded(lifecycle.held_finalizers(pod), entry):
             recall.now.guarded.add(name)
@@ -130,17 +135,23 @@ def judge(
     def confirmed(item: Employee, held: Employee) -> Verdict:
         if not held.registered():
             return Verdict.IDLE
-        ready = isinstance(item.statuses, PodEmployeeStatuses) and item.statuses.lifecycle_ready
+        statuses = item.statuses
+        ready = isinstance(statuses, PodEmployeeStatuses) and statuses.lifecycle_ready
         if ready and held.serves():
             serves.add(item.name)
         return Verdict.SERVED if ready else Verdict.ROUTING
 
     for item in [*results.succ_created, *results.succ_updated]:
         judged(item.name, confirmed(item, item))
-    for item in results.unchanged:
+    held_by_id = current_by_id.get
+    for item in results.unchanged:  # every pod of a steady pass: ``judged`` inlined
         # The provider's own item says whether it holds a registration.
-        held = current_by_id.get(item.id)
-        judged(item.name, confirmed(item, held if held is not None else item))
+        held = held_by_id(item.id)
+        verdict = confirmed(item, held if held is not None else item)
+        name = item.name
+        if name:
+            before = verdicts.get(name)
+            verdicts[name] = verdict if before is None or verdict > before else before
     for item in results.succ_deleted:
         judged(item.name, Verdict.IDLE)
     for item in [*results.fail_created, *results.fail_updated, *results.fail_deleted]:
@@ -160,20 +171,22 @@ def plan_after_calls(
     verdicts, the carriers the provider holds nothing for included (IDLE). A pod ``recall``
     knows matched the same verdict and had no event since is not read again."""
     recall = recall or no_recall()
-    unchanged = recall.unchanged()
     carriers = set(carriers)
     verdicts = dict(judged)
     # Pods carrying our finalizers that the provider holds nothing for: release them,
     # whatever removed their backends (delete_employer, a person, the provider).
     for name in carriers:
         verdicts.setdefault(name, Verdict.IDLE)
-    for name, verdict in sorted(verdicts.items()):
+    # As the last pass found them, unless something is planned for them (a pod's plan here
+    # touches that pod alone, so asking before the loop answers as asking in it would).
+    remembered = {n: v for n, v in recall.still_settled(verdicts).items() if not writer.planned(n)}
+    recall.now.settled.update(remembered)
+    for name, verdict in sorted([(n, v) for n, v in verdicts.items() if n not in remembered]):
         if verdict is Verdict.SERVED or verdict is Verdict.ROUTING:
             on, off = entry.lifecycle_finalizer, entry.guard_finalizer
             if verdict is Verdict.ROUTING:
                 on, off = off, on
-            remembered = recall.still_settled(unchanged, name, verdict) and not writer.planned(name)
-            if remembered or swapped(name, on, off, entry, pod_of, writer):
+            if swapped(name, on, off, entry, pod_of, writer):
                 recall.now.settled[name] = verdict
             else:
                 writer.swap(name, to_lifecycle=verdict is Verdict.SERVED)

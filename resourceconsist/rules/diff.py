@@ -40,11 +40,15 @@ class Diff(Generic[ItemT]):
 
 
 def _by_id(items: Sequence[ItemT], side: str) -> dict[str, ItemT]:
-    found: dict[str, ItemT] = {}
-    for item in items:
-        if item.id in found:
-            raise DuplicateIdError(f"{side} items hold the id {item.id!r} twice")
-        found[item.id] = item
+    # Every pass diffs every item (docs/benchmarks.md, "A pass's fixed cost"): one comprehension,
+    # and the duplicate looked for only when the count says there is one.
+    found = {item.id: item for item in items}
+    if len(found) != len(items):
+        seen: set[str] = set()
+        for item in items:
+            if item.id in seen:
+                raise DuplicateIdError(f"{side} items hold the id {item.id!r} twice")
+            seen.add(item.id)
     return found
 
 
@@ -53,13 +57,14 @@ def diff(expected: Sequence[ItemT], current: Sequence[ItemT]) -> Diff[ItemT]:
     expected_by_id = _by_id(expected, "expected")
     current_by_id = _by_id(current, "current")
     result: Diff[ItemT] = Diff()
+    to_create, to_update, unchanged = result.to_create, result.to_update, result.unchanged
     for item_id, want in expected_by_id.items():
         have = current_by_id.get(item_id)
         if have is None:
-            result.to_create.append(want)
+            to_create.append(want)
         elif want.equal(have):
-            result.unchanged.append(want)
+            unchanged.append(want)
         else:
-            result.to_update.append(want)
+            to_update.append(want)
     result.to_delete = [have for item_id, have in current_by_id.items() if item_id not in expected_by_id]
     return result
