@@ -61,9 +61,7 @@ def services_of_pod(
     """Keys of the accepted Services that select the pod before or after the change, or whose
     guard or lifecycle finalizer the pod holds."""
     keys: set[str] = set()
-    for pod in (event.old, event.obj):
-        if pod is None:
-            continue
+    for pod in _copies_to_look_at(event):
         found = [svc for svc in reader.services_selecting(pod) if accept(svc)]
         keys.update(object_key(svc) for svc in found)
         held = {f.split("/", 1)[1] for f in lifecycle.get_finalizers(pod) if f.startswith(_OUR_PREFIXES)}
@@ -77,6 +75,21 @@ def services_of_pod(
             if digest in held and accept(svc):
                 keys.add(object_key(svc))
     return sorted(keys)
+
+
+def _copies_to_look_at(event: WatchEvent) -> tuple[KubeObject, ...]:
+    """The pod's copies whose Services count: the old and the new, or only the new when the
+    change left its labels and finalizers alone (most pod events: a status, a condition), as
+    the answer reads nothing else of the pod and would come out the same twice."""
+    new, old = event.obj, event.old
+    if old is None:
+        return (new,)
+    new_meta, old_meta = new.get("metadata") or {}, old.get("metadata") or {}
+    if new_meta.get("labels") == old_meta.get("labels") and new_meta.get("finalizers") == old_meta.get(
+        "finalizers"
+    ):
+        return (new,)
+    return (old, new)
 
 
 def enqueue_services_by_pod(event: WatchEvent, reader: CacheReader) -> list[str]:

@@ -29,6 +29,7 @@ from resourceconsist.cluster.cache import (
 from resourceconsist.cluster.kube import ApiError, Conflict, KubeClient, NotFound, object_key
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.reconcile import readiness
+from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.parking import ParkedEvents
 from resourceconsist.testing import LocalControlPlane, async_wait_for
 from resourceconsist.watch import handler
@@ -554,6 +555,29 @@ async def test_an_event_whose_cache_has_not_synced_waits_and_is_mapped_once_it_h
     assert handler.enqueue_services_by_pod(a_latest, reader) == ["n/web"]
     assert handler.enqueue_services_by_pod(b_added, reader) == ["n/web"]
     assert handler.enqueue_services_by_pod(a_added, reader) == []
+
+
+async def test_a_pod_event_reaches_the_services_of_its_copy_before_and_after_the_change(
+    parking: _Parking,
+) -> None:
+    # The handler looks at the old copy only when the change moved labels or finalizers; the
+    # answer must not lose the Service of the copy before the change (docs/concepts.md).
+    parking.api.release.set()
+    await async_wait_for(lambda: parking.services.has_synced, timeout=10, message="the Service cache")
+    reader = parking.factory.reader()
+    web = _listed_pod("a", {"app": "web"})
+    other = _listed_pod("a", {"app": "other"}, "2")
+    assert handler.enqueue_services_by_pod(WatchEvent("MODIFIED", other, web), reader) == ["n/web"]
+    assert handler.enqueue_services_by_pod(WatchEvent("MODIFIED", web, other), reader) == ["n/web"]
+    status_only = {**_listed_pod("a", {"app": "web"}, "3"), "status": {"phase": "Running"}}
+    assert handler.enqueue_services_by_pod(WatchEvent("MODIFIED", status_only, web), reader) == ["n/web"]
+    assert handler.enqueue_services_by_pod(WatchEvent("MODIFIED", other, other), reader) == []
+    # Unselected before and after, but the copy before the change still held web's lifecycle
+    # finalizer: web must hear of it to release it.
+    guarded = _listed_pod("a", {"app": "other"}, "4")
+    guarded["metadata"]["finalizers"] = [lifecycle.lifecycle_finalizer("web")]
+    assert handler.enqueue_services_by_pod(WatchEvent("MODIFIED", other, guarded), reader) == ["n/web"]
+    assert handler.enqueue_services_by_pod(WatchEvent("MODIFIED", guarded, other), reader) == ["n/web"]
 
 
 async def test_nothing_to_wait_for_is_refused_and_a_cleared_wait_hands_nothing_back(
