@@ -125,12 +125,7 @@ def judge(
 ) -> tuple[dict[str, Verdict], set[str]]:
     """Each pod's verdict from what the provider confirmed, and the pods a confirmed item
     ``serves()`` (for the readiness gates)."""
-    verdicts: dict[str, Verdict] = {}
     serves: set[str] = set()
-
-    def judged(name: str, verdict: Verdict) -> None:
-        if name:
-            verdicts[name] = max(verdicts.get(name, Verdict.IDLE), verdict)
 
     def confirmed(item: Employee, held: Employee) -> Verdict:
         if not held.registered():
@@ -141,21 +136,24 @@ def judge(
             serves.add(item.name)
         return Verdict.SERVED if ready else Verdict.ROUTING
 
-    for item in [*results.succ_created, *results.succ_updated]:
-        judged(item.name, confirmed(item, item))
+    found = [(i.name, confirmed(i, i)) for i in [*results.succ_created, *results.succ_updated]]
     held_by_id = current_by_id.get
-    for item in results.unchanged:  # every pod of a steady pass: ``judged`` inlined
+    for item in results.unchanged:
         # The provider's own item says whether it holds a registration.
         held = held_by_id(item.id)
-        verdict = confirmed(item, held if held is not None else item)
-        name = item.name
+        found.append((item.name, confirmed(item, held if held is not None else item)))
+    found += [(i.name, Verdict.IDLE) for i in results.succ_deleted]
+    found += [
+        (i.name, Verdict.UNKNOWN)
+        for i in [*results.fail_created, *results.fail_updated, *results.fail_deleted]
+    ]
+    # One pod may be named by several items: the most cautious verdict wins. One loop, with no
+    # call per item: a steady pass judges every pod (docs/benchmarks.md, "A pass's fixed cost").
+    verdicts: dict[str, Verdict] = {}
+    for name, verdict in found:
         if name:
             before = verdicts.get(name)
             verdicts[name] = verdict if before is None or verdict > before else before
-    for item in results.succ_deleted:
-        judged(item.name, Verdict.IDLE)
-    for item in [*results.fail_created, *results.fail_updated, *results.fail_deleted]:
-        judged(item.name, Verdict.UNKNOWN)
     return verdicts, serves
 
 
