@@ -68,7 +68,7 @@ from resourceconsist.rules import lifecycle
 from resourceconsist.rules.labels import map_selects
 from resourceconsist.runtime.leaderelection import parse_lease_time
 from resourceconsist.runtime.sharding.ring import drain_label, shard_label
-from resourceconsist.testing import LocalControlPlane
+from resourceconsist.testing import LocalControlPlane, free_port
 from resourceconsist.testing.controlplane import _die_with_parent as die_with_parent
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -296,7 +296,7 @@ class Controllers:
         after it, with every Lease on the freeze timings."""
         name = f"controller-{self.started:03d}"
         self.started += 1
-        port = _free_port()
+        port = free_port()
         kubeconfig = self.kubeconfig if identity is None else self._own_identity(name)
         argv = [
             self.python,
@@ -402,14 +402,6 @@ class Controllers:
     def stop_all(self) -> None:
         for name in list(self.running):
             self.terminate(name)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # ---- the driver: kubectl and kubelet --------------------------------------------------------

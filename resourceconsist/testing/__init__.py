@@ -31,6 +31,7 @@ from resourceconsist.testing.controlplane import (
     find_binaries,
     find_helm,
     find_tool,
+    free_port,
 )
 from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
 from resourceconsist.testing.process import CLI, CommandProcess, run_cli
@@ -62,6 +63,7 @@ __all__ = [
     "find_helm",
     "find_image",
     "find_tool",
+    "free_port",
     "run_cli",
     "schemaless_crd",
     "wait_for",

@@ -134,9 +134,11 @@ def find_helm() -> Path:
 
 
 def free_port() -> int:
-    """A TCP port free on loopback right now."""
+    """A TCP port free right now on every local IPv4 address, not only loopback: the real node's
+    kubelet listens on the bridge's address, where a port free on loopback may be taken (a
+    listener or a connection of a run killed just before)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("0.0.0.0", 0))
         port: int = s.getsockname()[1]
         return port
 

@@ -14,7 +14,7 @@ import pytest
 from resourceconsist import wire
 from resourceconsist.adapters.alibabacloudslb.credentials import SLB_ACCESS_KEY_ENV, SLB_ACCESS_SECRET_ENV
 from resourceconsist.cluster import kube
-from resourceconsist.testing import Cluster, finalizers, run_cli, wait_for
+from resourceconsist.testing import Cluster, finalizers, free_port, run_cli, wait_for
 
 
 def _without_cloud_credentials() -> dict[str, str]:
@@ -45,14 +45,6 @@ def test_adapters_lists_demo_as_experimental() -> None:
     assert any(line.startswith("demo\t") and "experimental" in line for line in done.stdout.splitlines())
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_run_serves_controllers_webhook_and_health_then_stops_on_sigterm(
     control_plane: Any, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -60,7 +52,7 @@ def test_run_serves_controllers_webhook_and_health_then_stops_on_sigterm(
     import ssl
     import urllib.request
 
-    health, hook = _free_port(), _free_port()
+    health, hook = free_port(), free_port()
     process = subprocess.Popen(
         [
             sys.executable,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -17,7 +16,15 @@ import pytest
 
 from resourceconsist.cluster import kube
 from resourceconsist.rules import lifecycle
-from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers, run_cli, wait_for
+from resourceconsist.testing import (
+    Cluster,
+    LocalControlPlane,
+    async_wait_for,
+    finalizers,
+    free_port,
+    run_cli,
+    wait_for,
+)
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "nginx-upstream"
 
@@ -65,12 +72,6 @@ def test_the_installed_example_without_its_directory_says_what_to_set(installed:
     assert "NGINX_UPSTREAM_DIR" in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def upstreams(tmp_path: Path) -> Path:
     directory = tmp_path / "upstreams"
@@ -83,7 +84,7 @@ def running_example(
     installed: Path, control_plane: LocalControlPlane, cluster: Cluster, upstreams: Path
 ) -> Iterator[subprocess.Popen[str]]:
     """``resourceconsist run --adapter nginx-upstream`` on the test namespace, until SIGTERM."""
-    health = _free_port()
+    health = free_port()
     process = subprocess.Popen(
         [
             sys.executable,

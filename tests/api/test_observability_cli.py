@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -22,7 +21,7 @@ import pytest
 from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.runtime.version import build_info
-from resourceconsist.testing import CLI, Cluster, finalizers, run_cli, wait_for
+from resourceconsist.testing import CLI, Cluster, finalizers, free_port, run_cli, wait_for
 
 
 @pytest.mark.parametrize("command", ["run", "webhook"])
@@ -58,12 +57,6 @@ def _commit(revision: str) -> str:
     return revision.removesuffix("-dirty")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _status(port: int, path: str) -> int:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
@@ -75,7 +68,7 @@ def _status(port: int, path: str) -> int:
 
 
 def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, cluster: Cluster) -> None:
-    metrics, probes = _free_port(), _free_port()
+    metrics, probes = free_port(), free_port()
     process = subprocess.Popen(
         [
             *(*CLI, "--log-level", "info"),

@@ -53,7 +53,7 @@ from resourceconsist.flow.cancellation import (
     current_cancellation,
     running_pass,
 )
-from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, wait_for
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, free_port, wait_for
 from resourceconsist.wire import EventReason
 
 KEY_ID = "LTAI5tShutdownKeyId42"
@@ -223,12 +223,6 @@ _RUNNER = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hangs(
     control_plane: LocalControlPlane, cluster: Cluster, tmp_path: Path
 ) -> None:
@@ -257,7 +251,7 @@ async def test_run_exits_within_the_shutdown_timeout_while_the_slb_provider_hang
             "--namespace",
             cluster.namespace,
             "--health-probe-bind-address",
-            f"127.0.0.1:{_free_port()}",
+            f"127.0.0.1:{free_port()}",
             "--metrics-bind-address",
             "0",
             "--shutdown-timeout",

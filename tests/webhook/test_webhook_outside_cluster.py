@@ -9,7 +9,6 @@ import contextlib
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import urllib.request
 from collections.abc import Iterator
@@ -23,15 +22,9 @@ from resourceconsist import wire
 from resourceconsist.cluster import certs, kube
 from resourceconsist.cluster.kube import ApiError, KubeClient
 from resourceconsist.rules import lifecycle
-from resourceconsist.testing import CLI, LocalControlPlane, wait_for
+from resourceconsist.testing import CLI, LocalControlPlane, free_port, wait_for
 
 CONTROLLED = {wire.CONTROL_LABEL: wire.CONTROL_LABEL_VALUE}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -44,14 +37,14 @@ def kc(control_plane: LocalControlPlane) -> Iterator[KubeClient]:
 def test_the_apiserver_calls_a_local_webhook_through_a_url_configuration(
     control_plane: LocalControlPlane, kc: KubeClient, namespace: str, tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"https://127.0.0.1:{port}"
     command = [*CLI, "webhook", "--adapter", "demo"]
     command += ["--kubeconfig", str(control_plane.kubeconfig), "--cert-dir", str(tmp_path)]
     command += ["--webhook-host", "127.0.0.1", "--webhook-port", str(port), "--webhook-url", url]
     command += ["--webhook-cert-host", "localhost", "--webhook-cert-host", "dev.example.test"]
     # Its own metrics port, no probe port: the defaults (:8080, :8081) may be taken on this machine.
-    metrics = _free_port()
+    metrics = free_port()
     command += ["--metrics-bind-address", f"127.0.0.1:{metrics}", "--health-probe-bind-address", "0"]
     process = subprocess.Popen(
         command,
