@@ -128,7 +128,7 @@ class AsyncTransport:
         except Exception as err:  # no answer: refused, broken, timed out, or a send check said no
             ledger.unanswered(method, err, started)
             raise
-        ledger.answered(method, answer.status, started)
+        ledger.answered(method, path, answer.status, started)
         if answer.status >= 400:
             raise kube.api_error(answer.status, answer.reason, answer.body, method, path)
         return kube.decode_json(answer.body) if answer.body else {}
@@ -255,7 +255,7 @@ class AsyncTransport:
                 pool.release(conn, reuse=False)
             ledger.unanswered("GET", err, started)
             raise
-        ledger.answered("GET", answer.status, started)
+        ledger.answered("GET", path, answer.status, started)
         try:
             if answer.status >= 400:
                 payload = b"".join([piece async for piece in conn.chunks()])

@@ -424,7 +424,7 @@ class ThreadTransport:
             raise
         finally:
             self._sending.request = None
-        ledger.answered(method, response.status, started)
+        ledger.answered(method, path, response.status, started)
         if response.status >= 400:
             payload = response.data  # read whole, a stream's too
             if stream:

@@ -31,8 +31,9 @@ it is written, and its exception reaches the caller (the ledger records the requ
 unanswered). The lease fence is checked here, after the send checks (the last step before the
 write), for every request but a read: a write made for a Lease no longer surely held is never
 sent (docs/concepts.md, "Fencing"). A pause that falls between a check and the write of the same
-synchronous step is the one case left: the write goes out on resuming (docs/concepts.md,
-"Fencing", "What remains possible").
+synchronous step is the one case left: the write goes out on resuming, and its answer, after the
+deadline, logs a warning (``RequestLedger.answered``; docs/concepts.md, "Fencing", "What remains
+possible").
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from resourceconsist.flow.fence import check_fence
+from resourceconsist.flow.fence import check_fence, fence_lost
 
 if TYPE_CHECKING:
     import asyncio
@@ -147,10 +148,24 @@ class RequestLedger:
         if method not in _READS:
             check_fence()
 
-    def answered(self, method: str, status: int, started: float) -> None:
-        """An HTTP answer with ``status`` came, ``started`` being the request's ``time.monotonic()``."""
+    def answered(self, method: str, path: str, status: int, started: float) -> None:
+        """An HTTP answer with ``status`` came, ``started`` being the request's ``time.monotonic()``.
+
+        A write answered after the deadline of the Lease it was made for passed its fence check
+        before the deadline (or it would not have been sent) and may have reached the API server
+        after it: the process paused between the check and the write, or the answer was slow. It
+        is logged as a warning, the one trace of the case the fence cannot close (docs/concepts.md,
+        "Fencing", "What remains possible")."""
         self._observed(method, status, started)
         self.reachability.answered()
+        if method not in _READS and fence_lost():
+            log.warning(
+                "%s %s (answered %d) was sent for a Lease whose deadline has passed since its fence "
+                "check: it may have reached the API server after another replica took the Lease over",
+                method,
+                path,
+                status,
+            )
 
     def unanswered(self, method: str, err: BaseException, started: float) -> None:
         """No answer came: ``err`` is why."""
