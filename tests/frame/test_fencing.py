@@ -196,7 +196,12 @@ async def test_a_leader_frozen_past_its_lease_writes_nothing_when_it_resumes(
         late, renewals = _late_writes(events, f"system:serviceaccount:{NAMESPACE}:replica-a")
         assert renewals > 0, "the audit log names replica-a's own renewals"
         unaccounted = _unaccounted(late, first.output)
-        assert unaccounted == [], "replica-a wrote after its Lease deadline:\n" + "\n".join(unaccounted)
+        assert unaccounted == [], (
+            "replica-a wrote after its Lease deadline:\n"
+            + "\n".join(unaccounted)
+            + "\nthe end of its output:\n"
+            + first.output[-6000:]
+        )
         # The second replica, the holder, was not fenced: it served the new pods (above).
         assert await holder() == "replica-b" or (await holder()).startswith("replica-b")
     finally:
