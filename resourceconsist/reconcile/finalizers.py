@@ -7,28 +7,31 @@ record annotations (``write_planned``: ``records_after_writes``, ``patch_record_
 the pod writes' failures (``raise_write_failures``).
 
 What to plan is decided here from what the pass read; the employer's own writes
-(``patch_employer_finalizers``, ``patch_employer_annotations``) run in the frame's threads,
-never the adapters' (resourceconsist.flow.cancellation).
+(``EmployerWrites``; ``patch_employer_annotations`` for a writer outside a reconciler) go out on
+the frame's transport, never in the adapters' threads (resourceconsist.flow.cancellation).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Collection, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from resourceconsist import wire
 from resourceconsist.cluster import aiokube, kube
-from resourceconsist.cluster.interfaces import EventSink, ObjectWriter
+from resourceconsist.cluster.interfaces import EventSink, ObjectReader, ObjectWriter
 from resourceconsist.cluster.kube import ApiError, KubeObject, Resource
 from resourceconsist.reconcile.failures import PassFailures
-from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult
+from resourceconsist.reconcile.podwriter import EmployerEntry, PodWriter, PodWriteResult, RecentWrites
 from resourceconsist.rules import lifecycle
 from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__package__)
+
+#: Employers whose written resourceVersion ``EmployerWrites`` keeps at most, waiting for its event.
+_WRITTEN_LIMIT = 50_000
 
 #: A pod employee's freshest copy (the pass's cache, with its own recent writes), or None.
 PodOf = Callable[[str], KubeObject | None]
@@ -109,15 +112,10 @@ def record_annotations(
     return annotations
 
 
-async def patch_employer_finalizers(
-    client: ObjectWriter,
-    resource: Resource,
-    employer: KubeObject,
-    *,
-    add: Sequence[str] = (),
-    remove: Sequence[str] = (),
-) -> bool:
-    """Add/remove employer finalizers under optimistic concurrency; True when written."""
+def _finalizers_change(
+    add: Sequence[str], remove: Sequence[str]
+) -> Callable[[KubeObject], dict[str, Any] | None]:
+    """The employer finalizers' change: nothing when a fresh copy already has them as wanted."""
 
     def change(fresh: KubeObject) -> dict[str, Any] | None:
         if add and lifecycle.is_deleting(fresh):
@@ -125,17 +123,30 @@ async def patch_employer_finalizers(
         wanted = lifecycle.updated_finalizers(fresh, add=add, remove=remove)
         return None if wanted is None else {"metadata": {"finalizers": wanted}}
 
-    _, wrote = await _patch_employer(client, resource, employer, change)
-    return bool(wrote)
+    return change
+
+
+def _annotations_change(
+    annotations: Mapping[str, str | None],
+) -> Callable[[KubeObject], dict[str, Any] | None]:
+    """The employer annotations' change (a None value removes one): nothing when a fresh copy
+    already carries them (a re-read after a conflict with this controller's own earlier write)."""
+
+    def change(fresh: KubeObject) -> dict[str, Any] | None:
+        having = fresh.get("metadata", {}).get("annotations") or {}
+        if all(having.get(k) == v for k, v in annotations.items()):
+            return None
+        return {"metadata": {"annotations": dict(annotations)}}
+
+    return change
 
 
 async def patch_employer_annotations(
-    client: ObjectWriter, resource: Resource, employer: KubeObject, annotations: dict[str, str]
+    client: ObjectWriter, resource: Resource, employer: KubeObject, annotations: Mapping[str, str | None]
 ) -> KubeObject | None:
-    """Write the employer's record annotations; the employer as written (None: it is gone)."""
-    patched, _ = await _patch_employer(
-        client, resource, employer, lambda fresh: {"metadata": {"annotations": annotations}}
-    )
+    """Write the employer's record annotations; the employer as written, or as found when it
+    carried them already (None: it is gone)."""
+    patched, _ = await _patch_employer(client, resource, employer, _annotations_change(annotations))
     return patched
 
 
@@ -158,35 +169,113 @@ async def _patch_employer(
 
 @dataclass(frozen=True)
 class EmployerWrites:
-    """How one reconciler writes its employers: its client, their resource, and its Events."""
+    """How one reconciler reads and writes its employers: its client, their resource, its
+    Events, and the answers to its own writes that its cache may not show yet (a pass that
+    starts on a pod's event before the echo of the last pass's employer write would otherwise
+    plan that write again from the copy before it, into a 409 and a re-read;
+    podwriter.RecentWrites)."""
 
     client: ObjectWriter
     resource: Resource
     recorder: EventSink
+    reader: ObjectReader
+    recent: RecentWrites
+    #: Per employer (namespace, name): the resourceVersion the API server gave this controller's
+    #: last write of it, until its watch event comes (``own_echo``).
+    _written: dict[tuple[str | None, str], str] = field(default_factory=dict)
+    #: Per employer with a write out: the events that came meanwhile, each with its delivery,
+    #: decided once the answer is known (an echo may come before its answer).
+    _parked: dict[tuple[str | None, str], list[tuple[str, Callable[[], None]]]] = field(default_factory=dict)
+
+    def current(self, namespace: str | None, name: str) -> KubeObject | None:
+        """The employer's freshest known copy: the cache's, or the answer to this controller's
+        last write of it while the cache still shows a version that write replaced."""
+        return self.recent.get(self.reader, namespace, name)
+
+    async def patch_finalizers(
+        self, employer: KubeObject, *, add: Sequence[str] = (), remove: Sequence[str] = ()
+    ) -> tuple[KubeObject | None, bool]:
+        """Add/remove employer finalizers under optimistic concurrency: the employer as written or
+        as last read (None: gone), and whether it was written."""
+        return await self._patch(employer, _finalizers_change(add, remove))
+
+    async def annotations(
+        self, employer: KubeObject, annotations: Mapping[str, str | None]
+    ) -> KubeObject | None:
+        """``patch_employer_annotations``, the answer remembered."""
+        patched, _ = await self._patch(employer, _annotations_change(annotations))
+        return patched
+
+    def own_echo(self, obj: KubeObject, deliver: Callable[[], None]) -> bool:
+        """Whether the watch event of ``obj``, an employer's new copy, is taken care of here: it
+        is this controller's last write of it coming back (the resourceVersion of that write's
+        answer, which the pass that wrote went on with), so it has nothing a pass has not seen and
+        queues none (docs/concepts.md, "Work proportional to change"); or a write of it is out,
+        and the event waits for the answer, then is dropped as that write's echo or handed to
+        ``deliver`` (the watch may bring the echo before the answer). False: the caller handles
+        the event now. Called on the event loop, as the writes are made."""
+        meta = obj.get("metadata", {})
+        key = (meta.get("namespace"), str(meta.get("name", "")))
+        version = str(meta.get("resourceVersion", ""))
+        parked = self._parked.get(key)
+        if parked is not None:
+            parked.append((version, deliver))
+            return True
+        written = self._written.pop(key, None)  # any later event of the employer is news
+        return written is not None and written == version
+
+    async def _patch(
+        self, employer: KubeObject, change: Callable[[KubeObject], dict[str, Any] | None]
+    ) -> tuple[KubeObject | None, bool]:
+        meta = employer["metadata"]
+        namespace, name = meta.get("namespace"), meta["name"]
+        key = (namespace, name)
+        cached = self.reader.get(self.resource, namespace, name)
+        parked: list[tuple[str, Callable[[], None]]] = []
+        self._parked[key] = parked
+        answered = ""
+        try:
+            patched, wrote = await _patch_employer(self.client, self.resource, employer, change)
+            if patched is not None:
+                self.recent.wrote(self.reader, namespace, name, cached, employer, patched)
+                if wrote:
+                    answered = str(patched["metadata"].get("resourceVersion", ""))
+        finally:
+            del self._parked[key]
+            for version, deliver in parked:
+                if answered and version == answered:
+                    answered = ""  # the echo came already: nothing more to wait for
+                else:
+                    deliver()
+        if answered:
+            if len(self._written) >= _WRITTEN_LIMIT:
+                self._written.clear()  # writes whose events never came: only a pass more
+            self._written[key] = answered
+        return patched, wrote
 
 
 async def ensure_clean_finalizer(
     employer: KubeObject, writes: EmployerWrites, failures: PassFailures
-) -> bool:
-    """Add the clean finalizer to a live employer that lacks it (dropping the old per-name one);
-    True when the pass stops here: it wrote, or found nothing to write on a fresher copy."""
+) -> KubeObject | None:
+    """Add the clean finalizer to a live employer that lacks it (dropping the old per-name one).
+    The employer the pass goes on with (as written, when it wrote: the pass goes on from the
+    answer, as a pass started by the write's own event would); None when the pass stops here, a
+    fresher copy found with nothing to write (its watch event brings the next pass)."""
     if lifecycle.is_deleting(employer):
-        return False
+        return employer
     if wire.CLEAN_FINALIZER in lifecycle.get_finalizers(employer):
-        return False
+        return employer
     old = old_clean_finalizer(employer)
     try:
-        wrote = await patch_employer_finalizers(
-            writes.client, writes.resource, employer, add=[wire.CLEAN_FINALIZER], remove=[old]
-        )
+        patched, wrote = await writes.patch_finalizers(employer, add=[wire.CLEAN_FINALIZER], remove=[old])
     except Exception as err:
         raise await failures.fail(
             EventReason.ENSURE_EMPLOYER_CLEAN_FINALIZER_FAILED,
             f"add employer clean finalizer failed: {err}",
         ) from err
-    if not wrote:
+    if not wrote or patched is None:
         # Gone, deleting or already guarded on a fresher copy: its watch event brings the next pass.
-        return True
+        return None
     log.info("%s %s: added clean finalizer", failures.controller, failures.key)
     await writes.recorder.event(
         employer,
@@ -194,7 +283,7 @@ async def ensure_clean_finalizer(
         EventReason.ENSURE_EMPLOYER_CLEAN_FINALIZER_SUCCEED,
         "add employer clean finalizer succeed",
     )
-    return True
+    return patched
 
 
 # -- 3. the employer's entries in its pods ----------------------------------------------------------------
@@ -329,7 +418,7 @@ async def patch_record_annotations(
     """Write the employer's record annotations; the employer as written (as it was when it is
     gone). A 409 Conflict is left to a quick retry until it outlasts it (``failures``)."""
     try:
-        patched = await patch_employer_annotations(writes.client, writes.resource, employer, annotations)
+        patched = await writes.annotations(employer, annotations)
     except ApiError as err:
         message = f"sync employees failed: patch record annotations failed, err: {err}"
         if isinstance(err, kube.Conflict):
@@ -411,7 +500,7 @@ async def release_clean_finalizer(
     is clean of; True when written."""
     obsolete = [wire.CLEAN_FINALIZER, old_clean_finalizer(employer)]
     try:
-        if not await patch_employer_finalizers(writes.client, writes.resource, employer, remove=obsolete):
+        if not (await writes.patch_finalizers(employer, remove=obsolete))[1]:
             return False
     except Exception as err:
         raise await failures.fail(

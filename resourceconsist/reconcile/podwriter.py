@@ -25,7 +25,7 @@ from typing import Any
 from resourceconsist import wire
 from resourceconsist.cluster import aiokube, kube
 from resourceconsist.cluster.interfaces import ObjectReader, ObjectWriter
-from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.cluster.transform import trim
 from resourceconsist.rules import lifecycle
 
@@ -100,7 +100,8 @@ class EmployerEntry:
 
 
 class RecentWrites:
-    """The pods this controller wrote, as the API server answered, until the cache catches up.
+    """The pods (or, with another ``resource``, the employers: Services) this controller wrote, as
+    the API server answered, until the cache catches up.
 
     A pass that starts before the watch event of the last pass's write reached the cache would
     decide from the copy before that write: plan the same write again, meet a 409 Conflict,
@@ -117,13 +118,15 @@ class RecentWrites:
     a 409 (docs/scaling.md, "Conflicts at a cold start").
     """
 
-    def __init__(self) -> None:
-        #: Per pod: the resourceVersions known to be older than the answer, and the answer.
-        self._after: dict[tuple[int, str, str], tuple[frozenset[str], KubeObject]] = {}
+    def __init__(self, resource: Resource = kube.POD) -> None:
+        #: What the objects are (pods; an employer resource for the employers' own writes).
+        self.resource = resource
+        #: Per object: the resourceVersions known to be older than the answer, and the answer.
+        self._after: dict[tuple[int, str | None, str], tuple[frozenset[str], KubeObject]] = {}
         self._lock = threading.Lock()
 
     def note(
-        self, reader: ObjectReader, namespace: str, name: str, before: Iterable[str], after: KubeObject
+        self, reader: ObjectReader, namespace: str | None, name: str, before: Iterable[str], after: KubeObject
     ) -> None:
         """``after``: the pod as the API server last answered this controller (its write, or
         the re-read after a conflict); ``before``: resourceVersions the pod had before, as this
@@ -150,7 +153,7 @@ class RecentWrites:
     def wrote(
         self,
         reader: ObjectReader,
-        namespace: str,
+        namespace: str | None,
         name: str,
         cached: KubeObject | None,
         used: KubeObject | None,
@@ -164,17 +167,17 @@ class RecentWrites:
         before = {_version(cached)} | ({_version(used)} if used is not None else set())
         self.note(reader, namespace, name, before, answer)
 
-    def settle(self, reader: ObjectReader, namespace: str, name: str) -> None:
+    def settle(self, reader: ObjectReader, namespace: str | None, name: str) -> None:
         """The pod's watch event reached the cache: drop its entry once the cache moved on."""
         if self._after:
             self.get(reader, namespace, name)
 
-    def get(self, reader: ObjectReader, namespace: str, name: str) -> KubeObject | None:
-        """The freshest known copy of the pod: the cache's, or this controller's last answer."""
-        return self.fresher(reader, namespace, name, reader.get(kube.POD, namespace, name))
+    def get(self, reader: ObjectReader, namespace: str | None, name: str) -> KubeObject | None:
+        """The freshest known copy of the object: the cache's, or this controller's last answer."""
+        return self.fresher(reader, namespace, name, reader.get(self.resource, namespace, name))
 
     def fresher(
-        self, reader: ObjectReader, namespace: str, name: str, cached: KubeObject | None
+        self, reader: ObjectReader, namespace: str | None, name: str, cached: KubeObject | None
     ) -> KubeObject | None:
         """``get`` for a pod whose cached copy the caller read already (an index lookup)."""
         key = (id(reader), namespace, name)

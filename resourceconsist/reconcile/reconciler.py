@@ -4,7 +4,7 @@ and none imports this module:
 
 1. ``reconcile``   read the employer from the cache; gone: forget it, open its readiness gates
    (``readiness.Gatekeeper.release_gone``), done.
-2. ``finalizers.ensure_clean_finalizer``   add the clean finalizer and stop.
+2. ``finalizers.ensure_clean_finalizer``   add the clean finalizer; go on from the answer.
 3. ``finalizers.plan_expected_entries``    plan this employer's entry in each selected pod.
 4. ``sync.sync_employer``                  the provider sync of the employer.
 5. ``sync.sync_employees``  the same for the employees, under the guard (``_sync_employees``):
@@ -44,7 +44,7 @@ from resourceconsist.options import DEFAULT_FULL_PASS_EVERY
 from resourceconsist.reconcile import finalizers, guard, readiness, statuses, sync
 from resourceconsist.reconcile.outcome import DEFAULT_WARN_AFTER_PASSES, DEFAULT_WARN_AFTER_SECONDS, Result
 from resourceconsist.reconcile.passes import PassFactory
-from resourceconsist.reconcile.podwriter import PodWriteResult
+from resourceconsist.reconcile.podwriter import PodWriteResult, RecentWrites
 from resourceconsist.reconcile.profile import AdapterProfile
 from resourceconsist.reconcile.state import PassState
 from resourceconsist.reconcile.telling import Telling
@@ -123,7 +123,9 @@ class Reconciler:
         self.warn_after_seconds: float = DEFAULT_WARN_AFTER_SECONDS
         self.report_retried = report_retried
         #: How the steps write the employers, tell the subscribers, and read and write the gates.
-        self.employer_writes = finalizers.EmployerWrites(client, employer_resource, recorder)
+        self.employer_writes = finalizers.EmployerWrites(
+            client, employer_resource, recorder, self.reader, RecentWrites(employer_resource)
+        )
         self.telling = Telling(self._memory, notify, self.name)
         self.gates = readiness.Gatekeeper(
             controller=self.name,
@@ -164,7 +166,7 @@ class Reconciler:
         with ``stand_in`` (a deleting copy of a gone employer), a pass that removes what the
         provider still holds for it (docs/lifecycle-hooks.md, "Orphans")."""
         key = EmployerKey(key)
-        employer = stand_in or self.reader.get(self.employer_resource, key.namespace_or_none, key.name)
+        employer = stand_in or self.employer_writes.current(key.namespace_or_none, key.name)
         if employer is None:
             self._memory.forget(key)
             if self.employees_are_pods:
@@ -190,8 +192,10 @@ class Reconciler:
             )
         completed = False
         try:
-            if await finalizers.ensure_clean_finalizer(p.employer, self.employer_writes, p.failures):
+            going_on = await finalizers.ensure_clean_finalizer(p.employer, self.employer_writes, p.failures)
+            if going_on is None:
                 return Result()
+            p.employer = going_on
             result = await self._steps(p)
             completed = not p.any_failed
         except BaseException as err:

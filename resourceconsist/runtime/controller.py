@@ -225,6 +225,16 @@ class Controller:
                 if not (scope is not None and scope.draining(event.obj)) and not predicate(event):
                     return
                 accepted = True
+                if (
+                    employees_of is None
+                    and event.type == "MODIFIED"
+                    and not again
+                    and reconciler.employer_writes.own_echo(event.obj, lambda: on_event(event, again=True))
+                ):
+                    # This controller's own write of the employer coming back (the pass that
+                    # wrote went on from its answer), or an event that waits for a write's
+                    # answer to tell (finalizers.EmployerWrites.own_echo).
+                    return
                 keys = to_keys(event, reader)
             except CacheNotSynced as err:
                 # A cache the handler reads has not synced (a pod event before the Service

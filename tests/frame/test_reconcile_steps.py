@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from resourceconsist import wire
-from resourceconsist.adapter import CUDResults, Employee, PodEmployeeStatuses, ReconcileContext
+from resourceconsist.adapter import CUDResults, Employee, Employer, PodEmployeeStatuses, ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.errors import PermanentError, steering
@@ -201,16 +201,39 @@ def _finalizers(api: FakeApi, name: str) -> list[str]:
     return list((api.get(kube.POD, NS, name) or {"metadata": {}})["metadata"].get("finalizers") or [])
 
 
-async def test_a_new_employer_gets_its_clean_finalizer_and_nothing_else_happens() -> None:
+class ServiceWatching(DemoAdapter):
+    """Demo adapter that notes, at its VIP's creation, the Service's finalizers as stored in the
+    fake API and as handed to the call."""
+
+    def __init__(self, api: FakeApi, provider: FakeProvider) -> None:
+        super().__init__(provider)
+        self.api = api
+        self.seen: list[tuple[list[str], list[str]]] = []
+
+    def create_employer(self, ctx: ReconcileContext, employer: KubeObject, to_create: list[Employer]) -> Any:
+        stored = self.api.get(kube.SERVICE, NS, "svc") or {"metadata": {}}
+        self.seen.append(
+            (
+                list(stored["metadata"].get("finalizers") or []),
+                list(employer["metadata"].get("finalizers") or []),
+            )
+        )
+        return super().create_employer(ctx, employer, to_create)
+
+
+async def test_a_new_employer_gets_its_clean_finalizer_before_the_provider_holds_anything() -> None:
+    # The clean finalizer makes the employer's deletion wait for the provider's clean-up: it is
+    # written before the provider is asked for anything, and the pass goes on from the write's
+    # answer instead of waiting for its watch event (docs/concepts.md, "One reconcile").
     api, provider = FakeApi(), FakeProvider()
     api.put(
         kube.SERVICE, {"kind": "Service", "metadata": {"name": "svc"}, "spec": {"selector": {"app": "web"}}}
     )
     _pod(api, "web-0", ready=True)
-    await _reconciler(api, DemoAdapter(provider)).reconcile(f"{NS}/svc")
-    assert (api.get(kube.SERVICE, NS, "svc") or {})["metadata"]["finalizers"] == [wire.CLEAN_FINALIZER]
-    assert provider.mutating_calls() == 0
-    assert _finalizers(api, "web-0") == []
+    adapter = ServiceWatching(api, provider)
+    await _reconciler(api, adapter).reconcile(f"{NS}/svc")
+    assert adapter.seen == [([wire.CLEAN_FINALIZER], [wire.CLEAN_FINALIZER])], "finalized before the VIP"
+    assert provider.serving(f"{NS}/svc") == {"web-0"}, "the same pass went on to serve the pod"
 
 
 async def test_the_guard_and_the_entry_go_on_in_one_write_before_the_call_then_swap_after() -> None:
