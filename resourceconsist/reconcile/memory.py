@@ -58,6 +58,9 @@ class Memories:
     def __init__(self, report_unguarded: Callable[[int], None] = lambda total: None) -> None:
         self._by_key: dict[str, EmployerMemory] = {}
         self._report_unguarded = report_unguarded
+        #: The sum of the employers' unguarded counts, kept as they change: summing them at
+        #: each change made every employer's first pass walk all the others.
+        self._unguarded_total = 0
 
     def of(self, key: str) -> EmployerMemory:
         """The employer's record (a new one the first time)."""
@@ -125,8 +128,9 @@ class Memories:
         """A pass of the employer found ``count`` registrations without their pod's guard."""
         memory = self.of(key)
         if memory.unguarded != count:
+            self._unguarded_total += count - (memory.unguarded or 0)
             memory.unguarded = count
-            self._report_unguarded(sum(self.unguarded().values()))
+            self._report_unguarded(self._unguarded_total)
 
     def forget(self, key: str) -> None:
         """Drop the employer's record, in one piece, and its count in the unguarded gauge (it is
@@ -138,7 +142,8 @@ class Memories:
         if memory.told:
             self._by_key[key] = EmployerMemory(told=memory.told)
         if memory.unguarded:
-            self._report_unguarded(sum(self.unguarded().values()))
+            self._unguarded_total -= memory.unguarded
+            self._report_unguarded(self._unguarded_total)
 
     def told_deleted(self, key: str) -> None:
         """Its subscribers were told the employer is deleted: nothing is left to tell them."""
