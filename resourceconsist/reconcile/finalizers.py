@@ -30,9 +30,6 @@ from resourceconsist.wire import EventReason
 
 log = logging.getLogger(__package__)
 
-#: Employers whose written resourceVersion ``EmployerWrites`` keeps at most, waiting for its event.
-_WRITTEN_LIMIT = 50_000
-
 #: A pod employee's freshest copy (the pass's cache, with its own recent writes), or None.
 PodOf = Callable[[str], KubeObject | None]
 
@@ -170,22 +167,17 @@ async def _patch_employer(
 @dataclass(frozen=True)
 class EmployerWrites:
     """How one reconciler reads and writes its employers: its client, their resource, its
-    Events, and the answers to its own writes that its cache may not show yet (a pass that
-    starts on a pod's event before the echo of the last pass's employer write would otherwise
-    plan that write again from the copy before it, into a 409 and a re-read;
-    podwriter.RecentWrites)."""
+    Events, and its own writes of them (podwriter.RecentWrites): their answers, which its cache
+    may not show yet (a pass that starts on a pod's event before the echo of the last pass's
+    employer write would otherwise plan that write again from the copy before it, into a 409 and
+    a re-read), and their echoes, which the controller drops: the pass that wrote went on from
+    the answer (docs/concepts.md, "Work proportional to change")."""
 
     client: ObjectWriter
     resource: Resource
     recorder: EventSink
     reader: ObjectReader
     recent: RecentWrites
-    #: Per employer (namespace, name): the resourceVersion the API server gave this controller's
-    #: last write of it, until its watch event comes (``own_echo``).
-    _written: dict[tuple[str | None, str], str] = field(default_factory=dict)
-    #: Per employer with a write out: the events that came meanwhile, each with its delivery,
-    #: decided once the answer is known (an echo may come before its answer).
-    _parked: dict[tuple[str | None, str], list[tuple[str, Callable[[], None]]]] = field(default_factory=dict)
 
     def current(self, namespace: str | None, name: str) -> KubeObject | None:
         """The employer's freshest known copy: the cache's, or the answer to this controller's
@@ -206,51 +198,19 @@ class EmployerWrites:
         patched, _ = await self._patch(employer, _annotations_change(annotations))
         return patched
 
-    def own_echo(self, obj: KubeObject, deliver: Callable[[], None]) -> bool:
-        """Whether the watch event of ``obj``, an employer's new copy, is taken care of here: it
-        is this controller's last write of it coming back (the resourceVersion of that write's
-        answer, which the pass that wrote went on with), so it has nothing a pass has not seen and
-        queues none (docs/concepts.md, "Work proportional to change"); or a write of it is out,
-        and the event waits for the answer, then is dropped as that write's echo or handed to
-        ``deliver`` (the watch may bring the echo before the answer). False: the caller handles
-        the event now. Called on the event loop, as the writes are made."""
-        meta = obj.get("metadata", {})
-        key = (meta.get("namespace"), str(meta.get("name", "")))
-        version = str(meta.get("resourceVersion", ""))
-        parked = self._parked.get(key)
-        if parked is not None:
-            parked.append((version, deliver))
-            return True
-        written = self._written.pop(key, None)  # any later event of the employer is news
-        return written is not None and written == version
-
     async def _patch(
         self, employer: KubeObject, change: Callable[[KubeObject], dict[str, Any] | None]
     ) -> tuple[KubeObject | None, bool]:
         meta = employer["metadata"]
         namespace, name = meta.get("namespace"), meta["name"]
-        key = (namespace, name)
         cached = self.reader.get(self.resource, namespace, name)
-        parked: list[tuple[str, Callable[[], None]]] = []
-        self._parked[key] = parked
-        answered = ""
-        try:
+        # The pass that writes goes on from the answer: the write's own event is no news to it
+        # (podwriter.RecentWrites.event; the controller drops it).
+        with self.recent.writing(self.reader, namespace, name):
             patched, wrote = await _patch_employer(self.client, self.resource, employer, change)
             if patched is not None:
-                self.recent.wrote(self.reader, namespace, name, cached, employer, patched)
-                if wrote:
-                    answered = str(patched["metadata"].get("resourceVersion", ""))
-        finally:
-            del self._parked[key]
-            for version, deliver in parked:
-                if answered and version == answered:
-                    answered = ""  # the echo came already: nothing more to wait for
-                else:
-                    deliver()
-        if answered:
-            if len(self._written) >= _WRITTEN_LIMIT:
-                self._written.clear()  # writes whose events never came: only a pass more
-            self._written[key] = answered
+                by = kube.object_key(patched) if wrote else ""
+                self.recent.wrote(self.reader, namespace, name, cached, employer, patched, by=by)
         return patched, wrote
 
 

@@ -111,7 +111,7 @@ class PassFactory:
         p = PassState(
             employer=employer,
             ctx=self.context(key),
-            writer=PodWriter(namespace, self.pods.locate, entry, self.recent),
+            writer=PodWriter(namespace, self.pods.locate, entry, self.recent, by=str(key)),
             key=key,
             deleting=lifecycle.is_deleting(employer),
             follows_lifecycle=follows,

@@ -16,9 +16,10 @@ finalizer stays.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -86,6 +87,12 @@ class PodLocation:
     name: str
 
 
+#: An object in one cache: (the cache's id, namespace or "", name).
+_Key = tuple[int, str, str]
+#: Handed an event once what this controller's writes make of it is known: the employer whose
+#: pass wrote the very copy the event carries, or "" (``RecentWrites.event``).
+EchoHandler = Callable[[str], None]
+
 #: Resolves an employee name (``pod`` or ``pod#cluster``) to where the pod lives.
 PodResolver = Callable[[str], PodLocation]
 
@@ -122,7 +129,13 @@ class RecentWrites:
         #: What the objects are (pods; an employer resource for the employers' own writes).
         self.resource = resource
         #: Per object: the resourceVersions known to be older than the answer, and the answer.
-        self._after: dict[tuple[int, str | None, str], tuple[frozenset[str], KubeObject]] = {}
+        self._after: dict[_Key, tuple[frozenset[str], KubeObject]] = {}
+        #: Per object: the resourceVersions of this controller's writes of it since its last
+        #: event, in the order answered, each with the employer whose pass wrote it (``event``).
+        self._by: dict[_Key, dict[str, str]] = {}
+        #: Per object with writes out: how many, and the events of it that came meanwhile.
+        self._out: dict[_Key, int] = {}
+        self._waiting: dict[_Key, list[tuple[str, EchoHandler]]] = {}
         self._lock = threading.Lock()
 
     def note(
@@ -131,7 +144,7 @@ class RecentWrites:
         """``after``: the pod as the API server last answered this controller (its write, or
         the re-read after a conflict); ``before``: resourceVersions the pod had before, as this
         controller saw them (the cached copy's, the copy's the write started from)."""
-        key = (id(reader), namespace, name)
+        key = _key(reader, namespace, name)
         older = set(before)
         with self._lock:
             if len(self._after) >= _RECENT_LIMIT:
@@ -158,14 +171,76 @@ class RecentWrites:
         cached: KubeObject | None,
         used: KubeObject | None,
         answer: KubeObject,
+        *,
+        by: str = "",
     ) -> None:
         """A write of this controller was answered: ``cached``, the cache's copy when it went
         out, and ``used``, the copy it started from, are older than ``answer`` (the pod writes'
-        and the readiness gates' writes alike)."""
+        and the readiness gates' writes alike). ``by``: the employer whose pass wrote and went
+        on from the answer, so the write's own event is no news to it (``echo_of``); "" when
+        the event must reach that employer as any other."""
+        if by:
+            with self._lock:
+                if len(self._by) >= _RECENT_LIMIT:
+                    self._by.clear()  # writes whose events never came: only a pass more
+                self._by.setdefault(_key(reader, namespace, name), {})[_version(answer)] = by
         if cached is None:
             return  # not cached yet: its first event brings the cache past any answer
         before = {_version(cached)} | ({_version(used)} if used is not None else set())
         self.note(reader, namespace, name, before, answer)
+
+    @contextlib.contextmanager
+    def writing(self, reader: ObjectReader, namespace: str | None, name: str) -> Iterator[None]:
+        """A write of the object is out inside: its events wait (``event``) until the answers of
+        all its writes out are in (the watch may bring a write's echo before its answer), then
+        are handed on, in the order they came."""
+        key = _key(reader, namespace, name)
+        with self._lock:
+            self._out[key] = self._out.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._out.pop(key) - 1
+                if left:
+                    self._out[key] = left
+                waiting = [] if left else self._waiting.pop(key, [])
+            for version, handle in waiting:
+                handle(self._echo_of(key, version))
+
+    def event(
+        self, reader: ObjectReader, namespace: str | None, name: str, version: str, handle: EchoHandler
+    ) -> None:
+        """Hand an event of the object, its copy at ``version``, to ``handle`` with the employer
+        whose pass wrote that very copy and went on from the answer (the write coming back: no
+        news to that employer), or "" (news to all): at once, or once the answers of the writes
+        of the object that are out are in. Only the very version a write was answered with is
+        its echo: any other copy, one that carries a change of someone else after the write
+        included, is news (a watch delivers an object's versions in order, and a re-list gives
+        only the latest; a write whose echo never comes is forgotten with the others at the
+        limit)."""
+        key = _key(reader, namespace, name)
+        with self._lock:
+            if key in self._out:
+                self._waiting.setdefault(key, []).append((version, handle))
+                return
+        handle(self._echo_of(key, version))
+
+    def _echo_of(self, key: _Key, version: str) -> str:
+        if not self._by:
+            return ""
+        with self._lock:
+            writes = self._by.get(key)
+            if writes is None or version not in writes:
+                return ""
+            answered = list(writes)
+            # Its echo came: the writes answered before it are past; those after it are not.
+            kept = {v: writes[v] for v in answered[answered.index(version) + 1 :]}
+            if kept:
+                self._by[key] = kept
+            else:
+                del self._by[key]
+            return writes[version]
 
     def settle(self, reader: ObjectReader, namespace: str | None, name: str) -> None:
         """The pod's watch event reached the cache: drop its entry once the cache moved on."""
@@ -180,7 +255,7 @@ class RecentWrites:
         self, reader: ObjectReader, namespace: str | None, name: str, cached: KubeObject | None
     ) -> KubeObject | None:
         """``get`` for a pod whose cached copy the caller read already (an index lookup)."""
-        key = (id(reader), namespace, name)
+        key = _key(reader, namespace, name)
         # Without the lock first: most pods have no entry, and one dict read is atomic.
         if key not in self._after:
             return cached
@@ -192,6 +267,10 @@ class RecentWrites:
                 return hit[1]
             del self._after[key]
         return cached
+
+
+def _key(reader: ObjectReader, namespace: str | None, name: str) -> _Key:
+    return (id(reader), namespace or "", name)
 
 
 def _version(obj: KubeObject) -> str:
@@ -207,11 +286,15 @@ class PodWriter:
         resolve: PodResolver,
         entry: EmployerEntry | None = None,
         recent: RecentWrites | None = None,
+        by: str = "",
     ) -> None:
         self.namespace = namespace
         self._resolve = resolve
         self.entry = entry
         self.recent = recent if recent is not None else RecentWrites()
+        #: The employer whose pass writes (its queue key): a write that did all it meant to is
+        #: no news to it when its event comes back (``RecentWrites.echo_of``).
+        self.by = by
         self._intents: dict[str, PodIntent] = {}
 
     def _intent(self, name: str) -> PodIntent:
@@ -349,14 +432,26 @@ class PodWriter:
         # What the cache holds now, before the write: a copy with this resourceVersion is older
         # than whatever the write leaves.
         cached = where.reader.get(kube.POD, self.namespace, where.name)
-        after, wrote = await aiokube.patch_optimistic(
-            where.client, kube.POD, self.namespace, where.name, change, current=pod
-        )
-        # A copy read again after a conflict is as fresh as a write's answer: the next pass
-        # starts from it, not from the cache that conflicted (docs/scaling.md).
-        read_again = after is not None and (pod is None or _version(after) != _version(pod))
-        if (wrote or read_again) and after is not None:
-            self.recent.wrote(where.reader, self.namespace, where.name, cached, pod, after)
+        with self.recent.writing(where.reader, self.namespace, where.name):
+            after, wrote = await aiokube.patch_optimistic(
+                where.client, kube.POD, self.namespace, where.name, change, current=pod
+            )
+            # A copy read again after a conflict is as fresh as a write's answer: the next pass
+            # starts from it, not from the cache that conflicted (docs/scaling.md).
+            read_again = after is not None and (pod is None or _version(after) != _version(pod))
+            if (wrote or read_again) and after is not None:
+                # A deferred entry removal is done by the pass its own event brings: that echo
+                # is news to the writer too.
+                echo_is_news = not wrote or deferred
+                self.recent.wrote(
+                    where.reader,
+                    self.namespace,
+                    where.name,
+                    cached,
+                    pod,
+                    after,
+                    by="" if echo_is_news else self.by,
+                )
         return after, wrote, deferred
 
     @staticmethod

@@ -211,7 +211,33 @@ class Controller:
         written_in = self._clusters[employees_of][1] if employees_of else self.reader
         side = "employer" if employees_of is None else "employee"
 
+        # This controller's own writes of the objects of this side (podwriter.RecentWrites): an
+        # event of an object with a write out waits for the answer, and a write's echo is news
+        # to every employer but the one whose pass wrote and went on from the answer.
+        own_writes = (
+            reconciler.employer_writes.recent
+            if employees_of is None
+            else reconciler.recent
+            if resource == kube.POD
+            else None
+        )
+        own_reader = reader if employees_of is None else written_in
+
         def on_event(event: WatchEvent, again: bool = False) -> None:
+            if own_writes is None or event.type != "MODIFIED" or again:
+                handle(event, "", again)
+                return
+            meta = event.obj.get("metadata", {})
+            own_writes.event(
+                own_reader,
+                meta.get("namespace"),
+                str(meta.get("name", "")),
+                str(meta.get("resourceVersion", "")),
+                lambda echo_of: handle(event, echo_of, again),
+            )
+
+        def handle(event: WatchEvent, echo_of: str, again: bool) -> None:
+            """The event, ``echo_of`` the employer whose own write it brings back ("": none)."""
             if self.queue.shutting_down:
                 return
             accepted = False
@@ -225,16 +251,8 @@ class Controller:
                 if not (scope is not None and scope.draining(event.obj)) and not predicate(event):
                     return
                 accepted = True
-                if (
-                    employees_of is None
-                    and event.type == "MODIFIED"
-                    and not again
-                    and reconciler.employer_writes.own_echo(event.obj, lambda: on_event(event, again=True))
-                ):
-                    # This controller's own write of the employer coming back (the pass that
-                    # wrote went on from its answer), or an event that waits for a write's
-                    # answer to tell (finalizers.EmployerWrites.own_echo).
-                    return
+                if employees_of is None and echo_of:
+                    return  # its own write coming back: the pass that wrote went on from the answer
                 keys = to_keys(event, reader)
             except CacheNotSynced as err:
                 # A cache the handler reads has not synced (a pod event before the Service
@@ -256,8 +274,11 @@ class Controller:
                 for key in keys:
                     reconciler.employee_changed(key, name)
             priority = queue_priority(event)
+            # A pod write's echo is noted in its writer's changes above (its next pass reads the
+            # pod), and queues no pass of it.
             for key in keys:
-                self.queue.add(key, priority)
+                if key != echo_of:
+                    self.queue.add(key, priority)
             if employees_of is not None and resource == kube.POD:
                 try:
                     reconciler.recent.settle(
