@@ -1,8 +1,8 @@
 """``ReconcileContext.changed`` against the real control plane: the informers' events name the
 employees that changed (the pods the frame wrote included, whose events bring no pass of the
-writer but name them for its next one), a failed pass and the periodic full pass each bring a full one, and the
-demo adapter's incremental items equal a full rebuild (docs/concepts.md, "Work proportional to
-change")."""
+writer but name them for its next one), a failed pass and the periodic full pass each bring a
+full one, and the demo adapter's incremental items equal a full rebuild (docs/concepts.md, "Work
+proportional to change")."""
 
 from __future__ import annotations
 
