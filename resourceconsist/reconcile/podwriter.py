@@ -206,7 +206,12 @@ class RecentWrites:
                     self._out[key] = left
                 waiting = [] if left else self._waiting.pop(key, [])
             for version, handle in waiting:
-                handle(self._echo_of(key, version))
+                try:
+                    handle(self._echo_of(key, version))
+                except Exception:  # a handler's failure is its own, never the write's
+                    log.exception(
+                        "handling an event of %s/%s that waited for a write failed", namespace, name
+                    )
 
     def event(
         self, reader: ObjectReader, namespace: str | None, name: str, version: str, handle: EchoHandler
