@@ -12,7 +12,9 @@ in-memory API whose answers the test holds back.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -23,10 +25,46 @@ from resourceconsist.cluster.kube import KubeObject, Resource
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.reconcile.finalizers import EmployerWrites
 from resourceconsist.reconcile.podwriter import RecentWrites
+from resourceconsist.reconcile.reconciler import Reconciler
 from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager, ManagerOptions
 from resourceconsist.testing import Cluster, async_wait_for
 from tests.frame.test_reconcile_steps import NS, Events, FakeApi
+
+
+def _marks(obj: KubeObject | None, mark: str) -> tuple[bool, bool]:
+    """(``mark`` among the object's finalizers, the test's ``touched`` label on it)."""
+    meta = (obj or {"metadata": {}})["metadata"]
+    return mark in (meta.get("finalizers") or []), "touched" in (meta.get("labels") or {})
+
+
+@contextlib.asynccontextmanager
+async def _running(cluster: Cluster, note: Callable[[str, Reconciler], None]) -> AsyncIterator[Reconciler]:
+    """A manager with the demo adapter on the test namespace, ``note(key, reconciler)`` called
+    as each pass is, before it reads anything."""
+    adapter = DemoAdapter(FakeProvider())
+    manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace))
+    await manager.add(adapter)
+    reconciler = manager.controllers[adapter.get_controller_name()].reconciler
+    reconcile = reconciler.reconcile
+
+    async def noted(key: str, **options: Any) -> Any:
+        note(key, reconciler)
+        return await reconcile(key, **options)
+
+    reconciler.reconcile = noted  # type: ignore[method-assign]
+    await manager.start()
+    try:
+        yield reconciler
+    finally:
+        await manager.stop(timeout=5)
+
+
+def _cached_marks(reconciler: Reconciler, resource: Resource, key: str, mark: str) -> Callable[[], bool]:
+    """Whether the controller's cache shows ``mark`` on the object ``namespace/name``: the
+    event of the write that put it there came."""
+    namespace, _, name = key.partition("/")
+    return lambda: _marks(reconciler.reader.get(resource, namespace, name), mark)[0]
 
 
 async def test_the_echo_of_our_employer_write_brings_no_pass_and_anothers_change_does(
@@ -34,43 +72,22 @@ async def test_the_echo_of_our_employer_write_brings_no_pass_and_anothers_change
 ) -> None:
     # No pod: the only write of the first pass is the Service's clean finalizer.
     await cluster.service("svc", {"app": "nothing"})
-    provider = FakeProvider()
-    adapter = DemoAdapter(provider)
-    manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace))
-    await manager.add(adapter)
-    reconciler = manager.controllers[adapter.get_controller_name()].reconciler
     began: list[tuple[bool, bool]] = []  # per pass: (clean finalizer on, the test's label on)
-    reconcile = reconciler.reconcile
 
-    async def noted(key: str, **options: Any) -> Any:
+    def note(key: str, reconciler: Reconciler) -> None:
         if key == f"{cluster.namespace}/svc":
-            found = reconciler.employer_writes.current(cluster.namespace, "svc") or {"metadata": {}}
-            meta = found["metadata"]
             began.append(
-                (
-                    wire.CLEAN_FINALIZER in (meta.get("finalizers") or []),
-                    "touched" in (meta.get("labels") or {}),
-                )
+                _marks(reconciler.employer_writes.current(cluster.namespace, "svc"), wire.CLEAN_FINALIZER)
             )
-        return await reconcile(key, **options)
 
-    reconciler.reconcile = noted  # type: ignore[method-assign]
-    await manager.start()
-    try:
-
-        async def echoed() -> bool:
-            cached = reconciler.reader.get(kube.SERVICE, cluster.namespace, "svc") or {"metadata": {}}
-            return wire.CLEAN_FINALIZER in (cached["metadata"].get("finalizers") or [])
-
-        # The first pass wrote the finalizer and went on to the provider; its event reached the cache.
+    async with _running(cluster, note) as reconciler:
+        # The first pass wrote the finalizer and went on; the write's event reached the cache.
+        echoed = _cached_marks(reconciler, kube.SERVICE, f"{cluster.namespace}/svc", wire.CLEAN_FINALIZER)
         await async_wait_for(echoed, timeout=20, message="the finalizer's event in the cache")
-        await async_wait_for(lambda: f"{cluster.namespace}/svc" in provider.employers(), timeout=20)
         # Another writer changes the Service: its event comes after the echo, on the same watch.
         await cluster.patch(kube.SERVICE, "svc", {"metadata": {"labels": {"touched": "1"}}})
         await async_wait_for(lambda: any(t for _, t in began), timeout=20, message="a pass from the change")
         assert began == [(False, False), (True, True)], began
-    finally:
-        await manager.stop(timeout=5)
 
 
 async def test_the_echo_of_a_pod_write_brings_its_writer_no_pass_and_anothers_change_does(
@@ -81,39 +98,19 @@ async def test_the_echo_of_a_pod_write_brings_its_writer_no_pass_and_anothers_ch
     await cluster.service("svc")
     await cluster.pod("web-0", {"app": "svc"})
     await cluster.set_status("web-0", ready=False)
-    provider = FakeProvider()
-    adapter = DemoAdapter(provider)
-    manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace))
-    await manager.add(adapter)
-    reconciler = manager.controllers[adapter.get_controller_name()].reconciler
     guard = lifecycle.guard_finalizer("svc")
     began: list[tuple[bool, bool]] = []  # per pass: (the pod guarded, the test's label on it)
-    reconcile = reconciler.reconcile
 
-    async def noted(key: str, **options: Any) -> Any:
+    def note(key: str, reconciler: Reconciler) -> None:
         if key == f"{cluster.namespace}/svc":
-            pod = reconciler.recent.get(reconciler.reader, cluster.namespace, "web-0") or {"metadata": {}}
-            meta = pod["metadata"]
-            began.append((guard in (meta.get("finalizers") or []), "touched" in (meta.get("labels") or {})))
-        return await reconcile(key, **options)
+            began.append(_marks(reconciler.recent.get(reconciler.reader, cluster.namespace, "web-0"), guard))
 
-    reconciler.reconcile = noted  # type: ignore[method-assign]
-    await manager.start()
-    try:
-
-        async def echoed() -> bool:
-            cached = reconciler.reader.get(kube.POD, cluster.namespace, "web-0") or {"metadata": {}}
-            return guard in (cached["metadata"].get("finalizers") or [])
-
+    async with _running(cluster, note) as reconciler:
+        echoed = _cached_marks(reconciler, kube.POD, f"{cluster.namespace}/web-0", guard)
         await async_wait_for(echoed, timeout=20, message="the pod write's event in the cache")
-        await async_wait_for(
-            lambda: "web-0" in provider.snapshot().get(f"{cluster.namespace}/svc", {}), timeout=20
-        )
         await cluster.patch(kube.POD, "web-0", {"metadata": {"labels": {"touched": "1"}}})
         await async_wait_for(lambda: any(t for _, t in began), timeout=20, message="a pass from the change")
         assert began == [(False, False), (True, True)], began
-    finally:
-        await manager.stop(timeout=5)
 
 
 async def test_the_echo_of_a_pod_write_is_news_to_the_pods_other_employers(cluster: Cluster) -> None:
@@ -122,34 +119,24 @@ async def test_the_echo_of_a_pod_write_is_news_to_the_pods_other_employers(clust
     await cluster.service("a", {"app": "web"})
     await cluster.pod("web-0", {"app": "web"})
     await cluster.set_status("web-0", ready=False)
-    adapter = DemoAdapter(FakeProvider())
-    manager = Manager(cluster.client, ManagerOptions(namespace=cluster.namespace))
-    await manager.add(adapter)
-    reconciler = manager.controllers[adapter.get_controller_name()].reconciler
     b_guard = lifecycle.guard_finalizer("b")
     began: dict[str, list[tuple[bool, bool]]] = {"a": [], "b": []}  # (b's guard on, touched)
-    reconcile = reconciler.reconcile
 
-    async def noted(key: str, **options: Any) -> Any:
-        name = key.rpartition("/")[2]
-        pod = reconciler.recent.get(reconciler.reader, cluster.namespace, "web-0") or {"metadata": {}}
-        meta = pod["metadata"]
-        began[name].append(
-            (b_guard in (meta.get("finalizers") or []), "touched" in (meta.get("labels") or {}))
+    def note(key: str, reconciler: Reconciler) -> None:
+        pod = reconciler.recent.get(reconciler.reader, cluster.namespace, "web-0")
+        began[key.rpartition("/")[2]].append(_marks(pod, b_guard))
+
+    async with _running(cluster, note) as reconciler:
+        a_echoed = _cached_marks(
+            reconciler, kube.POD, f"{cluster.namespace}/web-0", lifecycle.guard_finalizer("a")
         )
-        return await reconcile(key, **options)
-
-    reconciler.reconcile = noted  # type: ignore[method-assign]
-    await manager.start()
-    try:
-
-        async def guarded_by(service: str) -> bool:
-            cached = reconciler.reader.get(kube.POD, cluster.namespace, "web-0") or {"metadata": {}}
-            return lifecycle.guard_finalizer(service) in (cached["metadata"].get("finalizers") or [])
-
-        await async_wait_for(lambda: guarded_by("a"), timeout=20, message="a's guard in the cache")
+        await async_wait_for(a_echoed, timeout=20, message="a's guard in the cache")
         await cluster.service("b", {"app": "web"})
-        await async_wait_for(lambda: guarded_by("b"), timeout=20, message="b's guard in the cache")
+        await async_wait_for(
+            _cached_marks(reconciler, kube.POD, f"{cluster.namespace}/web-0", b_guard),
+            timeout=20,
+            message="b's guard in the cache",
+        )
         await async_wait_for(
             lambda: (True, False) in began["a"], timeout=20, message="a's pass from b's write"
         )
@@ -161,8 +148,6 @@ async def test_the_echo_of_a_pod_write_is_news_to_the_pods_other_employers(clust
         )
         assert began["a"] == [(False, False), (True, False), (True, True)], began
         assert began["b"] == [(False, False), (True, True)], began
-    finally:
-        await manager.stop(timeout=5)
 
 
 class HeldApi(FakeApi):
