@@ -123,6 +123,10 @@ class RecentWrites:
     finalizer): a lagging watch delivers the first write's event while the second's answer is
     already known, and taking that event's copy for current wrote every pod a third time, into
     a 409 (docs/scaling.md, "Conflicts at a cold start").
+
+    It also knows each write's echo, the watch event that brings the write's own answer back, so
+    that the event queues no pass of the employer whose pass wrote and went on from that answer
+    (``writing``, ``event``; docs/concepts.md, "A write's echo").
     """
 
     def __init__(self, resource: Resource = kube.POD) -> None:
@@ -177,8 +181,8 @@ class RecentWrites:
         """A write of this controller was answered: ``cached``, the cache's copy when it went
         out, and ``used``, the copy it started from, are older than ``answer`` (the pod writes'
         and the readiness gates' writes alike). ``by``: the employer whose pass wrote and went
-        on from the answer, so the write's own event is no news to it (``echo_of``); "" when
-        the event must reach that employer as any other."""
+        on from the answer, so the write's own event is no news to it (``event``); "" when the
+        event must reach that employer as any other."""
         if by:
             with self._lock:
                 if len(self._by) >= _RECENT_LIMIT:
@@ -298,7 +302,7 @@ class PodWriter:
         self.entry = entry
         self.recent = recent if recent is not None else RecentWrites()
         #: The employer whose pass writes (its queue key): a write that did all it meant to is
-        #: no news to it when its event comes back (``RecentWrites.echo_of``).
+        #: no news to it when its event comes back (``RecentWrites.event``).
         self.by = by
         self._intents: dict[str, PodIntent] = {}
 
