@@ -207,7 +207,8 @@ class Controller:
         reader = self.reader
         reconciler = self.reconciler
         suffix = f"{wire.MULTI_CLUSTER_SEPARATOR}{employees_of}" if employees_of else ""
-        # The cache this cluster's pod writes are checked against (podwriter.RecentWrites).
+        # The cache this side's own writes are checked against (podwriter.RecentWrites): the
+        # member cluster's for its pods, else the main one (the employers' too).
         written_in = self._clusters[employees_of][1] if employees_of else self.reader
         side = "employer" if employees_of is None else "employee"
 
@@ -221,7 +222,6 @@ class Controller:
             if resource == kube.POD
             else None
         )
-        own_reader = reader if employees_of is None else written_in
 
         def on_event(event: WatchEvent, again: bool = False) -> None:
             if own_writes is None or event.type != "MODIFIED" or again:
@@ -229,7 +229,7 @@ class Controller:
                 return
             meta = event.obj.get("metadata", {})
             own_writes.event(
-                own_reader,
+                written_in,
                 meta.get("namespace"),
                 str(meta.get("name", "")),
                 str(meta.get("resourceVersion", "")),
