@@ -20,6 +20,7 @@ import asyncio
 import builtins
 import contextlib
 import dataclasses
+import functools
 import logging
 import random
 import threading
@@ -292,7 +293,20 @@ class Informer:
         #: What each informer thread lists and watches: a namespace, or None for all.
         self.scopes: tuple[str | None, ...] = tuple(namespaces) if namespaces else (namespace,)
         #: List and watch only the objects this selector selects (a shard's share; docs/scaling.md).
+        #: May change: each list takes the selector of its moment, and the watch after it goes on
+        #: with the same one (``relist`` after a change).
         self.label_selector = label_selector
+        #: The selector each scope's latest list was made with (its watch's).
+        self._listed_selector: dict[str | None, str | None] = {}
+        #: Objects a DELETED event (its object) or a list that no longer shows them (the stored
+        #: copy) would take out of the store, which this keeps there instead (docs/scaling.md,
+        #: "Pods selected by the API server": a pod that left a shard's label-selected watch while
+        #: the shard still needs it, brought back into it). Called in the informer thread, and
+        #: may block briefly (it asks the API server). None: nothing is held.
+        self.hold: Callable[[KubeObject], bool] | None = None
+        #: Called in the informer thread before each list (after ``before_first_list``), e.g. to
+        #: set the selector the list is made with.
+        self.before_list: Callable[[], None] | None = None
         #: Which listed or watched objects the store holds (after the transform); None: all. An
         #: object that stops being kept leaves the store with a DELETED event, as one that leaves
         #: a label-selected watch does (docs/concepts.md, "Pods the caches keep").
@@ -607,6 +621,11 @@ class Informer:
             started = time.monotonic()
             if scope not in self._listed or not self._kept.is_set():
                 self._list_started[scope] = started
+        if self.before_list is not None:
+            # After the moment the list counts from (``listed_since``): what changes while it
+            # runs asks for another list.
+            self.before_list()
+        selector = self.label_selector
         decoding = _decoding(transform)
         items: list[KubeObject] = []
         token: str | None = None
@@ -616,7 +635,7 @@ class Informer:
                 scope,
                 limit=self.page_size,
                 continue_token=token,
-                label_selector=self.label_selector,
+                label_selector=selector,
                 decode=decoding.page,
             )
             # Page by page: only one page is ever held whole.
@@ -628,6 +647,11 @@ class Informer:
             if not token:
                 break
         first = scope not in self._listed
+        self._listed_selector[scope] = selector
+        if self.hold is not None:
+            listed_keys = {object_key(o) for o in items}
+            stored = self.store.list(scope if len(self.scopes) > 1 else None)
+            items.extend(o for o in stored if object_key(o) not in listed_keys and self.hold(o))
         with self._emit_lock:
             for event in self.store.replace(items, scope if len(self.scopes) > 1 else None):
                 self._emit(
@@ -717,7 +741,7 @@ class Informer:
             scope,
             rv,
             timeout_seconds=random.randint(240, 480),
-            label_selector=self.label_selector,
+            label_selector=self._listed_selector.get(scope, self.label_selector),
             decode=decoding.event,
         )
         self._watches[scope] = stream
@@ -734,6 +758,13 @@ class Informer:
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv
+                if (
+                    kind == "DELETED"
+                    and self.hold is not None
+                    and self.store.get(object_key(obj)) is not None
+                    and self.hold(obj)
+                ):
+                    continue  # it left the watch, not the API server (``hold``)
                 let_go = self.keep is not None and kind != "DELETED" and not self.keep(obj)
                 if let_go and self.store.get(object_key(obj)) is None:
                     continue  # neither kept nor held: not even the transform's work
@@ -784,6 +815,9 @@ class InformerFactory:
         self._pod_rules: list[Callable[[KubeObject], bool]] = []
         #: What the pod informers wait for before their first list (``restrict_pods``).
         self._pod_waits: list[Callable[[threading.Event], None]] = []
+        #: The pod informers' ``before_list`` and ``hold`` (``restrict_pods``).
+        self._pod_before_list: Callable[[Informer], None] | None = None
+        self._pod_hold: Callable[[KubeObject], bool] | None = None
         #: The fields the pod informers keep: the frame's, and those the adapters declared.
         self._pod_fields: frozenset[str] = frozenset(FRAME_POD_FIELDS)
         #: Counts ``stop`` calls: a reader's shortcut to a store holds only within one generation.
@@ -825,6 +859,10 @@ class InformerFactory:
                             wait(stop)
 
                     found.before_first_list = before_first_list
+                if resource == kube.POD and self._pod_before_list is not None:
+                    found.before_list = functools.partial(self._pod_before_list, found)
+                if resource == kube.POD:
+                    found.hold = self._pod_hold
                 self._informers[key] = found
                 if self._loop is not None:
                     found.start(self._loop)
@@ -873,12 +911,16 @@ class InformerFactory:
         rule: Callable[[KubeObject], bool],
         *,
         wait: Callable[[threading.Event], None] | None = None,
+        before_list: Callable[[Informer], None] | None = None,
+        hold: Callable[[KubeObject], bool] | None = None,
     ) -> None:
         """Keep only the pods ``rule`` keeps too (a shard's share, resourceconsist/runtime/sharding/pods.py).
         ``rule`` runs in the informer threads on every listed and watched pod, and may read other
         caches; ``wait``, called in each pod informer thread before its first list with the
         informer's stop event, may wait (bounded) for those caches, so that the first list is
-        judged by the rule rather than kept whole. Said before the pod informer is made."""
+        judged by the rule rather than kept whole; ``before_list`` and ``hold`` become the pod
+        informer's (``Informer.before_list``, ``Informer.hold``: a shard's label-selected pods,
+        resourceconsist/runtime/sharding/podlabels.py). Said before the pod informer is made."""
         with self._lock:
             if kube.POD in self._informers:
                 raise ValueError(
@@ -887,6 +929,10 @@ class InformerFactory:
             self._pod_rules.append(rule)
             if wait is not None:
                 self._pod_waits.append(wait)
+            if before_list is not None:
+                self._pod_before_list = before_list
+            if hold is not None:
+                self._pod_hold = hold
 
     def _pod_keeper(self) -> Callable[[KubeObject], bool] | None:
         """Which pods the pod informer keeps (``keep_pods``, ``restrict_pods``); None: all."""
