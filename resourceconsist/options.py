@@ -121,6 +121,11 @@ class ShardingOptions:
     #: Release the shard Lease on a graceful stop, so the employers move at once
     #: (controller-runtime's ``LeaderElectionReleaseOnCancel``); False: they wait for it to expire.
     release_on_cancel: bool = True
+    #: Each shard lists and watches only the pods whose employer label names one of its Services
+    #: (or is shared), writing the label where the webhook did not (docs/scaling.md, "Pods
+    #: selected by the API server"): the decoding of pod events divides among the replicas.
+    #: Needs the webhook's ``--pod-employer-label`` and the admission policy that allows the label.
+    pod_employer_label: bool = False
 
     def __post_init__(self) -> None:
         if not _RING_NAME.match(self.controller_ring):

@@ -108,6 +108,13 @@ SHARD_LABEL_PREFIX: Final = "shard.alpha.sharding.timebertt.dev/"
 DRAIN_LABEL_PREFIX: Final = "drain.alpha.sharding.timebertt.dev/"
 #: The holder the sharder writes into the Lease of a shard gone silent, marking it dead.
 SHARD_LEASE_TAKEN_BY_SHARDER: Final = "shardlease-controller"
+#: Sharding's pod label (docs/scaling.md, "Pods selected by the API server"), this project's own:
+#: the employer a pod's watch events go to. Its value is the one Service that selects the pod or
+#: whose marks it carries, or ``EMPLOYER_LABEL_SHARED`` for more than one (or one the writer cannot
+#: name). Only ever widened: absent -> a name -> shared, so no shard that saw the pod stops seeing it.
+EMPLOYER_LABEL: Final = "resource-consist.kusionstack.io/employer"
+#: Not a Service name (those are lower-case DNS labels): every shard watches pods labelled so.
+EMPLOYER_LABEL_SHARED: Final = "Shared"
 
 
 class GateReason(StrEnum):

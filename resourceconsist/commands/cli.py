@@ -607,6 +607,12 @@ _sharding_flags = _flag_group(
         default=True,
         help="Run the built-in sharder (one replica at a time); --no-sharder where another assigns.",
     ),
+    click.option(
+        "--pod-employer-label/--no-pod-employer-label",
+        default=False,
+        help="With --sharding: watch only the pods labelled for this shard's Services, writing the "
+        "label where the webhook did not (docs/scaling.md).",
+    ),
 )
 
 
@@ -858,6 +864,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 controller_ring=flags["controller_ring"],
                 **({"shard_name": flags["shard_name"]} if flags["shard_name"] else {}),
                 sharder=flags["sharder"],
+                pod_employer_label=flags["pod_employer_label"],
                 **lease,
             )
     watched = _namespaces(flags["namespace"])

@@ -186,3 +186,39 @@ def describe(hold: Hold, kind: str) -> str:
     if hold.employer:
         return f"{kind} {hold.namespace}/{hold.employer}"
     return f"an unknown {kind} of namespace {hold.namespace} (finalizer hash {hold.digest})"
+
+
+# -- sharding's employer label (docs/scaling.md, "Pods selected by the API server") -------------
+
+
+def employer_label(pod: Mapping[str, Any]) -> str | None:
+    """The pod's employer label (``wire.EMPLOYER_LABEL``); None when it carries none."""
+    labels = pod.get("metadata", {}).get("labels") or {}
+    value = labels.get(wire.EMPLOYER_LABEL)
+    return None if value is None else str(value)
+
+
+def widened_employer_label(current: str | None, names: Iterable[str]) -> str | None:
+    """The employer label a pod must carry so that the shards of the employers ``names`` see its
+    watch events, given the one it carries (``current``). It only widens: no label and one name
+    gives that name; anything else that adds a name gives ``wire.EMPLOYER_LABEL_SHARED``, which
+    every shard watches; a label already covering ``names`` is returned unchanged. So no shard
+    that saw the pod stops seeing it by this label's change."""
+    wanted = set(names)
+    if current == wire.EMPLOYER_LABEL_SHARED or wanted <= ({current} if current else set()):
+        return current
+    if not current and len(wanted) == 1:
+        return next(iter(wanted))
+    return wire.EMPLOYER_LABEL_SHARED
+
+
+def employer_label_selector(names: Iterable[str]) -> str:
+    """The ``labelSelector`` of a shard's pod watch: the pods labelled with one of its employers'
+    ``names``, or shared. Sorted, so one share always asks for the same selector."""
+    return f"{wire.EMPLOYER_LABEL} in ({','.join(sorted({wire.EMPLOYER_LABEL_SHARED, *names}))})"
+
+
+def unlabelled_for(name: str) -> str:
+    """The requirement a ``labelSelector`` adds to select the pods whose employer label does not
+    yet cover the employer ``name`` (no label, or another employer's name)."""
+    return f"{wire.EMPLOYER_LABEL} notin ({name},{wire.EMPLOYER_LABEL_SHARED})"

@@ -42,6 +42,8 @@ PINNED: dict[str, Any] = {
     "SHARD_LABEL_PREFIX": "shard.alpha.sharding.timebertt.dev/",
     "DRAIN_LABEL_PREFIX": "drain.alpha.sharding.timebertt.dev/",
     "SHARD_LEASE_TAKEN_BY_SHARDER": "shardlease-controller",
+    "EMPLOYER_LABEL": "resource-consist.kusionstack.io/employer",
+    "EMPLOYER_LABEL_SHARED": "Shared",
     "PROVIDER_FAILURE_ANNOTATION": "resource-consist.kusionstack.io/provider-failure",
     "RECONCILE_ID_ANNOTATION": "resource-consist.kusionstack.io/reconcile-id",
     "READINESS_GATE_DOMAIN": "readiness.resource-consist.kusionstack.io",

@@ -12,6 +12,7 @@ the shard's pods (``pods``) and the sharder (``sharder``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import datetime
 import logging
@@ -29,6 +30,8 @@ from resourceconsist.hooks.handle import ControllerHandle
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics
+from resourceconsist.runtime.sharding import podlabels
+from resourceconsist.runtime.sharding.podlabels import LabellingFailed, ShardPodLabels
 from resourceconsist.runtime.sharding.pods import ShardPods, changes_share
 from resourceconsist.runtime.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.runtime.sharding.shard import ShardGate
@@ -115,9 +118,20 @@ class ShardedReplica:
         # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
         # need of pods"); every pod while a controller of another kind runs.
         self._pods = ShardPods(self.gate, informers.reader(), self._services_synced)
-        informers.restrict_pods(
-            lambda pod: not self._pods_divide() or self._pods.keeps(pod), wait=self._wait_for_services
+        #: With ``pod_employer_label``: the pods the API server selects for this shard, and the
+        #: labels it writes (resourceconsist/runtime/sharding/podlabels.py).
+        self._labels = (
+            ShardPodLabels(client, self._pods, self._services_informer, self._namespaces, self.elector.fence)
+            if sharding.pod_employer_label
+            else None
         )
+        informers.restrict_pods(
+            lambda pod: not self._pods_divide() or self._pods.keeps(pod),
+            wait=self._wait_for_services,
+            before_list=self._before_pod_list if self._labels is not None else None,
+            hold=self._hold_pod if self._labels is not None else None,
+        )
+        self._sweep_task: asyncio.Task[None] | None = None
         self._sharder_elector = (
             LeaderElector(
                 client,
@@ -194,6 +208,8 @@ class ShardedReplica:
             self._sharder_task = asyncio.create_task(
                 self._sharder_elector.run(self._start_sharder, self._stop_sharder, self._stop)
             )
+        if self._labels is not None:
+            self._sweep_task = asyncio.create_task(self._sweep_labels())
 
     def stopping(self) -> None:
         """At once when the manager begins to stop: no pass starts here from now on, even while
@@ -214,6 +230,12 @@ class ShardedReplica:
             (ended,) = await asyncio.gather(task, return_exceptions=True)
             if isinstance(ended, Exception):
                 raise ended
+        sweep, self._sweep_task = self._sweep_task, None
+        if sweep is not None:
+            sweep.cancel()
+            await asyncio.gather(sweep, return_exceptions=True)
+        if self._labels is not None:
+            self._labels.reset()
         if self._unsubscribe_share is not None:
             self._unsubscribe_share()
             self._unsubscribe_share = None
@@ -266,6 +288,38 @@ class ShardedReplica:
                 stop.wait(0.05)  # the controller's caches are being made
             elif services.synced_within(0.5):
                 return
+
+    def _services_informer(self) -> Informer | None:
+        return next((i for i in self.informers.informers() if i.resource == kube.SERVICE), None)
+
+    def _before_pod_list(self, informer: Informer) -> None:
+        """Before each list of the pod cache (informer thread), with ``pod_employer_label``: the
+        pods of the Services new to the shard labelled, then listed by the share's selector; every
+        pod while a controller of another kind runs (docs/scaling.md)."""
+        assert self._labels is not None
+        if not self._pods_divide():
+            informer.label_selector = None
+            return
+        self._labels.before_list(informer)
+
+    def _hold_pod(self, pod: kube.KubeObject) -> bool:
+        assert self._labels is not None
+        return self._pods_divide() and self._labels.holds(pod)
+
+    async def _sweep_labels(self) -> None:
+        """Every ``podlabels.SWEEP_INTERVAL`` seconds: pods newly selected by this shard's Services (their
+        labels changed) are labelled for them, and so come into its watch."""
+        assert self._labels is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), podlabels.SWEEP_INTERVAL)
+                return
+            if not self._pods_divide() or not self._services_synced():
+                continue
+            try:
+                await asyncio.to_thread(self._labels.label)
+            except LabellingFailed as err:
+                log.warning("shard %s: %s; trying again in %.0f s", self.shard, err, podlabels.SWEEP_INTERVAL)
 
     def _relist_on_new_share(self) -> Callable[[], None]:
         """List the pods again whenever this shard's Services change what it must keep (one

@@ -1,0 +1,241 @@
+"""Pods selected by the API server (docs/scaling.md, "Pods selected by the API server"), on a real
+API server: with the employer label, each shard is sent only the pods labelled for its Services
+(the label written by the shard where no webhook stamped it), and a pod never looks gone to its
+owner because its label changed: a pod whose label is taken off stays served and is labelled
+again, a pod relabelled into another shard's Service is labelled for it by the sweep, and a fleet
+served before the label was on is labelled, marks included, before any pass runs on it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+
+from resourceconsist import wire
+from resourceconsist.cluster import kube
+from resourceconsist.cluster.kube import KubeObject
+from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
+from resourceconsist.options import ManagerOptions, ShardingOptions
+from resourceconsist.rules import lifecycle, marks
+from resourceconsist.runtime.manager import Manager
+from resourceconsist.runtime.sharding import podlabels
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key
+from resourceconsist.testing import Cluster, async_wait_for, finalizers
+
+RING = "labels"
+
+
+def _replica(cluster: Cluster, shard: str, *, label: bool = True) -> Manager:
+    options = ShardingOptions(
+        controller_ring=RING,
+        shard_name=shard,
+        namespace=cluster.namespace,
+        lease_duration=6.0,
+        renew_deadline=4.0,
+        retry_period=0.5,
+        pod_employer_label=label,
+    )
+    return Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
+
+
+def _cached(manager: Manager) -> dict[str, KubeObject]:
+    return {p["metadata"]["name"]: p for p in manager.informers.informer(kube.POD).store.list()}
+
+
+def _seen_by(manager: Manager) -> set[str]:
+    """Every pod the replica's pod informer decodes from now on (its ``keep`` sees each one)."""
+    informer = manager.informers.informer(kube.POD)
+    keep = informer.keep
+    assert keep is not None
+    seen: set[str] = set()
+
+    def recording(pod: KubeObject) -> bool:
+        seen.add(pod["metadata"]["name"])
+        return keep(pod)
+
+    informer.keep = recording
+    return seen
+
+
+async def _labels(cluster: Cluster) -> dict[str, str | None]:
+    listing = await cluster.call(cluster.client.list, kube.POD, cluster.namespace)
+    return {p["metadata"]["name"]: marks.employer_label(p) for p in listing["items"]}
+
+
+async def _start(replicas: dict[str, Manager], provider: FakeProvider) -> None:
+    for manager in replicas.values():
+        await manager.add(DemoAdapter(provider))
+        await manager.start()
+
+
+async def _stop(replicas: dict[str, Manager]) -> None:
+    for manager in replicas.values():
+        await manager.stop(timeout=5)
+
+
+def _placed_apart(cluster: Cluster, shards: tuple[str, str]) -> tuple[str, str]:
+    """A Service name the ring places on each of the two shards."""
+    ring = HashRing(set(shards))
+    names = [f"svc-{i}" for i in range(100)]
+    where = {n: ring.shard_of(hash_key("v1", "Service", cluster.namespace, n)) for n in names}
+    return next(n for n in names if where[n] == shards[0]), next(n for n in names if where[n] == shards[1])
+
+
+async def _serve(cluster: Cluster, pods_of: dict[str, list[str]], labelled: set[str] = frozenset()) -> None:
+    for service, pods in pods_of.items():
+        await cluster.service(service)
+        for pod in pods:
+            labels = {"app": service, **({wire.EMPLOYER_LABEL: service} if pod in labelled else {})}
+            await cluster.pod(pod, labels)
+            await cluster.set_status(pod, ready=True)
+
+
+def _served(provider: FakeProvider, cluster: Cluster, pods_of: dict[str, list[str]]) -> Callable[[], bool]:
+    return lambda: all(set(p) <= provider.serving(f"{cluster.namespace}/{s}") for s, p in pods_of.items())
+
+
+async def test_each_shard_is_sent_only_the_pods_labelled_for_its_services(cluster: Cluster) -> None:
+    provider = FakeProvider()
+    shards = ("shard-a", "shard-b")
+    a, b = _placed_apart(cluster, shards)
+    pods_of = {a: [f"{a}-0", f"{a}-1"], b: [f"{b}-0", f"{b}-1"]}
+    # One pod comes labelled, as the webhook stamps it; the shards label the others.
+    await _serve(cluster, pods_of, labelled={f"{a}-0"})
+    await cluster.pod("stray", {"app": "nobody"})
+    replicas = {shard: _replica(cluster, shard) for shard in shards}
+    await _start(replicas, provider)
+    try:
+        await async_wait_for(_served(provider, cluster, pods_of), timeout=60, message="every pod served")
+        labels = await _labels(cluster)
+        assert labels == {**{p: s for s, ps in pods_of.items() for p in ps}, "stray": None}
+        await async_wait_for(
+            lambda: (
+                set(_cached(replicas["shard-a"])) == set(pods_of[a])
+                and set(_cached(replicas["shard-b"])) == set(pods_of[b])
+            ),
+            timeout=30,
+            message="each shard caching its Service's pods",
+        )
+        seen = {shard: _seen_by(manager) for shard, manager in replicas.items()}
+        # Every pod changes; each shard is sent the changes of its own pods only.
+        for pod in [*pods_of[a], *pods_of[b], "stray"]:
+            await cluster.patch(kube.POD, pod, {"metadata": {"annotations": {"touched": "yes"}}})
+
+        def touched(manager: Manager, pods: list[str]) -> bool:
+            cached = _cached(manager)
+            return all((cached[p]["metadata"].get("annotations") or {}).get("touched") == "yes" for p in pods)
+
+        await async_wait_for(
+            lambda: touched(replicas["shard-a"], pods_of[a]) and touched(replicas["shard-b"], pods_of[b]),
+            timeout=30,
+            message="the changes in each shard's cache",
+        )
+        assert seen["shard-a"] <= set(pods_of[a]), seen
+        assert seen["shard-b"] <= set(pods_of[b]), seen
+        assert replicas["shard-a"].informers.informer(
+            kube.POD
+        ).label_selector == marks.employer_label_selector([a])
+        assert replicas["shard-b"].informers.informer(
+            kube.POD
+        ).label_selector == marks.employer_label_selector([b])
+    finally:
+        await _stop(replicas)
+
+
+async def test_a_pod_whose_label_is_taken_off_stays_served_and_is_labelled_again(cluster: Cluster) -> None:
+    provider = FakeProvider()
+    pods_of = {"web": ["web-0", "web-1"]}
+    await _serve(cluster, pods_of)
+    replicas = {"shard-a": _replica(cluster, "shard-a")}
+    await _start(replicas, provider)
+    lost: list[str] = []
+    manager = replicas["shard-a"]
+
+    async def watch() -> None:
+        # The pod never leaves the owner's cache, and never loses its finalizer.
+        while True:
+            if "web-0" not in _cached(manager):
+                lost.append("cache")
+            pod = await cluster.get(kube.POD, "web-0")
+            if pod is None or lifecycle.lifecycle_finalizer("web") not in finalizers(pod):
+                lost.append("finalizer")
+            await asyncio.sleep(0.02)
+
+    try:
+        await async_wait_for(_served(provider, cluster, pods_of), timeout=60, message="every pod served")
+        watcher = asyncio.create_task(watch())
+        try:
+            await cluster.patch(kube.POD, "web-0", {"metadata": {"labels": {wire.EMPLOYER_LABEL: None}}})
+
+            async def labelled_again() -> bool:
+                return (await _labels(cluster))["web-0"] is not None
+
+            await async_wait_for(labelled_again, timeout=30, message="web-0 labelled again")
+            controller = next(iter(manager.controllers.values()))
+            passes = controller.reconciles
+            controller.queue.add(f"{cluster.namespace}/web")
+            await async_wait_for(lambda: controller.reconciles > passes, timeout=30, message="a pass")
+        finally:
+            watcher.cancel()
+        assert (await _labels(cluster))["web-0"] == "web"
+        assert lost == []
+        assert provider.calls["delete_rs"] == 0, "no pod was deregistered"
+        assert _served(provider, cluster, pods_of)()
+    finally:
+        await _stop(replicas)
+
+
+async def test_a_pod_relabelled_into_another_shards_service_is_labelled_for_it(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(podlabels, "SWEEP_INTERVAL", 0.5)
+    provider = FakeProvider()
+    shards = ("shard-a", "shard-b")
+    a, b = _placed_apart(cluster, shards)
+    pods_of = {a: [f"{a}-0", f"{a}-1"], b: [f"{b}-0"]}
+    await _serve(cluster, pods_of)
+    replicas = {shard: _replica(cluster, shard) for shard in shards}
+    await _start(replicas, provider)
+    try:
+        await async_wait_for(_served(provider, cluster, pods_of), timeout=60, message="every pod served")
+        # The pod moves from a's selector to b's: b's shard was never sent it, a's still is.
+        await cluster.patch(kube.POD, f"{a}-1", {"metadata": {"labels": {"app": b}}})
+        moved = {a: [f"{a}-0"], b: [f"{b}-0", f"{a}-1"]}
+        await async_wait_for(_served(provider, cluster, moved), timeout=60, message=f"{a}-1 served by {b}")
+        assert (await _labels(cluster))[f"{a}-1"] == wire.EMPLOYER_LABEL_SHARED
+
+        async def released() -> bool:
+            pod = await cluster.get(kube.POD, f"{a}-1")
+            return pod is not None and lifecycle.lifecycle_finalizer(a) not in finalizers(pod)
+
+        await async_wait_for(released, timeout=30, message=f"{a}'s finalizer off {a}-1")
+    finally:
+        await _stop(replicas)
+
+
+async def test_a_fleet_served_before_the_label_was_on_is_labelled_marks_included(cluster: Cluster) -> None:
+    provider = FakeProvider()
+    pods_of = {"web": ["web-0", "web-1", "web-2"]}
+    await _serve(cluster, pods_of)
+    before = {"shard-a": _replica(cluster, "shard-a", label=False)}
+    await _start(before, provider)
+    await async_wait_for(_served(provider, cluster, pods_of), timeout=60, message="every pod served")
+    await _stop(before)
+    # While no controller runs, a pod leaves the Service's selector: only its marks name it.
+    await cluster.patch(kube.POD, "web-2", {"metadata": {"labels": {"app": "elsewhere"}}})
+    after = {"shard-a": _replica(cluster, "shard-a")}
+    await _start(after, provider)
+    try:
+
+        async def released() -> bool:
+            pod = await cluster.get(kube.POD, "web-2")
+            return pod is not None and lifecycle.lifecycle_finalizer("web") not in finalizers(pod)
+
+        await async_wait_for(released, timeout=60, message="the unselected pod released")
+        labels = await _labels(cluster)
+        assert labels == {"web-0": "web", "web-1": "web", "web-2": "web"}
+        assert _served(provider, cluster, {"web": ["web-0", "web-1"]})()
+        assert "web-2" not in provider.serving(f"{cluster.namespace}/web")
+    finally:
+        await _stop(after)
