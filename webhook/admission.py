@@ -7,7 +7,9 @@ building the answer (allowed with a JSONPatch, allowed untouched, or denied with
 ``resourceconsist.rules.lifecycle`` only, so the webhook and the controller write byte-identical
 annotation values. The same patch carries what the employers ask of the pod's spec
 (docs/zero-downtime.md): their readiness gates, and a ``preStop`` hook in every container without
-one, a sleep of the longest drain time or a call to the drain waiter sidecar it adds.
+one, a sleep of the longest drain time or a call to the drain waiter sidecar it adds. When asked
+(``WebhookOptions.pod_employer_label``), it also stamps sharding's employer label
+(``wire.EMPLOYER_LABEL``; docs/scaling.md, "Pods selected by the API server").
 
 What bad input gets (docs/webhook.md, "Bad input"): a body that is not a v1 AdmissionReview
 raises ``BadReview`` (HTTP 400); a pod whose fields the mutation reads have the wrong shape
@@ -35,9 +37,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic_core import ErrorDetails
 
 from resourceconsist import wire
+from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import ResourceConsistError
-from resourceconsist.rules import lifecycle
+from resourceconsist.rules import lifecycle, marks
 from resourceconsist.webhook.adapter import EmployerRef
 from resourceconsist.webhook.options import DrainWaiterOptions
 
@@ -258,12 +261,17 @@ DEFAULT_TERMINATION_GRACE_SECONDS: Final = 30
 
 
 def pod_mutation(
-    pod: KubeObject, employers: Iterable[EmployerRef], waiter: DrainWaiterOptions | None = None
+    pod: KubeObject,
+    employers: Iterable[EmployerRef],
+    waiter: DrainWaiterOptions | None = None,
+    *,
+    employer_label: bool = False,
 ) -> list[dict[str, Any]]:
     """The JSONPatch that merges the employers' entries into the pod's ``available-conditions``
     annotation, keeping the entries already there, and adds what they ask of the spec
-    (``spec_mutation``, with the drain ``waiter`` the webhook is configured with); empty when
-    nothing changes.
+    (``spec_mutation``, with the drain ``waiter`` the webhook is configured with); with
+    ``employer_label``, it also widens the pod's employer label to cover its Service employers
+    (``employer_label_patch``). Empty when nothing changes.
 
     Raises ``MalformedPod`` when a field it reads has the wrong shape, and
     ``lifecycle.MalformedAvailableConditions`` when there are entries to add and the existing
@@ -283,7 +291,27 @@ def pod_mutation(
             "it escapes a lone surrogate, which is not a Unicode character",
         )
     patch = [] if value is None else lifecycle.admission_patch(pod, value)
+    if employer_label:
+        patch += employer_label_patch(pod, employers)
     return patch + _spec_ops(fields, employers, waiter)
+
+
+def employer_label_patch(pod: KubeObject, employers: Iterable[EmployerRef]) -> list[dict[str, Any]]:
+    """JSON-patch operations that set the pod's employer label (``wire.EMPLOYER_LABEL``) to
+    ``marks.widened_employer_label`` of the label it carries and the names of its employers of
+    kind Service, so the shards of those Services see its watch events (docs/scaling.md, "Pods
+    selected by the API server"); none when the label already covers them (other employer kinds
+    do not count). A pod without labels gets the whole map."""
+    names = [e.name for e in employers if e.kind == kube.SERVICE.kind]
+    current = marks.employer_label(pod)
+    value = marks.widened_employer_label(current, names)
+    if value is None or value == current:
+        return []
+    if not pod.get("metadata", {}).get("labels"):
+        return [{"op": "add", "path": "/metadata/labels", "value": {wire.EMPLOYER_LABEL: value}}]
+    op = "add" if current is None else "replace"
+    path = "/metadata/labels/" + lifecycle.json_pointer_escape(wire.EMPLOYER_LABEL)
+    return [{"op": op, "path": path, "value": value}]
 
 
 def _is_unicode(text: str) -> bool:
@@ -496,12 +524,14 @@ async def decide(
     employers_of: EmployersOf,
     limit: float,
     waiter: DrainWaiterOptions | None = None,
+    *,
+    employer_label: bool = False,
 ) -> Outcome:
     """The webhook's answer to one review for the adapter named ``adapter`` (docs/webhook.md):
     pod CREATEs get their employers' entries, gates and hooks (the drain ``waiter`` for those
-    whose employer asks for it); anything else passes untouched; bad input and adapter failures
-    are denied with the cause. ``limit`` is the deadline ``employers_of`` keeps, as the denial of
-    an overrun says."""
+    whose employer asks for it), and with ``employer_label`` sharding's employer label;
+    anything else passes untouched; bad input and adapter failures are denied with the cause.
+    ``limit`` is the deadline ``employers_of`` keeps, as the denial of an overrun says."""
     if req.dry_run:
         return Outcome(Verdict.allow("dry run: not mutated"))
     if req.kind.group or req.kind.kind != "Pod" or req.sub_resource:
@@ -542,7 +572,7 @@ async def decide(
             )
         )
     try:
-        patch = pod_mutation(pod, employers, waiter)
+        patch = pod_mutation(pod, employers, waiter, employer_label=employer_label)
     except lifecycle.MalformedAvailableConditions as err:
         return Outcome(
             Verdict.deny(HTTPStatus.BAD_REQUEST, str(MalformedPod.from_annotation(err))), employers

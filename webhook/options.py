@@ -213,6 +213,11 @@ class WebhookOptions:
     #: The drain waiter given to the pods whose employer asks for the ``wait`` drain; None: they
     #: get the ``preStop`` sleep.
     drain_waiter: DrainWaiterOptions | None = None
+    #: Stamp sharding's employer label (``wire.EMPLOYER_LABEL``) on each new pod: the name of the
+    #: one Service employing it, else ``Shared``, so the shards of ``run --sharding
+    #: --pod-employer-label`` watch only their pods (docs/scaling.md, "Pods selected by the API
+    #: server"); off: the label is left to those shards.
+    pod_employer_label: bool = False
 
     def __post_init__(self) -> None:
         # A str will do for the directory; kept as a Path.

@@ -471,6 +471,7 @@ class WebhookServer:
                 lambda pod: self._employers(adapter, pod, limit),
                 limit,
                 self.options.drain_waiter,
+                employer_label=self.options.pod_employer_label,
             )
         except Exception as err:
             # Bad input is answered inside decide; this is a bug (of the webhook, or an adapter's

@@ -988,6 +988,13 @@ def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
 @_namespace_flag
 @_serving_flags
 @_webhook_flags
+@click.option(
+    "--pod-employer-label/--no-pod-employer-label",
+    default=_default(WebhookOptions, "pod_employer_label"),
+    show_default=True,
+    help="Stamp the employer label on new pods (their Service's name, or Shared), for the shards "
+    'of run --sharding --pod-employer-label (docs/scaling.md, "Pods selected by the API server").',
+)
 def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str | None, **flags: Any) -> None:
     """Serve the named adapters' admission webhooks (no controllers).
 
@@ -995,7 +1002,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str |
     pod, else ~/.kube/config.
     """
     _log_start("webhook", adapter_names)
-    options = _webhook_options(flags)
+    options = dataclasses.replace(_webhook_options(flags), pod_employer_label=flags["pod_employer_label"])
     manager_options = _webhook_manager_options(flags)
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
