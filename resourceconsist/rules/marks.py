@@ -202,12 +202,13 @@ def widened_employer_label(current: str | None, names: Iterable[str]) -> str | N
     """The employer label a pod must carry so that the shards of the employers ``names`` see its
     watch events, given the one it carries (``current``). It only widens: no label and one name
     gives that name; anything else that adds a name gives ``wire.EMPLOYER_LABEL_SHARED``, which
-    every shard watches; a label already covering ``names`` is returned unchanged. So no shard
-    that saw the pod stops seeing it by this label's change."""
+    every shard watches (an empty value too); a label already covering ``names`` is returned
+    unchanged. So no shard that saw the pod stops seeing it by this label's change. The
+    manager's admission policy allows exactly these changes (docs/security.md)."""
     wanted = set(names)
     if current == wire.EMPLOYER_LABEL_SHARED or wanted <= ({current} if current else set()):
         return current
-    if not current and len(wanted) == 1:
+    if current is None and len(wanted) == 1:
         return next(iter(wanted))
     return wire.EMPLOYER_LABEL_SHARED
 

@@ -407,6 +407,31 @@ def test_sharding_runs_the_shards_and_the_webhook_in_deployments_of_their_own(tm
     }
 
 
+def test_pod_employer_label_tells_the_shards_and_the_webhook(tmp_path: Path) -> None:
+    """sharding.podEmployerLabel (docs/scaling.md, "Pods selected by the API server"): the shards
+    run `run --pod-employer-label` and the webhook Deployment `webhook --pod-employer-label`, as
+    the real command line parses them; off, or without sharding, neither has the flag."""
+    on = _by_kind(
+        _template(
+            "resourceconsist",
+            {**SHARDING_VALUES, "sharding": {**SHARDING_VALUES["sharding"], "podEmployerLabel": True}},
+            tmp_path,
+        )
+    )
+    shard_args = _container(on[("Deployment", "resourceconsist-manager")])["args"]
+    hook_args = _container(on[("Deployment", "resourceconsist-webhook")])["args"]
+    assert "--pod-employer-label" in shard_args and "--pod-employer-label" in hook_args
+    managed, _ = _parsed(shard_args)
+    assert managed.sharding is not None and managed.sharding.pod_employer_label
+    with cli.webhook.make_context("webhook", hook_args[1:]) as ctx:
+        assert ctx.params["pod_employer_label"] is True
+    for values in (SHARDING_VALUES, {"sharding": {"podEmployerLabel": True}}):
+        docs = _template("resourceconsist", values, tmp_path)
+        deployments = [d for d in docs if d["kind"] == "Deployment"]
+        assert deployments
+        assert not [d for d in deployments if "--pod-employer-label" in _container(d)["args"]], values
+
+
 def test_helm_install_with_sharding_on_a_real_api_server(chart_cluster: ChartCluster, tmp_path: Path) -> None:
     """The sharded chart is accepted by a real API server: both Deployments, the Lease Role in the
     Lease namespace, the webhook Service on the webhook's pods only, and the notes say where the

@@ -53,7 +53,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import ApiError, KubeClient
 from resourceconsist.experimental.demo import DEMO_CONDITION_ANNOTATION
 from resourceconsist.hooks.orphans import LOOKUP_REFUSED_REASON
-from resourceconsist.rules import lifecycle
+from resourceconsist.rules import lifecycle, marks
 from resourceconsist.testing import (
     Cluster,
     LocalControlPlane,
@@ -616,7 +616,13 @@ class Attempt:
     subresource: str | None = None
 
 
-def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
+#: Sharding's employer label on pods (docs/scaling.md, "Pods selected by the API server").
+EMPLOYER = wire.EMPLOYER_LABEL
+
+
+def _attempts(victim_pod: str, victim_service: str, named_pod: str, bare_pod: str) -> list[Attempt]:
+    """The writes the policy refuses; ``victim_pod``'s employer label is Shared by then,
+    ``named_pod``'s names the Service ``victim_service``, ``bare_pod`` has none."""
     return [
         Attempt(
             "relabel a pod (pull it out of its Service)",
@@ -717,6 +723,42 @@ def _attempts(victim_pod: str, victim_service: str) -> list[Attempt]:
             APP,
             victim_pod,
             {"metadata": {"labels": {wire.SHARD_LABEL_PREFIX + "ring": "shard-0"}}},
+        ),
+        Attempt(
+            "remove sharding's employer label from a pod",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"labels": {EMPLOYER: None}}},
+        ),
+        Attempt(
+            "narrow a pod's employer label from Shared to a name",
+            kube.POD,
+            APP,
+            victim_pod,
+            {"metadata": {"labels": {EMPLOYER: victim_service}}},
+        ),
+        Attempt(
+            "move a pod's employer label to another Service",
+            kube.POD,
+            APP,
+            named_pod,
+            {"metadata": {"labels": {EMPLOYER: "cart"}}},
+        ),
+        Attempt(
+            "label a pod with an employer no Service can be named",
+            kube.POD,
+            APP,
+            bare_pod,
+            {"metadata": {"labels": {EMPLOYER: "Checkout.v2"}}},
+        ),
+        Attempt(
+            "widen a pod's employer label through pods/status",
+            kube.POD,
+            APP,
+            named_pod,
+            {"metadata": {"labels": {EMPLOYER: wire.EMPLOYER_LABEL_SHARED}}},
+            subresource="status",
         ),
         Attempt(
             "relabel a Service with anything but sharding's labels",
@@ -915,6 +957,20 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
     )
     owners_before = {e["manager"] for e in _entries(admin.get(kube.POD, APP, victim_pod))}
     assert {ARGO, KUBELET, CONTROLLER_MANAGER} <= owners_before
+    # Two more pods of the Service: one the webhook labelled for it, one with no employer label.
+    named_pod, bare_pod = "checkout-1", "checkout-2"
+    for name, labels in (
+        (named_pod, {"app": "checkout", EMPLOYER: victim_service}),
+        (bare_pod, {"app": "checkout"}),
+    ):
+        admin.create(
+            kube.POD,
+            APP,
+            {
+                "metadata": {"name": name, "labels": labels},
+                "spec": {"containers": [{"name": "app", "image": "app:1"}]},
+            },
+        )
     manager = installed.as_manager()
     try:
         # What the promise needs is allowed on this very pod: its own finalizer, its annotation,
@@ -937,17 +993,33 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
             subresource="status",
         )
         manager.patch(kube.POD, APP, victim_pod, {"metadata": {"finalizers": ["example.com/keep"]}})
+        # Sharding's employer label on the pod, only widened, as a sharded manager writes it
+        # (--pod-employer-label): added as its Service's name by a merge patch, then widened to
+        # Shared by a strategic one, each with the resourceVersion it was read at as precondition.
+        for name, patch_type in ((victim_service, "merge"), (wire.EMPLOYER_LABEL_SHARED, "strategic")):
+            version = admin.get(kube.POD, APP, victim_pod)["metadata"]["resourceVersion"]
+            manager.patch(
+                kube.POD,
+                APP,
+                victim_pod,
+                {"metadata": {"resourceVersion": version, "labels": {EMPLOYER: name}}},
+                patch_type=patch_type,  # type: ignore[arg-type]
+            )
         # Sharding's labels on the Service: the sharder assigns and drains, the shard lets go
         # (docs/scaling.md).
         shard, drain = wire.SHARD_LABEL_PREFIX + "ring", wire.DRAIN_LABEL_PREFIX + "ring"
         for labels in ({shard: "shard-0"}, {drain: "true"}, {shard: None, drain: None}):
             manager.patch(kube.SERVICE, APP, victim_service, {"metadata": {"labels": labels}})
 
-        rows = [(attempt.what, _try(manager, attempt)) for attempt in _attempts(victim_pod, victim_service)]
+        attempts = _attempts(victim_pod, victim_service, named_pod, bare_pod)
+        rows = [(attempt.what, _try(manager, attempt)) for attempt in attempts]
     finally:
         manager.close()
     pod = admin.get(kube.POD, APP, victim_pod)
-    assert pod["metadata"]["labels"] == {"app": "checkout"} and finalizers(pod) == ["example.com/keep"]
+    assert pod["metadata"]["labels"] == {"app": "checkout", EMPLOYER: wire.EMPLOYER_LABEL_SHARED}
+    assert finalizers(pod) == ["example.com/keep"]
+    assert admin.get(kube.POD, APP, named_pod)["metadata"]["labels"][EMPLOYER] == victim_service
+    assert EMPLOYER not in admin.get(kube.POD, APP, bare_pod)["metadata"]["labels"]
     assert pod["spec"]["containers"][0]["image"] == "registry.example/checkout:1"
     assert condition(pod, "Ready") == "True" and pod["status"]["podIPs"] == [{"ip": "10.9.0.1"}]
     assert pod["status"]["resourceClaimStatuses"] == [{"name": "gpu", "resourceClaimName": "checkout-0-gpu"}]
@@ -972,7 +1044,7 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
         assert "(docs/security.md)" in answer, f"{what}: refused by something else than the policy: {answer}"
     pod, status, service = f"pods {APP}/{victim_pod}", f"pods/status {APP}/{victim_pod}", f"services {APP}/"
     expected = {
-        "relabel a pod (pull it out of its Service)": f"may not change the labels of {pod}",
+        "relabel a pod (pull it out of its Service)": f"may not change label app of {pod}",
         "change a pod's image": f"may not change the spec of {pod}",
         "strip a foreign finalizer from a pod": f"may not add or remove finalizer example.com/keep of {pod}",
         "add an annotation of someone else to a pod": f"may not change annotation example.com/owner of {pod}",
@@ -995,9 +1067,24 @@ def test_writes_beyond_the_promise_are_refused_by_the_policy(installed: Install)
             f"may not write secrets {RELEASE_NAMESPACE}/{wire.WEBHOOK_CERT_SECRET} of type "
             "kubernetes.io/service-account-token"
         ),
-        "put sharding's shard label on a pod": f"may not change the labels of {pod}",
+        "put sharding's shard label on a pod": f"may not change label {wire.SHARD_LABEL_PREFIX}ring of {pod}",
+        "remove sharding's employer label from a pod": (
+            f"may not change label {EMPLOYER} of {pod} from Shared to (none): it may only add it"
+        ),
+        "narrow a pod's employer label from Shared to a name": (
+            f"may not change label {EMPLOYER} of {pod} from Shared to {victim_service}: it may only add it"
+        ),
+        "move a pod's employer label to another Service": (
+            f"may not change label {EMPLOYER} of pods {APP}/{named_pod} from {victim_service} to cart"
+        ),
+        "label a pod with an employer no Service can be named": (
+            f"may not change label {EMPLOYER} of pods {APP}/{bare_pod} from (none) to Checkout.v2"
+        ),
+        "widen a pod's employer label through pods/status": (
+            f"may not change label {EMPLOYER} of pods/status {APP}/{named_pod} (docs/security.md)"
+        ),
         "relabel a Service with anything but sharding's labels": (
-            f"may not change the labels of {service}{victim_service}"
+            f"may not change label tier of {service}{victim_service}"
         ),
         "rewrite a Service's selector": f"may not change the spec of {service}{victim_service}",
         "change a Service's SLB mode annotation": f"may not change annotation {MODE_ANNOTATION} of {service}",
@@ -1320,9 +1407,11 @@ def test_the_policy_names_the_wire_contracts_keys(tmp_path: Path) -> None:
         wire.WEBHOOK_CERT_SECRET,
         wire.SHARD_LABEL_PREFIX,
         wire.DRAIN_LABEL_PREFIX,
+        wire.EMPLOYER_LABEL,
         USER,
     ):
         assert f"'{key}" in text, key
+    assert f"== '{wire.EMPLOYER_LABEL_SHARED}'" in text
     assert wire.CLEAN_FINALIZER.startswith(wire.OLD_CLEAN_FINALIZER_PREFIX)
 
 
@@ -1671,7 +1760,9 @@ async def test_an_adapter_s_sub_resource_is_kept_as_the_service_account(
 #: The chart with sharding on, its Lease timings short so that a killed shard's Services move
 #: within the test (docs/scaling.md, "The chart").
 SHARDED_VALUES = {
-    "sharding": {"enabled": True, "controllerRing": "slb"},
+    # The pods selected by the API server (docs/scaling.md): the shards write the label as the
+    # ServiceAccount, under the policy, where the webhook did not stamp it.
+    "sharding": {"enabled": True, "controllerRing": "slb", "podEmployerLabel": True},
     "leaderElection": {"leaseDuration": 6, "renewDeadline": 4, "retryPeriod": 1},
 }
 SHARDS = ("shard-a", "shard-b", "shard-c")
@@ -1744,6 +1835,22 @@ async def test_sharded_replicas_share_and_serve_the_services_as_the_service_acco
             await _serve(cluster, slb, name, [f"{name}-0"], first_eni=10 * index)
         first = await owners()
         assert len(set(first.values())) >= 2, f"the Services are shared among the shards: {first}"
+        # The webhook stamped each pod's employer label; one taken off by a person is written
+        # again by its shard, as the ServiceAccount, and the pod stays served meanwhile.
+        for name in services:
+            pod = await cluster.get(kube.POD, f"{name}-0")
+            assert pod is not None and marks.employer_label(pod) == name
+        await cluster.patch(
+            kube.POD, f"{services[0]}-0", {"metadata": {"labels": {wire.EMPLOYER_LABEL: None}}}
+        )
+
+        async def labelled_again() -> bool:
+            pod = await cluster.get(kube.POD, f"{services[0]}-0")
+            return pod is not None and marks.employer_label(pod) == services[0]
+
+        await async_wait_for(labelled_again, timeout=60, message="the label written again by its shard")
+        group = f"resourceconsist/{APP}/{services[0]}"
+        assert any(g["name"] == group and g["backends"] for g in slb.state()["groups"]), "still served"
 
         # The shard holding the most Services is killed: no release, its Lease goes silent, and
         # the sharder (another replica, as the ServiceAccount) takes it over and moves them.

@@ -228,6 +228,13 @@ the API server (resourceVersion, generation).
 {{- end }}
 
 {{/*
+Sharding's employer label on pods (resourceconsist/wire.py EMPLOYER_LABEL; docs/scaling.md, "Pods
+selected by the API server"), and its value for a pod every shard watches (EMPLOYER_LABEL_SHARED).
+*/}}
+{{- define "resourceconsist.employerLabel" -}}resource-consist.kusionstack.io/employer{{- end }}
+{{- define "resourceconsist.employerLabelShared" -}}Shared{{- end }}
+
+{{/*
 The ownership paths (celFieldsSame's spec, JSON) the manager may take from others, or give up,
 on pods and Services: the ones it may write.
 */}}
@@ -240,7 +247,7 @@ on pods and Services: the ones it may write.
 {{- $metadata := dict
   "f:annotations" (dict "allowed" "KEY == '.' || KEY in variables.ourAnnotations.map(a, 'f:' + a)")
   "f:finalizers" (dict "allowed" (printf "KEY == '.' || %s" (join " || " $finalizerTests)))
-  "f:labels" (dict "allowed" "KEY == '.' || (request.resource.resource == 'services' && (KEY.startsWith('f:shard.alpha.sharding.timebertt.dev/') || KEY.startsWith('f:drain.alpha.sharding.timebertt.dev/')))") }}
+  "f:labels" (dict "allowed" (printf "KEY == '.' || (request.resource.resource == 'services' && (KEY.startsWith('f:shard.alpha.sharding.timebertt.dev/') || KEY.startsWith('f:drain.alpha.sharding.timebertt.dev/'))) || (variables.employerWritable && KEY == 'f:%s')" (include "resourceconsist.employerLabel" .))) }}
 {{- $status := dict "f:conditions" (dict "allowed" "KEY == '.' || KEY.startsWith('k:{\"type\":\"readiness.resource-consist.kusionstack.io/')") }}
 {{- dict "children" (dict "f:metadata" (dict "children" $metadata) "f:status" (dict "children" $status)) | toJson }}
 {{- end }}
