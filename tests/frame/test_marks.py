@@ -1,6 +1,7 @@
 """What a pod's marks say about the employers that hold it (resourceconsist/rules/marks.py): the entry
 names its employer's finalizers, a bare finalizer is named by a known name or a gate, another
-kind's entry keeps its finalizers, and the hand-release patch tests what it removes.
+kind's entry keeps its finalizers, the hand-release patch tests what it removes, and
+sharding's employer label only widens.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import json
 import shlex
 from collections.abc import Sequence
 from typing import Any
+
+import pytest
 
 from resourceconsist import wire
 from resourceconsist.rules import lifecycle, marks
@@ -80,3 +83,27 @@ def test_events_name_the_objects_of_a_kind_they_are_about() -> None:
         {"involvedObject": {"kind": "Service"}},
     ]
     assert marks.event_names(events, "Service") == {"web"}
+
+
+@pytest.mark.parametrize(
+    ("current", "names", "widened"),
+    [
+        (None, ["web"], "web"),  # a first employer: its name
+        (None, ["web", "api"], wire.EMPLOYER_LABEL_SHARED),  # several at once
+        ("web", ["web"], "web"),  # covered: unchanged
+        ("web", ["api"], wire.EMPLOYER_LABEL_SHARED),  # another: shared, never moved
+        (wire.EMPLOYER_LABEL_SHARED, ["web"], wire.EMPLOYER_LABEL_SHARED),  # never narrowed
+        ("", ["web"], wire.EMPLOYER_LABEL_SHARED),  # a value no shard watches: shared
+        (None, [], None),  # no employer: no label
+        ("web", [], "web"),
+    ],
+)
+def test_the_employer_label_only_widens(current: str | None, names: list[str], widened: str | None) -> None:
+    assert marks.widened_employer_label(current, names) == widened
+
+
+def test_a_shards_pod_selector_names_its_employers_and_shared_in_one_order() -> None:
+    selector = marks.employer_label_selector(["web", "api", "web"])
+    assert selector == f"{wire.EMPLOYER_LABEL} in (Shared,api,web)"
+    assert marks.employer_label_selector([]) == f"{wire.EMPLOYER_LABEL} in (Shared)"
+    assert marks.unlabelled_for("web") == f"{wire.EMPLOYER_LABEL} notin (web,Shared)"
