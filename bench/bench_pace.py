@@ -334,10 +334,18 @@ def create_services(client: KubeClient, ns: str, services: int) -> None:
 
 
 def populate(
-    client: KubeClient, ns: str, services: int, pods: int, *, ready: bool = False, with_services: bool = True
+    client: KubeClient,
+    ns: str,
+    services: int,
+    pods: int,
+    *,
+    ready: bool = False,
+    with_services: bool = True,
+    employer_label: bool = False,
 ) -> list[str]:
     """S controlled Services svc-NNN (unless not ``with_services``: ``create_services`` later),
-    each selecting P pods svc-NNN-J with an IP, Ready or not."""
+    each selecting P pods svc-NNN-J with an IP, Ready or not; with ``employer_label``, each pod
+    labelled for its Service as the webhook's ``--pod-employer-label`` stamps it."""
     cluster = Cluster(client, ns)
     client.create(kube.NAMESPACE, None, {"metadata": {"name": ns}})
     if with_services:
@@ -345,15 +353,21 @@ def populate(
     names = [f"svc-{i:03d}-{j}" for i in range(services) for j in range(pods)]
 
     def make(name: str) -> None:
-        body = {
-            "metadata": {"name": name, "labels": {"app": name.rsplit("-", 1)[0]}},
-            "spec": {"containers": [{"name": "c", "image": "x"}]},
-        }
-        client.create(kube.POD, ns, body)
+        client.create(kube.POD, ns, pod_body(name, employer_label=employer_label))
         set_ready(client, cluster, name, ready)
 
     _pool_map(make, names)
     return names
+
+
+def pod_body(name: str, *, employer_label: bool = False) -> dict[str, Any]:
+    """The pod ``svc-NNN-J`` (or ``svc-NNN-rJ``) of the Service ``svc-NNN``."""
+    service = name.rsplit("-", 1)[0]
+    labels = {"app": service, **({wire.EMPLOYER_LABEL: service} if employer_label else {})}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "x"}]},
+    }
 
 
 def set_ready(client: KubeClient, cluster: Cluster, name: str, ready: bool) -> None:

@@ -45,6 +45,7 @@ from bench_pace import (
     _pool_map,
     _until,
     ours_argv,
+    pod_body,
     populate,
     set_ready,
 )
@@ -59,19 +60,53 @@ RING = "bench"
 ROLLOUT = 100
 
 
-def replica_argv(kubeconfig: Path, shard: str) -> list[str]:
-    """One sharded replica of ours, its built-in sharder on (docs/scaling.md)."""
+def replica_argv(
+    kubeconfig: Path, shard: str, *, employer_label: bool = False, namespace: str = NAMESPACE
+) -> list[str]:
+    """One sharded replica of ours, its built-in sharder on (docs/scaling.md); with
+    ``employer_label``, watching only the pods labelled for its Services."""
     return ours_argv(
         kubeconfig,
-        NAMESPACE,
+        namespace,
         "--sharding",
         "--controller-ring",
         RING,
         "--shard-name",
         shard,
         "--leader-election-namespace",
-        NAMESPACE,
+        namespace,
+        *(["--pod-employer-label"] if employer_label else []),
     )
+
+
+@dataclass
+class Idle:
+    """What a replica costs with nothing to do: its peak RSS, and its CPU seconds per second."""
+
+    rss_mb: float
+    cpu_per_s: float
+
+
+def idle_replica(
+    workdir: Path, filled: tuple[Path, list[str]], employer_label: bool, seconds: float = 20.0
+) -> Idle:
+    """One replica watching an empty namespace of the filled control plane for ``seconds``: the
+    baseline each replica's figures are taken above (the issue's "above its idle baseline")."""
+    with LocalControlPlane(etcd_seed=filled[0]) as cp, contextlib.ExitStack() as stack:
+        driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
+        stack.callback(driver.close)
+        driver.create(kube.NAMESPACE, None, {"metadata": {"name": "bench-idle"}})
+        started = time.monotonic()
+        proc = Process(
+            replica_argv(cp.kubeconfig, "idle", employer_label=employer_label, namespace="bench-idle"),
+            workdir / "idle.log",
+        )
+        stack.callback(proc.stop)
+        deadline = started + seconds
+        while time.monotonic() < deadline:
+            proc.check()
+            time.sleep(0.5)
+        return Idle(proc.peak_rss_mb(), proc.cpu_seconds() / (time.monotonic() - started))
 
 
 def pod_writes_by_answer(cp: LocalControlPlane) -> dict[str, float]:
@@ -93,9 +128,11 @@ class Result:
     services_per_replica: list[int]
     cpu_s: list[float]
     rss_mb: list[float]
+    #: Each replica's seconds from its spawn to the moment its CPU was read.
+    alive_s: list[float]
 
 
-def seed(services: int, pods: int, workdir: Path) -> tuple[Path, list[str]]:
+def seed(services: int, pods: int, workdir: Path, employer_label: bool) -> tuple[Path, list[str]]:
     """Fill a control plane once with the Services and their Ready pods and keep its etcd data:
     each replica count starts on a fresh control plane from a copy of it (at 100k pods, filling
     takes longer than converging)."""
@@ -103,7 +140,7 @@ def seed(services: int, pods: int, workdir: Path) -> tuple[Path, list[str]]:
     with LocalControlPlane() as cp:
         driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
         try:
-            names = populate(driver, NAMESPACE, services, pods, ready=True)
+            names = populate(driver, NAMESPACE, services, pods, ready=True, employer_label=employer_label)
         finally:
             driver.close()
         cp.stop(keep_etcd=kept)
@@ -111,7 +148,12 @@ def seed(services: int, pods: int, workdir: Path) -> tuple[Path, list[str]]:
 
 
 def run_replicas(
-    replicas: int, services: int, pods: int, workdir: Path, filled: tuple[Path, list[str]]
+    replicas: int,
+    services: int,
+    pods: int,
+    workdir: Path,
+    filled: tuple[Path, list[str]],
+    employer_label: bool,
 ) -> Result:
     n = services * pods
     timeout = max(300.0, n / 5)
@@ -131,7 +173,10 @@ def run_replicas(
         spawned = time.monotonic()
         procs = []
         for k in range(replicas):
-            proc = Process(replica_argv(cp.kubeconfig, f"shard-{k}"), workdir / f"r{replicas}-shard-{k}.log")
+            proc = Process(
+                replica_argv(cp.kubeconfig, f"shard-{k}", employer_label=employer_label),
+                workdir / f"r{replicas}-shard-{k}.log",
+            )
             stack.callback(proc.stop)
             procs.append(proc)
 
@@ -155,11 +200,7 @@ def run_replicas(
         started = time.monotonic()
 
         def step(i: int) -> None:
-            body = {
-                "metadata": {"name": new[i], "labels": {"app": new[i].rsplit("-", 1)[0]}},
-                "spec": {"containers": [{"name": "c", "image": "x"}]},
-            }
-            driver.create(kube.POD, NAMESPACE, body)
+            driver.create(kube.POD, NAMESPACE, pod_body(new[i], employer_label=employer_label))
             set_ready(driver, cluster, new[i], True)
             driver.delete(kube.POD, NAMESPACE, old[i])
 
@@ -199,15 +240,24 @@ def run_replicas(
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
+            alive_s=[time.monotonic() - spawned for _ in procs],
         )
     return result
 
 
-def print_table(services: int, pods: int, results: list[Result]) -> None:
+def above_idle(r: Result, idle: Idle) -> tuple[list[float], list[float]]:
+    """Each replica's CPU seconds and peak RSS above the idle replica's."""
+    cpu = [c - idle.cpu_per_s * t for c, t in zip(r.cpu_s, r.alive_s, strict=True)]
+    return cpu, [m - idle.rss_mb for m in r.rss_mb]
+
+
+def print_table(services: int, pods: int, results: list[Result], idle: Idle, employer_label: bool) -> None:
     base = results[0]
     print(
         f"\nsharded replicas, {services} Services x {pods} pods = {services * pods} pods, "
-        f"demo adapter, {CLIENTS} driver clients, {os.cpu_count()} cores; {_load()}"
+        f"demo adapter, {CLIENTS} driver clients, {os.cpu_count()} cores; {_load()}; "
+        f"pods selected by the employer label: {'yes' if employer_label else 'no'}; "
+        f"idle replica: {idle.rss_mb:.0f} MB, {idle.cpu_per_s * 100:.1f}% of a core"
     )
     head = (
         f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
@@ -226,6 +276,16 @@ def print_table(services: int, pods: int, results: list[Result]) -> None:
             f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "
             f"{'/'.join(f'{m:.0f}' for m in r.rss_mb):>26} {max(r.rss_mb) / max(base.rss_mb):>10.2f}"
         )
+    base_cpu, base_rss = above_idle(base, idle)
+    print(f"\nabove the idle replica, each replica's share of the {base.replicas}-replica run's figure:")
+    print(f"{'replicas':>8} {'CPU s above idle':>28} {'ratios':>28} {'RSS MB above idle':>24} {'ratios':>28}")
+    for r in results:
+        cpu, rss = above_idle(r, idle)
+        print(
+            f"{r.replicas:>8} {'/'.join(f'{c:.1f}' for c in cpu):>28} "
+            f"{'/'.join(f'{c / max(base_cpu):.3f}' for c in cpu):>28} "
+            f"{'/'.join(f'{m:.0f}' for m in rss):>24} {'/'.join(f'{m / max(base_rss):.3f}' for m in rss):>28}"
+        )
 
 
 def main() -> None:
@@ -233,6 +293,11 @@ def main() -> None:
     parser.add_argument("--services", type=int, default=100, help="controlled Services (default 100)")
     parser.add_argument("--pods", type=int, default=100, help="pods per Service (default 100)")
     parser.add_argument("--replicas", default="1,2,4", help="replica counts, comma-separated (default 1,2,4)")
+    parser.add_argument(
+        "--pod-employer-label",
+        action="store_true",
+        help="pods carry the employer label (as the webhook stamps it) and replicas watch by it",
+    )
     args = parser.parse_args()
     try:
         counts = [int(x) for x in args.replicas.split(",")]
@@ -245,16 +310,19 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-shards-"))
     print(f"  controller logs in {workdir}", file=sys.stderr)
     print(f"  filling {args.services} x {args.pods} once ...", file=sys.stderr, flush=True)
-    filled = seed(args.services, args.pods, workdir)
+    label = args.pod_employer_label
+    filled = seed(args.services, args.pods, workdir, label)
     results = []
     try:
+        print("  an idle replica ...", file=sys.stderr, flush=True)
+        idle = idle_replica(workdir, filled, label)
         for count in counts:
             print(f"  {count} replica(s), {args.services} x {args.pods} ...", file=sys.stderr, flush=True)
-            results.append(run_replicas(count, args.services, args.pods, workdir, filled))
+            results.append(run_replicas(count, args.services, args.pods, workdir, filled, label))
             (workdir / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     finally:
         shutil.rmtree(filled[0], ignore_errors=True)  # etcd's data: large, and only a seed
-    print_table(args.services, args.pods, results)
+    print_table(args.services, args.pods, results, idle, label)
 
 
 if __name__ == "__main__":
