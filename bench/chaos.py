@@ -64,7 +64,7 @@ from resourceconsist.adapters.alibabacloudslb.emulator_server import EmulatorAdm
 from resourceconsist.adapters.alibabacloudslb.slbclient import MUTATING_ACTIONS
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject
-from resourceconsist.rules import lifecycle
+from resourceconsist.rules import lifecycle, marks
 from resourceconsist.rules.labels import map_selects
 from resourceconsist.runtime.leaderelection import parse_lease_time
 from resourceconsist.runtime.sharding.ring import drain_label, shard_label
@@ -451,10 +451,22 @@ class Driver:
         self.counter += 1
         name = f"pod-{n:05d}"
         groups = [i for i in range(len(SERVICES)) if self.rng.random() < 0.5] or [self.rng.randrange(3)]
+        labels = {"chaos": "y", **{f"g{i}": "y" for i in groups}}
+        if "--pod-employer-label" in self.settings.controller_args:
+            # Stamped as the webhook's --pod-employer-label would (docs/scaling.md, "Pods selected
+            # by the API server"); every Service that may select the pod counts, a safe superset.
+            selecting = [
+                s
+                for s in ALL_SERVICES
+                if set(EXTRA_SERVICES.get(s, (f"g{ALL_SERVICES.index(s)}",))) <= set(labels)
+            ]
+            stamped = marks.widened_employer_label(None, selecting)
+            if stamped is not None:
+                labels[wire.EMPLOYER_LABEL] = stamped
         body = {
             "metadata": {
                 "name": name,
-                "labels": {"chaos": "y", **{f"g{i}": "y" for i in groups}},
+                "labels": labels,
                 "annotations": {slb.SERVER_ID_ANNOTATION: f"eni-{n:05d}"},
             },
             "spec": {
