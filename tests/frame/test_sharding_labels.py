@@ -16,27 +16,18 @@ from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
-from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.rules import lifecycle, marks
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.runtime.sharding import podlabels
 from resourceconsist.runtime.sharding.ring import HashRing, hash_key
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from tests.frame.test_sharding_pods import _replica as sharded_replica
 
 RING = "labels"
 
 
 def _replica(cluster: Cluster, shard: str, *, label: bool = True) -> Manager:
-    options = ShardingOptions(
-        controller_ring=RING,
-        shard_name=shard,
-        namespace=cluster.namespace,
-        lease_duration=6.0,
-        renew_deadline=4.0,
-        retry_period=0.5,
-        pod_employer_label=label,
-    )
-    return Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
+    return sharded_replica(cluster, shard, ring=RING, pod_employer_label=label)
 
 
 def _cached(manager: Manager) -> dict[str, KubeObject]:

@@ -30,15 +30,19 @@ SERVICES = 6
 PODS_EACH = 2
 
 
-def _replica(cluster: Cluster, shard: str, *, sharder: bool = True) -> Manager:
+def _replica(
+    cluster: Cluster, shard: str, *, sharder: bool = True, ring: str = RING, pod_employer_label: bool = False
+) -> Manager:
+    """A sharded replica on short Lease timings (the label tests share it)."""
     options = ShardingOptions(
-        controller_ring=RING,
+        controller_ring=ring,
         shard_name=shard,
         namespace=cluster.namespace,
         lease_duration=6.0,
         renew_deadline=4.0,
         retry_period=0.5,
         sharder=sharder,
+        pod_employer_label=pod_employer_label,
     )
     return Manager(cluster.client, ManagerOptions(namespace=cluster.namespace, sharding=options))
 
