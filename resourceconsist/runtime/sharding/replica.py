@@ -6,7 +6,7 @@ employers it may act on), and hands it each controller's handle (``add``); nothi
 a controller after it is built.
 
 The pieces it stands on are the ring's rules (``ring``), the shard's gate and drain (``shard``),
-the shard's pods (``pods``) and the sharder (``sharder``).
+the shard's pods (``pods``; with the employer label, ``podlabels``) and the sharder (``sharder``).
 """
 
 from __future__ import annotations
