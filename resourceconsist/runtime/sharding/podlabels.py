@@ -79,8 +79,6 @@ class ShardPodLabels:
         self._labelled: set[tuple[str, str]] = set()
         self._swept_marks = False
         self._lock = threading.Lock()
-        #: Label writes made, for the tests and the benchmark.
-        self.writes = 0
 
     def reset(self) -> None:
         """A new start: every Service is labelled for again, and the marks swept."""
@@ -91,10 +89,6 @@ class ShardPodLabels:
     def _share(self) -> list[KubeObject]:
         informer = self._services()
         return [] if informer is None else informer.store.list()
-
-    def selector(self) -> str:
-        """The pod watch's selector: the shard's Services' names, and shared."""
-        return marks.employer_label_selector(str(s["metadata"]["name"]) for s in self._share())
 
     def before_list(self, informer: Informer) -> None:
         """Before each list of the shard's pods (informer thread): the Services new to the shard
@@ -179,7 +173,7 @@ class ShardPodLabels:
 
         try:
             with acting_for(self._fence):
-                now, wrote = self.client.patch_optimistic(
+                now, _ = self.client.patch_optimistic(
                     kube.POD, namespace, name, change, current=None if read else pod
                 )
         except LeaseLost as err:
@@ -189,9 +183,6 @@ class ShardPodLabels:
                 f"cannot write the label {wire.EMPLOYER_LABEL} of pod {namespace}/{name}: {err}; "
                 "the manager's admission policy must allow it (docs/security.md)"
             ) from err
-        if wrote:
-            with self._lock:
-                self.writes += 1
         return now is not None and now["metadata"].get("uid") == meta.get("uid")
 
     def holds(self, pod: KubeObject) -> bool:
