@@ -16,7 +16,9 @@ Then R ``resourceconsist run --adapter demo --sharding --shard-name shard-K`` pr
    (its finalizer released after deregistration);
 3. per replica: its Services (shard label), CPU seconds (/proc/PID/stat) and peak RSS (VmHWM),
    and the pod lists the replicas made during the cold convergence (each decodes every pod of
-   the namespace: docs/scaling.md, "What a shard's employers need of pods").
+   the namespace: docs/scaling.md, "What a shard's employers need of pods"), and the pod
+   watches the API server closed because a replica did not keep up
+   (``apiserver_terminated_watchers_total``).
 
 The table gives each figure beside the 1-replica run of the same invocation, so a ratio compares
 runs on the same machine at the same moment.
@@ -125,6 +127,8 @@ class Result:
     rollout_pod_writes_per_pod: float
     conflicts_per_pod: float
     pod_lists_per_replica: float
+    #: Pod watches the API server closed because a replica fell behind (the 410 re-lists' cause).
+    pod_watches_dropped: int
     services_per_replica: list[int]
     cpu_s: list[float]
     rss_mb: list[float]
@@ -168,6 +172,7 @@ def run_replicas(
         meter.mark()
         answers = pod_writes_by_answer(cp)
         lists = sum(cp.requests_served("pods", {"LIST"}).values())
+        dropped = cp.watchers_terminated("pods")
 
         # 1. Cold convergence: every Ready pod guarded by its Service's lifecycle finalizer.
         spawned = time.monotonic()
@@ -237,6 +242,7 @@ def run_replicas(
             conflicts_per_pod=conflicts / n,
             # LIST requests are pages of 500 pods (``Informer.page_size``): a full list is n/500.
             pod_lists_per_replica=pod_lists / replicas / -(-n // 500),
+            pod_watches_dropped=cp.watchers_terminated("pods") - dropped,
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
@@ -261,7 +267,8 @@ def print_table(services: int, pods: int, results: list[Result], idle: Idle, emp
     )
     head = (
         f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
-        f"{'svc+event writes':>16} {'pod lists/replica':>17} {'rollout s':>9} {'x1':>5} "
+        f"{'svc+event writes':>16} {'pod lists/replica':>17} {'watches dropped':>15} "
+        f"{'rollout s':>9} {'x1':>5} "
         f"{'Services per replica':>22} "
         f"{'CPU s per replica':>24} {'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
     )
@@ -270,7 +277,7 @@ def print_table(services: int, pods: int, results: list[Result], idle: Idle, emp
         print(
             f"{r.replicas:>8} {r.converge_s:>10.1f} {r.converge_s / base.converge_s:>5.2f} "
             f"{r.pod_writes_per_pod:>14.2f} {r.conflicts_per_pod:>12.2f} {r.service_writes:>16} "
-            f"{r.pod_lists_per_replica:>17.1f} "
+            f"{r.pod_lists_per_replica:>17.1f} {r.pod_watches_dropped:>15} "
             f"{r.rollout_s:>9.2f} "
             f"{r.rollout_s / base.rollout_s:>5.2f} {'/'.join(map(str, r.services_per_replica)):>22} "
             f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "

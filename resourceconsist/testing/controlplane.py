@@ -550,19 +550,31 @@ class LocalControlPlane:
         """Requests on ``resource`` (a plural, e.g. ``pods``) with one of ``verbs`` (as the API
         server names them: ``PATCH``, ``POST``...) the API server has answered so far, by HTTP
         code (``"409"``: a conflict), from its own ``apiserver_request_total``."""
+        counts: Counter[str] = Counter()
+        for labels, value in self.metric_samples("apiserver_request_total"):
+            if labels.get("resource") == resource and labels.get("verb") in verbs:
+                counts[labels["code"]] += int(value)
+        return counts
+
+    def watchers_terminated(self, resource: str) -> int:
+        """Watches of ``resource`` (a plural) the API server closed because their client did not
+        keep up (``apiserver_terminated_watchers_total``): a watch that fell behind."""
+        return sum(
+            int(value)
+            for labels, value in self.metric_samples("apiserver_terminated_watchers_total")
+            if labels.get("resource") == resource
+        )
+
+    def metric_samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The samples of the API server's metric ``name``, as (labels, value) pairs."""
         from prometheus_client.parser import text_string_to_metric_families
 
-        counts: Counter[str] = Counter()
-        for family in text_string_to_metric_families(self.raw_get("/metrics")):
-            for sample in family.samples:
-                labels = sample.labels
-                if (
-                    sample.name == "apiserver_request_total"
-                    and labels.get("resource") == resource
-                    and labels.get("verb") in verbs
-                ):
-                    counts[labels["code"]] += int(sample.value)
-        return counts
+        return [
+            (sample.labels, sample.value)
+            for family in text_string_to_metric_families(self.raw_get("/metrics"))
+            for sample in family.samples
+            if sample.name == name
+        ]
 
     def service_account_token(self, namespace: str, name: str, *, seconds: int = 3600) -> str:
         """A token of ServiceAccount ``namespace/name``, minted by the TokenRequest API (as the
