@@ -19,7 +19,7 @@ from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.rules import lifecycle, marks
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.runtime.sharding import podlabels
-from resourceconsist.runtime.sharding.ring import HashRing, hash_key
+from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
 from resourceconsist.testing import Cluster, async_wait_for, finalizers
 from tests.frame.test_sharding_pods import _replica as sharded_replica
 
@@ -230,3 +230,56 @@ async def test_a_fleet_served_before_the_label_was_on_is_labelled_marks_included
         assert "web-2" not in provider.serving(f"{cluster.namespace}/web")
     finally:
         await _stop(after)
+
+
+async def test_a_pod_created_without_the_label_is_labelled_at_once_not_at_the_sweep(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No sweep within the test: only the shards' watches of unlabelled pods can label them.
+    monkeypatch.setattr(podlabels, "SWEEP_INTERVAL", 3600.0)
+    provider = FakeProvider()
+    shards = ("shard-a", "shard-b")
+    a, b = _placed_apart(cluster, shards)
+    await cluster.service(a, {"app": a})
+    await cluster.service(b, {"tier": b})
+    replicas = {shard: _replica(cluster, shard) for shard in shards}
+    await _start(replicas, provider)
+    try:
+
+        async def placed() -> bool:
+            listing = await cluster.call(cluster.client.list, kube.SERVICE, cluster.namespace)
+            on = {s["metadata"]["name"]: (s["metadata"].get("labels") or {}) for s in listing["items"]}
+            return on[a].get(shard_label(RING)) == shards[0] and on[b].get(shard_label(RING)) == shards[1]
+
+        await async_wait_for(placed, timeout=30, message="each Service on its shard")
+        pod_caches = [r.informers.informer(kube.POD) for r in replicas.values()]
+        await async_wait_for(
+            lambda: all(i.has_synced and i.current for i in pod_caches),
+            timeout=30,
+            message="the pods listed",
+        )
+        # Pods created past the webhook, after the shards' lists: one of each Service's, one
+        # both select (each shard labels it for its own: the second write widens to Shared),
+        # one no Service selects.
+        new = {
+            f"{a}-0": {"app": a},
+            f"{b}-0": {"tier": b},
+            "both-0": {"app": a, "tier": b},
+            "stray": {"app": "x"},
+        }
+        for pod, labels in new.items():
+            await cluster.pod(pod, labels)
+            await cluster.set_status(pod, ready=True)
+        now = {a: [f"{a}-0", "both-0"], b: [f"{b}-0", "both-0"]}
+        await async_wait_for(_served(provider, cluster, now), timeout=30, message="the new pods served")
+        labels = await _labels(cluster)
+        assert labels == {f"{a}-0": a, f"{b}-0": b, "both-0": wire.EMPLOYER_LABEL_SHARED, "stray": None}
+        writes = {shard: _unlabelled(r).labelled for shard, r in replicas.items()}
+        assert writes == {"shard-a": 2, "shard-b": 2}, writes
+    finally:
+        await _stop(replicas)
+
+
+def _unlabelled(manager: Manager) -> podlabels.UnlabelledPods:
+    assert manager.sharding is not None and manager.sharding.unlabelled is not None
+    return manager.sharding.unlabelled

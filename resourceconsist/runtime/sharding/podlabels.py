@@ -13,8 +13,11 @@ write of the shard): a Service that arrives is labelled for before the list its 
 for, so no pod it holds is missing from that list. A labelling that fails fails the list, which is
 retried: the shard's passes wait rather than run on a cache short of a pod. Before the first list,
 the pods without any label that carry marks of the shard's Services (a fleet that ran before the
-label was on) are labelled too. A sweep every ``SWEEP_INTERVAL`` seconds labels pods that came to
-be selected since (their labels changed).
+label was on) are labelled too. A pod that carries no label at all (created past the webhook: a pod
+it is not sent, or while it is down) is labelled at once: every shard watches the unlabelled pods
+(``UnlabelledPods``; normally none) and labels those its Services select or whose marks name them.
+A sweep every ``SWEEP_INTERVAL`` seconds labels pods that came to be selected since (their labels
+changed).
 
 A pod that leaves the watch while the shard still needs it (its label removed or changed by
 someone else) would look deleted. ``holds`` keeps it: a DELETED event, or a list that no longer
@@ -25,14 +28,16 @@ and stays in the cache, one gone leaves it.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Set as AbstractSet
 
 from resourceconsist import wire
 from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import Informer
+from resourceconsist.cluster.cache import CacheReader, Informer, WatchEvent
 from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject
 from resourceconsist.flow.fence import Fence, LeaseLost, acting_for
 from resourceconsist.rules import marks
@@ -48,6 +53,10 @@ log = logging.getLogger(__name__)
 SWEEP_INTERVAL = 300.0
 #: Seconds a list of the shard's pods waits for the shard Lease before labelling.
 LEASE_WAIT = 10.0
+#: Seconds before an unlabelled pod whose label could not be written is tried again (doubling,
+#: up to ``RETRY_MAX``).
+RETRY_FIRST = 0.5
+RETRY_MAX = 30.0
 
 
 class LabellingFailed(RuntimeError):
@@ -80,20 +89,25 @@ class ShardPodLabels:
         self._swept_marks = False
         self._lock = threading.Lock()
 
+    @property
+    def reader(self) -> CacheReader:
+        """The replica's caches (its Service cache holds the shard's share)."""
+        return self._pods.reader
+
     def reset(self) -> None:
         """A new start: every Service is labelled for again, and the marks swept."""
         with self._lock:
             self._labelled.clear()
             self._swept_marks = False
 
-    def _share(self) -> list[KubeObject]:
+    def share(self) -> list[KubeObject]:
         informer = self._services()
         return [] if informer is None else informer.store.list()
 
     def before_list(self, informer: Informer) -> None:
         """Before each list of the shard's pods (informer thread): the Services new to the shard
         are labelled for, then the list is made with the share's selector."""
-        services = self._share()
+        services = self.share()
         self._wait_for_lease()
         self.label(services, only_new=True)
         if not self._swept_marks:
@@ -112,7 +126,7 @@ class ShardPodLabels:
     def label(self, services: list[KubeObject] | None = None, *, only_new: bool = False) -> None:
         """Widen the label of every pod one of ``services`` (default: the share) selects whose
         label does not cover it. Raises ``LabellingFailed`` when a write fails."""
-        for service in self._share() if services is None else services:
+        for service in self.share() if services is None else services:
             selector = (service.get("spec") or {}).get("selector") or {}
             if not selector:
                 continue  # selects nothing
@@ -123,7 +137,7 @@ class ShardPodLabels:
                 continue
             query = f"{to_query(selector)},{marks.unlabelled_for(name)}"
             for pod in self._list(namespace, query):
-                self._widen(pod, {name})
+                self.widen(pod, {name})
             with self._lock:
                 self._labelled.add(done)
 
@@ -136,15 +150,24 @@ class ShardPodLabels:
             names_by_ns.setdefault(str(meta.get("namespace") or ""), set()).add(str(meta["name"]))
         for namespace in self._namespaces or (None,):
             for pod in self._list(namespace, f"!{wire.EMPLOYER_LABEL}"):
-                ns = str(pod["metadata"].get("namespace") or "")
-                names = {h.employer for h in marks.holds(pod, kube.SERVICE.kind, names_by_ns.get(ns, ()))}
-                if not names:
-                    continue
-                if "" in names:
-                    names = {wire.EMPLOYER_LABEL_SHARED}
-                elif not names & names_by_ns.get(ns, set()):
-                    continue  # another shard's
-                self._widen(pod, names)
+                names = self.names_for(pod, names_by_ns)
+                if names:
+                    self.widen(pod, names)
+
+    def names_for(
+        self, pod: KubeObject, own: Mapping[str, set[str]], selecting: AbstractSet[str] = frozenset()
+    ) -> set[str]:
+        """What this shard labels ``pod`` for: the names of its Services (``own``, by namespace)
+        that select it (``selecting``) or whose marks it carries, with the other Services its
+        marks name beside them; ``Shared`` for a mark of an employer it cannot name (every shard
+        keeps such a pod). Empty: the pod is another shard's, or nobody's."""
+        namespace = str(pod["metadata"].get("namespace") or "")
+        names = {h.employer for h in marks.holds(pod, kube.SERVICE.kind, own.get(namespace, ()))}
+        if "" in names:
+            return {wire.EMPLOYER_LABEL_SHARED}
+        if not names & own.get(namespace, set()):
+            names = set()  # marks of another shard's Services only: theirs to label
+        return names | selecting
 
     def _list(self, namespace: str | None, selector: str) -> Iterator[KubeObject]:
         token: str | None = None
@@ -160,9 +183,9 @@ class ShardPodLabels:
             if not token:
                 return
 
-    def _widen(self, pod: KubeObject, names: set[str], *, read: bool = False) -> bool:
-        """Write the pod's widened label, starting from ``pod`` or (``read``) from a fresh read;
-        whether the pod is still there."""
+    def widen(self, pod: KubeObject, names: set[str], *, read: bool = False) -> tuple[bool, bool]:
+        """Write the pod's widened label, starting from ``pod`` or (``read``) from a fresh read:
+        whether the pod is still there, and whether a label was written."""
         meta = pod["metadata"]
         namespace, name = str(meta.get("namespace") or ""), str(meta["name"])
 
@@ -173,7 +196,7 @@ class ShardPodLabels:
 
         try:
             with acting_for(self._fence):
-                now, _ = self.client.patch_optimistic(
+                now, wrote = self.client.patch_optimistic(
                     kube.POD, namespace, name, change, current=None if read else pod
                 )
         except LeaseLost as err:
@@ -183,17 +206,18 @@ class ShardPodLabels:
                 f"cannot write the label {wire.EMPLOYER_LABEL} of pod {namespace}/{name}: {err}; "
                 "the manager's admission policy must allow it (docs/security.md)"
             ) from err
-        return now is not None and now["metadata"].get("uid") == meta.get("uid")
+        present = now is not None and now["metadata"].get("uid") == meta.get("uid")
+        return present, wrote and present
 
     def holds(self, pod: KubeObject) -> bool:
         """A pod that left the shard's watch or list: kept (and labelled again) when the API
         server still has it and the shard needs it (the module's docstring)."""
         if not (pod.get("metadata", {}).get("finalizers")) or not self._pods.keeps(pod):
             return False
-        selecting = {str(s["metadata"]["name"]) for s in self._pods.reader.services_selecting(pod)}
+        selecting = {str(s["metadata"]["name"]) for s in self.reader.services_selecting(pod)}
         names = selecting or {wire.EMPLOYER_LABEL_SHARED}
         try:
-            kept = self._widen(pod, names, read=True)  # the copy held is from before the change
+            kept, _ = self.widen(pod, names, read=True)  # the copy held is from before the change
         except LabellingFailed as err:
             log.warning("%s; the pod stays in the cache as last seen", err)
             return True
@@ -205,3 +229,137 @@ class ShardPodLabels:
                 wire.EMPLOYER_LABEL,
             )
         return kept
+
+
+class UnlabelledPods:
+    """One shard's watch of the pods that carry no employer label, and the labels it writes
+    for them: a pod created past the webhook (one it is not sent, or while it is down) or whose
+    label a person removed is labelled at once for the shard's Services that select it or whose
+    marks it carries, so it enters their shard's watch without waiting for the sweep. Normally the
+    watch is empty (the webhook stamps each new pod); pods no Service selects stay in it, so
+    every shard decodes their events (docs/scaling.md, "Pods selected by the API server")."""
+
+    def __init__(
+        self,
+        labels: ShardPodLabels,
+        client: KubeClient,
+        namespaces: tuple[str, ...],
+        active: Callable[[], bool],
+    ) -> None:
+        self._labels = labels
+        self._client = client
+        self._namespaces = namespaces
+        #: Labelling runs only while this is true (the shard's pods divide, its Services synced).
+        self._active = active
+        #: Made at each start (a stopped informer does not start again).
+        self.informer: Informer | None = None
+        #: The unlabelled pods not looked at since their last event, as that event showed them.
+        self._pending: dict[str, KubeObject] = {}
+        #: Of those, the ones whose last event was a DELETED (their copy is not the pod's).
+        self._left: set[str] = set()
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: Label writes so far (the tests count them).
+        self.labelled = 0
+
+    def start(self) -> None:
+        """On the loop: watch the unlabelled pods and label them as they come."""
+        loop = asyncio.get_running_loop()
+        informer = Informer(
+            self._client,
+            kube.POD,
+            namespace=self._namespaces[0] if len(self._namespaces) == 1 else None,
+            namespaces=self._namespaces if len(self._namespaces) > 1 else (),
+            label_selector=f"!{wire.EMPLOYER_LABEL}",
+        )
+        self.informer, self._wake, self._pending = informer, asyncio.Event(), {}
+        informer.add_handler(self._changed)
+        informer.start(loop)
+        self._task = asyncio.create_task(self._run(self._wake))
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        informer, self.informer = self.informer, None
+        if informer is not None:
+            await asyncio.to_thread(informer.stop, 2.0)
+
+    def _changed(self, event: WatchEvent) -> None:
+        # A DELETED is looked at too: the pod may have left this watch because another shard
+        # labelled it for its own Services only, before this shard labelled it for its own; a pod
+        # really gone costs a read. Its copy is never written from: the API server sends a pod
+        # that left a label-selected watch with its content from before the change under the
+        # change's resourceVersion, so a write from it would pass the precondition and could
+        # narrow the label the other shard wrote. Such pods are read afresh (``_label``).
+        key = kube.object_key(event.obj)
+        self._pending[key] = event.obj
+        if event.type == "DELETED":
+            self._left.add(key)
+        else:
+            self._left.discard(key)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _run(self, wake: asyncio.Event) -> None:
+        retry = RETRY_FIRST
+        while True:
+            await wake.wait()
+            wake.clear()
+            if not self._pending:
+                continue
+            if not self._active():
+                # Not yet (the shard's Services not synced) or not at all (pods do not divide):
+                # looked at again shortly.
+                await asyncio.sleep(RETRY_FIRST)
+                wake.set()
+                continue
+            pending, self._pending = self._pending, {}
+            left, self._left = self._left & set(pending), set()
+            pods = [(pending[k], k in left) for k in sorted(pending)]
+            failed = await asyncio.to_thread(self._label, pods)
+            if not failed:
+                retry = RETRY_FIRST
+                continue
+            for pod, read in failed:
+                key = kube.object_key(pod)
+                if key not in self._pending:  # else a newer event came
+                    self._pending[key] = pod
+                    if read:
+                        self._left.add(key)
+            await asyncio.sleep(retry)
+            retry = min(retry * 2, RETRY_MAX)
+            wake.set()
+
+    def _label(self, pods: list[tuple[KubeObject, bool]]) -> list[tuple[KubeObject, bool]]:
+        """In a worker thread: label each of ``pods`` (each with whether it must be read afresh
+        first) this shard's Services need; those whose write failed."""
+        own: dict[str, set[str]] = {}
+        for service in self._labels.share():
+            meta = service["metadata"]
+            own.setdefault(str(meta.get("namespace") or ""), set()).add(str(meta["name"]))
+        reader = self._labels.reader
+        failed: list[tuple[KubeObject, bool]] = []
+        for pod, read in pods:
+            selecting = {str(s["metadata"]["name"]) for s in reader.services_selecting(pod)}
+            names = self._labels.names_for(pod, own, selecting)
+            if not names:
+                continue
+            try:
+                _, wrote = self._labels.widen(pod, names, read=read)
+            except LabellingFailed as err:
+                log.warning("%s; trying again", err)
+                failed.append((pod, read))
+                continue
+            if not wrote:
+                continue  # gone, or labelled for these Services already
+            self.labelled += 1
+            log.info(
+                "pod %s/%s carried no %s label: labelled for %s",
+                pod["metadata"].get("namespace"),
+                pod["metadata"]["name"],
+                wire.EMPLOYER_LABEL,
+                ", ".join(sorted(names)),
+            )
+        return failed

@@ -31,7 +31,7 @@ from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.sharding import podlabels
-from resourceconsist.runtime.sharding.podlabels import LabellingFailed, ShardPodLabels
+from resourceconsist.runtime.sharding.podlabels import LabellingFailed, ShardPodLabels, UnlabelledPods
 from resourceconsist.runtime.sharding.pods import ShardPods, changes_share
 from resourceconsist.runtime.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.runtime.sharding.shard import ShardGate
@@ -132,6 +132,12 @@ class ShardedReplica:
             hold=self._hold_pod if self._labels is not None else None,
         )
         self._sweep_task: asyncio.Task[None] | None = None
+        #: With ``pod_employer_label``: the pods without the label, labelled as they come.
+        self.unlabelled = (
+            UnlabelledPods(self._labels, client, self._namespaces, self._labels_apply)
+            if self._labels is not None
+            else None
+        )
         self._sharder_elector = (
             LeaderElector(
                 client,
@@ -210,6 +216,8 @@ class ShardedReplica:
             )
         if self._labels is not None:
             self._sweep_task = asyncio.create_task(self._sweep_labels())
+        if self.unlabelled is not None:
+            self.unlabelled.start()
 
     def stopping(self) -> None:
         """At once when the manager begins to stop: no pass starts here from now on, even while
@@ -234,6 +242,8 @@ class ShardedReplica:
         if sweep is not None:
             sweep.cancel()
             await asyncio.gather(sweep, return_exceptions=True)
+        if self.unlabelled is not None:
+            await self.unlabelled.stop()
         if self._labels is not None:
             self._labels.reset()
         if self._unsubscribe_share is not None:
@@ -301,6 +311,10 @@ class ShardedReplica:
             informer.label_selector = None
             return
         self._labels.before_list(informer)
+
+    def _labels_apply(self) -> bool:
+        """The shard labels unlabelled pods now: its pods divide and its Services are in."""
+        return self._pods_divide() and self._services_synced()
 
     def _hold_pod(self, pod: kube.KubeObject) -> bool:
         assert self._labels is not None
