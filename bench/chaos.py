@@ -35,6 +35,7 @@ Run: ``make chaos`` or ``python bench/chaos.py [--quick] [--seed N] [--only PHAS
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -141,6 +142,9 @@ class Settings:
     settle_timeout: float = 60.0
     #: Extra arguments for every ``resourceconsist run`` (e.g. lease timings).
     controller_args: tuple[str, ...] = ()
+    #: With ``--pod-employer-label``, create the pods without the label, as pods the webhook is not
+    #: sent are (plain Kubernetes): the shards must label them.
+    unstamped: bool = False
 
     @classmethod
     def quick(cls, seed: int, controller_args: tuple[str, ...] = ()) -> Settings:
@@ -452,7 +456,7 @@ class Driver:
         name = f"pod-{n:05d}"
         groups = [i for i in range(len(SERVICES)) if self.rng.random() < 0.5] or [self.rng.randrange(3)]
         labels = {"chaos": "y", **{f"g{i}": "y" for i in groups}}
-        if "--pod-employer-label" in self.settings.controller_args:
+        if "--pod-employer-label" in self.settings.controller_args and not self.settings.unstamped:
             # Stamped as the webhook's --pod-employer-label would (docs/scaling.md, "Pods selected
             # by the API server"); every Service that may select the pod counts, a safe superset.
             selecting = [
@@ -1563,6 +1567,12 @@ def main() -> None:
         help="extra argument for every `resourceconsist run` (repeatable: --controller-arg=--flag=value)",
     )
     parser.add_argument(
+        "--unstamped-pods",
+        action="store_true",
+        help="with --controller-arg=--pod-employer-label: create pods without the employer label, "
+        "as pods the webhook is not sent are (plain Kubernetes); the shards label them",
+    )
+    parser.add_argument(
         "--only",
         choices=sorted(PHASES.values()),
         action="append",
@@ -1579,8 +1589,9 @@ def main() -> None:
     # A SIGTERM to the benchmark still tears every process down (the context managers' exits).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     extra = tuple(args.controller_arg)
-    settings = (
-        Settings.quick(args.seed, extra) if args.quick else Settings(seed=args.seed, controller_args=extra)
+    settings = dataclasses.replace(
+        Settings.quick(args.seed, extra) if args.quick else Settings(seed=args.seed, controller_args=extra),
+        unstamped=args.unstamped_pods,
     )
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="resourceconsist-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
