@@ -14,10 +14,9 @@ for, so no pod it holds is missing from that list. A labelling that fails fails 
 retried: the shard's passes wait rather than run on a cache short of a pod. Before the first list,
 the pods without any label that carry marks of the shard's Services (a fleet that ran before the
 label was on) are labelled too. A pod that carries no label at all (created past the webhook: a pod
-it is not sent, or while it is down) is labelled at once: every shard watches the unlabelled pods
-(``UnlabelledPods``; normally none) and labels those its Services select or whose marks name them.
-A sweep every ``SWEEP_INTERVAL`` seconds labels pods that came to be selected since (their labels
-changed).
+it is not sent, or while it is down), or whose labels changed so that another Service selects it,
+is labelled at once (``PodLabeller``). A sweep every ``SWEEP_INTERVAL`` seconds catches what those
+watches missed.
 
 A pod that leaves the watch while the shard still needs it (its label removed or changed by
 someone else) would look deleted. ``holds`` keeps it: a DELETED event, or a list that no longer
@@ -29,6 +28,7 @@ and stays in the cache, one gone leaves it.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import threading
 import time
@@ -37,8 +37,8 @@ from collections.abc import Set as AbstractSet
 
 from resourceconsist import wire
 from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import CacheReader, Informer, WatchEvent
-from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject
+from resourceconsist.cluster.cache import CacheReader, Informer, Store, StoreReader, WatchEvent, indexers_for
+from resourceconsist.cluster.kube import ApiError, KubeClient, KubeObject, Resource
 from resourceconsist.flow.fence import Fence, LeaseLost, acting_for
 from resourceconsist.rules import marks
 from resourceconsist.rules.labels import to_query
@@ -46,11 +46,12 @@ from resourceconsist.runtime.sharding.pods import ShardPods
 
 log = logging.getLogger(__name__)
 
-#: Seconds between two sweeps for pods newly selected by a shard's Services (their labels
-#: changed). Each sweep is one LIST per Service of the shard, which the API server answers by
-#: matching the selector against every pod of the namespace: at 1000 Services over 100k pods,
-#: about a second of its CPU per Service-minute matters, so not more often.
-SWEEP_INTERVAL = 300.0
+#: Seconds between two sweeps for pods newly selected by a shard's Services that the prompt
+#: labels missed (``PodLabeller``; e.g. a pod whose label names a deleted Service, in no shard's
+#: watch, relabelled into a live one). Each sweep is one LIST per Service of the shard, which the
+#: API server answers by matching the selector against every pod of the namespace: at 1000
+#: Services over 100k pods that is a cost worth paying rarely.
+SWEEP_INTERVAL = 1800.0
 #: Seconds a list of the shard's pods waits for the shard Lease before labelling.
 LEASE_WAIT = 10.0
 #: Seconds before an unlabelled pod whose label could not be written is tried again (doubling,
@@ -231,13 +232,42 @@ class ShardPodLabels:
         return kept
 
 
-class UnlabelledPods:
-    """One shard's watch of the pods that carry no employer label, and the labels it writes
-    for them: a pod created past the webhook (one it is not sent, or while it is down) or whose
-    label a person removed is labelled at once for the shard's Services that select it or whose
-    marks it carries, so it enters their shard's watch without waiting for the sweep. Normally the
-    watch is empty (the webhook stamps each new pod); pods no Service selects stay in it, so
-    every shard decodes their events (docs/scaling.md, "Pods selected by the API server")."""
+class _ServicesOf(StoreReader):
+    """Lookups in one store of Services (``PodLabeller``'s every Service of the watched namespaces)."""
+
+    def __init__(self, informer: Informer) -> None:
+        self._informer = informer
+
+    def _store(self, resource: Resource, namespace: str | None) -> Store:
+        return self._informer.store
+
+
+class _Seen(enum.Enum):
+    """How a pod came to ``PodLabeller``."""
+
+    #: An ADDED or MODIFIED of the unlabelled pods' watch: its copy is the pod's.
+    UNLABELLED = "unlabelled"
+    #: A DELETED of that watch: it was labelled (or is gone); its copy is not the pod's.
+    LEFT_UNLABELLED = "left"
+    #: A change of its labels in the shard's own watch.
+    RELABELLED = "relabelled"
+
+
+class PodLabeller:
+    """One shard's prompt labels: each pod whose employer label does not cover every Service that
+    selects it is labelled at once, by a shard one of whose Services needs it, rather than at the
+    sweep. Two watches bring such pods:
+
+    - the pods without the label (its own watch, normally empty: the webhook stamps each new
+      pod): created past the webhook (a pod it is not sent, or while it is down), or whose label a
+      person removed;
+    - the shard's own pod watch, when a pod's labels change: a Service of another shard may select
+      it now, and that shard does not see it.
+
+    Against every Service of the watched namespaces (a watch of Services, small beside the pods)
+    the pod is labelled for all that select it: ``Shared`` when a second one does. Pods no Service
+    selects stay unlabelled, so every shard is sent and decodes their events (docs/scaling.md,
+    "Pods selected by the API server")."""
 
     def __init__(
         self,
@@ -251,113 +281,141 @@ class UnlabelledPods:
         self._namespaces = namespaces
         #: Labelling runs only while this is true (the shard's pods divide, its Services synced).
         self._active = active
-        #: Made at each start (a stopped informer does not start again).
-        self.informer: Informer | None = None
-        #: The unlabelled pods not looked at since their last event, as that event showed them.
-        self._pending: dict[str, KubeObject] = {}
-        #: Of those, the ones whose last event was a DELETED (their copy is not the pod's).
-        self._left: set[str] = set()
+        #: Made at each start (a stopped informer does not start again): the pods without the
+        #: label, and every Service.
+        self.unlabelled: Informer | None = None
+        self.services: Informer | None = None
+        #: The pods not looked at since their last event, as that event showed them, and how it
+        #: came (``_Seen``).
+        self._pending: dict[str, tuple[KubeObject, _Seen]] = {}
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._unsubscribe: Callable[[], None] = lambda: None
         #: Label writes so far (the tests count them).
         self.labelled = 0
 
-    def start(self) -> None:
-        """On the loop: watch the unlabelled pods and label them as they come."""
-        loop = asyncio.get_running_loop()
-        informer = Informer(
+    def _informer(self, resource: Resource, label_selector: str | None) -> Informer:
+        return Informer(
             self._client,
-            kube.POD,
+            resource,
             namespace=self._namespaces[0] if len(self._namespaces) == 1 else None,
             namespaces=self._namespaces if len(self._namespaces) > 1 else (),
-            label_selector=f"!{wire.EMPLOYER_LABEL}",
+            indexers=indexers_for(resource),
+            label_selector=label_selector,
         )
-        self.informer, self._wake, self._pending = informer, asyncio.Event(), {}
-        informer.add_handler(self._changed)
-        informer.start(loop)
-        self._task = asyncio.create_task(self._run(self._wake))
+
+    def start(self, shard_pods: Informer) -> None:
+        """On the loop: watch the unlabelled pods, every Service, and ``shard_pods`` (the shard's
+        pod cache) for label changes, and label as they come."""
+        loop = asyncio.get_running_loop()
+        self.unlabelled = self._informer(kube.POD, f"!{wire.EMPLOYER_LABEL}")
+        self.services = self._informer(kube.SERVICE, None)
+        self._wake, self._pending = asyncio.Event(), {}
+        self.unlabelled.add_handler(self._changed)
+        self._unsubscribe = shard_pods.add_handler(self._relabelled)
+        self.services.start(loop)
+        self.unlabelled.start(loop)
+        self._task = asyncio.create_task(self._run(self._wake, _ServicesOf(self.services)))
 
     async def stop(self) -> None:
+        self._unsubscribe()
+        self._unsubscribe = lambda: None
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-        informer, self.informer = self.informer, None
-        if informer is not None:
+        informers = [i for i in (self.unlabelled, self.services) if i is not None]
+        self.unlabelled = self.services = None
+        for informer in informers:
+            informer.signal_stop()
+        for informer in informers:
             await asyncio.to_thread(informer.stop, 2.0)
 
-    def _changed(self, event: WatchEvent) -> None:
-        # A DELETED is looked at too: the pod may have left this watch because another shard
-        # labelled it for its own Services only, before this shard labelled it for its own; a pod
-        # really gone costs a read. Its copy is never written from: the API server sends a pod
-        # that left a label-selected watch with its content from before the change under the
-        # change's resourceVersion, so a write from it would pass the precondition and could
-        # narrow the label the other shard wrote. Such pods are read afresh (``_label``).
-        key = kube.object_key(event.obj)
-        self._pending[key] = event.obj
-        if event.type == "DELETED":
-            self._left.add(key)
-        else:
-            self._left.discard(key)
+    def _queue(self, pod: KubeObject, seen: _Seen) -> None:
+        self._pending[kube.object_key(pod)] = (pod, seen)
         if self._wake is not None:
             self._wake.set()
 
-    async def _run(self, wake: asyncio.Event) -> None:
+    def _changed(self, event: WatchEvent) -> None:
+        """An event of the unlabelled pods' watch."""
+        # A DELETED is looked at too: the pod may have left this watch because another shard
+        # labelled it for its own Services only (its Service cache behind); a pod really gone
+        # costs a read. Its copy is never written from: the API server sends a pod that left a
+        # label-selected watch with its content from before the change under the change's
+        # resourceVersion, so a write from it would pass the precondition and could narrow the
+        # label the other shard wrote. Such pods are read afresh (``_label``).
+        self._queue(event.obj, _Seen.LEFT_UNLABELLED if event.type == "DELETED" else _Seen.UNLABELLED)
+
+    def _relabelled(self, event: WatchEvent) -> None:
+        """An event of the shard's own pod watch: a pod whose labels (other than the employer
+        label) changed may be selected by another shard's Service now."""
+        if event.type != "MODIFIED" or event.old is None or not self._active():
+            return  # before the Services are in, the share's first list labels (``before_list``)
+        now = dict(event.obj["metadata"].get("labels") or {})
+        before = dict(event.old["metadata"].get("labels") or {})
+        now.pop(wire.EMPLOYER_LABEL, None)
+        before.pop(wire.EMPLOYER_LABEL, None)
+        if now != before:
+            self._queue(event.obj, _Seen.RELABELLED)
+
+    async def _run(self, wake: asyncio.Event, services: StoreReader) -> None:
         retry = RETRY_FIRST
         while True:
             await wake.wait()
             wake.clear()
             if not self._pending:
                 continue
-            if not self._active():
-                # Not yet (the shard's Services not synced) or not at all (pods do not divide):
-                # looked at again shortly.
+            watching = self.services
+            if not self._active() or watching is None or not watching.has_synced:
+                # Not yet (the Services not in) or not at all (pods do not divide): looked at
+                # again shortly.
                 await asyncio.sleep(RETRY_FIRST)
                 wake.set()
                 continue
             pending, self._pending = self._pending, {}
-            left, self._left = self._left & set(pending), set()
-            pods = [(pending[k], k in left) for k in sorted(pending)]
-            failed = await asyncio.to_thread(self._label, pods)
+            failed = await asyncio.to_thread(self._label, [pending[k] for k in sorted(pending)], services)
             if not failed:
                 retry = RETRY_FIRST
                 continue
-            for pod, read in failed:
-                key = kube.object_key(pod)
-                if key not in self._pending:  # else a newer event came
-                    self._pending[key] = pod
-                    if read:
-                        self._left.add(key)
+            for pod, seen in failed:
+                if kube.object_key(pod) not in self._pending:  # else a newer event came
+                    self._queue(pod, seen)
             await asyncio.sleep(retry)
             retry = min(retry * 2, RETRY_MAX)
             wake.set()
 
-    def _label(self, pods: list[tuple[KubeObject, bool]]) -> list[tuple[KubeObject, bool]]:
-        """In a worker thread: label each of ``pods`` (each with whether it must be read afresh
-        first) this shard's Services need; those whose write failed."""
+    def _label(
+        self, pods: list[tuple[KubeObject, _Seen]], services: StoreReader
+    ) -> list[tuple[KubeObject, _Seen]]:
+        """In a worker thread: label each of ``pods`` for every Service that selects it (and
+        those its marks name): a pod of this shard's watch always (no other shard may see it), an
+        unlabelled one when one of those Services is this shard's; those whose write failed."""
         own: dict[str, set[str]] = {}
         for service in self._labels.share():
             meta = service["metadata"]
             own.setdefault(str(meta.get("namespace") or ""), set()).add(str(meta["name"]))
-        reader = self._labels.reader
-        failed: list[tuple[KubeObject, bool]] = []
-        for pod, read in pods:
-            selecting = {str(s["metadata"]["name"]) for s in reader.services_selecting(pod)}
-            names = self._labels.names_for(pod, own, selecting)
+        failed: list[tuple[KubeObject, _Seen]] = []
+        for pod, seen in pods:
+            namespace = str(pod["metadata"].get("namespace") or "")
+            selecting = {str(s["metadata"]["name"]) for s in services.services_selecting(pod)}
+            mine = self._labels.names_for(pod, own, selecting & own.get(namespace, set()))
+            if not mine and seen is not _Seen.RELABELLED:
+                continue  # another shard's to label, or nobody's
+            names = mine | selecting
             if not names:
                 continue
             try:
-                _, wrote = self._labels.widen(pod, names, read=read)
+                _, wrote = self._labels.widen(pod, names, read=seen is _Seen.LEFT_UNLABELLED)
             except LabellingFailed as err:
                 log.warning("%s; trying again", err)
-                failed.append((pod, read))
+                failed.append((pod, seen))
                 continue
             if not wrote:
                 continue  # gone, or labelled for these Services already
             self.labelled += 1
             log.info(
-                "pod %s/%s carried no %s label: labelled for %s",
-                pod["metadata"].get("namespace"),
+                "pod %s/%s: its %s label did not cover %s; widened",
+                namespace,
                 pod["metadata"]["name"],
                 wire.EMPLOYER_LABEL,
                 ", ".join(sorted(names)),

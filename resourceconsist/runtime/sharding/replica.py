@@ -31,7 +31,7 @@ from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.sharding import podlabels
-from resourceconsist.runtime.sharding.podlabels import LabellingFailed, ShardPodLabels, UnlabelledPods
+from resourceconsist.runtime.sharding.podlabels import LabellingFailed, PodLabeller, ShardPodLabels
 from resourceconsist.runtime.sharding.pods import ShardPods, changes_share
 from resourceconsist.runtime.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.runtime.sharding.shard import ShardGate
@@ -132,9 +132,9 @@ class ShardedReplica:
             hold=self._hold_pod if self._labels is not None else None,
         )
         self._sweep_task: asyncio.Task[None] | None = None
-        #: With ``pod_employer_label``: the pods without the label, labelled as they come.
-        self.unlabelled = (
-            UnlabelledPods(self._labels, client, self._namespaces, self._labels_apply)
+        #: With ``pod_employer_label``: the pods whose label falls short, labelled as they come.
+        self.labeller = (
+            PodLabeller(self._labels, client, self._namespaces, self._labels_apply)
             if self._labels is not None
             else None
         )
@@ -216,8 +216,8 @@ class ShardedReplica:
             )
         if self._labels is not None:
             self._sweep_task = asyncio.create_task(self._sweep_labels())
-        if self.unlabelled is not None:
-            self.unlabelled.start()
+        if self.labeller is not None:
+            self.labeller.start(self.informers.informer(kube.POD))
 
     def stopping(self) -> None:
         """At once when the manager begins to stop: no pass starts here from now on, even while
@@ -242,8 +242,8 @@ class ShardedReplica:
         if sweep is not None:
             sweep.cancel()
             await asyncio.gather(sweep, return_exceptions=True)
-        if self.unlabelled is not None:
-            await self.unlabelled.stop()
+        if self.labeller is not None:
+            await self.labeller.stop()
         if self._labels is not None:
             self._labels.reset()
         if self._unsubscribe_share is not None:
