@@ -20,7 +20,7 @@ from resourceconsist.rules import lifecycle, marks
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.runtime.sharding import podlabels
 from resourceconsist.runtime.sharding.ring import HashRing, hash_key, shard_label
-from resourceconsist.testing import Cluster, async_wait_for, finalizers
+from resourceconsist.testing import Cluster, LocalControlPlane, async_wait_for, finalizers
 from tests.frame.test_sharding_pods import _replica as sharded_replica
 
 RING = "labels"
@@ -290,3 +290,36 @@ async def test_a_pod_created_without_the_label_is_labelled_at_once_not_at_the_sw
 def _labeller(manager: Manager) -> podlabels.PodLabeller:
     assert manager.sharding is not None and manager.sharding.labeller is not None
     return manager.sharding.labeller
+
+
+async def test_a_new_service_selecting_another_shards_pods_is_sent_them_at_once(
+    cluster: Cluster, control_plane: LocalControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No sweep within the test: the shard that watches the pods labels them when it sees the
+    # new Service, with no LIST per Service.
+    monkeypatch.setattr(podlabels, "SWEEP_INTERVAL", 3600.0)
+    provider = FakeProvider()
+    shards = ("shard-a", "shard-b")
+    a, b = _placed_apart(cluster, shards)
+    pods_of = {a: [f"{a}-0", f"{a}-1"]}
+    await _serve(cluster, pods_of, labelled={f"{a}-0", f"{a}-1"})
+    replicas = {shard: _replica(cluster, shard) for shard in shards}
+    await _start(replicas, provider)
+    try:
+        await async_wait_for(_served(provider, cluster, pods_of), timeout=60, message="every pod served")
+        lists = await _pod_lists(control_plane)
+        await cluster.service(b, {"app": a})  # b (on shard-b) selects a's pods too
+        both = {a: pods_of[a], b: pods_of[a]}
+        await async_wait_for(_served(provider, cluster, both), timeout=30, message=f"{b} serving {a}'s pods")
+        # shard-b listed its pods again for its new Service (one list, by label), and asked the
+        # API server for nothing per Service.
+        assert await _pod_lists(control_plane) - lists <= 1
+        labels = await _labels(cluster)
+        assert labels == dict.fromkeys(pods_of[a], wire.EMPLOYER_LABEL_SHARED)
+    finally:
+        await _stop(replicas)
+
+
+async def _pod_lists(control_plane: LocalControlPlane) -> int:
+    """LIST requests on pods the API server answered so far (every client)."""
+    return sum((await asyncio.to_thread(control_plane.requests_served, "pods", {"LIST"})).values())

@@ -4,19 +4,21 @@ employer label (``wire.EMPLOYER_LABEL``) names one of its Services or is shared,
 decodes its share of the fleet's pod events instead of all of them.
 
 The label is the webhook's to stamp on a new pod (``--pod-employer-label``); this module writes it
-where the webhook could not: ``ShardPodLabels.label`` lists, for each of the shard's Services, the
-pods it selects whose label does not cover it yet (a selector the API server evaluates, so the
-answer is usually empty) and widens their label (``marks.widened_employer_label``: absent -> the
-name -> shared, never narrower). It runs before each list of the shard's pods (in the informer
-thread, ``Informer.before_list``), while the shard surely holds its Lease (the fence, as for every
-write of the shard): a Service that arrives is labelled for before the list its first pass waits
-for, so no pod it holds is missing from that list. A labelling that fails fails the list, which is
-retried: the shard's passes wait rather than run on a cache short of a pod. Before the first list,
-the pods without any label that carry marks of the shard's Services (a fleet that ran before the
-label was on) are labelled too. A pod that carries no label at all (created past the webhook: a pod
-it is not sent, or while it is down), or whose labels changed so that another Service selects it,
-is labelled at once (``PodLabeller``). A sweep every ``SWEEP_INTERVAL`` seconds catches what those
-watches missed.
+where the webhook could not, widening it (``marks.widened_employer_label``: absent -> the name ->
+shared, never narrower), fenced by the shard Lease as every write of the shard:
+
+- ``PodLabeller`` watches the pods without the label (normally none), every Service of the
+  watched namespaces, and the label changes of the shard's own pods, and labels at once a pod
+  created past the webhook, a pod whose labels changed so that another Service selects it, and
+  the pods of the shard's watch that a Service appearing selects;
+- ``ShardPodLabels.before_list`` runs before each list of the shard's pods (in the informer
+  thread, ``Informer.before_list``): the unlabelled pods a Service new to the shard selects, and
+  at the first list those carrying the share's marks (a fleet that ran before the label was on),
+  are labelled from the labeller's watch before the list its first pass waits for, so no pod it
+  holds is missing from that list. A labelling that fails fails the list, which is retried: the
+  shard's passes wait rather than run on a cache short of a pod;
+- ``ShardPodLabels.sweep``, every ``SWEEP_INTERVAL`` seconds, asks the API server for each of the
+  shard's Services (a LIST) for what the watches missed.
 
 A pod that leaves the watch while the shard still needs it (its label removed or changed by
 someone else) would look deleted. ``holds`` keeps it: a DELETED event, or a list that no longer
@@ -60,6 +62,14 @@ RETRY_FIRST = 0.5
 RETRY_MAX = 30.0
 
 
+def _names_by_namespace(services: list[KubeObject]) -> dict[str, set[str]]:
+    names: dict[str, set[str]] = {}
+    for service in services:
+        meta = service["metadata"]
+        names.setdefault(str(meta.get("namespace") or ""), set()).add(str(meta["name"]))
+    return names
+
+
 class LabellingFailed(RuntimeError):
     """The employer label of a pod a shard's Service selects could not be written: the shard's
     pod list waits (it is retried) rather than miss the pod."""
@@ -75,6 +85,7 @@ class ShardPodLabels:
         services: Callable[[], Informer | None],
         namespaces: tuple[str, ...],
         fence: Fence | None = None,
+        active: Callable[[], bool] = lambda: True,
     ) -> None:
         self.client = client
         #: The shard Lease's fence: a label is written only while the shard surely holds it, as
@@ -89,6 +100,8 @@ class ShardPodLabels:
         self._labelled: set[tuple[str, str]] = set()
         self._swept_marks = False
         self._lock = threading.Lock()
+        #: The prompt labels: the unlabelled pods' watch, every Service, label changes.
+        self.labeller = PodLabeller(self, client, namespaces, active)
 
     @property
     def reader(self) -> CacheReader:
@@ -106,13 +119,34 @@ class ShardPodLabels:
         return [] if informer is None else informer.store.list()
 
     def before_list(self, informer: Informer) -> None:
-        """Before each list of the shard's pods (informer thread): the Services new to the shard
-        are labelled for, then the list is made with the share's selector."""
+        """Before each list of the shard's pods (informer thread): the unlabelled pods the
+        Services new to the shard select, and at the first list those carrying the share's
+        marks, are labelled for them; then the list is made with the share's selector.
+
+        From the labeller's watch of the unlabelled pods, not a LIST per Service: the pods a
+        new Service selects that are labelled for other Services are in their shards' watches,
+        which label them when the Service appears (``PodLabeller``); the pods a Service holds
+        were labelled for it when it took them, and a label never narrows."""
         services = self.share()
         self._wait_for_lease()
-        self.label(services, only_new=True)
+        unlabelled = self.labeller.unlabelled_pods(LEASE_WAIT)
+        own = _names_by_namespace(services)
+        for service in services:
+            selector = (service.get("spec") or {}).get("selector") or {}
+            meta = service["metadata"]
+            done = (f"{meta.get('namespace') or ''}/{meta['name']}", to_query(selector))
+            if not selector or done in self._labelled:
+                continue
+            for pod in unlabelled.pods_selected_by(service):
+                self.widen(pod, self.names_for(pod, own, {str(meta["name"])}))
+            with self._lock:
+                self._labelled.add(done)
         if not self._swept_marks:
-            self._label_marked(services)
+            # A fleet served before the label was on: the pods its Services hold, selected or not.
+            for pod in unlabelled.list(kube.POD):
+                names = self.names_for(pod, own)
+                if names:
+                    self.widen(pod, names)
             self._swept_marks = True
         informer.label_selector = marks.employer_label_selector(str(s["metadata"]["name"]) for s in services)
 
@@ -124,36 +158,19 @@ class ShardPodLabels:
         while fence is not None and not fence.held and time.monotonic() < deadline:
             time.sleep(0.05)
 
-    def label(self, services: list[KubeObject] | None = None, *, only_new: bool = False) -> None:
-        """Widen the label of every pod one of ``services`` (default: the share) selects whose
-        label does not cover it. Raises ``LabellingFailed`` when a write fails."""
-        for service in self.share() if services is None else services:
+    def sweep(self) -> None:
+        """Widen the label of every pod one of the share's Services selects whose label does not
+        cover it, asking the API server (a LIST per Service): the net under the watches.
+        Raises ``LabellingFailed`` when a write fails."""
+        for service in self.share():
             selector = (service.get("spec") or {}).get("selector") or {}
             if not selector:
                 continue  # selects nothing
             meta = service["metadata"]
             name, namespace = str(meta["name"]), str(meta.get("namespace") or "")
-            done = (f"{namespace}/{name}", to_query(selector))
-            if only_new and done in self._labelled:
-                continue
             query = f"{to_query(selector)},{marks.unlabelled_for(name)}"
             for pod in self._list(namespace, query):
                 self.widen(pod, {name})
-            with self._lock:
-                self._labelled.add(done)
-
-    def _label_marked(self, services: list[KubeObject]) -> None:
-        """Pods with no employer label that carry marks naming one of ``services``, or marks
-        naming an employer they cannot name: labelled for it (or shared)."""
-        names_by_ns: dict[str, set[str]] = {}
-        for service in services:
-            meta = service["metadata"]
-            names_by_ns.setdefault(str(meta.get("namespace") or ""), set()).add(str(meta["name"]))
-        for namespace in self._namespaces or (None,):
-            for pod in self._list(namespace, f"!{wire.EMPLOYER_LABEL}"):
-                names = self.names_for(pod, names_by_ns)
-                if names:
-                    self.widen(pod, names)
 
     def names_for(
         self, pod: KubeObject, own: Mapping[str, set[str]], selecting: AbstractSet[str] = frozenset()
@@ -232,8 +249,8 @@ class ShardPodLabels:
         return kept
 
 
-class _ServicesOf(StoreReader):
-    """Lookups in one store of Services (``PodLabeller``'s every Service of the watched namespaces)."""
+class _StoreOf(StoreReader):
+    """Lookups in one informer's store (``PodLabeller``'s every Service, or unlabelled pods)."""
 
     def __init__(self, informer: Informer) -> None:
         self._informer = informer
@@ -288,6 +305,10 @@ class PodLabeller:
         #: The pods not looked at since their last event, as that event showed them, and how it
         #: came (``_Seen``).
         self._pending: dict[str, tuple[KubeObject, _Seen]] = {}
+        #: Keys of the Services that appeared, or whose selector or shard changed, since looked at.
+        self._services_pending: set[str] = set()
+        #: The shard's pod cache (``start``).
+        self._shard_pods: Informer | None = None
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._unsubscribe: Callable[[], None] = lambda: None
@@ -310,12 +331,14 @@ class PodLabeller:
         loop = asyncio.get_running_loop()
         self.unlabelled = self._informer(kube.POD, f"!{wire.EMPLOYER_LABEL}")
         self.services = self._informer(kube.SERVICE, None)
-        self._wake, self._pending = asyncio.Event(), {}
+        self._wake, self._pending, self._services_pending = asyncio.Event(), {}, set()
+        self._shard_pods = shard_pods
         self.unlabelled.add_handler(self._changed)
+        self.services.add_handler(self._service_changed)
         self._unsubscribe = shard_pods.add_handler(self._relabelled)
         self.services.start(loop)
         self.unlabelled.start(loop)
-        self._task = asyncio.create_task(self._run(self._wake, _ServicesOf(self.services)))
+        self._task = asyncio.create_task(self._run(self._wake, _StoreOf(self.services)))
 
     async def stop(self) -> None:
         self._unsubscribe()
@@ -346,6 +369,35 @@ class PodLabeller:
         # label the other shard wrote. Such pods are read afresh (``_label``).
         self._queue(event.obj, _Seen.LEFT_UNLABELLED if event.type == "DELETED" else _Seen.UNLABELLED)
 
+    def _service_changed(self, event: WatchEvent) -> None:
+        """An event of the every-Service watch: a Service that appeared (a first list's too: a
+        restart), whose selector changed, or that came to a shard (its labels changed) may select
+        pods labelled for others, in this shard's watch."""
+        if event.type == "DELETED":
+            return
+        if event.type == "MODIFIED" and event.old is not None:
+            spec, old_spec = event.obj.get("spec") or {}, event.old.get("spec") or {}
+            same_labels = event.obj["metadata"].get("labels") == event.old["metadata"].get("labels")
+            if same_labels and spec.get("selector") == old_spec.get("selector"):
+                return
+        self._services_pending.add(kube.object_key(event.obj))
+        if self._wake is not None:
+            self._wake.set()
+
+    def unlabelled_pods(self, timeout: float) -> StoreReader:
+        """Blocking (an informer thread): the unlabelled pods once their watch has listed them,
+        waiting up to ``timeout`` seconds. Raises ``LabellingFailed`` past it."""
+        deadline = time.monotonic() + timeout
+        while True:
+            informer = self.unlabelled
+            left = deadline - time.monotonic()
+            if informer is not None and informer.synced_within(max(0.0, min(0.1, left))):
+                return _StoreOf(informer)
+            if time.monotonic() >= deadline:
+                raise LabellingFailed(f"the pods without the {wire.EMPLOYER_LABEL} label not listed yet")
+            if informer is None:
+                time.sleep(0.05)
+
     def _relabelled(self, event: WatchEvent) -> None:
         """An event of the shard's own pod watch: a pod whose labels (other than the employer
         label) changed may be selected by another shard's Service now."""
@@ -363,17 +415,20 @@ class PodLabeller:
         while True:
             await wake.wait()
             wake.clear()
-            if not self._pending:
+            if not self._pending and not self._services_pending:
                 continue
-            watching = self.services
-            if not self._active() or watching is None or not watching.has_synced:
+            watching, own_pods = self.services, self._shard_pods
+            ready = own_pods is not None and own_pods.has_synced and own_pods.current
+            if not self._active() or watching is None or not watching.has_synced or not ready:
                 # Not yet (the Services not in) or not at all (pods do not divide): looked at
                 # again shortly.
                 await asyncio.sleep(RETRY_FIRST)
                 wake.set()
                 continue
             pending, self._pending = self._pending, {}
-            failed = await asyncio.to_thread(self._label, [pending[k] for k in sorted(pending)], services)
+            appeared, self._services_pending = self._services_pending, set()
+            batch = [pending[k] for k in sorted(pending)]
+            failed = await asyncio.to_thread(self._label, batch, services, appeared)
             if not failed:
                 retry = RETRY_FIRST
                 continue
@@ -384,16 +439,35 @@ class PodLabeller:
             retry = min(retry * 2, RETRY_MAX)
             wake.set()
 
+    def _selected_by(self, keys: AbstractSet[str], services: StoreReader) -> list[tuple[KubeObject, _Seen]]:
+        """The pods of this shard's watch, and the unlabelled ones, that the Services of ``keys``
+        select while their label does not cover them."""
+        found: list[tuple[KubeObject, _Seen]] = []
+        unlabelled = self.unlabelled
+        for key in sorted(keys):
+            namespace, _, name = key.rpartition("/")
+            service = services.get(kube.SERVICE, namespace or None, name)
+            if service is None or not (service.get("spec") or {}).get("selector"):
+                continue
+            for pod in self._labels.reader.pods_selected_by(service):
+                if marks.employer_label(pod) not in (name, wire.EMPLOYER_LABEL_SHARED):
+                    found.append((pod, _Seen.RELABELLED))
+            if unlabelled is not None:
+                found += [(pod, _Seen.UNLABELLED) for pod in _StoreOf(unlabelled).pods_selected_by(service)]
+        return found
+
     def _label(
-        self, pods: list[tuple[KubeObject, _Seen]], services: StoreReader
+        self,
+        pods: list[tuple[KubeObject, _Seen]],
+        services: StoreReader,
+        appeared: AbstractSet[str] = frozenset(),
     ) -> list[tuple[KubeObject, _Seen]]:
         """In a worker thread: label each of ``pods`` for every Service that selects it (and
         those its marks name): a pod of this shard's watch always (no other shard may see it), an
-        unlabelled one when one of those Services is this shard's; those whose write failed."""
-        own: dict[str, set[str]] = {}
-        for service in self._labels.share():
-            meta = service["metadata"]
-            own.setdefault(str(meta.get("namespace") or ""), set()).add(str(meta["name"]))
+        unlabelled one when one of those Services is this shard's; also the pods the Services of
+        ``appeared`` select (``_selected_by``). Returns those whose write failed."""
+        pods = [*pods, *self._selected_by(appeared, services)]
+        own = _names_by_namespace(self._labels.share())
         failed: list[tuple[KubeObject, _Seen]] = []
         for pod, seen in pods:
             namespace = str(pod["metadata"].get("namespace") or "")

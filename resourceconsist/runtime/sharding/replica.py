@@ -31,7 +31,7 @@ from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import LeaderElector
 from resourceconsist.runtime.metrics import Metrics
 from resourceconsist.runtime.sharding import podlabels
-from resourceconsist.runtime.sharding.podlabels import LabellingFailed, PodLabeller, ShardPodLabels
+from resourceconsist.runtime.sharding.podlabels import LabellingFailed, ShardPodLabels
 from resourceconsist.runtime.sharding.pods import ShardPods, changes_share
 from resourceconsist.runtime.sharding.ring import ShardState, budget_share, shard_of_lease
 from resourceconsist.runtime.sharding.shard import ShardGate
@@ -121,7 +121,14 @@ class ShardedReplica:
         #: With ``pod_employer_label``: the pods the API server selects for this shard, and the
         #: labels it writes (resourceconsist/runtime/sharding/podlabels.py).
         self._labels = (
-            ShardPodLabels(client, self._pods, self._services_informer, self._namespaces, self.elector.fence)
+            ShardPodLabels(
+                client,
+                self._pods,
+                self._services_informer,
+                self._namespaces,
+                self.elector.fence,
+                active=self._labels_apply,
+            )
             if sharding.pod_employer_label
             else None
         )
@@ -133,11 +140,7 @@ class ShardedReplica:
         )
         self._sweep_task: asyncio.Task[None] | None = None
         #: With ``pod_employer_label``: the pods whose label falls short, labelled as they come.
-        self.labeller = (
-            PodLabeller(self._labels, client, self._namespaces, self._labels_apply)
-            if self._labels is not None
-            else None
-        )
+        self.labeller = self._labels.labeller if self._labels is not None else None
         self._sharder_elector = (
             LeaderElector(
                 client,
@@ -331,7 +334,7 @@ class ShardedReplica:
             if not self._pods_divide() or not self._services_synced():
                 continue
             try:
-                await asyncio.to_thread(self._labels.label)
+                await asyncio.to_thread(self._labels.sweep)
             except LabellingFailed as err:
                 log.warning("shard %s: %s; trying again in %.0f s", self.shard, err, podlabels.SWEEP_INTERVAL)
 
