@@ -63,7 +63,12 @@ ROLLOUT = 100
 
 
 def replica_argv(
-    kubeconfig: Path, shard: str, *, employer_label: bool = False, namespace: str = NAMESPACE
+    kubeconfig: Path,
+    shard: str,
+    *,
+    employer_label: bool = False,
+    namespace: str = NAMESPACE,
+    placement: str = "ring",
 ) -> list[str]:
     """One sharded replica of ours, its built-in sharder on (docs/scaling.md); with
     ``employer_label``, watching only the pods labelled for its Services."""
@@ -78,6 +83,7 @@ def replica_argv(
         "--leader-election-namespace",
         namespace,
         *(["--pod-employer-label"] if employer_label else []),
+        f"--shard-placement={placement}",
     )
 
 
@@ -158,6 +164,7 @@ def run_replicas(
     workdir: Path,
     filled: tuple[Path, list[str]],
     employer_label: bool,
+    placement: str = "ring",
 ) -> Result:
     n = services * pods
     timeout = max(300.0, n / 5)
@@ -179,7 +186,7 @@ def run_replicas(
         procs = []
         for k in range(replicas):
             proc = Process(
-                replica_argv(cp.kubeconfig, f"shard-{k}", employer_label=employer_label),
+                replica_argv(cp.kubeconfig, f"shard-{k}", employer_label=employer_label, placement=placement),
                 workdir / f"r{replicas}-shard-{k}.log",
             )
             stack.callback(proc.stop)
@@ -257,12 +264,14 @@ def above_idle(r: Result, idle: Idle) -> tuple[list[float], list[float]]:
     return cpu, [m - idle.rss_mb for m in r.rss_mb]
 
 
-def print_table(services: int, pods: int, results: list[Result], idle: Idle, employer_label: bool) -> None:
+def print_table(
+    services: int, pods: int, results: list[Result], idle: Idle, employer_label: bool, placement: str
+) -> None:
     base = results[0]
     print(
         f"\nsharded replicas, {services} Services x {pods} pods = {services * pods} pods, "
         f"demo adapter, {CLIENTS} driver clients, {os.cpu_count()} cores; {_load()}; "
-        f"pods selected by the employer label: {'yes' if employer_label else 'no'}; "
+        f"pods selected by the employer label: {'yes' if employer_label else 'no'}; placement: {placement}; "
         f"idle replica: {idle.rss_mb:.0f} MB, {idle.cpu_per_s * 100:.1f}% of a core"
     )
     head = (
@@ -305,6 +314,12 @@ def main() -> None:
         action="store_true",
         help="pods carry the employer label (as the webhook stamps it) and replicas watch by it",
     )
+    parser.add_argument(
+        "--shard-placement",
+        choices=["ring", "balanced"],
+        default="ring",
+        help="how the sharder places the Services (run --shard-placement; default ring)",
+    )
     args = parser.parse_args()
     try:
         counts = [int(x) for x in args.replicas.split(",")]
@@ -325,11 +340,13 @@ def main() -> None:
         idle = idle_replica(workdir, filled, label)
         for count in counts:
             print(f"  {count} replica(s), {args.services} x {args.pods} ...", file=sys.stderr, flush=True)
-            results.append(run_replicas(count, args.services, args.pods, workdir, filled, label))
+            results.append(
+                run_replicas(count, args.services, args.pods, workdir, filled, label, args.shard_placement)
+            )
             (workdir / "results.json").write_text(json.dumps([r.__dict__ for r in results], indent=1))
     finally:
         shutil.rmtree(filled[0], ignore_errors=True)  # etcd's data: large, and only a seed
-    print_table(args.services, args.pods, results, idle, label)
+    print_table(args.services, args.pods, results, idle, label, args.shard_placement)
 
 
 if __name__ == "__main__":

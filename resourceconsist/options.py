@@ -126,6 +126,11 @@ class ShardingOptions:
     #: selected by the API server"): the decoding of pod events divides among the replicas.
     #: Needs the webhook's ``--pod-employer-label`` and the admission policy that allows the label.
     pod_employer_label: bool = False
+    #: How the built-in sharder places employers: ``"ring"``, the protocol's consistent-hash ring
+    #: (kubernetes-controller-sharding's sharder places them the same), or ``"balanced"``: no shard
+    #: holds more than 2 % above an even share (docs/scaling.md, "Balanced placement"). Every
+    #: replica of a ring must run with the same.
+    placement: str = "ring"
 
     def __post_init__(self) -> None:
         if not _RING_NAME.match(self.controller_ring):
@@ -141,6 +146,8 @@ class ShardingOptions:
                 "shard_name",
             )
         check_seconds("sharder_resync", self.sharder_resync)
+        if self.placement not in ("ring", "balanced"):
+            raise InvalidOptions(f"placement {self.placement!r} must be 'ring' or 'balanced'", "placement")
         # The same rules as leader election's, checked by the same code.
         self.lease_options()
 

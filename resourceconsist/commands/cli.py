@@ -613,6 +613,14 @@ _sharding_flags = _flag_group(
         help="With --sharding: watch only the pods labelled for this shard's Services, writing the "
         "label where the webhook did not (docs/scaling.md).",
     ),
+    click.option(
+        "--shard-placement",
+        type=click.Choice(["ring", "balanced"]),
+        default="ring",
+        show_default=True,
+        help="How the built-in sharder places employers: the protocol's hash ring, or balanced "
+        "(no shard more than 2% above an even share; every replica must agree; docs/scaling.md).",
+    ),
 )
 
 
@@ -865,6 +873,7 @@ def _manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
                 **({"shard_name": flags["shard_name"]} if flags["shard_name"] else {}),
                 sharder=flags["sharder"],
                 pod_employer_label=flags["pod_employer_label"],
+                placement=flags["shard_placement"],
                 **lease,
             )
     watched = _namespaces(flags["namespace"])

@@ -432,6 +432,22 @@ def test_pod_employer_label_tells_the_shards_and_the_webhook(tmp_path: Path) -> 
         assert not [d for d in deployments if "--pod-employer-label" in _container(d)["args"]], values
 
 
+def test_the_sharders_placement_reaches_the_shards(tmp_path: Path) -> None:
+    """sharding.placement (docs/scaling.md, "Balanced placement"): `ring` by default, `balanced`
+    when set, as the real command line parses the shards' arguments; any other value is refused
+    by the chart's schema."""
+    for placement in ("ring", "balanced"):
+        values = {**SHARDING_VALUES, "sharding": {**SHARDING_VALUES["sharding"], "placement": placement}}
+        if placement == "ring":
+            values = SHARDING_VALUES  # the default
+        docs = _by_kind(_template("resourceconsist", values, tmp_path))
+        managed, _ = _parsed(_container(docs[("Deployment", "resourceconsist-manager")])["args"])
+        assert managed.sharding is not None and managed.sharding.placement == placement
+    bad = {**SHARDING_VALUES, "sharding": {**SHARDING_VALUES["sharding"], "placement": "even"}}
+    refused = _helm("template", "resourceconsist", str(CHART), *_values_args(bad, tmp_path))
+    assert refused.returncode != 0 and "placement" in refused.stderr, refused.stderr
+
+
 def test_helm_install_with_sharding_on_a_real_api_server(chart_cluster: ChartCluster, tmp_path: Path) -> None:
     """The sharded chart is accepted by a real API server: both Deployments, the Lease Role in the
     Lease namespace, the webhook Service on the webhook's pods only, and the notes say where the

@@ -16,6 +16,7 @@ import contextlib
 import datetime
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -46,6 +47,7 @@ class Replica:
         release_on_cancel: bool = True,
         sharder: bool = True,
         shutdown_timeout: float = 30.0,
+        placement: str = "ring",
     ) -> None:
         self.shard = shard
         self.provider = FakeProvider()
@@ -58,6 +60,7 @@ class Replica:
             retry_period=0.5,
             release_on_cancel=release_on_cancel,
             sharder=sharder,
+            placement=placement,
         )
         self.manager = Manager(
             cluster.client,
@@ -355,6 +358,46 @@ async def first_pass_once_moved(cluster: Cluster, names: list[str], new_owner: T
         message=f"{new_owner.shard}'s first pass of {held}",
     )
     return min(p[2] for p in new_owner.passes if p[0] == held)
+
+
+async def test_balanced_placement_bounds_each_shard_as_shards_join(cluster: Cluster) -> None:
+    """Names the ring alone would crowd onto one shard (12 or more of 30 over 3) are spread
+    with at most ceil(30 / 3 * 1.02) = 11 each; a fourth shard takes about its share, at most
+    ceil(30 / 4 * 1.02) = 8 each after; one owner at a time throughout, every Service served."""
+    replicas = [Replica(cluster, f"shard-{i}", placement="balanced") for i in range(3)]
+    joiner = Replica(cluster, "shard-3", placement="balanced")
+    everyone = [*replicas, joiner]
+    three_shards = {"shard-0", "shard-1", "shard-2"}
+    names = names_where(
+        cluster,
+        SERVICES,
+        lambda names: max(Counter(placed(cluster, three_shards, names).values()).values()) >= 12,
+    )
+
+    async def bounded(shards: set[str], cap: int) -> bool:
+        loads = Counter((await shards_of(cluster)).values())
+        return set(loads) == shards and max(loads.values()) <= cap
+
+    with sampling(everyone) as violations:
+        try:
+            for replica in replicas:
+                await replica.start()
+            for name in names:
+                await cluster.service(name)
+            await async_wait_for(lambda: bounded(three_shards, 11), timeout=60, message="at most 11 each")
+            on = await shards_of(cluster)
+            await async_wait_for(
+                lambda: served(replicas, cluster, on), timeout=60, message="each Service served by its shard"
+            )
+            await joiner.start()
+            await async_wait_for(
+                lambda: bounded({*three_shards, "shard-3"}, 8), timeout=60, message="at most 8 each"
+            )
+        finally:
+            for replica in everyone:
+                if replica.running:
+                    await replica.stop()
+    assert violations == []
 
 
 async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:

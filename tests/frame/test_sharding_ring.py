@@ -21,6 +21,7 @@ from resourceconsist.runtime.sharding.ring import (
     Move,
     Shard,
     ShardState,
+    balanced_placement,
     drain_label,
     hash_key,
     label_patch,
@@ -96,6 +97,59 @@ def test_a_removed_shard_gives_away_only_its_own_keys() -> None:
     for key in KEYS:
         if before.shard_of(key) != "c":
             assert after.shard_of(key) == before.shard_of(key)
+
+
+def test_the_preference_meets_every_shard_once_starting_with_the_keys_own() -> None:
+    ring = HashRing(["a", "b", "c", "d"])
+    for key in KEYS[:200]:
+        order = list(ring.preference(key))
+        assert sorted(order) == ["a", "b", "c", "d"]
+        assert order[0] == ring.shard_of(key)
+
+
+def _on(desired: dict[str, str], ring: str = "r") -> dict[str, dict[str, str]]:
+    """The labels of employers placed as ``desired`` says."""
+    return {key: {shard_label(ring): shard} for key, shard in desired.items()}
+
+
+def test_balanced_placement_bounds_every_shard_and_keeps_the_rings_choice_where_it_can() -> None:
+    keys: dict[str, dict[str, str]] = {key: {} for key in KEYS[:1000]}
+    ring = HashRing(["shard-0", "shard-1", "shard-2", "shard-3"])
+    plain = Counter(ring.shard_of(k) for k in keys)
+    assert max(plain.values()) > 275, plain  # the ring alone leaves a shard well above its share
+    desired = balanced_placement(keys, ring, "r")
+    loads = Counter(desired.values())
+    assert set(desired) == set(keys)
+    assert max(loads.values()) <= 255, loads  # ceil(1000 / 4 * 1.02)
+    assert sum(1 for k in keys if desired[k] == ring.shard_of(k)) > 900
+    # A fixed point: placed so, nothing moves; the same from any order of the employers.
+    assert balanced_placement(_on(desired), ring, "r") == desired
+    assert balanced_placement(dict(reversed(list(_on(desired).items()))), ring, "r") == desired
+
+
+def test_balanced_placement_moves_about_a_share_to_an_added_shard_and_only_to_it() -> None:
+    keys: dict[str, dict[str, str]] = {key: {} for key in KEYS[:1000]}
+    before = balanced_placement(keys, HashRing(["a", "b", "c", "d"]), "r")
+    after = balanced_placement(_on(before), HashRing(["a", "b", "c", "d", "e"]), "r")
+    moved = [k for k in keys if after[k] != before[k]]
+    assert all(after[k] == "e" for k in moved)
+    assert 180 <= len(moved) <= 204, len(moved)
+    assert max(Counter(after.values()).values()) <= 204
+
+
+def test_balanced_placement_drains_the_draining_first_and_places_a_dead_shards_keys() -> None:
+    keys = KEYS[:300]
+    ring = HashRing(["a", "b", "c"])
+    labels = {k: {shard_label("r"): "a"} for k in keys}  # all on a: 198 must go
+    draining = set(keys[:50])
+    for k in draining:
+        labels[k][drain_label("r")] = "true"
+    desired = balanced_placement(labels, ring, "r")
+    assert all(desired[k] != "a" for k in draining)
+    assert max(Counter(desired.values()).values()) <= 102
+    # Off the ring (dead): every key placed among the others, each bounded.
+    gone = balanced_placement(_on(desired), HashRing(["b", "c"]), "r")
+    assert set(gone.values()) == {"b", "c"} and max(Counter(gone.values()).values()) <= 153
 
 
 def test_an_empty_ring_places_nothing() -> None:
@@ -218,6 +272,9 @@ def test_sharding_options_are_checked() -> None:
         ShardingOptions(controller_ring="web", shard_name="pod-0", lease_duration=5, renew_deadline=6)
     assert bad.value.fields == ("lease_duration", "renew_deadline")
     with pytest.raises(InvalidOptions) as bad:
+        ShardingOptions(controller_ring="web", shard_name="pod-0", placement="even")
+    assert bad.value.fields == ("placement",)
+    with pytest.raises(InvalidOptions) as bad:
         ManagerOptions(sharding=ok, leader_election=LeaderElectionOptions())
     assert bad.value.fields == ("sharding", "leader_election")
 
@@ -252,6 +309,8 @@ def test_the_cli_builds_the_sharding_options_from_its_flags() -> None:
             "--lease-duration",
             "20",
             "--no-sharder",
+            "--shard-placement",
+            "balanced",
         )
     )
     assert options.sharding == ShardingOptions(
@@ -260,6 +319,7 @@ def test_the_cli_builds_the_sharding_options_from_its_flags() -> None:
         namespace="ops",
         lease_duration=20,
         sharder=False,
+        placement="balanced",
     )
     assert options.leader_election is None
 

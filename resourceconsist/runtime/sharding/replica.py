@@ -403,6 +403,7 @@ class ShardedReplica:
             namespaces=self._namespaces,
             resync=self.options.sharder_resync,
             report=self._report_round,
+            balanced=self.options.placement == "balanced",
         )
         assert self._sharder_elector is not None
         # The sharder's rounds and writes act for its own Lease (resourceconsist/flow/fence.py).

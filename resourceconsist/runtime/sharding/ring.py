@@ -14,7 +14,8 @@ from __future__ import annotations
 import bisect
 import datetime
 import enum
-from collections.abc import Iterable, Mapping
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,9 @@ from resourceconsist.runtime.leaderelection import parse_lease_time
 
 #: Tokens (virtual nodes) per shard on the ring: more spread the keys more evenly.
 VIRTUAL_NODES = 100
+#: How far above an even share balanced placement lets a shard's employers go before it moves
+#: some (``balanced_placement``): at 1000 employers over 4 shards, 255 at most.
+BALANCE_SLACK = 0.02
 #: How long a dead shard's Lease stays before the sharder deletes it (the protocol's TTL).
 ORPHAN_AFTER = datetime.timedelta(minutes=1)
 #: The Lease duration assumed for a Lease that does not say (the protocol's default).
@@ -81,10 +85,22 @@ class HashRing:
 
     def shard_of(self, key: str) -> str | None:
         """The shard ``key`` belongs to; None on an empty ring."""
+        return next(self.preference(key), None)
+
+    def preference(self, key: str) -> Iterator[str]:
+        """Every shard once, in the order the ring meets them going on from ``key``'s hash: its
+        shard first (``shard_of``), then the next one's, and so on."""
         if not self._tokens:
-            return None
-        i = bisect.bisect_left(self._tokens, _hash(key))
-        return self._owners[i if i < len(self._tokens) else 0]
+            return
+        start = bisect.bisect_left(self._tokens, _hash(key))
+        seen: set[str] = set()
+        for i in range(start, start + len(self._tokens)):
+            owner = self._owners[i % len(self._tokens)]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
+                if len(seen) == len(self.shards):
+                    return
 
 
 class ShardState(enum.IntEnum):
@@ -200,6 +216,48 @@ def placement(
             return None
         return Move(shard=current, drain=True)
     return Move(shard=desired, drain=False)
+
+
+def balanced_placement(
+    employers: Mapping[str, Mapping[str, str]], ring: HashRing, ring_name: str, slack: float = BALANCE_SLACK
+) -> dict[str, str]:
+    """The shard each employer (its hash key -> its labels) should be on under balanced placement
+    (docs/scaling.md, "Balanced placement"), among the shards of ``ring`` (the available ones).
+
+    No shard holds more than ``ceil(N / S * (1 + slack))`` of the ``N`` employers. An employer
+    stays where it is while its shard is under that bound (moves cost a drain); of a shard over
+    it, the ones draining already go first, then those the ring places elsewhere, then by hash.
+    Each employer to place (unassigned, on a shard off the ring, or over a bound), in order of
+    its hash, goes to the first shard with room that the ring meets from its hash: the ring's own
+    choice when that has room. A function of the labels and the ring only, so a new sharder
+    computes what the last one did."""
+    shards = ring.shards
+    if not shards or not employers:
+        return {}
+    cap = max(1, math.ceil(len(employers) / len(shards) * (1 + slack)))
+    on, draining = shard_label(ring_name), drain_label(ring_name)
+    held: dict[str, list[str]] = {}
+    to_place: list[str] = []
+    for key, labels in employers.items():
+        current = labels.get(on, "")
+        if current in shards:
+            held.setdefault(current, []).append(key)
+        else:
+            to_place.append(key)
+    desired: dict[str, str] = {}
+    load: dict[str, int] = dict.fromkeys(shards, 0)
+    for shard, keys in held.items():
+        keys.sort(key=lambda k: (draining in employers[k], ring.shard_of(k) != shard, _hash(k)))
+        for key in keys[:cap]:
+            desired[key] = shard
+        load[shard] = min(len(keys), cap)
+        to_place += keys[cap:]
+    for key in sorted(to_place, key=_hash):
+        # There is room somewhere: the shards hold at least ``len(shards) * cap >= N``.
+        shard = next(s for s in ring.preference(key) if load[s] < cap)
+        desired[key] = shard
+        load[shard] += 1
+    return desired
 
 
 def label_patch(move: Move, ring: str, resource_version: str) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from resourceconsist.runtime.leaderelection import lease_time
 from resourceconsist.runtime.sharding.ring import (
     Shard,
     ShardState,
+    balanced_placement,
     hash_key,
     label_patch,
     placement,
@@ -79,9 +80,12 @@ class Sharder:
         namespaces: Sequence[str] = (),
         resync: float = 60.0,
         report: Callable[[SharderRound], None] = lambda done: None,
+        balanced: bool = False,
     ) -> None:
         self.client = client
         self.ring = ring
+        #: Balanced placement (``ring.balanced_placement``) instead of the ring's own choice.
+        self.balanced = balanced
         self.leases = leases
         self.employers = list(employers)
         #: The namespaces whose employers it places (the manager's; empty: all).
@@ -217,8 +221,19 @@ class Sharder:
                 else:
                     keys = sorted(key for r, key in only if r == resource)
                     objs = [o for o in map(store.get, keys) if o is not None]
+                shard_of: Callable[[str], str | None] = ring.shard_of
+                if self.balanced:
+                    # Every employer's labels count, even in a round over a few: the bound is
+                    # over all of them.
+                    every = {
+                        _hash_key(resource, o): (o["metadata"].get("labels") or {})
+                        for o in store.list()
+                        if _accepted(accepts, o)
+                    }
+                    desired = balanced_placement(every, ring, self.ring)
+                    shard_of = desired.get
                 for obj in objs:
-                    self._place(resource, accepts, obj, ring.shard_of, shards, done)
+                    self._place(resource, accepts, obj, shard_of, shards, done)
         self.rounds += 1
         self.last_round = done
         self.report(done)
@@ -250,7 +265,7 @@ class Sharder:
         except Exception:
             log.warning("sharder: the employer predicate failed on %s; not assigned", kube.object_key(obj))
             return
-        key = hash_key(resource.api_version, resource.kind, str(meta.get("namespace") or ""), meta["name"])
+        key = _hash_key(resource, obj)
         move = placement(meta.get("labels") or {}, shard_of(key), shards, self.ring)
         if move is None:
             return
@@ -296,3 +311,16 @@ class Sharder:
         meta = lease["metadata"]
         with contextlib.suppress(NotFound):
             self.client.delete(kube.LEASE, meta.get("namespace"), meta["name"])
+
+
+def _hash_key(resource: Resource, obj: KubeObject) -> str:
+    meta = obj["metadata"]
+    return hash_key(resource.api_version, resource.kind, str(meta.get("namespace") or ""), meta["name"])
+
+
+def _accepted(accepts: EmployerFilter, obj: KubeObject) -> bool:
+    """The predicate's answer, False when it fails (``Sharder._place`` says so)."""
+    try:
+        return bool(accepts(WatchEvent("MODIFIED", obj, obj)))
+    except Exception:
+        return False
