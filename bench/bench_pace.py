@@ -84,9 +84,9 @@ class Kind:
     argv: Callable[[Path, str], list[str]]
 
 
-def ours_argv(kubeconfig: Path, ns: str, *extra: str) -> list[str]:
+def ours_argv(kubeconfig: Path, ns: str, *extra: str, metrics_port: int = 0) -> list[str]:
     """``resourceconsist run --adapter demo`` of ours in its own process, with ``extra`` flags
-    (bench_shards.py adds sharding's)."""
+    (bench_shards.py adds sharding's); plain-HTTP metrics on ``metrics_port`` when given."""
     return [
         sys.executable,
         "-m",
@@ -101,9 +101,9 @@ def ours_argv(kubeconfig: Path, ns: str, *extra: str) -> list[str]:
         "--namespace",
         ns,
         *extra,
-        # No metrics, probes on a free port: the :8080/:8081 defaults may be taken.
+        # Metrics off unless asked for, probes on a free port: the :8080/:8081 defaults may be taken.
         "--metrics-bind-address",
-        "0",
+        f"127.0.0.1:{metrics_port}" if metrics_port else "0",
         "--health-probe-bind-address",
         f"127.0.0.1:{free_port()}",
     ]

@@ -34,6 +34,7 @@ import shutil
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, NotFound
 from resourceconsist.runtime.sharding.ring import shard_label
 from resourceconsist.testing import Cluster, LocalControlPlane
+from resourceconsist.testing.controlplane import free_port
 
 NAMESPACE = "bench-shards"
 RING = "bench"
@@ -69,6 +71,7 @@ def replica_argv(
     employer_label: bool = False,
     namespace: str = NAMESPACE,
     placement: str = "ring",
+    metrics_port: int = 0,
 ) -> list[str]:
     """One sharded replica of ours, its built-in sharder on (docs/scaling.md); with
     ``employer_label``, watching only the pods labelled for its Services."""
@@ -84,6 +87,7 @@ def replica_argv(
         namespace,
         *(["--pod-employer-label"] if employer_label else []),
         f"--shard-placement={placement}",
+        metrics_port=metrics_port,
     )
 
 
@@ -133,8 +137,10 @@ class Result:
     rollout_pod_writes_per_pod: float
     conflicts_per_pod: float
     pod_lists_per_replica: float
-    #: Pod watches the API server closed because a replica fell behind (the 410 re-lists' cause).
+    #: Pod watches the API server closed because a watcher fell behind (the replicas' and the
+    #: benchmark's own), and the replicas' pod watches that expired (410 Gone: re-listed).
     pod_watches_dropped: int
+    pod_watches_expired: list[int]
     services_per_replica: list[int]
     cpu_s: list[float]
     rss_mb: list[float]
@@ -184,9 +190,16 @@ def run_replicas(
         # 1. Cold convergence: every Ready pod guarded by its Service's lifecycle finalizer.
         spawned = time.monotonic()
         procs = []
+        ports = [free_port() for _ in range(replicas)]
         for k in range(replicas):
             proc = Process(
-                replica_argv(cp.kubeconfig, f"shard-{k}", employer_label=employer_label, placement=placement),
+                replica_argv(
+                    cp.kubeconfig,
+                    f"shard-{k}",
+                    employer_label=employer_label,
+                    placement=placement,
+                    metrics_port=ports[k],
+                ),
                 workdir / f"r{replicas}-shard-{k}.log",
             )
             stack.callback(proc.stop)
@@ -250,12 +263,29 @@ def run_replicas(
             # LIST requests are pages of 500 pods (``Informer.page_size``): a full list is n/500.
             pod_lists_per_replica=pod_lists / replicas / -(-n // 500),
             pod_watches_dropped=cp.watchers_terminated("pods") - dropped,
+            pod_watches_expired=[expired_pod_watches(port) for port in ports],
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
             alive_s=[time.monotonic() - spawned for _ in procs],
         )
     return result
+
+
+def expired_pod_watches(port: int) -> int:
+    """A replica's pod watches that ended in 410 Gone, from its own metrics
+    (``resourceconsist_informer_watch_expired_total``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(
+        int(sample.value)
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "resourceconsist_informer_watch_expired_total"
+        and sample.labels.get("resource") == "pods"
+    )
 
 
 def above_idle(r: Result, idle: Idle) -> tuple[list[float], list[float]]:
@@ -276,7 +306,7 @@ def print_table(
     )
     head = (
         f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
-        f"{'svc+event writes':>16} {'pod lists/replica':>17} {'watches dropped':>15} "
+        f"{'svc+event writes':>16} {'pod lists/replica':>17} {'watches dropped':>15} {'expired (410)':>15} "
         f"{'rollout s':>9} {'x1':>5} "
         f"{'Services per replica':>22} "
         f"{'CPU s per replica':>24} {'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
@@ -287,6 +317,7 @@ def print_table(
             f"{r.replicas:>8} {r.converge_s:>10.1f} {r.converge_s / base.converge_s:>5.2f} "
             f"{r.pod_writes_per_pod:>14.2f} {r.conflicts_per_pod:>12.2f} {r.service_writes:>16} "
             f"{r.pod_lists_per_replica:>17.1f} {r.pod_watches_dropped:>15} "
+            f"{'/'.join(map(str, r.pod_watches_expired)):>15} "
             f"{r.rollout_s:>9.2f} "
             f"{r.rollout_s / base.rollout_s:>5.2f} {'/'.join(map(str, r.services_per_replica)):>22} "
             f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "

@@ -335,6 +335,9 @@ class Informer:
         #: Full lists so far: the first one, then one per re-list (broken watch, 410 Gone) of
         #: any scope.
         self.relists = 0
+        #: Watches that ended in 410 Gone (the version they resumed from was too old: the watch
+        #: fell behind or was away too long), each followed by a full list.
+        self.expired = 0
         #: What is kept of each object (resourceconsist.cluster.transform); ``set_transform`` changes it.
         self.transform = transform
         #: Set while the store holds what the current transform keeps (cleared by a wider one
@@ -695,7 +698,9 @@ class Informer:
                 if self._relist[scope].is_set():
                     continue
                 self._failed(scope, err)
-                if not isinstance(err, Gone):
+                if isinstance(err, Gone):
+                    self.expired += 1
+                else:
                     self._warn_once(f"informer {self._where(scope)}: {err}; re-listing")
                     self._stop.wait(backoff)
                     backoff = min(backoff * 2, 30.0)
@@ -754,7 +759,8 @@ class Informer:
                     rv = _rv(obj) or rv
                     continue
                 if kind == "ERROR":
-                    raise ApiError(
+                    # The subclass by status: a 410 here is the usual way a watch expires (Gone).
+                    raise ApiError.of(
                         int(obj.get("code", 500)), str(obj.get("reason", "")), str(obj.get("message", ""))
                     )
                 rv = _rv(obj) or rv

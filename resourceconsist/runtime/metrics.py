@@ -263,6 +263,12 @@ class _KubeCollector(Collector):
             "Full re-lists by the informer caches after the first list (a broken watch, 410 Gone).",
             labels=["cluster", "resource"],
         )
+        expired = CounterMetricFamily(
+            "resourceconsist_informer_watch_expired",
+            "Watches that ended in 410 Gone (resumed from a version too old: the cache fell behind "
+            "or was away too long), each followed by a full re-list.",
+            labels=["cluster", "resource"],
+        )
         held = GaugeMetricFamily(
             "resourceconsist_guard_held_deletion_seconds",
             "Seconds the oldest pod still carrying a guard finalizer has waited past its deletion "
@@ -275,6 +281,7 @@ class _KubeCollector(Collector):
                 conflicts.add_metric([cluster, resource], count)
             for informer in informers.informers():
                 relists.add_metric([cluster, informer.resource.plural], max(0, informer.relists - 1))
+                expired.add_metric([cluster, informer.resource.plural], informer.expired)
             pods = [
                 i for i in informers.informers() if i.resource.group == "" and i.resource.plural == "pods"
             ]
@@ -284,6 +291,7 @@ class _KubeCollector(Collector):
                 )
         yield conflicts
         yield relists
+        yield expired
         yield held
 
 

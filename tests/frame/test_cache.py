@@ -5,6 +5,8 @@ slow list, how events whose handler read an unsynced cache wait for it (``Parked
 from __future__ import annotations
 
 import asyncio
+import http.server
+import json
 import logging
 import threading
 import time
@@ -27,6 +29,7 @@ from resourceconsist.cluster.cache import (
     index_by_readiness_gate,
 )
 from resourceconsist.cluster.kube import ApiError, Conflict, KubeClient, NotFound, object_key
+from resourceconsist.cluster.kubeconfig import Access
 from resourceconsist.errors import ResourceConsistError
 from resourceconsist.reconcile import readiness
 from resourceconsist.rules import lifecycle
@@ -621,3 +624,70 @@ async def test_when_synced_calls_back_after_the_lists_events_and_at_once_when_sy
     late = asyncio.Event()
     services.when_synced(late.set)
     await asyncio.wait_for(late.wait(), timeout=10)
+
+
+async def test_a_watch_that_expires_is_counted_and_lists_again() -> None:
+    """A watch resumed from a version the API server no longer has (410 Gone, the cache fell
+    behind) lists everything again and is counted (``resourceconsist_informer_watch_expired_total``;
+    docs/concepts.md). The API server here is a stand-in that keeps its pods and versions, and
+    answers the informer's first watch with 410 as a real one answers a watch from too old a
+    version; a transient break is not counted."""
+    state = {"lists": 0, "watches": 0}
+    pods = [{"metadata": {"name": "a", "namespace": "ns", "resourceVersion": "10"}}]
+
+    class ApiServer(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def _send(self, body: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Connection", "close")
+            self.close_connection = True
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            if "watch=" in self.path:
+                state["watches"] += 1
+                if state["watches"] == 1:
+                    gone = {
+                        "kind": "Status",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": "too old resource version",
+                    }
+                    self._send(json.dumps({"type": "ERROR", "object": gone}).encode() + b"\n")
+                    return
+                if state["watches"] == 2:
+                    self._send(b"")  # a watch the server ends: a transient break, resumed
+                    return
+                threading.Event().wait(5)  # a quiet watch until the test ends
+                self._send(b"")
+                return
+            state["lists"] += 1
+            listing = {
+                "kind": "PodList",
+                "metadata": {"resourceVersion": "10"},
+                "items": pods,
+            }
+            self._send(json.dumps(listing).encode())
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ApiServer)
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    client = KubeClient(access=Access(f"http://127.0.0.1:{server.server_address[1]}"))
+    informer = Informer(client, kube.POD, namespace="ns")
+    informer.start(asyncio.get_running_loop())
+    try:
+        await async_wait_for(lambda: state["watches"] >= 3, timeout=30, message="a watch after the expiry")
+        assert informer.expired == 1
+        assert state["lists"] == 2, state  # the first list, and one after the 410 (not after the break)
+        assert informer.store.get("ns/a") is not None
+    finally:
+        informer.signal_stop()
+        server.shutdown()
+        client.close()
