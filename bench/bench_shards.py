@@ -141,6 +141,8 @@ class Result:
     #: benchmark's own), and the replicas' pod watches that expired (410 Gone: re-listed).
     pod_watches_dropped: int
     pod_watches_expired: list[int]
+    #: Assignments by the sharder while each replica ran it: which replica held the sharder.
+    sharder_assigns: list[int]
     services_per_replica: list[int]
     cpu_s: list[float]
     rss_mb: list[float]
@@ -251,6 +253,7 @@ def run_replicas(
         held = [
             s["metadata"].get("labels", {}).get(label) for s in driver.list(kube.SERVICE, NAMESPACE)["items"]
         ]
+        scraped = [replica_metrics(port) for port in ports]
         result = Result(
             replicas=replicas,
             pods=n,
@@ -263,7 +266,8 @@ def run_replicas(
             # LIST requests are pages of 500 pods (``Informer.page_size``): a full list is n/500.
             pod_lists_per_replica=pod_lists / replicas / -(-n // 500),
             pod_watches_dropped=cp.watchers_terminated("pods") - dropped,
-            pod_watches_expired=[expired_pod_watches(port) for port in ports],
+            pod_watches_expired=[e for e, _ in scraped],
+            sharder_assigns=[a for _, a in scraped],
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
@@ -272,20 +276,22 @@ def run_replicas(
     return result
 
 
-def expired_pod_watches(port: int) -> int:
-    """A replica's pod watches that ended in 410 Gone, from its own metrics
-    (``resourceconsist_informer_watch_expired_total``)."""
+def replica_metrics(port: int) -> tuple[int, int]:
+    """From a replica's own metrics: its pod watches that ended in 410 Gone
+    (``resourceconsist_informer_watch_expired_total``), and the assignments the sharder made
+    while this replica ran it (``resourceconsist_sharder_moves_total``)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    return sum(
-        int(sample.value)
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "resourceconsist_informer_watch_expired_total"
-        and sample.labels.get("resource") == "pods"
-    )
+    expired = assigned = 0
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "resourceconsist_informer_watch_expired_total":
+                expired += int(sample.value) if sample.labels.get("resource") == "pods" else 0
+            elif sample.name == "resourceconsist_sharder_moves_total":
+                assigned += int(sample.value) if sample.labels.get("move") == "assign" else 0
+    return expired, assigned
 
 
 def above_idle(r: Result, idle: Idle) -> tuple[list[float], list[float]]:
@@ -308,7 +314,7 @@ def print_table(
         f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "
         f"{'svc+event writes':>16} {'pod lists/replica':>17} {'watches dropped':>15} {'expired (410)':>15} "
         f"{'rollout s':>9} {'x1':>5} "
-        f"{'Services per replica':>22} "
+        f"{'Services per replica':>22} {'sharder assigns':>16} "
         f"{'CPU s per replica':>24} {'max CPU x1':>10} {'peak RSS MB per replica':>26} {'max RSS x1':>10}"
     )
     print(head)
@@ -320,6 +326,7 @@ def print_table(
             f"{'/'.join(map(str, r.pod_watches_expired)):>15} "
             f"{r.rollout_s:>9.2f} "
             f"{r.rollout_s / base.rollout_s:>5.2f} {'/'.join(map(str, r.services_per_replica)):>22} "
+            f"{'/'.join(map(str, r.sharder_assigns)):>16} "
             f"{'/'.join(f'{c:.1f}' for c in r.cpu_s):>24} {max(r.cpu_s) / max(base.cpu_s):>10.2f} "
             f"{'/'.join(f'{m:.0f}' for m in r.rss_mb):>26} {max(r.rss_mb) / max(base.rss_mb):>10.2f}"
         )
