@@ -273,13 +273,15 @@ class _Seen(enum.Enum):
 class PodLabeller:
     """One shard's prompt labels: each pod whose employer label does not cover every Service that
     selects it is labelled at once, by a shard one of whose Services needs it, rather than at the
-    sweep. Two watches bring such pods:
+    sweep. Three watches bring such pods:
 
     - the pods without the label (its own watch, normally empty: the webhook stamps each new
       pod): created past the webhook (a pod it is not sent, or while it is down), or whose label a
       person removed;
     - the shard's own pod watch, when a pod's labels change: a Service of another shard may select
-      it now, and that shard does not see it.
+      it now, and that shard does not see it;
+    - every Service (its own watch): one that appears, changes its selector or comes to a shard
+      may select pods of this shard's watch labelled for others, or unlabelled ones.
 
     Against every Service of the watched namespaces (a watch of Services, small beside the pods)
     the pod is labelled for all that select it: ``Shared`` when a second one does. Pods no Service
