@@ -94,8 +94,6 @@ class ShardPodLabels:
         self._pods = pods
         #: The shard's Service cache (its share), once made.
         self._services = services
-        #: The watched namespaces; empty: all.
-        self._namespaces = namespaces
         #: The (Service key, selector) pairs labelled for since this shard started.
         self._labelled: set[tuple[str, str]] = set()
         self._swept_marks = False

@@ -113,9 +113,7 @@ class Sharder:
         self._seen: dict[str, ShardState] = {}
         #: The last balanced placement of each kind: the ring's shards and each placed
         #: employer's input it was computed from, and the placement (``_balanced_placement``).
-        self._balanced: dict[
-            Resource, tuple[frozenset[str], dict[str, tuple[str, bool]], dict[str, str]]
-        ] = {}
+        self._balanced: dict[Resource, _Balanced] = {}
         self._task: asyncio.Task[None] | None = None
         #: The round running in its worker thread, if any (``stop`` waits for it).
         self._round: asyncio.Future[SharderRound] | None = None
