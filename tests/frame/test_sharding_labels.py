@@ -323,3 +323,35 @@ async def test_a_new_service_selecting_another_shards_pods_is_sent_them_at_once(
 async def _pod_lists(control_plane: LocalControlPlane) -> int:
     """LIST requests on pods the API server answered so far (every client)."""
     return sum((await asyncio.to_thread(control_plane.requests_served, "pods", {"LIST"})).values())
+
+
+def _service_watches(control_plane: LocalControlPlane) -> int:
+    """Namespaced watches of Services open on the API server now (every client)."""
+    return sum(
+        int(value)
+        for labels, value in control_plane.metric_samples("apiserver_longrunning_requests")
+        if labels.get("resource") == "services"
+        and labels.get("verb") == "WATCH"
+        and labels.get("scope") == "namespace"
+    )
+
+
+async def test_the_sharders_replica_keeps_one_watch_of_every_service(
+    cluster: Cluster, control_plane: LocalControlPlane
+) -> None:
+    # The labeller watches every Service; the sharder reads that cache, so its replica opens the
+    # same Service watches as any other: the shard's own (by its label) and the labeller's.
+    before = await asyncio.to_thread(_service_watches, control_plane)
+    provider = FakeProvider()
+    manager = _replica(cluster, "shard-a")
+    await _start({"shard-a": manager}, provider)
+    try:
+        pods_of = {"web": ["web-0"]}
+        await _serve(cluster, pods_of)
+        # Placed by the sharder through the shared cache, and served.
+        await async_wait_for(_served(provider, cluster, pods_of), timeout=60, message="web served")
+        sharding = manager.sharding
+        assert sharding is not None and sharding.sharder is not None
+        assert await asyncio.to_thread(_service_watches, control_plane) - before == 2
+    finally:
+        await _stop({"shard-a": manager})

@@ -404,6 +404,11 @@ class ShardedReplica:
             resync=self.options.sharder_resync,
             report=self._report_round,
             balanced=self.options.placement == "balanced",
+            # The labeller watches every Service of the same namespaces: the sharder reads that
+            # cache rather than keep a second copy of each Service (docs/scaling.md).
+            shared={kube.SERVICE: self.labeller.services}
+            if self.labeller is not None and self.labeller.services is not None
+            else None,
         )
         assert self._sharder_elector is not None
         # The sharder's rounds and writes act for its own Lease (resourceconsist/flow/fence.py).

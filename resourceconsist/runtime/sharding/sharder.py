@@ -25,7 +25,7 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from resourceconsist import wire
@@ -88,6 +88,7 @@ class Sharder:
         resync: float = 60.0,
         report: Callable[[SharderRound], None] = lambda done: None,
         balanced: bool = False,
+        shared: Mapping[Resource, Informer] | None = None,
     ) -> None:
         self.client = client
         self.ring = ring
@@ -100,9 +101,15 @@ class Sharder:
         self.resync = resync
         #: Told each round (the manager's metrics).
         self.report = report
+        #: Caches of employers that another part of the replica already keeps, with every
+        #: employer of the sharder's namespaces (the pod labeller's every-Service watch): read
+        #: here, started and stopped by their owner, so a replica keeps one copy of each Service.
+        self.shared = dict(shared or {})
         self.rounds = 0
         self.last_round: SharderRound | None = None
         self._informers: InformerFactory | None = None
+        #: The cache the sharder reads each employer kind from (its own, or ``shared``).
+        self._caches: dict[Resource, Informer] = {}
         self._wake = asyncio.Event()
         #: Employers changed since the last round; whether the next round looks at every employer
         #: (at start, after a failure, every ``resync``); the shards' states the last round saw
@@ -122,16 +129,21 @@ class Sharder:
     async def start(self) -> None:
         """Watch the employers (all of them: the sharder sees every shard's) and run rounds."""
         loop = asyncio.get_running_loop()
-        self._informers = InformerFactory(self.client, namespaces=self.namespaces)
-        self._informers.start(loop)
+        owned = [resource for resource, _ in self.employers if resource not in self.shared]
+        if owned:
+            self._informers = InformerFactory(self.client, namespaces=self.namespaces)
         for resource, _ in self.employers:
-            self._unsubscribe.append(
-                self._informers.informer(resource).add_handler(
-                    functools.partial(self._employer_changed, resource)
-                )
-            )
+            cache = self.shared.get(resource)
+            if cache is None:
+                assert self._informers is not None
+                cache = self._informers.informer(resource)
+            self._caches[resource] = cache
+            self._unsubscribe.append(cache.add_handler(functools.partial(self._employer_changed, resource)))
+        if self._informers is not None:
+            self._informers.start(loop)
         self._unsubscribe.append(self.leases.add_handler(self._lease_changed))
-        await self._informers.wait_synced()
+        for cache in self._caches.values():
+            await cache.wait_synced()
         await self.leases.wait_synced()
         self._task = asyncio.create_task(self._run(), name=f"sharder-{self.ring}")
         log.info("sharder of ring %s started", self.ring)
@@ -151,6 +163,7 @@ class Sharder:
         if self._informers is not None:
             await asyncio.to_thread(self._informers.stop)
             self._informers = None
+        self._caches = {}
         log.info("sharder of ring %s stopped", self.ring)
 
     def _employer_changed(self, resource: Resource, event: WatchEvent) -> None:
@@ -223,9 +236,9 @@ class Sharder:
         waits = [w for w in (s.next_change(now) for s in shards.values()) if w is not None]
         done.next_in = min(waits).total_seconds() + 0.05 if waits else None
         ring = ring_of(shards.values())
-        if ring and self._informers is not None:
+        if ring and self._caches:
             for resource, accepts in self.employers:
-                store = self._informers.informer(resource).store
+                store = self._caches[resource].store
                 if only is None:
                     objs = store.list()
                 else:
