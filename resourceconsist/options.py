@@ -131,6 +131,13 @@ class ShardingOptions:
     #: holds more than 2 % above an even share (docs/scaling.md, "Balanced placement"). Every
     #: replica of a ring must run with the same.
     placement: str = "ring"
+    #: Seconds the built-in sharder waits, when no employer is on an available shard yet (a
+    #: cold start of the ring), for the shard Leases to stop coming: it places nothing until
+    #: the youngest shard has held its Lease this long (and at most five times as long after
+    #: the sharder started), so employers are placed over the shards that start together
+    #: instead of moving after their first placement (docs/scaling.md, "The sharder"); 0: at
+    #: once.
+    sharder_settle: float = 3.0
 
     def __post_init__(self) -> None:
         if not _RING_NAME.match(self.controller_ring):
@@ -146,6 +153,7 @@ class ShardingOptions:
                 "shard_name",
             )
         check_seconds("sharder_resync", self.sharder_resync)
+        check_seconds("sharder_settle", self.sharder_settle, zero=True)
         if self.placement not in ("ring", "balanced"):
             raise InvalidOptions(f"placement {self.placement!r} must be 'ring' or 'balanced'", "placement")
         # The same rules as leader election's, checked by the same code.

@@ -48,6 +48,7 @@ class Replica:
         sharder: bool = True,
         shutdown_timeout: float = 30.0,
         placement: str = "ring",
+        settle: float | None = None,
     ) -> None:
         self.shard = shard
         self.provider = FakeProvider()
@@ -61,6 +62,7 @@ class Replica:
             release_on_cancel=release_on_cancel,
             sharder=sharder,
             placement=placement,
+            **({} if settle is None else {"sharder_settle": settle}),
         )
         self.manager = Manager(
             cluster.client,
@@ -398,6 +400,49 @@ async def test_balanced_placement_bounds_each_shard_as_shards_join(cluster: Clus
                 if replica.running:
                     await replica.stop()
     assert violations == []
+
+
+async def test_a_cold_start_places_over_the_shards_starting_together_with_no_drain(cluster: Cluster) -> None:
+    """Thirty Services wait unassigned; shard-0 starts (and runs the sharder), then shard-1 and
+    shard-2 a moment later: each Service goes straight to the shard the ring over all three
+    places it on. Without the settle the first round puts all thirty on shard-0, and two thirds
+    of them are drained away as the others come."""
+    replicas = [Replica(cluster, f"shard-{i}") for i in range(3)]
+    names = [f"svc-{i}" for i in range(SERVICES)]
+    for name in names:
+        await cluster.service(name)
+    try:
+        first = replicas[0]
+        await first.start()
+
+        def sharder_ran() -> bool:
+            sharding = first.manager.sharding
+            return sharding is not None and sharding.sharder is not None and sharding.sharder.rounds >= 1
+
+        await async_wait_for(sharder_ran, timeout=30, message="the sharder's first round on shard-0")
+        for replica in replicas[1:]:
+            await replica.start()
+        three = placed(cluster, {r.shard for r in replicas}, names)
+        await async_wait_for(
+            lambda: _labels_are(cluster, three), timeout=60, message="the Services placed over the three"
+        )
+        await async_wait_for(
+            lambda: served(replicas, cluster, three), timeout=60, message="each Service served"
+        )
+        sharding = first.manager.sharding
+        assert sharding is not None
+        moves = {
+            move: first.manager.metrics.registry.get_sample_value(
+                "resourceconsist_sharder_moves_total", {"move": move}
+            )
+            for move in ("assign", "drain")
+        }
+        assert moves == {"assign": SERVICES, "drain": 0}
+        assert sum(r.manager.sharding.gate.drained for r in replicas if r.manager.sharding is not None) == 0
+    finally:
+        for replica in replicas:
+            if replica.running:
+                await replica.stop()
 
 
 async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:

@@ -28,6 +28,7 @@ from resourceconsist.runtime.sharding.ring import (
     object_hash_key,
     placement,
     ring_of,
+    settle_left,
     shard_label,
     shard_of_lease,
 )
@@ -212,6 +213,25 @@ def test_when_a_shard_state_changes_by_the_clock() -> None:
     assert expired.next_change(NOW) == datetime.timedelta(seconds=6)
 
 
+def test_the_settle_waits_for_the_youngest_available_shard() -> None:
+    def shard(name: str, state: ShardState, acquired_ago: float | None) -> Shard:
+        acquired = None if acquired_ago is None else NOW - datetime.timedelta(seconds=acquired_ago)
+        return Shard(name, state, NOW, datetime.timedelta(seconds=10), acquired)
+
+    old, young = shard("a", ShardState.READY, 30), shard("b", ShardState.READY, 1)
+    assert settle_left([old], NOW, 3.0) <= 0  # a ring that has not changed lately: at once
+    assert settle_left([old, young], NOW, 3.0) == pytest.approx(2.0)  # the youngest decides
+    # A shard off the ring (its Lease released just now) does not hold the placement back.
+    assert settle_left([old, shard("c", ShardState.DEAD, 0)], NOW, 3.0) <= 0
+    # A Lease that does not say when it was acquired counts as old; no shard at all: no wait.
+    assert settle_left([shard("d", ShardState.READY, None)], NOW, 3.0) == 0
+    assert settle_left([], NOW, 3.0) == 0
+    # Read from the Lease as the holder wrote it.
+    fresh = lease("e", "e", NOW)
+    fresh["spec"]["acquireTime"] = lease_time(NOW - datetime.timedelta(seconds=0.5))
+    assert settle_left([shard_of_lease(fresh, NOW)], NOW, 3.0) == pytest.approx(2.5, abs=1e-3)
+
+
 def shards(**states: ShardState) -> dict[str, Shard]:
     return {n: Shard(n, s, NOW, datetime.timedelta(seconds=10)) for n, s in states.items()}
 
@@ -274,6 +294,10 @@ def test_sharding_options_are_checked() -> None:
     with pytest.raises(InvalidOptions) as bad:
         ShardingOptions(controller_ring="web", shard_name="pod-0", placement="even")
     assert bad.value.fields == ("placement",)
+    with pytest.raises(InvalidOptions) as bad:
+        ShardingOptions(controller_ring="web", shard_name="pod-0", sharder_settle=-1)
+    assert bad.value.fields == ("sharder_settle",)
+    assert ShardingOptions(controller_ring="web", shard_name="pod-0", sharder_settle=0).sharder_settle == 0
     with pytest.raises(InvalidOptions) as bad:
         ManagerOptions(sharding=ok, leader_election=LeaderElectionOptions())
     assert bad.value.fields == ("sharding", "leader_election")

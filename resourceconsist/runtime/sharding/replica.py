@@ -404,6 +404,7 @@ class ShardedReplica:
             resync=self.options.sharder_resync,
             report=self._report_round,
             balanced=self.options.placement == "balanced",
+            settle=self.options.sharder_settle,
             # The labeller watches every Service of the same namespaces: the sharder reads that
             # cache rather than keep a second copy of each Service (docs/scaling.md).
             shared={kube.SERVICE: self.labeller.services}

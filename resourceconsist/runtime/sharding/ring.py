@@ -136,6 +136,8 @@ class Shard:
     #: When the Lease expires (or expired), and its duration.
     expires: datetime.datetime
     lease_duration: datetime.timedelta
+    #: When its holder acquired the Lease (None: the Lease does not say).
+    acquired: datetime.datetime | None = None
 
     def next_change(self, now: datetime.datetime) -> datetime.timedelta | None:
         """How long until this shard's state changes by the clock alone (None: never)."""
@@ -173,12 +175,21 @@ def shard_of_lease(lease: Mapping[str, Any], now: datetime.datetime) -> Shard:
         state = ShardState.EXPIRED
     else:
         state = ShardState.READY
-    return Shard(name, state, expires, duration)
+    return Shard(name, state, expires, duration, acquired)
 
 
 def ring_of(shards: Iterable[Shard], tokens: int = VIRTUAL_NODES) -> HashRing:
     """The ring over the available shards."""
     return HashRing((s.name for s in shards if s.state.available), tokens)
+
+
+def settle_left(shards: Iterable[Shard], now: datetime.datetime, settle: float) -> float:
+    """Seconds until the youngest available shard has held its Lease ``settle`` seconds (0 or
+    less: it has): how long a sharder at a cold start of the ring waits for more shards to
+    come (docs/scaling.md, "The sharder"). A Lease that does not say when it was acquired counts
+    as old."""
+    acquired = [s.acquired for s in shards if s.state.available and s.acquired is not None]
+    return settle - (now - max(acquired)).total_seconds() if acquired else 0.0
 
 
 def budget_share(shards: Iterable[Shard]) -> float:

@@ -44,11 +44,16 @@ from resourceconsist.runtime.sharding.ring import (
     label_patch,
     placement,
     ring_of,
+    settle_left,
     shard_label,
     shard_of_lease,
 )
 
 log = logging.getLogger(__name__)
+
+#: The settle (``Sharder.settle``) ends at the latest this many settle times after the sharder
+#: started, however long shards keep coming.
+SETTLE_AT_MOST = 5
 
 #: A balanced placement as computed: the ring's shards, each placed employer's (shard label,
 #: draining) it was computed from, and the shard of each employer.
@@ -72,6 +77,8 @@ class SharderRound:
     conflicts: int = 0
     #: When the next round is due by the clock (a shard's state changes), in seconds.
     next_in: float | None = None
+    #: Nothing placed: a cold start of the ring, whose shards may still be coming (``settle``).
+    settling: bool = False
 
 
 class Sharder:
@@ -89,6 +96,7 @@ class Sharder:
         report: Callable[[SharderRound], None] = lambda done: None,
         balanced: bool = False,
         shared: Mapping[Resource, Informer] | None = None,
+        settle: float = 0.0,
     ) -> None:
         self.client = client
         self.ring = ring
@@ -105,6 +113,14 @@ class Sharder:
         #: employer of the sharder's namespaces (the pod labeller's every-Service watch): read
         #: here, started and stopped by their owner, so a replica keeps one copy of each Service.
         self.shared = dict(shared or {})
+        #: At a cold start of the ring (no employer on an available shard), place nothing until
+        #: the youngest shard has held its Lease ``settle`` seconds (at most ``SETTLE_AT_MOST``
+        #: times that after the start): replicas started together are placed over together,
+        #: not placed on the first and then drained to the others (``ShardingOptions.sharder_settle``).
+        self.settle = settle
+        self._settled = settle <= 0
+        self._told = False
+        self._started = 0.0
         self.rounds = 0
         self.last_round: SharderRound | None = None
         self._informers: InformerFactory | None = None
@@ -145,6 +161,7 @@ class Sharder:
         for cache in self._caches.values():
             await cache.wait_synced()
         await self.leases.wait_synced()
+        self._started = time.monotonic()
         self._task = asyncio.create_task(self._run(), name=f"sharder-{self.ring}")
         log.info("sharder of ring %s started", self.ring)
 
@@ -193,6 +210,8 @@ class Sharder:
                 done = await asyncio.shield(self._round)
                 if done.next_in is not None:
                     delay = min(delay, done.next_in)
+                # A settling round looked at no employer: the first real one looks at all.
+                self._full = self._full or done.settling
             except LeaseLost as err:
                 # Its election steps it down on its next attempt; nothing was written.
                 log.info("sharder of ring %s: round not run: %s", self.ring, err)
@@ -236,7 +255,11 @@ class Sharder:
         waits = [w for w in (s.next_change(now) for s in shards.values()) if w is not None]
         done.next_in = min(waits).total_seconds() + 0.05 if waits else None
         ring = ring_of(shards.values())
-        if ring and self._caches:
+        wait = self._settling(shards, now) if ring and self._caches else None
+        if wait is not None:
+            done.settling = True
+            done.next_in = min(wait, done.next_in) if done.next_in is not None else wait
+        elif ring and self._caches:
             for resource, accepts in self.employers:
                 store = self._caches[resource].store
                 if only is None:
@@ -263,6 +286,30 @@ class Sharder:
                 f"; deleted the Leases of dead {', '.join(done.deleted)}" if done.deleted else "",
             )
         return done
+
+    def _settling(self, shards: dict[str, Shard], now: datetime.datetime) -> float | None:
+        """Seconds to wait before placing anything (``settle``), or None: place now. Only at a
+        cold start of the ring: once an employer is on an available shard, never again."""
+        if self._settled:
+            return None
+        on = shard_label(self.ring)
+        available = {name for name, shard in shards.items() if shard.state.available}
+        placed = any(
+            (obj["metadata"].get("labels") or {}).get(on) in available
+            for cache in self._caches.values()
+            for obj in cache.store.list()
+        )
+        left = min(
+            settle_left(shards.values(), now, self.settle),
+            self._started + SETTLE_AT_MOST * self.settle - time.monotonic(),
+        )
+        if placed or left <= 0:
+            self._settled = True
+            return None
+        if not self._told:
+            self._told = True
+            log.info("sharder of ring %s: no employer placed yet; waiting for the shards to come", self.ring)
+        return left + 0.05
 
     def _balanced_placement(
         self,
