@@ -93,17 +93,28 @@ def replica_argv(
 
 @dataclass
 class Idle:
-    """What a replica costs with nothing to do: its peak RSS, and its CPU seconds per second."""
+    """What a replica costs with nothing to do: its peak RSS, the CPU seconds of its start
+    (interpreter, imports, first lists), and its CPU seconds per second after that."""
 
     rss_mb: float
     cpu_per_s: float
+    start_cpu_s: float
+
+    def cpu_s(self, alive_s: float) -> float:
+        """The CPU seconds an idle replica uses in ``alive_s`` seconds of life."""
+        return self.start_cpu_s + self.cpu_per_s * alive_s
 
 
 def idle_replica(
-    workdir: Path, filled: tuple[Path, list[str]], employer_label: bool, seconds: float = 20.0
+    workdir: Path, filled: tuple[Path, list[str]], employer_label: bool, seconds: float = 40.0
 ) -> Idle:
     """One replica watching an empty namespace of the filled control plane for ``seconds``: the
-    baseline each replica's figures are taken above (the issue's "above its idle baseline")."""
+    baseline each replica's figures are taken above (the issue's "above its idle baseline").
+
+    Its CPU is read at a quarter of ``seconds`` and at the end: the rate between the two is the
+    idle rate, and what it had used at the first reading beyond that rate is its start. A rate
+    taken over the whole life (as before 2026-11-29) counts the start once per 20 s of a measured
+    replica's life, and so took off more than an idle replica costs: it flattered the shares."""
     with LocalControlPlane(etcd_seed=filled[0]) as cp, contextlib.ExitStack() as stack:
         driver = KubeClient.from_kubeconfig(str(cp.kubeconfig))
         stack.callback(driver.close)
@@ -114,11 +125,15 @@ def idle_replica(
             workdir / "idle.log",
         )
         stack.callback(proc.stop)
-        deadline = started + seconds
-        while time.monotonic() < deadline:
-            proc.check()
-            time.sleep(0.5)
-        return Idle(proc.peak_rss_mb(), proc.cpu_seconds() / (time.monotonic() - started))
+        readings: list[tuple[float, float]] = []
+        for until in (started + seconds / 4, started + seconds):
+            while time.monotonic() < until:
+                proc.check()
+                time.sleep(0.5)
+            readings.append((time.monotonic() - started, proc.cpu_seconds()))
+        (t1, cpu1), (t2, cpu2) = readings
+        rate = max(0.0, (cpu2 - cpu1) / (t2 - t1))
+        return Idle(proc.peak_rss_mb(), rate, max(0.0, cpu1 - rate * t1))
 
 
 def pod_writes_by_answer(cp: LocalControlPlane) -> dict[str, float]:
@@ -296,7 +311,7 @@ def replica_metrics(port: int) -> tuple[int, int]:
 
 def above_idle(r: Result, idle: Idle) -> tuple[list[float], list[float]]:
     """Each replica's CPU seconds and peak RSS above the idle replica's."""
-    cpu = [c - idle.cpu_per_s * t for c, t in zip(r.cpu_s, r.alive_s, strict=True)]
+    cpu = [c - idle.cpu_s(t) for c, t in zip(r.cpu_s, r.alive_s, strict=True)]
     return cpu, [m - idle.rss_mb for m in r.rss_mb]
 
 
@@ -308,7 +323,8 @@ def print_table(
         f"\nsharded replicas, {services} Services x {pods} pods = {services * pods} pods, "
         f"demo adapter, {CLIENTS} driver clients, {os.cpu_count()} cores; {_load()}; "
         f"pods selected by the employer label: {'yes' if employer_label else 'no'}; placement: {placement}; "
-        f"idle replica: {idle.rss_mb:.0f} MB, {idle.cpu_per_s * 100:.1f}% of a core"
+        f"idle replica: {idle.rss_mb:.0f} MB, {idle.start_cpu_s:.2f} CPU s to start, then "
+        f"{idle.cpu_per_s * 100:.2f}% of a core"
     )
     head = (
         f"{'replicas':>8} {'converge s':>10} {'x1':>5} {'pod writes/pod':>14} {'of which 409':>12} "

@@ -407,7 +407,9 @@ async def test_a_cold_start_places_over_the_shards_starting_together_with_no_dra
     shard-2 a moment later: each Service goes straight to the shard the ring over all three
     places it on. Without the settle the first round puts all thirty on shard-0, and two thirds
     of them are drained away as the others come."""
-    replicas = [Replica(cluster, f"shard-{i}") for i in range(3)]
+    # A settle of 10 s, not the default 3: the two later replicas' starts must fall within it
+    # even on a loaded machine (with 0 the test counts 20 drains).
+    replicas = [Replica(cluster, f"shard-{i}", settle=10.0) for i in range(3)]
     names = [f"svc-{i}" for i in range(SERVICES)]
     for name in names:
         await cluster.service(name)
