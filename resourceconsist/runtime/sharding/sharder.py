@@ -10,6 +10,10 @@ each change (and every ``resync`` seconds) it makes the labels agree with the ri
   one write; its shard lets go (``resourceconsist.runtime.sharding.shard``) and takes both labels off,
   and the now unassigned employer gets its new shard: one write.
 
+At a cold start of the ring (no employer on an available shard yet) it waits, before placing
+anything, for the shards that start together to hold their Leases (``Sharder.settle``). With the
+pod employer label it reads the labeller's cache of every Service rather than watch them again.
+
 It keeps the shard Leases' states as kubernetes-controller-sharding's sharder does: a Lease
 expired for a lease duration more is taken over (held by ``shardlease-controller``: the shard is
 dead and its employers move without a drain), and a dead one is deleted a minute later. Every
