@@ -23,12 +23,14 @@ from contextlib import contextmanager
 from resourceconsist import wire
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.cluster import kube
+from resourceconsist.cluster.cache import WatchEvent
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import parse_lease_time
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.runtime.sharding.ring import HashRing, drain_label, hash_key, shard_label
+from resourceconsist.runtime.sharding.sharder import Sharder
 from resourceconsist.testing import Cluster, async_wait_for
 
 RING = "demo"
@@ -441,6 +443,75 @@ async def test_a_cold_start_places_over_the_shards_starting_together_with_no_dra
         }
         assert moves == {"assign": SERVICES, "drain": 0}
         assert sum(r.manager.sharding.gate.drained for r in replicas if r.manager.sharding is not None) == 0
+    finally:
+        for replica in replicas:
+            if replica.running:
+                await replica.stop()
+
+
+async def test_the_sharder_runs_no_round_for_lease_renewals_or_employer_status_writes(
+    cluster: Cluster,
+) -> None:
+    """Once ten Services are placed over two shards, neither the shards' Lease renewals (each
+    every half second here) nor writes to the Services that change nothing placement reads (an
+    annotation, thirty times) make the sharder run a round: it runs only the rounds its clock
+    asks for (a Lease's expiry). Without the two filters each renewal and each write asked for
+    one (about twenty in the window)."""
+    replicas = [Replica(cluster, f"shard-{i}") for i in range(2)]
+    names = [f"svc-{i}" for i in range(10)]
+    for name in names:
+        await cluster.service(name)
+    try:
+        for replica in replicas:
+            await replica.start()
+        two = placed(cluster, {r.shard for r in replicas}, names)
+        await async_wait_for(lambda: _labels_are(cluster, two), timeout=60, message="the Services placed")
+        await async_wait_for(
+            lambda: served(replicas, cluster, two), timeout=60, message="each Service served"
+        )
+
+        def sharder_of() -> Sharder | None:
+            for replica in replicas:
+                sharding = replica.manager.sharding
+                if sharding is not None and sharding.sharder is not None:
+                    return sharding.sharder
+            return None
+
+        sharder = sharder_of()
+        assert sharder is not None
+        renewals = [0]
+
+        def renewed(event: WatchEvent) -> None:
+            renewals[0] += event.type == "MODIFIED"
+
+        unsubscribe = sharder.leases.add_handler(renewed)
+        try:
+            before = sharder.rounds
+            for round_ in range(3):
+                for name in names:
+                    await cluster.call(
+                        cluster.client.patch,
+                        kube.SERVICE,
+                        cluster.namespace,
+                        name,
+                        {"metadata": {"annotations": {"example.com/written": str(round_)}}},
+                    )
+
+            def written_and_renewed() -> bool:
+                cache = sharder.cache(kube.SERVICE).store
+                seen = [cache.get(f"{cluster.namespace}/{name}") for name in names]
+                annotations = [((o or {}).get("metadata") or {}).get("annotations") or {} for o in seen]
+                return renewals[0] >= 8 and all(a.get("example.com/written") == "2" for a in annotations)
+
+            await async_wait_for(
+                written_and_renewed, timeout=30, message="the writes and eight renewals seen by the sharder"
+            )
+            rounds = sharder.rounds - before
+        finally:
+            unsubscribe()
+        # The clock's rounds: each shard's Lease (6 s) would expire once in the window at most.
+        assert rounds <= 3, f"{rounds} rounds for {renewals[0]} renewals and 30 status writes"
+        assert sharder_of() is sharder
     finally:
         for replica in replicas:
             if replica.running:

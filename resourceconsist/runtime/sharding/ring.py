@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import datetime
 import enum
+import functools
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -179,8 +180,16 @@ def shard_of_lease(lease: Mapping[str, Any], now: datetime.datetime) -> Shard:
 
 
 def ring_of(shards: Iterable[Shard], tokens: int = VIRTUAL_NODES) -> HashRing:
-    """The ring over the available shards."""
-    return HashRing((s.name for s in shards if s.state.available), tokens)
+    """The ring over the available shards: the one made before for the same shards (the sharder
+    asks at every round, a shard at every garbage pass, and the shards change rarely)."""
+    return _ring_over(frozenset(s.name for s in shards if s.state.available), tokens)
+
+
+@functools.lru_cache(maxsize=8)
+def _ring_over(names: frozenset[str], tokens: int) -> HashRing:
+    # A ring is never changed once made, so one can serve every caller; building one hashes
+    # ``tokens`` names per shard (about 0.4 ms at 4 shards).
+    return HashRing(names, tokens)
 
 
 def settle_left(shards: Iterable[Shard], now: datetime.datetime, settle: float) -> float:

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 #: The settle (``Sharder.settle``) ends at the latest this many settle times after the sharder
 #: started, however long shards keep coming.
 SETTLE_AT_MOST = 5
+#: Seconds before a round looks again at employers whose label write met a newer version.
+CONFLICT_RETRY = 0.2
 
 #: A balanced placement as computed: the ring's shards, each placed employer's (shard label,
 #: draining) it was computed from, and the shard of each employer.
@@ -77,8 +79,11 @@ class SharderRound:
     #: Leases of silent shards taken over (their shards are dead now), and dead Leases deleted.
     taken_over: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
-    #: Writes refused for a newer resourceVersion (the next round sees it).
+    #: Writes refused for a newer resourceVersion, and the employers they were for: looked at
+    #: again by a round shortly after (the newer version may change nothing placement reads, so
+    #: no event of it asks for one: ``Sharder._employer_changed``).
     conflicts: int = 0
+    retry: set[tuple[Resource, str]] = field(default_factory=set)
     #: When the next round is due by the clock (a shard's state changes), in seconds.
     next_in: float | None = None
     #: Nothing placed: a cold start of the ring, whose shards may still be coming (``settle``).
@@ -152,13 +157,15 @@ class Sharder:
         owned = [resource for resource, _ in self.employers if resource not in self.shared]
         if owned:
             self._informers = InformerFactory(self.client, namespaces=self.namespaces)
-        for resource, _ in self.employers:
+        for resource, accepts in self.employers:
             cache = self.shared.get(resource)
             if cache is None:
                 assert self._informers is not None
                 cache = self._informers.informer(resource)
             self._caches[resource] = cache
-            self._unsubscribe.append(cache.add_handler(functools.partial(self._employer_changed, resource)))
+            self._unsubscribe.append(
+                cache.add_handler(functools.partial(self._employer_changed, resource, accepts))
+            )
         if self._informers is not None:
             self._informers.start(loop)
         self._unsubscribe.append(self.leases.add_handler(self._lease_changed))
@@ -187,13 +194,30 @@ class Sharder:
         self._caches = {}
         log.info("sharder of ring %s stopped", self.ring)
 
-    def _employer_changed(self, resource: Resource, event: WatchEvent) -> None:
-        if event.type != "DELETED":
-            self._pending.add((resource, kube.object_key(event.obj)))
-            self._wake.set()
+    def cache(self, resource: Resource) -> Informer:
+        """The cache the running sharder reads the employers of ``resource`` from."""
+        return self._caches[resource]
+
+    def _employer_changed(self, resource: Resource, accepts: EmployerFilter, event: WatchEvent) -> None:
+        if event.type == "DELETED":
+            return
+        if event.type == "MODIFIED" and event.old is not None:
+            before = self._placement_input(accepts, event.old)
+            if before == self._placement_input(accepts, event.obj):
+                # Nothing placement reads of it changed (a status, an annotation, a finalizer:
+                # most employer events): no round. The resync still looks at every employer.
+                return
+        self._pending.add((resource, kube.object_key(event.obj)))
+        self._wake.set()
 
     def _lease_changed(self, event: WatchEvent) -> None:
-        # A renewal changes no state: the round sees whether anything did.
+        if event.type == "MODIFIED" and event.old is not None and _renewed_only(event.old, event.obj):
+            # A renewal of a shard in the state the last round saw it in changes no placement: no
+            # round (each shard renews every retry period). A shard falling silent is seen by
+            # the clock instead (``SharderRound.next_in``: the moment its Lease would expire).
+            shard = shard_of_lease(event.obj, datetime.datetime.now(datetime.UTC))
+            if self._seen.get(shard.name) == shard.state:
+                return
         self._wake.set()
 
     async def _run(self) -> None:
@@ -214,6 +238,10 @@ class Sharder:
                 done = await asyncio.shield(self._round)
                 if done.next_in is not None:
                     delay = min(delay, done.next_in)
+                if done.retry:
+                    # The cache catches up with the version that refused the write meanwhile.
+                    self._pending |= done.retry
+                    delay = min(delay, CONFLICT_RETRY)
                 # A settling round looked at no employer: the first real one looks at all.
                 self._full = self._full or done.settling
             except LeaseLost as err:
@@ -380,8 +408,12 @@ class Sharder:
                 meta["name"],
                 label_patch(move, self.ring, str(meta.get("resourceVersion") or "")),
             )
-        except (Conflict, NotFound):
+        except Conflict:
             done.conflicts += 1
+            done.retry.add((resource, kube.object_key(obj)))
+            return
+        except NotFound:
+            done.conflicts += 1  # gone: its DELETED event is on its way
             return
         if move.drain:
             done.drained += 1
@@ -420,6 +452,14 @@ class Sharder:
 def _hash_key(resource: Resource, obj: KubeObject) -> str:
     meta = obj["metadata"]
     return hash_key(resource.api_version, resource.kind, str(meta.get("namespace") or ""), meta["name"])
+
+
+def _renewed_only(old: KubeObject, new: KubeObject) -> bool:
+    """``new`` is ``old`` renewed: the same holder, duration and labels, a later renewTime."""
+    spec, old_spec = dict(new.get("spec") or {}), dict(old.get("spec") or {})
+    spec.pop("renewTime", None)
+    old_spec.pop("renewTime", None)
+    return spec == old_spec and new["metadata"].get("labels") == old["metadata"].get("labels")
 
 
 def _accepted(accepts: EmployerFilter, obj: KubeObject) -> bool:
