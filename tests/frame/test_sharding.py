@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from resourceconsist import wire
 from resourceconsist.adapter import Employer, ReconcileContext
 from resourceconsist.cluster import kube
-from resourceconsist.cluster.cache import WatchEvent
+from resourceconsist.cluster.cache import Informer, WatchEvent
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions, ShardingOptions
@@ -516,6 +516,78 @@ async def test_the_sharder_runs_no_round_for_lease_renewals_or_employer_status_w
         for replica in replicas:
             if replica.running:
                 await replica.stop()
+
+
+async def test_an_employer_whose_label_write_met_a_newer_version_is_placed_without_waiting_for_the_resync(
+    cluster: Cluster,
+) -> None:
+    """Someone writes an annotation to a Service just as the sharder labels it (here: its
+    employer predicate, called right before the write, in the sharder's worker thread): the write
+    meets a newer version (409). The newer version changes nothing placement reads, so its event
+    asks for no round; the sharder looks at the Service again by itself and places it within
+    seconds, its resync being ten minutes away."""
+    ring = "conflict"
+    now = datetime.datetime.now(datetime.UTC)
+    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    await cluster.call(
+        cluster.client.create,
+        kube.LEASE,
+        cluster.namespace,
+        {
+            "metadata": {"name": "shard-a", "labels": {wire.SHARD_RING_LABEL: ring}},
+            "spec": {
+                "holderIdentity": "shard-a",
+                "leaseDurationSeconds": 600,
+                "acquireTime": stamp,
+                "renewTime": stamp,
+            },
+        },
+    )
+    await cluster.service("svc-x")
+    written: list[str] = []
+
+    def accepts(event: WatchEvent) -> bool:
+        name = str(event.obj["metadata"]["name"])
+        if threading.current_thread() is not threading.main_thread() and not written:
+            written.append(name)
+            cluster.client.patch(
+                kube.SERVICE,
+                cluster.namespace,
+                name,
+                {"metadata": {"annotations": {"example.com/by": "other"}}},
+            )
+        return True
+
+    conflicts: list[int] = []
+    leases = Informer(
+        cluster.client,
+        kube.LEASE,
+        namespace=cluster.namespace,
+        label_selector=f"{wire.SHARD_RING_LABEL}={ring}",
+    )
+    leases.start(asyncio.get_running_loop())
+    sharder = Sharder(
+        cluster.client,
+        ring,
+        leases,
+        [(kube.SERVICE, accepts)],
+        namespaces=[cluster.namespace],
+        resync=600.0,
+        report=lambda done: conflicts.append(done.conflicts),
+    )
+    try:
+        await sharder.start()
+
+        async def placed_on_shard_a() -> bool:
+            obj = await cluster.call(cluster.client.get, kube.SERVICE, cluster.namespace, "svc-x")
+            return (obj["metadata"].get("labels") or {}).get(shard_label(ring)) == "shard-a"
+
+        await async_wait_for(placed_on_shard_a, timeout=10, message="svc-x placed on shard-a")
+    finally:
+        await sharder.stop()
+        await asyncio.to_thread(leases.stop)
+    assert written == ["svc-x"]
+    assert sum(conflicts) >= 1
 
 
 async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluster) -> None:
