@@ -101,6 +101,13 @@ class Replica:
         return held | {kube.object_key(obj) for obj in store.list() if gate.assigned(obj)}
 
 
+async def stop_running(replicas: list[Replica]) -> None:
+    """Stop those of ``replicas`` still running (a test's ``finally``)."""
+    for replica in replicas:
+        if replica.running:
+            await replica.stop()
+
+
 @contextmanager
 def sampling(replicas: list[Replica]) -> Iterator[list[str]]:
     """Check, every few milliseconds until the block ends, that no Service is acted on by two
@@ -292,9 +299,7 @@ async def test_three_replicas_share_thirty_services_one_owner_at_a_time(cluster:
             )
             assert reported == drained
         finally:
-            for replica in everyone:
-                if replica.running:
-                    await replica.stop()
+            await stop_running(everyone)
     assert violations == [], violations[:5]
 
 
@@ -398,9 +403,7 @@ async def test_balanced_placement_bounds_each_shard_as_shards_join(cluster: Clus
                 lambda: bounded({*three_shards, "shard-3"}, 8), timeout=60, message="at most 8 each"
             )
         finally:
-            for replica in everyone:
-                if replica.running:
-                    await replica.stop()
+            await stop_running(everyone)
     assert violations == []
 
 
@@ -444,9 +447,7 @@ async def test_a_cold_start_places_over_the_shards_starting_together_with_no_dra
         assert moves == {"assign": SERVICES, "drain": 0}
         assert sum(r.manager.sharding.gate.drained for r in replicas if r.manager.sharding is not None) == 0
     finally:
-        for replica in replicas:
-            if replica.running:
-                await replica.stop()
+        await stop_running(replicas)
 
 
 async def test_the_sharder_runs_no_round_for_lease_renewals_or_employer_status_writes(
@@ -513,9 +514,7 @@ async def test_the_sharder_runs_no_round_for_lease_renewals_or_employer_status_w
         assert rounds <= 3, f"{rounds} rounds for {renewals[0]} renewals and 30 status writes"
         assert sharder_of() is sharder
     finally:
-        for replica in replicas:
-            if replica.running:
-                await replica.stop()
+        await stop_running(replicas)
 
 
 async def test_an_employer_whose_label_write_met_a_newer_version_is_placed_without_waiting_for_the_resync(
@@ -640,9 +639,7 @@ async def test_a_pass_in_flight_ends_before_the_new_shard_starts(cluster: Cluste
         assert next(full for name, full in adapters["shard-2"].full if name == held)
     finally:
         owner.hold.set()
-        for replica in replicas:
-            if replica.running:
-                await replica.stop()
+        await stop_running(replicas)
 
 
 async def test_a_stopping_shard_keeps_its_lease_while_a_pass_runs(cluster: Cluster) -> None:
@@ -693,9 +690,7 @@ async def test_a_stopping_shard_keeps_its_lease_while_a_pass_runs(cluster: Clust
             if stop is not None:
                 await asyncio.gather(stop, return_exceptions=True)
                 replicas[1].running = False
-            for replica in replicas:
-                if replica.running:
-                    await replica.stop()
+            await stop_running(replicas)
     assert violations == [], violations[:5]
 
 
@@ -808,9 +803,7 @@ async def test_a_shard_cut_off_from_its_lease_abandons_its_passes_before_the_lea
                 assert await first_pass_once_moved(cluster, names, adapters["shard-0"], held) > abandoned_at
         finally:
             adapters["shard-1"].hold.set()
-            for replica in replicas:
-                if replica.running:
-                    await replica.stop()
+            await stop_running(replicas)
     assert violations == [], violations[:5]
 
 
@@ -857,6 +850,4 @@ async def test_shards_follow_another_sharder_speaking_the_protocol(cluster: Clus
         assert all(f"{cluster.namespace}/untouched" not in r.provider.vips for r in replicas)
         assert all(r.manager.sharding is not None and r.manager.sharding.sharder is None for r in replicas)
     finally:
-        for replica in replicas:
-            if replica.running:
-                await replica.stop()
+        await stop_running(replicas)
