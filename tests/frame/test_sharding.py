@@ -575,7 +575,8 @@ async def test_an_employer_whose_label_write_met_a_newer_version_is_placed_witho
         report=lambda done: conflicts.append(done.conflicts),
     )
     try:
-        await sharder.start()
+        # Its caches' first lists, with a deadline: a start that cannot list fails here, named.
+        await asyncio.wait_for(sharder.start(), timeout=30)
 
         async def placed_on_shard_a() -> bool:
             obj = await cluster.call(cluster.client.get, kube.SERVICE, cluster.namespace, "svc-x")
