@@ -27,7 +27,7 @@ from resourceconsist.cluster.cache import Informer, WatchEvent
 from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider
 from resourceconsist.options import ManagerOptions, ShardingOptions
-from resourceconsist.runtime.leaderelection import parse_lease_time
+from resourceconsist.runtime.leaderelection import lease_time, parse_lease_time
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.runtime.sharding.ring import HashRing, drain_label, hash_key, shard_label
 from resourceconsist.runtime.sharding.sharder import Sharder
@@ -526,8 +526,7 @@ async def test_an_employer_whose_label_write_met_a_newer_version_is_placed_witho
     asks for no round; the sharder looks at the Service again by itself and places it within
     seconds, its resync being ten minutes away."""
     ring = "conflict"
-    now = datetime.datetime.now(datetime.UTC)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    stamp = lease_time(datetime.datetime.now(datetime.UTC))
     await cluster.call(
         cluster.client.create,
         kube.LEASE,
