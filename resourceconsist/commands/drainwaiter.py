@@ -29,7 +29,6 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import FrameType
 from typing import Any, Final
 
 from resourceconsist import wire
@@ -120,16 +119,14 @@ def serve(waiter: Waiter, port: int) -> None:
 
     server = ThreadingHTTPServer(("", port), Handler)
     server.daemon_threads = True
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # SIGTERM is blocked before any thread starts (each inherits the mask) and taken by the main
+    # thread with sigwait: with a Python handler, a signal the kernel hands to another thread
+    # is not run while the main thread blocks, and the pod would wait out its grace period.
+    stop_signals = {signal.SIGTERM, signal.SIGINT}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True).start()
     log("listening", port=port, pod=f"{waiter.namespace}/{waiter.pod}", endpoints=list(waiter.endpoints))
-    stop.wait()
+    signal.sigwait(stop_signals)
     # The pod's containers have stopped (a native sidecar is stopped after them): nothing waits.
     server.shutdown()
     log("exit")

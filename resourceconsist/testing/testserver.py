@@ -35,10 +35,11 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+#: The signals that stop the server.
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 #: Seconds a ``/sleep`` request may ask for at most.
 MAX_SLEEP = 300.0
 
@@ -196,17 +197,16 @@ def main() -> None:
     port = int(os.environ.get("PORT", "8080"))
     log = Log(pod, os.environ.get("LOG_DIR"))
     server = Server(("", port), log, log_served=os.environ.get("LOG_SERVED", "1") != "0")
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    # The stop signals are blocked before any thread starts (each inherits the mask) and the main
+    # thread takes them with sigwait. A Python handler would not do: the kernel may hand the
+    # signal to any thread, and one that is not the main thread only sets a flag the main thread
+    # reads when it next runs Python code, never while it blocks in a wait (seen: 1 stop in 25
+    # missed under load).
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     accepting = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
     accepting.start()
     log("listening", port=server.server_address[1])
-    stop.wait()
+    signal.sigwait(STOP_SIGNALS)
     log("sigterm")
     server.stop()
     accepting.join()

@@ -13,8 +13,10 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -312,3 +314,32 @@ def test_with_no_manager_answering_the_hook_waits_the_bound_and_no_less(hanging_
     finally:
         waiter.terminate()
         waiter.communicate(timeout=10)
+
+
+def test_sigterm_stops_the_waiter_at_once_while_a_hook_waits(hanging_endpoint: str) -> None:
+    # The pod's containers are gone (a native sidecar is stopped after them); a hook still asking
+    # a frozen manager, on its threads, must not hold the waiter until the grace period ends.
+    port = free_port()
+    waiter = _waiter(port, 60, [hanging_endpoint], "ns", "p")
+    events: list[str] = []
+
+    def read() -> None:
+        assert waiter.stdout is not None
+        events.extend(json.loads(line)["event"] for line in waiter.stdout if line.startswith("{"))
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: _listening(port), timeout=30, message="the waiter")
+        threading.Thread(target=lambda: _hook(port), daemon=True).start()
+        wait_for(lambda: "waiting" in events, timeout=10, message="the hook's wait")
+        signalled = time.monotonic()
+        waiter.send_signal(signal.SIGTERM)
+        assert waiter.wait(10) == 0
+        assert time.monotonic() - signalled < 3
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+            waiter.wait(10)
+    reader.join(10)
+    assert events == ["listening", "waiting", "exit"]
