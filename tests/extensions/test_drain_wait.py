@@ -331,7 +331,16 @@ def test_sigterm_stops_the_waiter_at_once_while_a_hook_waits(hanging_endpoint: s
     reader.start()
     try:
         wait_for(lambda: _listening(port), timeout=30, message="the waiter")
-        threading.Thread(target=lambda: _hook(port), daemon=True).start()
+        cut: list[OSError] = []
+
+        def hook() -> None:
+            try:
+                _hook(port)
+            except OSError as err:  # the waiter leaves without answering: the hook is cut
+                cut.append(err)
+
+        asking = threading.Thread(target=hook, daemon=True)
+        asking.start()
         wait_for(lambda: "waiting" in events, timeout=10, message="the hook's wait")
         signalled = time.monotonic()
         waiter.send_signal(signal.SIGTERM)
@@ -342,4 +351,6 @@ def test_sigterm_stops_the_waiter_at_once_while_a_hook_waits(hanging_endpoint: s
             waiter.kill()
             waiter.wait(10)
     reader.join(10)
+    asking.join(10)
     assert events == ["listening", "waiting", "exit"]
+    assert len(cut) == 1, "the hook's connection closed with the waiter"
