@@ -130,11 +130,14 @@ async def write_gates(
     recorder: EventSink,
     controller: str,
     recent: RecentWrites,
+    by: str = "",
 ) -> dict[str, BaseException]:
     """Write each changed gate condition (status subresource), on the event loop's transport
     (resourceconsist.cluster.aiokube); the failures by pod. Each answer is noted in ``recent``,
     so a pass that starts before its watch event reaches the cache does not write the same
-    condition again (podwriter.RecentWrites)."""
+    condition again, and, with ``by`` (the writing employer's queue key), so that the write's
+    echo queues no pass of that employer: no verdict reads the frame's gates
+    (podwriter.RecentWrites; docs/concepts.md, "A write's echo")."""
     limit = asyncio.Semaphore(8)
     failures: dict[str, BaseException] = {}
 
@@ -143,22 +146,23 @@ async def write_gates(
         body = gates.condition_patch(pod, gate, want, now)
         async with limit:
             cached = where.reader.get(kube.POD, namespace, where.name)
-            try:
-                answer = await aiokube.patch(
-                    where.client,
-                    kube.POD,
-                    namespace,
-                    where.name,
-                    body,
-                    patch_type="strategic",
-                    subresource="status",
-                )
-            except kube.NotFound:
-                return  # the pod is gone: nothing left to gate
-            except Exception as err:
-                failures[name] = err
-                return
-        recent.wrote(where.reader, namespace, where.name, cached, pod, answer)
+            with recent.writing(where.reader, namespace, where.name):
+                try:
+                    answer = await aiokube.patch(
+                        where.client,
+                        kube.POD,
+                        namespace,
+                        where.name,
+                        body,
+                        patch_type="strategic",
+                        subresource="status",
+                    )
+                except kube.NotFound:
+                    return  # the pod is gone: nothing left to gate
+                except Exception as err:
+                    failures[name] = err
+                    return
+                recent.wrote(where.reader, namespace, where.name, cached, pod, answer, by=by)
         log.info(
             "%s: pod %s: readiness gate %s %s (%s)",
             *(controller, name, gate, want.status, want.reason),
@@ -269,11 +273,11 @@ class Gatekeeper:
         now = datetime.datetime.now(datetime.UTC)
         who = f"{employer.get('kind') or self.employer_kind} {kube.object_key(employer)}"
         plan = plan_gates(pods, gate, employer=who, facts=facts, timeout=timeout, now=now)
-        failures = await self.write(namespace, gate, plan.changes, now)
+        failures = await self.write(namespace, gate, plan.changes, now, by=str(key))
         return GateOutcome(plan.recheck, failures)
 
     async def in_flight(
-        self, employer: KubeObject, created: Collection[str], changed: Collection[str]
+        self, employer: KubeObject, key: str, created: Collection[str], changed: Collection[str]
     ) -> dict[str, BaseException]:
         """The provider is being asked to serve these pods, and its calls are still running:
         a registration (``created``) or a change of a backend it holds (``changed``, e.g. traffic
@@ -300,12 +304,13 @@ class Gatekeeper:
             changes.append((name, pod, want))
         if not changes:
             return {}
-        return await self.write(namespace, gate, changes, datetime.datetime.now(datetime.UTC))
+        return await self.write(namespace, gate, changes, datetime.datetime.now(datetime.UTC), by=str(key))
 
     async def write(
-        self, namespace: str, gate: str, changes: Sequence[Change], now: datetime.datetime
+        self, namespace: str, gate: str, changes: Sequence[Change], now: datetime.datetime, *, by: str = ""
     ) -> dict[str, BaseException]:
-        """Write each changed gate condition (``write_gates``); the failures by pod."""
+        """Write each changed gate condition (``write_gates``; ``by``: the writing employer's
+        queue key, or "" when its echo is news to all); the failures by pod."""
         return await write_gates(
             namespace,
             gate,
@@ -315,6 +320,7 @@ class Gatekeeper:
             recorder=self.recorder,
             controller=self.controller,
             recent=self.recent,
+            by=by,
         )
 
     async def release_gone(self, namespace: str, name: str) -> None:

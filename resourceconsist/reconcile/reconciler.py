@@ -397,7 +397,7 @@ class Reconciler:
         write again."""
         await asyncio.sleep(readiness.IN_FLIGHT_AFTER)
         writing.set()
-        failed = await self.gates.in_flight(p.employer, created, changed)
+        failed = await self.gates.in_flight(p.employer, p.key, created, changed)
         for name, err in sorted(failed.items()):
             log.info("%s %s: pod %s: gate of a call in flight not written: %s", self.name, p.key, name, err)
 

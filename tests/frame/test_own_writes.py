@@ -1,5 +1,5 @@
 """The controller's own writes (``RecentWrites`` in resourceconsist/reconcile/podwriter.py, used for
-pods by the passes' ``PodWriter`` and for employers by ``EmployerWrites`` in
+pods by the passes' ``PodWriter`` and the readiness gates' writes, and for employers by ``EmployerWrites`` in
 resourceconsist/reconcile/finalizers.py; docs/concepts.md, "Work proportional to change"): a pass
 that writes an object goes on from the write's answer, so the write's watch event, coming back
 with that answer's resourceVersion, has nothing that pass has not seen and queues no pass of its
@@ -148,6 +148,53 @@ async def test_the_echo_of_a_pod_write_is_news_to_the_pods_other_employers(clust
         )
         assert began["a"] == [(False, False), (True, False), (True, True)], began
         assert began["b"] == [(False, False), (True, True)], began
+
+
+async def test_the_echo_of_a_gate_write_brings_its_writer_no_pass_and_anothers_change_does(
+    cluster: Cluster,
+) -> None:
+    # A pod that carries svc's readiness gate, its containers ready: the first pass guards it,
+    # registers it, swaps the guard for the lifecycle finalizer and sets the gate True. No
+    # verdict reads the frame's gates (lifecycle.is_lifecycle_ready), so its echo is no news to svc.
+    await cluster.service("svc")
+    gate = lifecycle.readiness_gate("svc")
+    body = {
+        "metadata": {"name": "web-0", "labels": {"app": "svc"}},
+        "spec": {
+            "containers": [{"name": "app", "image": "nginx"}],
+            "readinessGates": [{"conditionType": gate}],
+        },
+    }
+    await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    ip = cluster.ip_of("web-0")
+    status = {
+        "podIP": ip,
+        "podIPs": [{"ip": ip}],
+        "conditions": [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "False"}],
+    }
+    await cluster.call(
+        cluster.client.patch, kube.POD, cluster.namespace, "web-0", {"status": status}, subresource="status"
+    )
+
+    def gate_on(pod: KubeObject | None) -> bool:
+        return (lifecycle.pod_condition(pod or {}, gate) or {}).get("status") == "True"
+
+    began: list[tuple[bool, bool]] = []  # per pass: (the gate True, the test's label on)
+
+    def note(key: str, reconciler: Reconciler) -> None:
+        if key == f"{cluster.namespace}/svc":
+            pod = reconciler.recent.get(reconciler.reader, cluster.namespace, "web-0")
+            began.append((gate_on(pod), _marks(pod, "")[1]))
+
+    async with _running(cluster, note) as reconciler:
+        await async_wait_for(
+            lambda: gate_on(reconciler.reader.get(kube.POD, cluster.namespace, "web-0")),
+            timeout=20,
+            message="the gate's event in the cache",
+        )
+        await cluster.patch(kube.POD, "web-0", {"metadata": {"labels": {"touched": "1"}}})
+        await async_wait_for(lambda: any(t for _, t in began), timeout=20, message="a pass from the change")
+        assert began == [(False, False), (True, True)], began
 
 
 class HeldApi(FakeApi):
