@@ -1,12 +1,12 @@
 """The controller's own writes (``RecentWrites`` in resourceconsist/reconcile/podwriter.py, used for
-pods by the passes' ``PodWriter`` and the readiness gates' writes, and for employers by ``EmployerWrites`` in
-resourceconsist/reconcile/finalizers.py; docs/concepts.md, "Work proportional to change"): a pass
-that writes an object goes on from the write's answer, so the write's watch event, coming back
-with that answer's resourceVersion, has nothing that pass has not seen and queues no pass of its
-employer; any other writer's change still brings a pass, and a pod's echo is still news to the
-pod's other employers. Real API server and manager; what each pass began from is noted as the
-pass is called. Events that come while a write is out wait for its answer: tested on an
-in-memory API whose answers the test holds back.
+pods by the passes' ``PodWriter`` and the readiness gates' writes, and for employers by
+``EmployerWrites`` in resourceconsist/reconcile/finalizers.py; docs/concepts.md, "Work
+proportional to change"): a pass that writes an object goes on from the write's answer, so the
+write's watch event, coming back with that answer's resourceVersion, has nothing that pass has
+not seen and queues no pass of its employer; any other writer's change still brings a pass, and
+a pod's echo is still news to the pod's other employers. Real API server and manager; what each
+pass began from is noted as the pass is called. Events that come while a write is out wait for
+its answer: tested on an in-memory API whose answers the test holds back.
 """
 
 from __future__ import annotations
