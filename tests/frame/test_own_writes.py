@@ -166,15 +166,8 @@ async def test_the_echo_of_a_gate_write_brings_its_writer_no_pass_and_anothers_c
         },
     }
     await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
-    ip = cluster.ip_of("web-0")
-    status = {
-        "podIP": ip,
-        "podIPs": [{"ip": ip}],
-        "conditions": [{"type": "ContainersReady", "status": "True"}, {"type": "Ready", "status": "False"}],
-    }
-    await cluster.call(
-        cluster.client.patch, kube.POD, cluster.namespace, "web-0", {"status": status}, subresource="status"
-    )
+    await cluster.set_status("web-0", ready=False)
+    await cluster.set_condition("web-0", "ContainersReady", True)
 
     def gate_on(pod: KubeObject | None) -> bool:
         return (lifecycle.pod_condition(pod or {}, gate) or {}).get("status") == "True"
