@@ -7,7 +7,9 @@ the pass's ``PodWriter``; the orchestrator (resourceconsist/reconcile/reconciler
 
 from __future__ import annotations
 
+import itertools
 import logging
+import operator
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
@@ -22,6 +24,9 @@ from resourceconsist.rules import lifecycle
 from resourceconsist.rules.diff import Diff
 
 log = logging.getLogger(__package__)
+
+#: An item's pod name, as a C-level getter: some sets of a pass are built over every item.
+_name = operator.attrgetter("name")
 
 
 class Verdict(IntEnum):
@@ -71,8 +76,8 @@ class GuardRecall:
         changed = self._changed_now()
         if changed is None:
             return {}
-        last = self._last.settled
-        return {n: v for n, v in verdicts.items() if last.get(n) == v and n not in changed}
+        last = self._last.settled.get
+        return {n: v for n, v in verdicts.items() if last(n) is v and n not in changed}
 
     def found(self, written: Collection[str]) -> GuardMemo:
         """What this pass found, for the next one, but for the pods it wrote or tried to write
@@ -123,37 +128,56 @@ def plan_guard(
 def judge(
     results: CUDResults[Employee], current_by_id: Mapping[str, Any]
 ) -> tuple[dict[str, Verdict], set[str]]:
-    """Each pod's verdict from what the provider confirmed, and the pods a confirmed item
-    ``serves()`` (for the readiness gates)."""
+    """Each pod's verdict from what the provider confirmed, and the pods it serves: a confirmed
+    item ``serves()`` and their verdict is SERVED (for the readiness gates). One pod may be
+    named by several items: the most cautious verdict wins."""
+    # A steady pass judges every pod (docs/benchmarks.md, "A pass's fixed cost"): one loop over
+    # the items, with no call of our own per item and the verdicts in locals.
+    idle, served, routing, unknown = Verdict.IDLE, Verdict.SERVED, Verdict.ROUTING, Verdict.UNKNOWN
     serves: set[str] = set()
-
-    def confirmed(item: Employee, held: Employee) -> Verdict:
-        if not held.registered():
-            return Verdict.IDLE
-        statuses = item.statuses
-        ready = isinstance(statuses, PodEmployeeStatuses) and statuses.lifecycle_ready
-        if ready and held.serves():
-            serves.add(item.name)
-        return Verdict.SERVED if ready else Verdict.ROUTING
-
-    found = [(i.name, confirmed(i, i)) for i in [*results.succ_created, *results.succ_updated]]
-    held_by_id = current_by_id.get
-    for item in results.unchanged:
-        # The provider's own item says whether it holds a registration.
-        held = held_by_id(item.id)
-        found.append((item.name, confirmed(item, held if held is not None else item)))
-    found += [(i.name, Verdict.IDLE) for i in results.succ_deleted]
-    found += [
-        (i.name, Verdict.UNKNOWN)
-        for i in [*results.fail_created, *results.fail_updated, *results.fail_deleted]
-    ]
-    # One pod may be named by several items: the most cautious verdict wins. One loop, with no
-    # call per item: a steady pass judges every pod (docs/benchmarks.md, "A pass's fixed cost").
     verdicts: dict[str, Verdict] = {}
-    for name, verdict in found:
-        if name:
-            before = verdicts.get(name)
-            verdicts[name] = verdict if before is None or verdict > before else before
+    before_of = verdicts.get
+    again: list[str] = []  # pods named by more than one item
+    held_by_id = current_by_id.get
+    failed = [*results.fail_created, *results.fail_updated, *results.fail_deleted]
+    # (items, their verdict when it does not depend on the item, whether they were called for):
+    # an item called for is its own confirmation; an unchanged one is judged by the provider's
+    # own item, which says whether it holds a registration.
+    groups: list[tuple[list[Employee], Verdict | None, bool]] = [
+        ([*results.succ_created, *results.succ_updated], None, True),
+        (results.unchanged, None, False),
+        (results.succ_deleted, idle, True),
+        (failed, unknown, True),
+    ]
+    for items, fixed, called in groups:
+        for item in items:
+            name = item.name
+            if fixed is not None:
+                verdict = fixed
+            else:
+                held = item if called else held_by_id(item.id)
+                if held is None:
+                    held = item
+                if not held.registered():
+                    verdict = idle
+                else:
+                    statuses = item.statuses
+                    if isinstance(statuses, PodEmployeeStatuses) and statuses.lifecycle_ready:
+                        verdict = served
+                        if name and held.serves():
+                            serves.add(name)
+                    else:
+                        verdict = routing
+            if name:
+                before = before_of(name)
+                if before is None:
+                    verdicts[name] = verdict
+                else:
+                    again.append(name)
+                    if verdict > before:
+                        verdicts[name] = verdict
+    # Only a pod named twice can end with a verdict other than the one its serving item gave.
+    serves.difference_update([name for name in again if verdicts[name] is not served])
     return verdicts, serves
 
 
@@ -173,13 +197,16 @@ def plan_after_calls(
     verdicts = dict(judged)
     # Pods carrying our finalizers that the provider holds nothing for: release them,
     # whatever removed their backends (delete_employer, a person, the provider).
-    for name in carriers:
-        verdicts.setdefault(name, Verdict.IDLE)
+    verdicts.update(dict.fromkeys(carriers.difference(verdicts), Verdict.IDLE))
     # As the last pass found them, unless something is planned for them (a pod's plan here
-    # touches that pod alone, so asking before the loop answers as asking in it would).
-    remembered = {n: v for n, v in recall.still_settled(verdicts).items() if not writer.planned(n)}
+    # touches that pod alone, so asking before the loop answers as asking in it would). Set
+    # operations over all pods, a loop over the others (docs/benchmarks.md, "A pass's fixed cost").
+    remembered = recall.still_settled(verdicts)
+    for name in writer.planned_names() & remembered.keys():
+        del remembered[name]
     recall.now.settled.update(remembered)
-    for name, verdict in sorted([(n, v) for n, v in verdicts.items() if n not in remembered]):
+    for name in sorted(verdicts.keys() - remembered.keys()):
+        verdict = verdicts[name]
         if verdict is Verdict.SERVED or verdict is Verdict.ROUTING:
             on, off = entry.lifecycle_finalizer, entry.guard_finalizer
             if verdict is Verdict.ROUTING:
@@ -367,15 +394,18 @@ def after_calls(
 ) -> AfterCalls:
     """Judge each pod from what the provider confirmed and, when the employer follows
     PodOpsLifecycle, plan its swaps and releases (``plan_after_calls``)."""
-    verdicts, serves = judge(results, current_by_id)
+    verdicts, serving = judge(results, current_by_id)
     planned = plan_after_calls(verdicts, carriers, entry, pod_of, writer, recall) if follows_lifecycle else {}
-    expected: list[list[Employee]] = [results.succ_created, results.fail_created]
-    expected += [results.succ_updated, results.fail_updated, results.unchanged]
+    failed = [*results.fail_created, *results.fail_updated, *results.fail_deleted]
+    expected = (results.succ_created, results.fail_created, results.succ_updated, results.fail_updated)
+    employed = set(map(_name, itertools.chain(*expected, results.unchanged)))
+    employed.discard("")
     return AfterCalls(
         verdicts=planned,
-        serving={n for n in serves if verdicts.get(n) is Verdict.SERVED},
-        unknown={n for n, v in verdicts.items() if v is Verdict.UNKNOWN},
-        employed={i.name for items in expected for i in items if i.name},
+        serving=serving,
+        # UNKNOWN, the most cautious verdict, comes from a failed item alone.
+        unknown={i.name for i in failed if i.name},
+        employed=employed,
     )
 
 

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, KeysView
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -346,6 +346,10 @@ class PodWriter:
     def planned(self, name: str) -> bool:
         """Whether anything is planned for the pod."""
         return name in self._intents
+
+    def planned_names(self) -> KeysView[str]:
+        """The pods anything is planned for (a live view)."""
+        return self._intents.keys()
 
     @property
     def pending(self) -> bool:

@@ -16,7 +16,7 @@ from resourceconsist.errors import ResourceConsistError
 from resourceconsist.flow.budget import Priority, spending_for
 from resourceconsist.flow.cancellation import Outcome, call_adapter, call_adapter_in_turn
 from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
-from resourceconsist.rules.diff import Diff, diff
+from resourceconsist.rules.diff import Diff, by_id, diff
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)
@@ -236,7 +236,7 @@ async def sync_side(
         raise await failures.fail(side.sync_reason, f"sync {side.what} failed: {err}") from err
     log_changes(failures.controller, failures.key, side.what, results)
     refused = await failures.report_refused(side, results, ctx.failures) if results.any_failed else {}
-    return results, {item.id: item for item in current}, refused
+    return results, by_id(current, "current"), refused
 
 
 async def read_sides(

@@ -8,6 +8,7 @@ Outputs keep the input order so logs and provider calls are deterministic.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -26,6 +27,9 @@ class Item(Protocol):
 
 ItemT = TypeVar("ItemT", bound=Item)
 
+#: An item's id, as a C-level getter.
+_id = operator.attrgetter("id")
+
 
 class DuplicateIdError(ResourceConsistError, ValueError):
     """Two items on one side share an id: the adapter's list is ambiguous."""
@@ -39,10 +43,11 @@ class Diff(Generic[ItemT]):
     unchanged: list[ItemT] = field(default_factory=list)
 
 
-def _by_id(items: Sequence[ItemT], side: str) -> dict[str, ItemT]:
-    # Every pass diffs every item (docs/benchmarks.md, "A pass's fixed cost"): one comprehension,
-    # and the duplicate looked for only when the count says there is one.
-    found = {item.id: item for item in items}
+def by_id(items: Sequence[ItemT], side: str) -> dict[str, ItemT]:
+    """``items`` by id; two items with one id raise ``DuplicateIdError`` (``side`` names the list)."""
+    # Every pass indexes every item (docs/benchmarks.md, "A pass's fixed cost"): built in C, and
+    # the duplicate looked for only when the count says there is one.
+    found = dict(zip(map(_id, items), items, strict=True))
     if len(found) != len(items):
         seen: set[str] = set()
         for item in items:
@@ -54,8 +59,8 @@ def _by_id(items: Sequence[ItemT], side: str) -> dict[str, ItemT]:
 
 def diff(expected: Sequence[ItemT], current: Sequence[ItemT]) -> Diff[ItemT]:
     """Split ``expected`` and ``current`` into what to create, update, delete and leave alone."""
-    expected_by_id = _by_id(expected, "expected")
-    current_by_id = _by_id(current, "current")
+    expected_by_id = by_id(expected, "expected")
+    current_by_id = by_id(current, "current")
     result: Diff[ItemT] = Diff()
     to_create, to_update, unchanged = result.to_create, result.to_update, result.unchanged
     for item_id, want in expected_by_id.items():

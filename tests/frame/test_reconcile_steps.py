@@ -650,6 +650,30 @@ def test_after_the_calls_the_guard_returns_each_pods_verdict_and_the_gate_facts(
     ), "an employer that does not follow PodOpsLifecycle plans no swaps"
 
 
+def test_a_pod_named_by_several_items_gets_the_most_cautious_verdict_and_serves_only_when_served() -> None:
+    # guard.judge: several items of one pod (two ports, two backends) merge to the most cautious
+    # verdict, and the readiness gates see the pod served only when that verdict is SERVED.
+    ready = PodEmployeeStatuses(lifecycle_ready=True)
+    results: CUDResults[Employee] = CUDResults(
+        succ_created=[Employee(id="a1", name="web-a", statuses=ready), Employee(id="b1", name="web-b")],
+        succ_updated=[Employee(id="c1", name="web-c", statuses=ready)],
+        succ_deleted=[Employee(id="c2", name="web-c"), Employee(id="d2", name="web-d")],
+        fail_updated=[Employee(id="a2", name="web-a", statuses=ready)],
+        unchanged=[
+            Employee(id="b2", name="web-b", statuses=ready),
+            Employee(id="d1", name="web-d", statuses=ready),
+        ],
+    )
+    verdicts, serving = guard.judge(results, {})
+    assert verdicts == {
+        "web-a": guard.Verdict.UNKNOWN,  # served by one item, the other's call failed
+        "web-b": guard.Verdict.ROUTING,  # one item not ready, the other served
+        "web-c": guard.Verdict.SERVED,  # served, and another item of it deleted
+        "web-d": guard.Verdict.SERVED,
+    }
+    assert serving == {"web-c", "web-d"}
+
+
 def test_announcements_name_each_change_once_and_read_no_finalizers_for_what_was_told() -> None:
     # reconcile/guard.py: a steady pass over many served pods tells nothing and reads no pod.
     entry = EmployerEntry(ENTRY, L, G)
