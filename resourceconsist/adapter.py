@@ -127,6 +127,11 @@ class CUDResults(Generic[ItemT]):
     def any_failed(self) -> bool:
         return bool(self.fail_created or self.fail_updated or self.fail_deleted)
 
+    @property
+    def failed(self) -> list[ItemT]:
+        """Every item a call reported failed: those created, then updated, then deleted."""
+        return [*self.fail_created, *self.fail_updated, *self.fail_deleted]
+
 
 #: (succeeded, failed) as returned by create/update/delete.
 Outcome = tuple[list[T], list[T]]

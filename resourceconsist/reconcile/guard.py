@@ -139,7 +139,6 @@ def judge(
     before_of = verdicts.get
     again: list[str] = []  # pods named by more than one item
     held_by_id = current_by_id.get
-    failed = [*results.fail_created, *results.fail_updated, *results.fail_deleted]
     # (items, their verdict when it does not depend on the item, whether they were called for):
     # an item called for is its own confirmation; an unchanged one is judged by the provider's
     # own item, which says whether it holds a registration.
@@ -147,7 +146,7 @@ def judge(
         ([*results.succ_created, *results.succ_updated], None, True),
         (results.unchanged, None, False),
         (results.succ_deleted, idle, True),
-        (failed, unknown, True),
+        (results.failed, unknown, True),
     ]
     for items, fixed, called in groups:
         for item in items:
@@ -396,7 +395,6 @@ def after_calls(
     PodOpsLifecycle, plan its swaps and releases (``plan_after_calls``)."""
     verdicts, serving = judge(results, current_by_id)
     planned = plan_after_calls(verdicts, carriers, entry, pod_of, writer, recall) if follows_lifecycle else {}
-    failed = [*results.fail_created, *results.fail_updated, *results.fail_deleted]
     expected = (results.succ_created, results.fail_created, results.succ_updated, results.fail_updated)
     employed = set(map(_name, itertools.chain(*expected, results.unchanged)))
     employed.discard("")
@@ -404,7 +402,7 @@ def after_calls(
         verdicts=planned,
         serving=serving,
         # UNKNOWN, the most cautious verdict, comes from a failed item alone.
-        unknown={i.name for i in failed if i.name},
+        unknown={i.name for i in results.failed if i.name},
         employed=employed,
     )
 

@@ -161,7 +161,7 @@ def log_changes(controller: str, key: str, what: str, results: CUDResults[Any]) 
         "created": len(results.succ_created),
         "updated": len(results.succ_updated),
         "deleted": len(results.succ_deleted),
-        "failed": len(results.fail_created) + len(results.fail_updated) + len(results.fail_deleted),
+        "failed": len(results.failed),
     }
     if any(counts.values()):
         log.info("%s %s: %s %s", controller, key, what, " ".join(f"{k}={v}" for k, v in counts.items() if v))
