@@ -745,6 +745,11 @@ def main() -> None:
         type=Path,
         help="also run ours from this checkout (e.g. a worktree of main at the branch point), beside",
     )
+    parser.add_argument(
+        "--also-asyncio",
+        action="store_true",
+        help="also run ours on the standard library's event loop (--event-loop asyncio), beside",
+    )
     parser.add_argument("--scale", action="store_true", help="the scale curve at 1k, 3k, 10k pods")
     parser.add_argument(
         "--scale-shapes",
@@ -778,6 +783,8 @@ def main() -> None:
         if not (args.against_tree / "resourceconsist" / "__init__.py").is_file():
             parser.error(f"--against-tree: no resourceconsist package in {args.against_tree}")
         kinds += [main_tree(args.against_tree.resolve())]
+    if args.also_asyncio:
+        kinds += [Kind("ours, asyncio loop", lambda kc, ns: ours_argv(kc, ns, "--event-loop", "asyncio"))]
     curve_shapes = "1x1000,1x3000,1x10000,1000x10,100x100" if args.scale else args.scale_shapes
     try:
         scale = [Shape(*(int(x) for x in s.split("x"))) for s in curve_shapes.split(",")]

@@ -683,6 +683,15 @@ _serving_flags = _flag_group(
         "one line saying which, why and what to do.",
         type=float,
     ),
+    # Not an options field: a Manager built in Python runs on its caller's loop.
+    click.option(
+        "--event-loop",
+        type=click.Choice(["uvloop", "asyncio"]),
+        default="uvloop",
+        show_default=True,
+        help="The event loop the process runs on: uvloop's (a few per cent less CPU, "
+        'docs/benchmarks.md) or the standard library\'s (docs/reference/options.md, "The event loop").',
+    ),
 )
 
 
@@ -978,7 +987,9 @@ def run(
     environ = _adapter_environ(adapter_names, flags)
     adapters = _build(lambda name: registry.controller(name, environ), adapter_names)
     webhooks = _build(registry.webhook, adapter_names) if with_webhook else []
-    _serve(_run((kubeconfig, context), adapters, webhooks, manager_options, webhook_options))
+    _serve(
+        _run((kubeconfig, context), adapters, webhooks, manager_options, webhook_options), flags["event_loop"]
+    )
 
 
 def _webhook_manager_options(flags: Mapping[str, Any]) -> ManagerOptions:
@@ -1016,7 +1027,7 @@ def webhook(adapter_names: Sequence[str], kubeconfig: str | None, context: str |
     webhooks = _build(_all_adapters().webhook, adapter_names)
     # The webhook rides on a manager without controllers: its informers, metrics, probes and
     # graceful stop.
-    _serve(_run((kubeconfig, context), [], webhooks, manager_options, options))
+    _serve(_run((kubeconfig, context), [], webhooks, manager_options, options), flags["event_loop"])
 
 
 @main.command("drain-waiter")
@@ -1148,17 +1159,18 @@ def _build(factory: Callable[[str], T], names: Sequence[str]) -> list[T]:
         raise click.ClickException(f"cannot start adapter: {err}") from err
 
 
-def _serve(running: Coroutine[Any, Any, None]) -> None:
+def _serve(running: Coroutine[Any, Any, None], event_loop: str) -> None:
     """Run ``running`` (``_run``: the manager until SIGTERM or SIGINT, exit 0, also while it still
-    starts); a start that fails is one line and exit 1 (docs/observability.md, "When the start
-    fails")."""
+    starts) on the event loop ``--event-loop`` names; a start that fails is one line and exit 1
+    (docs/observability.md, "When the start fails")."""
     import asyncio
 
     from resourceconsist.cluster.cache import CacheSyncTimeout
     from resourceconsist.runtime.manager import CannotServe
 
     try:
-        asyncio.run(running)
+        with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
+            runner.run(running)
     except CacheSyncTimeout as err:
         also = f" (and {err.others} other{'s' if err.others > 1 else ''})" if err.others else ""
         raise click.ClickException(
@@ -1168,6 +1180,21 @@ def _serve(running: Coroutine[Any, Any, None]) -> None:
     except CannotServe as err:
         flags = " and ".join(_FLAG_OF[ManagerOptions, field] for field in err.fields)
         raise click.ClickException(f"{err}; free the port or choose another with {flags}") from None
+
+
+def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the loop ``--event-loop`` names: uvloop's, or None for the standard library's
+    (docs/reference/options.md, "The event loop")."""
+    if event_loop == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
+        raise click.UsageError(
+            "uvloop is not installed here; install it, or pass --event-loop asyncio"
+        ) from None
+    return uvloop.new_event_loop
 
 
 async def _run(
@@ -1189,6 +1216,8 @@ async def _run(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # Which loop serves (--event-loop): the package that made it, "uvloop" or "asyncio".
+    log.info("event loop: %s", type(loop).__module__.partition(".")[0])
     client = _kube_client(*cluster)
     try:
         if webhooks:

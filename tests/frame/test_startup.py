@@ -363,3 +363,25 @@ def test_a_webhook_port_in_use_is_one_line(
         f"Error: cannot serve the webhook on 127.0.0.1:{taken_port}: address already in use; free the "
         "port or choose another with --webhook-port (or --webhook-host)"
     ), done.stderr
+
+
+# -- the event loop (--event-loop) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flags", "loop"), [((), "uvloop"), (("--event-loop", "asyncio"), "asyncio")])
+def test_run_serves_on_uvloop_unless_asked_for_asyncio_and_sigterm_stops_it(
+    control_plane: LocalControlPlane, namespace: str, flags: tuple[str, ...], loop: str
+) -> None:
+    """Ready on either loop (its caches filled over the frame's TLS connections, /readyz served),
+    the first lines naming the loop that serves; SIGTERM stops it with exit 0."""
+    port = free_port()
+    process = CommandProcess(_run_args(control_plane.kubeconfig, namespace, port, *flags), _env(), port)
+    try:
+        wait_for(process.ready, timeout=60, message=f"run on {loop} ready")
+        said = [line for line in process.lines if "event loop:" in line]
+        assert len(said) == 1 and said[0].rstrip().endswith(f"event loop: {loop}"), process.output
+        process.process.send_signal(signal.SIGTERM)
+        assert process.process.wait(timeout=30) == 0, process.output
+        assert "Traceback" not in process.output, process.output
+    finally:
+        process.stop()
