@@ -6,6 +6,7 @@ and the ``realnode`` marker of the tests that need a real node (root, containerd
 
 from __future__ import annotations
 
+import asyncio
 import re
 import subprocess
 import threading
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import uvloop
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster import kube
@@ -45,6 +47,32 @@ CONTROL_PLANE_FIXTURES = frozenset(
 #: Fixtures that stand on the session's real node.
 REAL_NODE_FIXTURES = frozenset({"real_node_cluster", "real_node_api", "real_node_namespace"})
 REPO = Path(__file__).resolve().parent.parent
+
+
+#: The event loops the async tests can run on (``--event-loop``): uvloop's, which ``run`` and
+#: ``webhook`` serve on by default, and the standard library's, which a ``Manager`` built in Python
+#: may run on (docs/reference/options.md, "The event loop"; docs/testing.md).
+EVENT_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+    "uvloop": uvloop.new_event_loop,
+    "asyncio": asyncio.new_event_loop,
+}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--event-loop",
+        choices=sorted(EVENT_LOOPS),
+        default="uvloop",
+        help="the event loop of the async tests (default uvloop, what run and webhook serve on)",
+    )
+
+
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every async test on the loop ``--event-loop`` names (one factory: test names unchanged)."""
+    name = config.getoption("--event-loop")
+    return {name: EVENT_LOOPS[name]}
 
 
 def pytest_configure(config: pytest.Config) -> None:

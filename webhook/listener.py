@@ -41,7 +41,7 @@ import ssl
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from resourceconsist.webhook.options import ConnectionLimits
 
@@ -113,8 +113,9 @@ class _Guard(asyncio.Protocol):
     # -- asyncio.Protocol, delegated ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport, though not always asyncio's class: uvloop's are their own
+        # (docs/reference/options.md, "The event loop").
+        self._transport = cast(asyncio.Transport, transport)
         self.inner = self._factory()
         self._listener.guards[self.inner] = self
         self.inner.connection_made(transport)

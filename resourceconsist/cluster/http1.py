@@ -29,6 +29,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import cast
 
 #: Bytes asyncio's TLS layer reads from a connection's socket at a time. asyncio's own default
 #: is 256 KiB per connection, allocated zero-filled when the connection opens and so resident
@@ -146,8 +147,9 @@ class Connection(asyncio.Protocol):
     # -- asyncio's side ------------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport, though not always asyncio's class: uvloop's are their own
+        # (docs/reference/options.md, "The event loop").
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
