@@ -1218,6 +1218,8 @@ async def _run(
         loop.add_signal_handler(sig, stop.set)
     # Which loop serves (--event-loop): the package that made it, "uvloop" or "asyncio".
     log.info("event loop: %s", type(loop).__module__.partition(".")[0])
+    # Everything the manager runs with, resolved from flags and defaults (no secret among them).
+    log.debug("manager options: %s", manager_options)
     client = _kube_client(*cluster)
     try:
         if webhooks:

@@ -113,7 +113,8 @@ def test_run_serves_metrics_and_probes_apart_and_logs_json(control_plane: Any, c
     assert entries[0]["msg"].startswith(f"resourceconsist {info.version} (revision {commit}")
     assert (entries[0]["version"], _commit(entries[0]["revision"])) == (info.version, commit)
     assert info.version == metadata.version("resourceconsist") and info.revision != "unknown"
-    assert any(entry["level"] == "debug" for entry in entries), "the subcommand's --log-level debug lost"
+    debug = [e for e in entries if e["level"] == "debug" and e["msg"].startswith("manager options: ")]
+    assert debug, "the subcommand's --log-level debug lost"
     (finalized,) = [e for e in entries if e["msg"].endswith(": added clean finalizer")]
     assert finalized["controller"] == "demo-controller"
     assert (finalized["namespace"], finalized["name"]) == (cluster.namespace, "svc")
