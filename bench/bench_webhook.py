@@ -16,7 +16,9 @@ growth from "before" to "after" once the connections are gone: it must stay unde
 (exit status 1 otherwise). The server runs with the default deadlines; the run takes a minute or two.
 
 Run: ``python bench/bench_webhook.py`` (``make bench``); ``--python`` picks the interpreter of
-the server, e.g. ``~/.pyenv/versions/3.13.0/bin/python`` with the project installed.
+the server, e.g. ``~/.pyenv/versions/3.13.0/bin/python`` with the project installed;
+``--event-loop asyncio`` serves on the standard library's loop instead of uvloop's, which
+``resourceconsist webhook`` serves on (docs/webhook.md, "Connections and memory").
 """
 
 from __future__ import annotations
@@ -88,9 +90,9 @@ async def _serve(cert_dir: Path) -> None:
 
 
 class Server:
-    def __init__(self, python: str, cert_dir: Path) -> None:
+    def __init__(self, python: str, cert_dir: Path, event_loop: str) -> None:
         self.process = subprocess.Popen(
-            [python, __file__, "--serve", str(cert_dir)],
+            [python, __file__, "--serve", str(cert_dir), "--event-loop", event_loop],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -193,10 +195,20 @@ def main() -> int:
     parser.add_argument("--python", default=sys.executable, help="interpreter of the server process")
     parser.add_argument("--cycles", type=int, default=10_000)
     parser.add_argument("--idle", type=int, default=2_000)
+    parser.add_argument(
+        "--event-loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the server's event loop (default uvloop, as `resourceconsist webhook` serves)",
+    )
     args = parser.parse_args()
     _raise_fd_limit()
     if args.serve is not None:
-        asyncio.run(_serve(args.serve))
+        import uvloop
+
+        factory = uvloop.new_event_loop if args.event_loop == "uvloop" else None
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(_serve(args.serve))
         return 0
 
     from resourceconsist.cluster import certs
@@ -209,7 +221,7 @@ def main() -> int:
         (cert_dir / "tls.key").write_bytes(serving.key_pem)
         os.chmod(cert_dir / "tls.key", 0o600)
         trust = ssl.create_default_context(cadata=ca.cert_pem.decode())
-        server = Server(args.python, cert_dir)
+        server = Server(args.python, cert_dir, args.event_loop)
         port = server.port
         failures: list[str] = []
 
@@ -234,8 +246,8 @@ def main() -> int:
 
         try:
             print(
-                f"webhook server memory (Python {server.python}, handshake and header timeouts "
-                f"{LIMITS.handshake_timeout:.0f}s/{LIMITS.header_timeout:.0f}s)"
+                f"webhook server memory (Python {server.python}, {args.event_loop} loop, handshake and "
+                f"header timeouts {LIMITS.handshake_timeout:.0f}s/{LIMITS.header_timeout:.0f}s)"
             )
             still_serves("start")
             before = report("before")

@@ -689,10 +689,22 @@ _serving_flags = _flag_group(
         type=click.Choice(["uvloop", "asyncio"]),
         default="uvloop",
         show_default=True,
+        callback=lambda _ctx, _param, value: _event_loop_flag(value),
         help="The event loop the process runs on: uvloop's (a few per cent less CPU, "
         'docs/benchmarks.md) or the standard library\'s (docs/reference/options.md, "The event loop").',
     ),
 )
+
+
+def _event_loop_flag(value: str) -> str:
+    """``--event-loop``, checked while the flags are parsed: uvloop where it cannot be imported is
+    a usage error naming the way out, before anything starts."""
+    import importlib.util
+
+    if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
+        raise click.BadParameter("uvloop is not installed here; install it, or pass --event-loop asyncio")
+    return value
 
 
 def _secure_metrics(flags: Mapping[str, Any]) -> SecureMetricsOptions | None:
@@ -1187,13 +1199,8 @@ def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | 
     (docs/reference/options.md, "The event loop")."""
     if event_loop == "asyncio":
         return None
-    try:
-        import uvloop
-    except ImportError:
-        # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
-        raise click.UsageError(
-            "uvloop is not installed here; install it, or pass --event-loop asyncio"
-        ) from None
+    import uvloop  # there: checked with the flags (_event_loop_flag)
+
     return uvloop.new_event_loop
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import sys
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 import click
 import pytest
+from click.testing import CliRunner
 from kubernetes import client as k8s
 
 from resourceconsist.cluster.kube import KubeClient
@@ -403,3 +405,18 @@ async def test_max_concurrent_reconciles_sets_every_controllers_workers() -> Non
             assert gauge == 12
     finally:
         client.close()
+
+
+# -- the event loop (docs/reference/options.md, "The event loop") ----------------------------
+
+
+@pytest.mark.parametrize("command", ["run", "webhook"])
+def test_uvloop_missing_is_a_usage_error_naming_the_asyncio_flag(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)  # as where it is not installed: import fails
+    done = CliRunner().invoke(cli.main, [command, "--adapter", "demo"])
+    assert done.exit_code == 2, done.output
+    said = "Invalid value for '--event-loop': uvloop is not installed here; install it, or pass "
+    said += "--event-loop asyncio"
+    assert said in done.output
