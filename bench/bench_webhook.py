@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import IO, Any
 
+from resourceconsist.commands import cli
 from resourceconsist.webhook import ConnectionLimits
 
 GROWTH_LIMIT_MB = 20.0
@@ -197,17 +198,15 @@ def main() -> int:
     parser.add_argument("--idle", type=int, default=2_000)
     parser.add_argument(
         "--event-loop",
-        choices=("uvloop", "asyncio"),
-        default="uvloop",
+        choices=cli.EVENT_LOOPS,
+        default=cli.EVENT_LOOPS[0],
         help="the server's event loop (default uvloop, as `resourceconsist webhook` serves)",
     )
     args = parser.parse_args()
     _raise_fd_limit()
     if args.serve is not None:
-        import uvloop
-
-        factory = uvloop.new_event_loop if args.event_loop == "uvloop" else None
-        with asyncio.Runner(loop_factory=factory) as runner:
+        # As `resourceconsist webhook` makes its loop.
+        with asyncio.Runner(loop_factory=cli.loop_factory(args.event_loop)) as runner:
             runner.run(_serve(args.serve))
         return 0
 

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvloop
 
 from resourceconsist.adapter import ReconcileAdapter
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient
+from resourceconsist.commands import cli
 from resourceconsist.options import ManagerOptions
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing import Cluster, LocalControlPlane
@@ -49,20 +49,14 @@ REAL_NODE_FIXTURES = frozenset({"real_node_cluster", "real_node_api", "real_node
 REPO = Path(__file__).resolve().parent.parent
 
 
-#: The event loops the async tests can run on (``--event-loop``): uvloop's, which ``run`` and
-#: ``webhook`` serve on by default, and the standard library's, which a ``Manager`` built in Python
-#: may run on (docs/reference/options.md, "The event loop"; docs/testing.md).
-EVENT_LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
-    "uvloop": uvloop.new_event_loop,
-    "asyncio": asyncio.new_event_loop,
-}
-
-
 def pytest_addoption(parser: pytest.Parser) -> None:
+    # The loops run and webhook can serve on: uvloop's by default, and the standard library's,
+    # which a Manager built in Python may run on (docs/reference/options.md, "The event loop";
+    # docs/testing.md).
     parser.addoption(
         "--event-loop",
-        choices=sorted(EVENT_LOOPS),
-        default="uvloop",
+        choices=cli.EVENT_LOOPS,
+        default=cli.EVENT_LOOPS[0],
         help="the event loop of the async tests (default uvloop, what run and webhook serve on)",
     )
 
@@ -70,9 +64,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> dict[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Every async test on the loop ``--event-loop`` names (one factory: test names unchanged)."""
+    """Every async test on the loop ``--event-loop`` names, made as ``run`` makes it (the standard
+    library's: its new loop); one factory, so test names are unchanged."""
     name = config.getoption("--event-loop")
-    return {name: EVENT_LOOPS[name]}
+    return {name: cli.loop_factory(name) or asyncio.new_event_loop}
 
 
 def pytest_configure(config: pytest.Config) -> None:

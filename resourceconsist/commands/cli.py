@@ -624,6 +624,22 @@ _sharding_flags = _flag_group(
 )
 
 
+#: The event loops ``run`` and ``webhook`` can serve on (``--event-loop``), the default first; the
+#: benchmarks and the tests choose among the same (docs/reference/options.md, "The event loop").
+EVENT_LOOPS = ("uvloop", "asyncio")
+
+
+def _event_loop_flag(_ctx: click.Context, _param: click.Parameter, value: str) -> str:
+    """``--event-loop``, checked while the flags are parsed: uvloop where it cannot be imported is
+    a usage error naming the way out, before anything starts."""
+    import importlib.util
+
+    if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
+        # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
+        raise click.BadParameter("uvloop is not installed here; install it, or pass --event-loop asyncio")
+    return value
+
+
 #: The CLI serves metrics and health probes by default (the manifests scrape and probe them),
 #: where controller-runtime does; a ``Manager`` built in Python does not.
 _METRICS_ADDRESS, _PROBE_ADDRESS = ":8080", ":8081"
@@ -686,25 +702,14 @@ _serving_flags = _flag_group(
     # Not an options field: a Manager built in Python runs on its caller's loop.
     click.option(
         "--event-loop",
-        type=click.Choice(["uvloop", "asyncio"]),
-        default="uvloop",
+        type=click.Choice(EVENT_LOOPS),
+        default=EVENT_LOOPS[0],
         show_default=True,
-        callback=lambda _ctx, _param, value: _event_loop_flag(value),
+        callback=_event_loop_flag,
         help="The event loop the process runs on: uvloop's (a few per cent less CPU, "
         'docs/benchmarks.md) or the standard library\'s (docs/reference/options.md, "The event loop").',
     ),
 )
-
-
-def _event_loop_flag(value: str) -> str:
-    """``--event-loop``, checked while the flags are parsed: uvloop where it cannot be imported is
-    a usage error naming the way out, before anything starts."""
-    import importlib.util
-
-    if value == "uvloop" and importlib.util.find_spec("uvloop") is None:
-        # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
-        raise click.BadParameter("uvloop is not installed here; install it, or pass --event-loop asyncio")
-    return value
 
 
 def _secure_metrics(flags: Mapping[str, Any]) -> SecureMetricsOptions | None:
@@ -1181,7 +1186,7 @@ def _serve(running: Coroutine[Any, Any, None], event_loop: str) -> None:
     from resourceconsist.runtime.manager import CannotServe
 
     try:
-        with asyncio.Runner(loop_factory=_loop_factory(event_loop)) as runner:
+        with asyncio.Runner(loop_factory=loop_factory(event_loop)) as runner:
             runner.run(running)
     except CacheSyncTimeout as err:
         also = f" (and {err.others} other{'s' if err.others > 1 else ''})" if err.others else ""
@@ -1194,9 +1199,9 @@ def _serve(running: Coroutine[Any, Any, None], event_loop: str) -> None:
         raise click.ClickException(f"{err}; free the port or choose another with {flags}") from None
 
 
-def _loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """What makes the loop ``--event-loop`` names: uvloop's, or None for the standard library's
-    (docs/reference/options.md, "The event loop")."""
+def loop_factory(event_loop: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """What makes the loop ``--event-loop`` names, for ``asyncio.Runner``: uvloop's, or None for
+    the standard library's (docs/reference/options.md, "The event loop")."""
     if event_loop == "asyncio":
         return None
     import uvloop  # there: checked with the flags (_event_loop_flag)
