@@ -18,7 +18,9 @@ Then R ``resourceconsist run --adapter demo --sharding --shard-name shard-K`` pr
    and the pod lists the replicas made during the cold convergence (each decodes every pod of
    the namespace: docs/scaling.md, "What a shard's employers need of pods"), and the pod
    watches the API server closed because a replica did not keep up
-   (``apiserver_terminated_watchers_total``).
+   (``apiserver_terminated_watchers_total``), and each replica's reconcile passes during the
+   cold convergence with their mean wall time (its own ``controller_runtime_reconcile_*``):
+   whether the passes divide as the pods do.
 
 The table gives each figure beside the 1-replica run of the same invocation, so a ratio compares
 runs on the same machine at the same moment.
@@ -35,6 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +55,8 @@ from bench_pace import (
     populate,
     set_ready,
 )
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, NotFound
@@ -159,6 +164,10 @@ class Result:
     #: Assignments by the sharder while each replica ran it: which replica held the sharder.
     sharder_assigns: list[int]
     services_per_replica: list[int]
+    #: Each replica's reconcile passes during the cold convergence, and the wall seconds they
+    #: took together (``controller_runtime_reconcile_total``, ``..._time_seconds_sum``).
+    passes: list[int]
+    pass_s: list[float]
     cpu_s: list[float]
     rss_mb: list[float]
     #: Each replica's seconds from its spawn to the moment its CPU was read.
@@ -234,6 +243,7 @@ def run_replicas(
         service_writes = meter.since(frozenset({"services", "events"}))
         conflicts = pod_writes_by_answer(cp).get("409", 0.0) - answers.get("409", 0.0)
         pod_lists = sum(cp.requests_served("pods", {"LIST"}).values()) - lists
+        passes = [replica_passes(port) for port in ports]
 
         # 2. A rollout: ROLLOUT new pods made Ready, as many old ones deleted, at once.
         old = names[:: max(1, n // ROLLOUT)][:ROLLOUT]
@@ -284,6 +294,8 @@ def run_replicas(
             pod_watches_expired=[e for e, _ in scraped],
             sharder_assigns=[a for _, a in scraped],
             services_per_replica=[held.count(f"shard-{k}") for k in range(replicas)],
+            passes=[n for n, _ in passes],
+            pass_s=[t for _, t in passes],
             cpu_s=[p.cpu_seconds() for p in procs],
             rss_mb=[p.peak_rss_mb() for p in procs],
             alive_s=[time.monotonic() - spawned for _ in procs],
@@ -291,21 +303,36 @@ def run_replicas(
     return result
 
 
+def _samples(port: int) -> Iterator[Sample]:
+    """A replica's metrics, read from its ``/metrics``."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    for family in text_string_to_metric_families(text):
+        yield from family.samples
+
+
+def replica_passes(port: int) -> tuple[int, float]:
+    """A replica's reconcile passes so far and their summed wall seconds: whether a replica
+    with a quarter of the pods makes a quarter of the passes (docs/benchmarks.md)."""
+    passes, seconds = 0, 0.0
+    for sample in _samples(port):
+        if sample.name == "controller_runtime_reconcile_total":
+            passes += int(sample.value)
+        elif sample.name == "controller_runtime_reconcile_time_seconds_sum":
+            seconds += sample.value
+    return passes, seconds
+
+
 def replica_metrics(port: int) -> tuple[int, int]:
     """From a replica's own metrics: its pod watches that ended in 410 Gone
     (``resourceconsist_informer_watch_expired_total``), and the assignments the sharder made
     while this replica ran it (``resourceconsist_sharder_moves_total``)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
-        text = answer.read().decode()
     expired = assigned = 0
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "resourceconsist_informer_watch_expired_total":
-                expired += int(sample.value) if sample.labels.get("resource") == "pods" else 0
-            elif sample.name == "resourceconsist_sharder_moves_total":
-                assigned += int(sample.value) if sample.labels.get("move") == "assign" else 0
+    for sample in _samples(port):
+        if sample.name == "resourceconsist_informer_watch_expired_total":
+            expired += int(sample.value) if sample.labels.get("resource") == "pods" else 0
+        elif sample.name == "resourceconsist_sharder_moves_total":
+            assigned += int(sample.value) if sample.labels.get("move") == "assign" else 0
     return expired, assigned
 
 
@@ -355,6 +382,14 @@ def print_table(
             f"{r.replicas:>8} {'/'.join(f'{c:.1f}' for c in cpu):>28} "
             f"{'/'.join(f'{c / max(base_cpu):.3f}' for c in cpu):>28} "
             f"{'/'.join(f'{m:.0f}' for m in rss):>24} {'/'.join(f'{m / max(base_rss):.3f}' for m in rss):>28}"
+        )
+    print("\nreconcile passes while converging (a replica's share of the passes, and the wall ms of each):")
+    print(f"{'replicas':>8} {'passes per replica':>28} {'all / x1':>9} {'ms per pass':>28}")
+    for r in results:
+        print(
+            f"{r.replicas:>8} {'/'.join(map(str, r.passes)):>28} "
+            f"{sum(r.passes) / max(1, sum(base.passes)):>9.2f} "
+            f"{'/'.join(f'{1000 * t / max(1, n):.1f}' for n, t in zip(r.passes, r.pass_s, strict=True)):>28}"
         )
 
 
