@@ -12,6 +12,7 @@ import pytest
 import xxhash
 
 from resourceconsist import wire
+from resourceconsist.cluster import kube
 from resourceconsist.errors import InvalidOptions
 from resourceconsist.options import LeaderElectionOptions, ManagerOptions, ShardingOptions
 from resourceconsist.runtime.leaderelection import lease_time
@@ -25,8 +26,8 @@ from resourceconsist.runtime.sharding.ring import (
     drain_label,
     hash_key,
     label_patch,
-    object_hash_key,
     placement,
+    resource_hash_key,
     ring_of,
     settle_left,
     shard_label,
@@ -45,8 +46,7 @@ def test_label_keys_end_with_the_ring_name() -> None:
 def test_hash_key_is_group_kind_namespace_name() -> None:
     assert hash_key("v1", "Service", "shop", "cart") == "/Service/shop/cart"
     assert hash_key("apps/v1", "Deployment", "shop", "cart") == "apps/Deployment/shop/cart"
-    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"namespace": "a", "name": "b"}}
-    assert object_hash_key(service) == "/Service/a/b"
+    assert resource_hash_key(kube.SERVICE, "a", "b") == "/Service/a/b"
 
 
 def test_the_ring_hashes_with_xxhash64_as_the_go_sharder_does() -> None:

@@ -23,6 +23,7 @@ from typing import Any
 import xxhash
 
 from resourceconsist import wire
+from resourceconsist.cluster.kube import Resource
 from resourceconsist.runtime.leaderelection import parse_lease_time
 
 #: Tokens (virtual nodes) per shard on the ring: more spread the keys more evenly.
@@ -53,15 +54,10 @@ def hash_key(api_version: str, kind: str, namespace: str, name: str) -> str:
     return f"{group}/{kind}/{namespace}/{name}"
 
 
-def object_hash_key(obj: Mapping[str, Any]) -> str:
-    """``hash_key`` of a Kubernetes object."""
-    meta = obj.get("metadata") or {}
-    return hash_key(
-        str(obj.get("apiVersion") or ""),
-        str(obj.get("kind") or ""),
-        str(meta.get("namespace") or ""),
-        str(meta.get("name") or ""),
-    )
+def resource_hash_key(resource: Resource, namespace: str, name: str) -> str:
+    """``hash_key`` of an object of ``resource``: its group and kind from the resource, as a
+    cached object (a list's item, a watch's) may not carry ``apiVersion`` and ``kind``."""
+    return hash_key(resource.api_version, resource.kind, namespace, name)
 
 
 def _hash(value: str) -> int:

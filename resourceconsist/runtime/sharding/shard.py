@@ -28,7 +28,7 @@ from resourceconsist.cluster.kube import EmployerKey, KubeClient, KubeObject, Re
 from resourceconsist.runtime.sharding.ring import (
     HashRing,
     drain_label,
-    hash_key,
+    resource_hash_key,
     ring_of,
     shard_label,
     shard_of_lease,
@@ -97,10 +97,7 @@ class ShardGate:
     def ring_owns(self, resource: Resource, key: EmployerKey) -> bool:
         """The ring places ``key`` (of ``resource``) on this shard."""
         ring = self._ring()
-        return (
-            ring.shard_of(hash_key(resource.api_version, resource.kind, key.namespace, key.name))
-            == self.shard
-        )
+        return ring.shard_of(resource_hash_key(resource, key.namespace, key.name)) == self.shard
 
     def _ring(self) -> HashRing:
         """The ring as the Leases say now; built again at most once a second (a garbage pass asks

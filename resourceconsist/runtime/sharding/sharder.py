@@ -44,9 +44,9 @@ from resourceconsist.runtime.sharding.ring import (
     ShardState,
     balanced_placement,
     drain_label,
-    hash_key,
     label_patch,
     placement,
+    resource_hash_key,
     ring_of,
     settle_left,
     shard_label,
@@ -451,7 +451,7 @@ class Sharder:
 
 def _hash_key(resource: Resource, obj: KubeObject) -> str:
     meta = obj["metadata"]
-    return hash_key(resource.api_version, resource.kind, str(meta.get("namespace") or ""), meta["name"])
+    return resource_hash_key(resource, str(meta.get("namespace") or ""), meta["name"])
 
 
 def _renewed_only(old: KubeObject, new: KubeObject) -> bool:
