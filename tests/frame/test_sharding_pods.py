@@ -224,6 +224,29 @@ async def test_a_shard_keeps_the_pods_its_services_or_the_ring_name_and_any_it_c
         factory.stop()
 
 
+async def test_a_shards_service_cache_counts_as_synced_only_within_the_informers_that_listed(
+    cluster: Cluster,
+) -> None:
+    """The replica keeps its "Service cache synced" answer (asked on every pod event), but not
+    past a stop of its informers: a new Service cache has not listed, and a pod judged against
+    it would be let go of as no Service's."""
+    manager = _replica(cluster, "shard-a", sharder=False)
+    replica = manager.sharding
+    assert replica is not None
+    assert not replica._services_synced()
+    manager.informers.informer(kube.SERVICE)
+    manager.informers.start(asyncio.get_running_loop())
+    try:
+        await manager.informers.wait_synced()
+        assert replica._services_synced()
+        assert replica._services_synced()  # the kept answer
+    finally:
+        await asyncio.to_thread(manager.informers.stop)
+    assert not replica._services_synced()  # no Service informer now
+    manager.informers.informer(kube.SERVICE)  # a new one, not started: not listed
+    assert not replica._services_synced()
+
+
 @pytest.mark.parametrize("runnable_starts", ["at once", "after the pods' list"])
 async def test_a_shard_starting_with_its_services_lists_the_pods_once(
     cluster: Cluster, runnable_starts: str

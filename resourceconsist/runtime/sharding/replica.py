@@ -117,6 +117,8 @@ class ShardedReplica:
         self.scope = ShardScope(self)
         # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
         # need of pods"); every pod while a controller of another kind runs.
+        #: The informers' generation whose Service cache was seen synced (``_services_synced``).
+        self._services_synced_in = -1
         self._pods = ShardPods(self.gate, informers.reader(), self._services_synced)
         #: With ``pod_employer_label``: the pods the API server selects for this shard, and the
         #: labels it writes (resourceconsist/runtime/sharding/podlabels.py).
@@ -284,8 +286,15 @@ class ShardedReplica:
     # -- the shard's pods ------------------------------------------------------------------------
 
     def _services_synced(self) -> bool:
-        """This shard's Service cache is made and has its first list."""
-        return any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers())
+        """This shard's Service cache is made and has its first list. Asked on every pod event
+        (``ShardPods.keeps``), so a yes is kept: an informer that has synced stays so for its
+        life, which ends only with the factory's ``stop`` (a new generation of informers)."""
+        generation = self.informers.generation
+        if self._services_synced_in != generation:
+            if not any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers()):
+                return False
+            self._services_synced_in = generation
+        return True
 
     def _wait_for_services(self, stop: threading.Event) -> None:
         """Before the pod cache's first list (in its informer thread): this shard's Service
