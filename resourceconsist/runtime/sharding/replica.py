@@ -115,10 +115,10 @@ class ShardedReplica:
         )
         #: What each controller of this replica is built with.
         self.scope = ShardScope(self)
-        # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
-        # need of pods"); every pod while a controller of another kind runs.
         #: The informers' generation whose Service cache was seen synced (``_services_synced``).
         self._services_synced_in = -1
+        # The pods of this shard's Services only (docs/scaling.md, "What a shard's employers
+        # need of pods"); every pod while a controller of another kind runs.
         self._pods = ShardPods(self.gate, informers.reader(), self._services_synced)
         #: With ``pod_employer_label``: the pods the API server selects for this shard, and the
         #: labels it writes (resourceconsist/runtime/sharding/podlabels.py).
