@@ -291,7 +291,8 @@ class ShardedReplica:
         life, which ends only with the factory's ``stop`` (a new generation of informers)."""
         generation = self.informers.generation
         if self._services_synced_in != generation:
-            if not any(i.resource == kube.SERVICE and i.has_synced for i in self.informers.informers()):
+            services = self._services_informer()
+            if services is None or not services.has_synced:
                 return False
             self._services_synced_in = generation
         return True
@@ -305,13 +306,14 @@ class ShardedReplica:
         while not stop.is_set() and time.monotonic() < deadline:
             if not self._pods_divide():
                 return
-            services = next((i for i in self.informers.informers() if i.resource == kube.SERVICE), None)
+            services = self._services_informer()
             if services is None:
                 stop.wait(0.05)  # the controller's caches are being made
             elif services.synced_within(0.5):
                 return
 
     def _services_informer(self) -> Informer | None:
+        """This shard's Service cache, once a controller has made it."""
         return next((i for i in self.informers.informers() if i.resource == kube.SERVICE), None)
 
     def _before_pod_list(self, informer: Informer) -> None:
