@@ -420,3 +420,25 @@ def test_uvloop_missing_is_a_usage_error_naming_the_asyncio_flag(
     said = "Invalid value for '--event-loop': uvloop is not installed here; install it, or pass "
     said += "--event-loop asyncio"
     assert said in done.output
+
+
+@pytest.mark.parametrize("command", ["run", "webhook"])
+def test_uvloop_installed_but_broken_is_a_usage_error_saying_why(
+    command: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An install whose uvloop cannot be imported (built for another Python, a library missing)
+    is told so in one line, not with an ImportError's traceback at start."""
+    broken = tmp_path / "uvloop"
+    broken.mkdir()
+    (broken / "__init__.py").write_text(
+        'raise ImportError("loop.cpython-311-x86_64-linux-gnu.so: undefined symbol: _PyGen_Send")\n'
+    )
+    monkeypatch.delitem(sys.modules, "uvloop", raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    done = CliRunner().invoke(cli.main, [command, "--adapter", "demo"])
+    assert done.exit_code == 2, done.output
+    said = "Invalid value for '--event-loop': uvloop is installed but cannot be imported "
+    said += "(loop.cpython-311-x86_64-linux-gnu.so: undefined symbol: _PyGen_Send); reinstall it for "
+    said += "this Python, or pass --event-loop asyncio"
+    assert said in " ".join(done.output.split()), done.output
+    assert "Traceback" not in done.output
