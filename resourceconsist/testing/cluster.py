@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import functools
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from resourceconsist import wire
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient, KubeObject
 from resourceconsist.flow.cancellation import call_adapter
+from resourceconsist.rules import lifecycle
 from resourceconsist.testing.wait import async_wait_for
 
 T = TypeVar("T")
@@ -79,13 +80,19 @@ class Cluster:
         labels: dict[str, str],
         *,
         readiness_gate: bool = False,
+        gated_by: Iterable[str] = (),
         annotations: dict[str, str] | None = None,
     ) -> KubeObject:
-        """Create a pod with ``labels``; ``readiness_gate`` adds PodOpsLifecycle's service-ready gate.
-        It has no IP and no conditions until ``set_status``."""
+        """Create a pod with ``labels``; ``readiness_gate`` adds PodOpsLifecycle's service-ready gate,
+        ``gated_by`` the frame's readiness gate of each employer named: the gate the webhook gives
+        on plain Kubernetes to the pods of a Service annotated
+        ``resource-consist.kusionstack.io/readiness-gate: "true"`` (docs/zero-downtime.md), whose
+        condition the frame sets. It has no IP and no conditions until ``set_status``."""
         spec: dict[str, Any] = {"containers": [{"name": "app", "image": "nginx"}]}
-        if readiness_gate:
-            spec["readinessGates"] = [{"conditionType": wire.SERVICE_READY_CONDITION}]
+        gates = [wire.SERVICE_READY_CONDITION] if readiness_gate else []
+        gates += [lifecycle.readiness_gate(employer) for employer in gated_by]
+        if gates:
+            spec["readinessGates"] = [{"conditionType": gate} for gate in gates]
         body = {"metadata": {"name": name, "labels": labels, "annotations": annotations or {}}, "spec": spec}
         return await self.call(self.client.create, kube.POD, self.namespace, body)
 

@@ -612,12 +612,7 @@ async def test_slow_provider_calls_show_on_the_gate_with_one_write_each_and_expl
     await lc.service("web", {"app": "web"})
 
     async def gated_pod(name: str) -> None:
-        spec = {
-            "containers": [{"name": "app", "image": "nginx"}],
-            "readinessGates": [{"conditionType": gate}],
-        }
-        body = {"metadata": {"name": name, "labels": {"app": "web"}}, "spec": spec}
-        await lc.call(client.create, kube.POD, namespace, body)
+        await lc.pod(name, {"app": "web"}, gated_by=["web"])
 
     async def kubelet(name: str, containers_ready: bool) -> None:
         """Set the pod's IP and ContainersReady as a kubelet would (Ready follows the gate)."""

@@ -610,20 +610,8 @@ async def test_a_gone_employer_that_cannot_be_collected_keeps_no_pod_un_ready(
     # web-1 was created while web still existed: the webhook gave it web's gate and entry.
     gate = lifecycle.readiness_gate("web")
     entries = {lifecycle.expected_finalizer_key("Service", cluster.namespace, "web"): FLZ}
-    body = {
-        "metadata": {
-            "name": "web-1",
-            "labels": {"app": "web"},
-            "annotations": {
-                wire.AVAILABLE_CONDITIONS_ANNOTATION: lifecycle.render_available_conditions(entries)
-            },
-        },
-        "spec": {
-            "containers": [{"name": "app", "image": "nginx"}],
-            "readinessGates": [{"conditionType": gate}],
-        },
-    }
-    await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    annotations = {wire.AVAILABLE_CONDITIONS_ANNOTATION: lifecycle.render_available_conditions(entries)}
+    await cluster.pod("web-1", {"app": "web"}, gated_by=["web"], annotations=annotations)
     async with run_manager(adapter, garbage=START_ONLY) as manager:
         report = await _report(_controller(manager))
         assert report.held == {key: ["web-0", "web-1"]} and report.uncollectable == {key: NOT_COMPLETE}

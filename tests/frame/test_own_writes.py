@@ -158,14 +158,7 @@ async def test_the_echo_of_a_gate_write_brings_its_writer_no_pass_and_anothers_c
     # verdict reads the frame's gates (lifecycle.is_lifecycle_ready), so its echo is no news to svc.
     await cluster.service("svc")
     gate = lifecycle.readiness_gate("svc")
-    body = {
-        "metadata": {"name": "web-0", "labels": {"app": "svc"}},
-        "spec": {
-            "containers": [{"name": "app", "image": "nginx"}],
-            "readinessGates": [{"conditionType": gate}],
-        },
-    }
-    await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    await cluster.pod("web-0", {"app": "svc"}, gated_by=["svc"])
     await cluster.set_status("web-0", ready=False)
     await cluster.set_condition("web-0", "ContainersReady", True)
 

@@ -127,10 +127,7 @@ async def test_a_gate_written_a_moment_ago_is_not_written_again_while_the_cache_
     # The next pass began before the watch brought the gate's write to the cache (CI saw the
     # same True gate written twice this way); it must see the condition as written.
     cache, recent = LaggingPodCache(), RecentWrites()
-    gate = lifecycle.readiness_gate("svc")
-    spec = {"containers": [{"name": "app", "image": "nginx"}], "readinessGates": [{"conditionType": gate}]}
-    body = {"metadata": {"name": "p", "labels": {"app": "svc"}}, "spec": spec}
-    created = await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
+    created = await cluster.pod("p", {"app": "svc"}, gated_by=["svc"])
     cache.deliver(created)
     places = PodPlaces(cluster.client, cache, {}, lambda: False, recent)
     keeper = readiness.Gatekeeper(
