@@ -121,18 +121,6 @@ def _lease(namespace: str) -> LeaderElectionOptions:
     return LeaderElectionOptions(name="handover-test", namespace=namespace)
 
 
-async def _gated_pod(cluster: Cluster, name: str, employer: str) -> None:
-    """A pod with the employer's readiness gate, as the webhook would have created it."""
-    body = {
-        "metadata": {"name": name, "labels": {"app": employer}},
-        "spec": {
-            "containers": [{"name": "app", "image": "nginx"}],
-            "readinessGates": [{"conditionType": lifecycle.readiness_gate(employer)}],
-        },
-    }
-    await cluster.call(cluster.client.create, kube.POD, cluster.namespace, body)
-
-
 async def _pod(cluster: Cluster, name: str) -> KubeObject:
     pod = await cluster.get(kube.POD, name)
     assert pod is not None, f"pod {name} is gone"
@@ -158,7 +146,7 @@ async def test_the_hand_over_leaves_only_what_the_go_original_manages_and_never_
     # web-leaving: registered, then deleted while the controller is down; api-0: unknown.
     for name in ("web-served", "web-dropped", "web-leaving"):
         await cluster.pod(name, {"app": "web"})
-    await _gated_pod(cluster, "web-held", "web")
+    await cluster.pod("web-held", {"app": "web"}, gated_by=["web"])  # as the webhook would have
     await cluster.pod("api-0", {"app": "api"})
     await cluster.set_status("web-served", ready=True)
     for name in ("web-held", "web-dropped", "web-leaving", "api-0"):
