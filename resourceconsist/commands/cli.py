@@ -636,24 +636,19 @@ def _event_loop_flag(_ctx: click.Context, _param: click.Parameter, value: str) -
         return value
     try:
         import uvloop  # noqa: F401  (imported here to be checked; ``loop_factory`` uses it)
-    except ModuleNotFoundError as err:
-        if err.name != "uvloop":
-            raise click.BadParameter(_broken_uvloop(err)) from None
-        # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
+    except ImportError as err:
+        if isinstance(err, ModuleNotFoundError) and err.name == "uvloop":
+            # A dependency on every platform uvloop supports; elsewhere, or in an install without it.
+            raise click.BadParameter(
+                "uvloop is not installed here; install it, or pass --event-loop asyncio"
+            ) from None
+        # Installed, but built for another Python, or a library or module it needs is missing.
+        first = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise click.BadParameter(
-            "uvloop is not installed here; install it, or pass --event-loop asyncio"
+            f"uvloop is installed but cannot be imported ({first}); reinstall it for this Python, "
+            "or pass --event-loop asyncio"
         ) from None
-    except ImportError as err:  # installed, but built for another Python or missing a library
-        raise click.BadParameter(_broken_uvloop(err)) from None
     return value
-
-
-def _broken_uvloop(err: ImportError) -> str:
-    first = str(err).splitlines()[0] if str(err) else type(err).__name__
-    return (
-        f"uvloop is installed but cannot be imported ({first}); reinstall it for this Python, "
-        "or pass --event-loop asyncio"
-    )
 
 
 #: The CLI serves metrics and health probes by default (the manifests scrape and probe them),
