@@ -18,9 +18,16 @@ only released on what the provider confirmed.
 ``GarbageOptions``, ``WebhookOptions``, ``BootstrapOptions``, ``ConnectionLimits``) raise when
 built with a value they cannot work with; it names the fields at fault, so the command line can
 name its flags (docs/reference/options.md).
+
+``frames_dropped`` keeps an error for later without the frames its traceback holds (a note says
+where it was raised instead).
 """
 
 from __future__ import annotations
+
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=BaseException)
 
 
 class ResourceConsistError(Exception):
@@ -105,3 +112,38 @@ def check_count(name: str, value: int) -> None:
     """``InvalidOptions`` unless the count field ``name`` is at least 1."""
     if value < 1:
         raise InvalidOptions(f"{name.replace('_', ' ')} must be at least 1 (got {value})", name)
+
+
+#: The first line of the note ``frames_dropped`` writes; a note of an earlier drop is replaced.
+_DROPPED = "Traceback (most recent call last; its frames were not kept):"
+
+
+def frames_dropped(err: _E) -> _E:
+    """``err`` kept for later without its frames: the traceback of ``err`` and of each error it
+    was raised from or while handling becomes a note (file, line and function of each frame, what
+    a logged traceback shows) and is dropped.
+
+    Why: a frame a traceback holds keeps its caller's frame, and that one its caller's, up to
+    the pass; a pass that keeps an adapter's error (to raise it in its turn) in a frame the error
+    reaches is a reference cycle, so the pass would wait for the garbage collector instead of
+    going when it ends (docs/benchmarks.md, "Garbage a pass leaves")."""
+    seen: set[int] = set()
+    chain: list[BaseException | None] = [err]
+    while chain:
+        each = chain.pop()
+        if each is None or id(each) in seen:
+            continue
+        seen.add(id(each))
+        chain += (each.__cause__, each.__context__)
+        tb = each.__traceback__
+        if tb is None:
+            continue
+        lines = [_DROPPED]
+        while tb is not None:
+            code = tb.tb_frame.f_code
+            lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+            tb = tb.tb_next
+        notes = [n for n in getattr(each, "__notes__", ()) if not n.startswith(_DROPPED)]
+        each.__notes__ = [*notes, "\n".join(lines)]
+        each.__traceback__ = None
+    return err

@@ -50,7 +50,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from resourceconsist.errors import PassCancelled
+from resourceconsist.errors import PassCancelled, frames_dropped
 from resourceconsist.flow.fence import check_fence
 
 T = TypeVar("T")
@@ -201,7 +201,8 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
             try:
                 result = fn()
             except BaseException as err:
-                outbox.post(future, None, err)
+                # The future keeps the error, and this frame the future (frames_dropped says why).
+                outbox.post(future, None, frames_dropped(err))
             else:
                 outbox.post(future, result, None)
 
@@ -355,7 +356,8 @@ async def call_adapter(fn: Callable[..., Any], *args: Any) -> Any:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What one adapter call of ``call_adapter_in_turn`` came to: its value, or the error it raised."""
+    """What one adapter call of ``call_adapter_in_turn`` came to: its value, or the error it raised
+    (its frames dropped: the pass that keeps the outcome is in them, ``frames_dropped``)."""
 
     value: Any = None
     error: BaseException | None = None
@@ -378,7 +380,7 @@ async def call_adapter_in_turn(fns: Sequence[Callable[..., Any]], *args: Any) ->
             try:
                 value = _fenced(fn, *args)
             except Exception as err:
-                outcomes.append(Outcome(error=err))
+                outcomes.append(Outcome(error=frames_dropped(err)))
                 break
             outcomes.append(Outcome(value))
             if inspect.isawaitable(value):
@@ -391,7 +393,7 @@ async def call_adapter_in_turn(fns: Sequence[Callable[..., Any]], *args: Any) ->
         try:
             outcomes[-1] = Outcome(await last.value)
         except Exception as err:
-            outcomes[-1] = Outcome(error=err)
+            outcomes[-1] = Outcome(error=frames_dropped(err))
             return outcomes
         outcomes += await _in_turn(fns[len(outcomes) :], *args)
     return outcomes
@@ -410,4 +412,4 @@ async def _outcome(fn: Callable[..., Any], *args: Any) -> Outcome:
     try:
         return Outcome(await call_adapter(fn, *args))
     except Exception as err:
-        return Outcome(error=err)
+        return Outcome(error=frames_dropped(err))

@@ -17,6 +17,7 @@ from resourceconsist.flow.budget import Priority, spending_for
 from resourceconsist.flow.cancellation import Outcome, call_adapter, call_adapter_in_turn
 from resourceconsist.reconcile.failures import CALLS, EMPLOYEES, EMPLOYER, PassFailures, Side
 from resourceconsist.rules.diff import Diff, by_id, diff
+from resourceconsist.wire import EventReason
 
 #: The package's logger (``resourceconsist.reconcile``), shared by its modules.
 log = logging.getLogger(__package__)
@@ -187,20 +188,12 @@ async def sync_side(
     (``read_sides``); else both are made here, in one hand-off for a plain adapter."""
     if reads is None:
         reads = await call_adapter_in_turn((get_expected, get_current), ctx, employer)
+    # A read's error is the cause of the pass's, not raised again here: raised, it would take this
+    # frame, which holds it, into its traceback (a cycle; flow/cancellation.py's Outcome).
     got_expected, got_current = reads[0], reads[1] if len(reads) > 1 else None
-    try:
-        if got_expected.error is not None:
-            raise got_expected.error
-        expected = list(got_expected.value)
-    except Exception as err:
-        raise await failures.fail(side.expected_reason, f"get expect {side.what} failed: {err}") from err
-    try:
-        assert got_current is not None  # the expected items were read
-        if got_current.error is not None:
-            raise got_current.error
-        current = list(got_current.value)
-    except Exception as err:
-        raise await failures.fail(side.current_reason, f"get current {side.what} failed: {err}") from err
+    expected = await _items(got_expected, failures, side.expected_reason, f"get expect {side.what} failed")
+    assert got_current is not None  # the expected items were read
+    current = await _items(got_current, failures, side.current_reason, f"get current {side.what} failed")
 
     async def refresh(planned: Diff[Any], held_back: set[str]) -> Diff[Any] | None:
         assert replan is not None  # passed to sync only with one
@@ -237,6 +230,17 @@ async def sync_side(
     log_changes(failures.controller, failures.key, side.what, results)
     refused = await failures.report_refused(side, results, ctx.failures) if results.any_failed else {}
     return results, by_id(current, "current"), refused
+
+
+async def _items(read: Outcome, failures: PassFailures, reason: EventReason, failed: str) -> list[Any]:
+    """The items a read answered, as a list; or the pass's error, recorded, when it raised (or
+    answered something that is not a list of items)."""
+    if read.error is not None:
+        raise await failures.fail(reason, f"{failed}: {read.error}") from read.error
+    try:
+        return list(read.value)
+    except Exception as err:
+        raise await failures.fail(reason, f"{failed}: {err}") from err
 
 
 async def read_sides(
