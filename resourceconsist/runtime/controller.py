@@ -534,10 +534,15 @@ class Controller:
             outcome = "error"
             self.failures += 1
             steer = errors.steering(err)
-            if errors.programming_error(err) is not None:
+            bug = errors.programming_error(err)
+            if bug is not None:
                 # A bug, the frame's or the adapter's, however the pass reported it: what
-                # controller-runtime counts as a recovered panic (docs/observability.md).
+                # controller-runtime counts, and logs with where it was raised, as a recovered
+                # panic (docs/observability.md). A pass's own failure said only its message.
                 self.series.panicked()
+                if isinstance(err, ReconcileError):
+                    message = "%s %s: a bug, in the adapter or the frame: %r"
+                    log.error(message, self.name, key, bug, exc_info=bug)
             if isinstance(steer, errors.PermanentError):
                 # Retrying cannot help: wait for the employer's next change (docs/concepts.md).
                 self.series.terminal()

@@ -92,7 +92,9 @@ async def test_a_permanent_error_is_a_terminal_error(cluster: Cluster, run_manag
         assert series["reconcile_panics"] == series["reconcile_timeouts"] == 0
 
 
-async def test_an_exception_nobody_meant_is_a_panic(cluster: Cluster, run_manager: Any) -> None:
+async def test_an_exception_nobody_meant_is_a_panic_logged_with_where_it_was_raised(
+    cluster: Cluster, run_manager: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     adapter = Failing(KeyError("vip"))
     await cluster.service("svc")
     async with run_manager(adapter) as manager:
@@ -100,6 +102,17 @@ async def test_an_exception_nobody_meant_is_a_panic(cluster: Cluster, run_manage
         series = _series(manager)
         assert series["reconcile_errors"] >= series["reconcile_panics"]
         assert series["terminal_reconcile_errors"] == series["reconcile_timeouts"] == 0
+        # The log says where the bug is: the adapter's line, as a recovered panic's stack does
+        # (the adapter's frames themselves are not kept, resourceconsist.errors.frames_dropped).
+        bugs = [
+            r for r in caplog.records if r.levelno == logging.ERROR and r.exc_info and "a bug" in r.message
+        ]
+        assert bugs, [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        exc_info = bugs[0].exc_info
+        assert exc_info is not None
+        text = logging.Formatter().formatException(exc_info)
+        assert "KeyError: 'vip'" in text and "in get_current_employer" in text, text
+        assert __file__ in text, text
         # Retried with backoff, as controller-runtime retries a recovered panic: it converges.
         adapter.raising.clear()
         await async_wait_for(
