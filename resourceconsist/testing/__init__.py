@@ -33,6 +33,7 @@ from resourceconsist.testing.controlplane import (
     find_tool,
     free_port,
 )
+from resourceconsist.testing.garbage import CollectorFinds, collector_finds
 from resourceconsist.testing.localcluster import CONTROLLERS, LocalCluster
 from resourceconsist.testing.process import CLI, CommandProcess, run_cli
 from resourceconsist.testing.realnode import RealNodeCluster, RealNodeUnavailable, find_image
@@ -46,6 +47,7 @@ __all__ = [
     "KUBERNETES_VERSION",
     "SERVICE_CLUSTER_IP_RANGE",
     "Cluster",
+    "CollectorFinds",
     "CommandProcess",
     "ControlPlaneBinariesMissing",
     "ControlPlaneError",
@@ -56,6 +58,7 @@ __all__ = [
     "WaitTimeout",
     "annotation",
     "async_wait_for",
+    "collector_finds",
     "condition",
     "default_assets_dir",
     "finalizers",

@@ -4,9 +4,8 @@ reference cycle, so the collector never has to find its thousands of objects
 
 from __future__ import annotations
 
-import gc
 import traceback
-from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,39 +16,44 @@ from resourceconsist.cluster.kube import KubeObject
 from resourceconsist.errors import frames_dropped
 from resourceconsist.experimental.demo import DemoAdapter, FakeProvider, ProviderError
 from resourceconsist.reconcile.state import PassState
-from resourceconsist.testing import Cluster, async_wait_for
+from resourceconsist.testing import Cluster, CollectorFinds, async_wait_for, collector_finds
 
 PODS = 5
 
 
-async def test_passes_leave_nothing_for_the_garbage_collector(cluster: Cluster, run_manager: Any) -> None:
+async def _web(cluster: Cluster) -> None:
     await cluster.service("web")
     for j in range(PODS):
         await cluster.pod(f"web-{j}", {"app": "web"})
         await cluster.set_status(f"web-{j}")
+
+
+async def _registered(cluster: Cluster, provider: FakeProvider) -> None:
+    await async_wait_for(
+        lambda: len(provider.snapshot().get(f"{cluster.namespace}/web", {})) == PODS,
+        timeout=60,
+        message="the Service's pods registered",
+    )
+
+
+async def _found_over_ten(passes: Callable[[], int]) -> CollectorFinds:
+    """What the collector finds of ten more passes (``passes`` counts them)."""
+    with collector_finds() as found:
+        mark = passes()
+        await async_wait_for(lambda: passes() >= mark + 10, timeout=60, message="ten more passes")
+    return found
+
+
+async def test_passes_leave_nothing_for_the_garbage_collector(cluster: Cluster, run_manager: Any) -> None:
+    await _web(cluster)
     provider = FakeProvider()
     async with run_manager(DemoAdapter(provider), resync_period=0.2) as manager:
         controller = manager.controllers["demo-controller"]
-        await async_wait_for(
-            lambda: len(provider.snapshot().get(f"{cluster.namespace}/web", {})) == PODS,
-            timeout=60,
-            message="the Service's pods registered",
-        )
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds is kept in gc.garbage
-        try:
-            mark = controller.reconciles
-            await async_wait_for(
-                lambda: controller.reconciles >= mark + 10, timeout=60, message="ten more passes"
-            )
-            gc.collect()
-            found = Counter(type(o).__name__ for o in gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-    assert found[PassState.__name__] == 0, (
-        f"{found[PassState.__name__]} passes (of 10 or more) were freed by the garbage collector, not by "
-        f"reference counting; it found {sum(found.values())} objects: {found.most_common(8)}"
+        await _registered(cluster, provider)
+        found = await _found_over_ten(lambda: controller.reconciles)
+    assert found.count(PassState) == 0, (
+        f"{found.count(PassState)} passes (of 10 or more) were freed by the garbage collector, not by "
+        f"reference counting; it found {found}"
     )
 
 
@@ -74,44 +78,26 @@ async def test_failing_passes_leave_nothing_for_the_garbage_collector(
     """A pass whose provider read or create raises ends as a clean one does: no frame its error's
     traceback reaches holds the error (a cycle), so the pass goes when it ends even while the
     provider fails every call (docs/benchmarks.md, "Garbage a pass leaves")."""
-    await cluster.service("web")
-    for j in range(PODS):
-        await cluster.pod(f"web-{j}", {"app": "web"})
-        await cluster.set_status(f"web-{j}")
+    await _web(cluster)
     provider = FakeProvider()
     if failing == "create_rs":  # the pods are never registered: every pass tries again
         provider.fail_next(failing, times=10**6, message="provider down")
     async with run_manager(adapter_type(provider), resync_period=0.2) as manager:
         controller = manager.controllers["demo-controller"]
         if failing == "query_rs":  # registered first, then every read fails
-            await async_wait_for(
-                lambda: len(provider.snapshot().get(f"{cluster.namespace}/web", {})) == PODS,
-                timeout=60,
-                message="the Service's pods registered",
-            )
+            await _registered(cluster, provider)
             provider.fail_next(failing, times=10**6, message="provider down")
         mark = controller.failures
         await async_wait_for(lambda: controller.failures > mark, timeout=60, message="a failing pass")
-        gc.collect()
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        try:
-            mark = controller.failures
-            await async_wait_for(
-                lambda: controller.failures >= mark + 10, timeout=60, message="ten more failing passes"
-            )
-            gc.collect()
-            found = Counter(type(o).__name__ for o in gc.garbage)
-        finally:
-            gc.set_debug(0)
-            gc.garbage.clear()
-            provider.clear_faults()
+        found = await _found_over_ten(lambda: controller.failures)
+        provider.clear_faults()
     assert provider.calls[failing] >= 10, (
         f"the provider was asked {provider.calls[failing]} times to {failing}"
     )
-    passes, errors = found[PassState.__name__], found[ProviderError.__name__]
+    passes, errors = found.count(PassState), found.count(ProviderError)
     assert passes == errors == 0, (
         f"{passes} failing passes and {errors} of their errors (of 10 or more) were freed by the garbage "
-        f"collector, not by reference counting; it found {sum(found.values())}: {found.most_common(8)}"
+        f"collector, not by reference counting; it found {found}"
     )
 
 
