@@ -153,9 +153,10 @@ class ReconcileContext:
     writer and an Event recorder, and memory the frame keeps for the employer.
 
     ``memo`` lives as long as the employer: the frame keeps it between passes and drops it when
-    the employer is gone (or its controller stops). ``scratch`` is new for every pass: what one
-    pass has learnt (e.g. one read of the provider shared by ``get_expected_*`` and
-    ``get_current_*``). One context is made per pass, and never two passes of one employer run
+    the employer is gone (or its controller stops). ``scratch`` is new for every pass and
+    emptied when the pass ends: what one pass has learnt (e.g. one read of the provider shared by
+    ``get_expected_*`` and ``get_current_*``); an object kept there may hold the context without
+    making the pass a reference cycle. One context is made per pass, and never two passes of one employer run
     at once, so neither needs a lock.
 
     ``changed`` says what the memo may be stale about (docs/concepts.md, "Work proportional to

@@ -208,6 +208,11 @@ class Reconciler:
             raise
         finally:
             p.failures.end_streaks()
+            # The pass's scratch ends with it: what an adapter keeps there for the pass (the
+            # built-in adapters keep a per-pass object that holds the context) would otherwise
+            # hold the context in a cycle, freed only by the garbage collector
+            # (docs/benchmarks.md, "Garbage a pass leaves").
+            p.ctx.scratch.clear()
             if not p.stand_in:
                 if completed:
                     self._memory.of(key).guard = p.recall.found(p.written.done | p.written.failed.keys())

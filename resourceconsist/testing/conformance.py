@@ -5,8 +5,9 @@ emulated) provider on a real kube-apiserver + etcd: the guard under provider fau
 leaves while its provider may route to it), the readiness gates (a gated pod turns Ready only
 once the provider serves it), the drain (a deleted pod goes only after the provider let go),
 orphans (what a Service deleted while the controller was down left at the provider is collected
-and its pods released), ``explain`` (what the provider routes, in its words) and the provider
-budget (drains before registrations when the budget is short).
+and its pods released), ``explain`` (what the provider routes, in its words), the provider
+budget (drains before registrations when the budget is short), and passes that go when they
+end (no reference cycle holds a pass's context or items for the garbage collector).
 
 An adapter author subclasses ``AdapterConformance`` in a test module and gives it a ``harness``
 fixture returning a ``ProviderHarness``: how to build the adapter, how to make a Service it
@@ -42,7 +43,7 @@ except ModuleNotFoundError as err:  # pragma: no cover - exercised by tests/api/
         name=err.name,
     ) from err
 
-from resourceconsist.adapter import ReconcileAdapter
+from resourceconsist.adapter import Employee, Employer, ReconcileAdapter, ReconcileContext
 from resourceconsist.cluster import kube
 from resourceconsist.cluster.kube import KubeClient
 from resourceconsist.flow import budget
@@ -53,6 +54,7 @@ from resourceconsist.rules import lifecycle
 from resourceconsist.runtime.manager import Manager
 from resourceconsist.testing.cluster import Cluster, condition, finalizers
 from resourceconsist.testing.controlplane import LocalControlPlane
+from resourceconsist.testing.garbage import collector_finds
 from resourceconsist.testing.wait import async_wait_for
 from resourceconsist.wire import GateReason
 
@@ -484,3 +486,32 @@ class AdapterConformance:
         )
         assert first_registration is not None, f"no registration seen in {writes}"
         assert min(first_removal.values()) < first_registration, f"a registration went first: {writes}"
+
+    @pytest.mark.parametrize("kind", [None, "unavailable"])
+    async def test_a_pass_leaves_nothing_for_the_garbage_collector(
+        self, conformance: Conformance, kind: FaultKind | None
+    ) -> None:
+        """A pass's context and the adapter's items go when the pass ends, by reference counting,
+        also while every provider call fails: a pass in a reference cycle waits for the garbage
+        collector, which at thousands of pods costs seconds of CPU and holds megabytes meanwhile.
+        An adapter's per-pass object kept in ``ctx.scratch`` may hold the context (the frame empties
+        the scratch when the pass ends); an error kept in a frame that its own traceback holds is a
+        cycle (``resourceconsist.errors.frames_dropped``)."""
+        h = conformance.harness
+        await conformance.setup("web", ["web-0", "web-1"])
+        async with conformance.manager(resync_period=0.2) as manager:
+            await conformance.served("web", ["web-0", "web-1"])
+            (controller,) = manager.controllers.values()
+            with h.fault(kind) if kind is not None else contextlib.nullcontext():
+                if kind is not None:
+                    await conformance.failures_after(h.failed_calls())
+                with collector_finds() as found:
+                    mark = controller.reconciles
+                    await async_wait_for(
+                        lambda: controller.reconciles >= mark + 10, timeout=60, message="ten more passes"
+                    )
+        held = found.count(ReconcileContext, Employee, Employer)
+        assert held == 0, (
+            f"ten passes of {h.name} left {held} contexts and items for the garbage collector (reference "
+            f"cycles): {found}"
+        )

@@ -57,6 +57,37 @@ async def test_passes_leave_nothing_for_the_garbage_collector(cluster: Cluster, 
     )
 
 
+class _PassNotes:
+    """What an adapter learns in one pass, kept in ``ctx.scratch`` and holding the context, as
+    the built-in adapters' per-pass objects do."""
+
+    def __init__(self, ctx: ReconcileContext) -> None:
+        self.ctx = ctx
+
+
+class ScratchKeeper(DemoAdapter):
+    def get_expected_employee(self, ctx: ReconcileContext, employer: KubeObject) -> list[Employee]:
+        ctx.scratch.setdefault("demo.pass", _PassNotes(ctx))
+        return super().get_expected_employee(ctx, employer)
+
+
+async def test_a_pass_whose_scratch_holds_its_context_leaves_nothing_either(
+    cluster: Cluster, run_manager: Any
+) -> None:
+    """``ctx.scratch`` is the pass's: the frame empties it when the pass ends, so an adapter's
+    per-pass object there that holds the context (the built-in adapters keep one) is no cycle."""
+    await _web(cluster)
+    provider = FakeProvider()
+    async with run_manager(ScratchKeeper(provider), resync_period=0.2) as manager:
+        controller = manager.controllers["demo-controller"]
+        await _registered(cluster, provider)
+        found = await _found_over_ten(lambda: controller.reconciles)
+    assert found.count(_PassNotes, ReconcileContext) == 0, (
+        f"{found.count(ReconcileContext)} contexts (of 10 or more passes) were freed by the garbage "
+        f"collector; it found {found}"
+    )
+
+
 class AsyncDemoAdapter(DemoAdapter):
     """The demo adapter with the provider's reads and creates as coroutines, on the loop, as the
     built-in adapters' are (a coroutine's error travels other frames than a thread's)."""
