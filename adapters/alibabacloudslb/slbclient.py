@@ -1220,8 +1220,12 @@ class SLBClient:
                 exc.get_request_id(),
                 exc.get_http_status(),
             )
+            # The SDK's frame that raised it still holds it, and its traceback that frame: a
+            # cycle per failed call. Read, not chained: its traceback is not needed.
+            exc.__traceback__ = None
         except ClientException as exc:
             error = _error(action, str(exc.get_error_code()), str(exc.get_error_msg() or ""), None, None)
+            exc.__traceback__ = None  # as above
         except Exception as exc:
             # The SDK has its own bugs (e.g. IndexError on a SignatureDoesNotMatch message without
             # a colon); callers still get an SLBError. Not chained: the SDK's text may hold a URL.
@@ -1246,7 +1250,12 @@ class SLBClient:
             # budget backs off on its own (docs/alibabacloudslb.md, "The API budget").
             self.budget.throttled()
         if error is not None:
-            raise error
+            try:
+                raise error
+            finally:
+                # This frame, which the error's traceback keeps, lets go of the error: else
+                # each failed call is a reference cycle (docs/benchmarks.md, "Garbage a pass leaves").
+                error = None
         return response
 
     def _record(self, record: CallRecord) -> None:

@@ -38,6 +38,7 @@ from resourceconsist.adapters.alibabacloudslb.slbclient import (
     SLBError,
     SLBNotFound,
 )
+from resourceconsist.testing import collector_finds
 
 ADD = "AddVServerGroupBackendServers"
 REMOVE = "RemoveVServerGroupBackendServers"
@@ -301,6 +302,19 @@ def test_retries_are_bounded_in_attempts(slb: SLBEmulator, lb: str) -> None:
     assert len(slb.calls_of("DescribeVServerGroups")) == 4
     assert len(delays) == 3
     assert delays == sorted(delays) and max(delays) <= 3.0 and delays[0] >= 0.5
+
+
+def test_failed_calls_leave_nothing_for_the_garbage_collector(slb: SLBEmulator, lb: str) -> None:
+    """A failed call's error, and the SDK's, go by reference counting: none is held by a frame its
+    own traceback keeps (docs/benchmarks.md, "Garbage a pass leaves")."""
+    slb.fail_next("DescribeVServerGroups", times=100, code="SystemBusy")
+    c = SLBClient(slb.credentials(), retry=RetryPolicy(max_attempts=4), sleep=lambda _: None)
+    with collector_finds() as found:
+        for _ in range(3):
+            with pytest.raises(SLBError):
+                c.describe_vserver_groups(lb)
+    assert len(slb.calls_of("DescribeVServerGroups")) == 12
+    assert found.count(SLBError, ServerException) == 0, f"failed calls left cycles: {found}"
 
 
 def test_retries_are_bounded_in_total_time(slb: SLBEmulator, lb: str) -> None:
