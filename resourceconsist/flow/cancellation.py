@@ -177,7 +177,8 @@ class DaemonThreadExecutor(ThreadPoolExecutor):
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as err:
-                    future.set_exception(err)
+                    # The future keeps the error, and this frame the future (frames_dropped says why).
+                    future.set_exception(frames_dropped(err))
                 else:
                     future.set_result(result)
 

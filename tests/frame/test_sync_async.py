@@ -32,7 +32,7 @@ from resourceconsist.flow.cancellation import (
     running_pass,
 )
 from resourceconsist.rules import lifecycle
-from resourceconsist.testing import Cluster, async_wait_for
+from resourceconsist.testing import Cluster, async_wait_for, collector_finds
 from resourceconsist.testing.controlplane import free_port
 
 _seen: contextvars.ContextVar[str] = contextvars.ContextVar("seen", default="unset")
@@ -384,6 +384,28 @@ async def test_run_soon_runs_every_call_while_workers_come_and_go() -> None:
     executor.shutdown()
     with pytest.raises(RuntimeError, match="after shutdown"):
         executor.run_soon(lambda: 1)
+
+
+@pytest.mark.parametrize("way", ["run_soon", "submit"])
+async def test_a_call_that_raised_leaves_nothing_for_the_garbage_collector(way: str) -> None:
+    """The error a worker hands over is kept by its future, which the worker's frame holds: with
+    the error's frames kept, each failed call would be a reference cycle."""
+    executor = DaemonThreadExecutor(max_workers=1, name="test-raised")
+
+    def fails() -> None:
+        raise ValueError("the provider said no")
+
+    try:
+        with collector_finds() as found:
+            for _ in range(5):
+                with pytest.raises(ValueError, match="the provider said no"):
+                    if way == "run_soon":
+                        await executor.run_soon(fails)
+                    else:
+                        await asyncio.wrap_future(executor.submit(fails))
+    finally:
+        executor.shutdown()
+    assert found.count(ValueError) == 0, f"failed calls left cycles: {found}"
 
 
 async def test_shutdown_cancels_the_calls_still_queued() -> None:
