@@ -139,10 +139,20 @@ def frames_dropped(err: _E) -> _E:
         if tb is None:
             continue
         lines = [_DROPPED]
+        repeated = 0
         while tb is not None:
             code = tb.tb_frame.f_code
-            lines.append(f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}')
+            line = f'  File "{code.co_filename}", line {tb.tb_lineno}, in {code.co_name}'
             tb = tb.tb_next
+            if lines[-3:] == [line] * 3:  # a recursion: counted, as Python's own traceback does
+                repeated += 1
+                continue
+            if repeated:
+                lines.append(f"  [Previous line repeated {repeated} more times]")
+                repeated = 0
+            lines.append(line)
+        if repeated:
+            lines.append(f"  [Previous line repeated {repeated} more times]")
         notes = [n for n in getattr(each, "__notes__", ()) if not n.startswith(_DROPPED)]
         each.__notes__ = [*notes, "\n".join(lines)]
         each.__traceback__ = None

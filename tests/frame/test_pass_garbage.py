@@ -165,3 +165,20 @@ def test_an_error_with_its_frames_dropped_still_says_where_it_was_raised() -> No
     frames_dropped(err)
     assert len(err.__notes__) == 2 and "test_an_error_with_its_frames_dropped" in err.__notes__[1]
     assert "_adapter_read" not in err.__notes__[1]
+
+
+def _deep(n: int) -> None:
+    if n:
+        _deep(n - 1)
+    raise ProviderError("at the bottom")
+
+
+def test_a_recursion_with_its_frames_dropped_is_counted_not_listed() -> None:
+    try:
+        _deep(500)
+    except ProviderError as caught:
+        err = frames_dropped(caught)
+    note = err.__notes__[-1].splitlines()
+    assert len(note) < 10, note
+    assert "  [Previous line repeated 497 more times]" in note, note
+    assert sum("in _deep" in line for line in note) == 4, note  # 3 calls listed, and the raise
