@@ -156,8 +156,8 @@ class ReconcileContext:
     the employer is gone (or its controller stops). ``scratch`` is new for every pass and
     emptied when the pass ends: what one pass has learnt (e.g. one read of the provider shared by
     ``get_expected_*`` and ``get_current_*``); an object kept there may hold the context without
-    making the pass a reference cycle. One context is made per pass, and never two passes of one employer run
-    at once, so neither needs a lock.
+    making the pass a reference cycle. One context is made per pass, and never two passes of one
+    employer run at once, so neither needs a lock.
 
     ``changed`` says what the memo may be stale about (docs/concepts.md, "Work proportional to
     change"): the names of the employees (``pod``, or ``pod#cluster`` in a member cluster) whose
