@@ -410,6 +410,11 @@ async def _in_turn(fns: Sequence[Callable[..., Any]], *args: Any) -> list[Outcom
 
 
 async def _outcome(fn: Callable[..., Any], *args: Any) -> Outcome:
+    if not inspect.iscoroutinefunction(fn):
+        # Its error is caught in its worker, where it was raised: raised again on the loop, it
+        # would have its frames dropped twice, the second note (this module's frames) replacing
+        # the first (the adapter's).
+        return (await call_adapter_in_turn((fn,), *args))[0]
     try:
         return Outcome(await call_adapter(fn, *args))
     except Exception as err:

@@ -8,6 +8,7 @@ import contextvars
 import functools
 import gc
 import threading
+import traceback
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -283,6 +284,23 @@ async def test_reads_in_turn_stop_at_the_first_error_and_await_coroutines_on_the
     one, two = await call_adapter_in_turn((on_loop, broken), 2)
     assert one.value == 20 and isinstance(two.error, KeyError)
     assert await call_adapter_in_turn((), 3) == [], "nothing to call: no outcome, no hand-off"
+
+
+async def test_an_error_kept_in_an_outcome_says_where_the_adapter_raised_it() -> None:
+    """Its frames are not kept (``frames_dropped``), where they were is: also for a plain call
+    among coroutines, whose error is raised in its worker thread."""
+
+    async def on_loop(x: int) -> int:
+        return x
+
+    def read_the_provider(x: int) -> int:
+        raise KeyError("vip")
+
+    for fns in ((read_the_provider,), (on_loop, read_the_provider)):
+        error = (await call_adapter_in_turn(fns, 1))[-1].error
+        assert isinstance(error, KeyError)
+        text = "".join(traceback.format_exception(error))
+        assert "in read_the_provider" in text and __file__ in text, (fns, text)
 
 
 async def test_outcomes_that_finish_while_the_loop_is_busy_reach_it_in_one_wake_up() -> None:
