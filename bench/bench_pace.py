@@ -10,9 +10,10 @@ with 16 concurrent clients, never slowed, then:
    (total convergence), of which after the driver's last readiness patch returned, the
    controller's CPU seconds from the first patch until the pods are quiet again, and the
    controller's pod writes per pod (the API server's ``apiserver_request_total`` less the
-   driver's own writes);
-2. takes readiness from 100 pods: seconds until their lifecycle finalizers are gone, and the
-   controller's CPU seconds for it;
+   driver's own writes), and each pod's wait from its own patch to its finalizer (median, 99th
+   percentile);
+2. takes readiness from 100 pods: seconds until their lifecycle finalizers are gone, each pod's
+   wait likewise, and the controller's CPU seconds for it;
 3. leaves things be for 30 s (10 s with ``--quick``) while touching each Service three times
    (an annotation no adapter reads, so passes run): the controller's writes, which must be 0.
 
@@ -208,6 +209,8 @@ class PodWatch:
     def __init__(self, client: KubeClient, ns: str) -> None:
         self.client, self.ns = client, ns
         self.guarded: dict[str, bool] = {}
+        #: When each pod's guard last came or went (the time its event reached this watch).
+        self.turned: dict[str, float] = {}
         self.count = 0
         #: Pods whose expected-finalizer annotation names their Service (docs/wire-contract.md).
         self.entered: set[str] = set()
@@ -226,7 +229,10 @@ class PodWatch:
         name = pod["metadata"]["name"]
         svc = pod["metadata"]["labels"]["app"]
         now = lifecycle.lifecycle_finalizer(svc) in finalizers(pod)
-        self.count += int(now) - int(self.guarded.get(name, False))
+        was = self.guarded.get(name, False)
+        if now != was:
+            self.turned[name] = time.monotonic()
+        self.count += int(now) - int(was)
         self.guarded[name] = now
         if lifecycle.expected_finalizers(pod):
             self.entered.add(name)
@@ -321,6 +327,26 @@ def _paced_map(fn: Callable[[str], Any], names: list[str], rate: float) -> float
         for future in [pool.submit(worker) for _ in range(CLIENTS)]:
             future.result()
     return sum(cpu)
+
+
+def _answered(fn: Callable[[str], Any], at: dict[str, float]) -> Callable[[str], None]:
+    """``fn``, noting in ``at`` when the API server answered each name's call."""
+
+    def call(name: str) -> None:
+        fn(name)
+        at[name] = time.monotonic()
+
+    return call
+
+
+def per_pod(watch: PodWatch, since: dict[str, float], f: dict[str, float], key: str) -> None:
+    """Each pod's milliseconds from its driver's patch answered to its guard turning (its lifecycle
+    finalizer written or gone), into ``f``: the median and the 99th percentile. A controller
+    following a driver that ramps at a fixed rate ends with the ramp whatever it does; how long
+    each pod waits is what the controller decides (docs/benchmarks.md, "Each pod's wait")."""
+    waits = sorted(max(0.0, watch.turned[name] - at) * 1000 for name, at in since.items())
+    f[f"{key}_p50_ms"] = statistics.median(waits)
+    f[f"{key}_p99_ms"] = waits[min(len(waits) - 1, round(0.99 * (len(waits) - 1)))]
 
 
 def create_services(client: KubeClient, ns: str, services: int) -> None:
@@ -454,10 +480,12 @@ def run_once(
         started_at = time.monotonic()
         if late:
             create_services(driver, ns, shape.services)
-        _paced_map(lambda name: set_ready(driver, cluster, name, True), names, rate)
+        readied: dict[str, float] = {}
+        _paced_map(_answered(lambda name: set_ready(driver, cluster, name, True), readied), names, rate)
         last_change = time.monotonic()
         guarded_at = watch.when(lambda w: w.count == n, timeout, "all pods guarded")
         f["converge_s"] = guarded_at - started_at
+        per_pod(watch, readied, f, "pod_wait")
         f["after_last_s"] = max(0.0, guarded_at - last_change)
         f["ramp_s"] = last_change - started_at
         watch.quiet(1.0, timeout, proc)
@@ -469,11 +497,13 @@ def run_once(
         meter.mark()
         cpu = proc.cpu_seconds()
         started_at = time.monotonic()
-        _pool_map(lambda name: set_ready(driver, cluster, name, False), flipped)
+        unreadied: dict[str, float] = {}
+        _pool_map(_answered(lambda name: set_ready(driver, cluster, name, False), unreadied), flipped)
         gone_at = watch.when(
             lambda w: not any(w.guarded[p] for p in flipped), timeout, "flipped pods unguarded"
         )
         f["flip_s"] = gone_at - started_at
+        per_pod(watch, unreadied, f, "flip_wait")
         watch.quiet(1.0, timeout, proc)
         f["flip_cpu_s"] = proc.cpu_seconds() - cpu
         f["flip_pod_writes_per_pod"] = meter.since(frozenset({"pods"})) / len(flipped)
@@ -585,7 +615,11 @@ def pace_rows(n: int) -> list[Row]:
         ),
         Row("  the driver's readiness ramp itself", "ramp_s", "s", limit(n), "PATCH limit"),
         Row("  of which after the last readiness change", "after_last_s", "s", limit(n), "PATCH limit"),
+        Row("  each pod: its Ready patch -> guarded, median", "pod_wait_p50_ms", "ms"),
+        Row("  each pod: its Ready patch -> guarded, 99th pct", "pod_wait_p99_ms", "ms"),
         Row(f"{FLIPS} pods lose readiness -> finalizers gone", "flip_s", "s", limit(FLIPS), "PATCH limit"),
+        Row("  each pod: its patch -> finalizer gone, median", "flip_wait_p50_ms", "ms"),
+        Row("  each pod: its patch -> finalizer gone, 99th pct", "flip_wait_p99_ms", "ms"),
         Row(
             "pod writes per pod (becoming Ready)",
             "pod_writes_per_pod",
